@@ -1,0 +1,46 @@
+# rankscope: `make demo` and `make test` each do the whole set-up on a fresh machine.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO := demo-out
+
+.PHONY: setup sysdeps demo test lint bench clean
+
+# Debian packages the tests use (flow exporter, nfdump, headless browser, ip netns);
+# installed only when running as root and something is missing.
+SYSDEPS := softflowd nfdump chromium chromium-driver iproute2
+sysdeps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  missing=""; for p in $(SYSDEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then echo "apt-get install$$missing"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null \
+	    || echo "warning: could not install$$missing (tests that need them will skip)"; fi; \
+	fi
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,torch]'
+	touch $(STAMP)
+
+setup: $(STAMP) sysdeps
+
+demo: setup
+	rm -rf $(DEMO) && mkdir -p $(DEMO)
+	$(BIN)/rankscope ingest datasets/samples/demo --store $(DEMO)/store --job demo
+	$(BIN)/rankscope info --store $(DEMO)/store
+	$(BIN)/rankscope sql --store $(DEMO)/store "select op, count(*) as calls, sum(size_bytes) as bytes from comm_op group by op order by op"
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) $(DEMO) bench-out .pytest_cache .ruff_cache

@@ -1,0 +1,109 @@
+"""The Diagnosis: everything rankscope concluded about one job, one object for CLI, dashboard and notebooks.
+
+It serialises to the report contract ``shared/contracts/report.schema.json``
+(required keys are always present; sections add keys freely). Each section is
+filled by its analysis (strategy and steps: issue 7; stragglers: issue 8;
+regressions and hangs: issue 9); a section that could not be computed keeps
+its defaults and says so with ``evaluated: false``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import polars as pl
+
+VERDICTS = ("none", "worker", "stage_imbalance", "sequence_imbalance", "communication", "mixed")
+
+
+@dataclass
+class JobFrames:
+    """The record kinds of one job as polars DataFrames (empty frames where absent)."""
+
+    job: str
+    comm_op: pl.DataFrame
+    compute_op: pl.DataFrame
+    flow: pl.DataFrame
+    step_mark: pl.DataFrame
+    batch_meta: pl.DataFrame
+    endpoint_map: pl.DataFrame
+    relative_time: bool = False
+    sources: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Strategy:
+    world_size: int = 0
+    dp: int = 1
+    pp: int = 1
+    tp: int | None = None
+    dp_groups: list[list] = field(default_factory=list)
+    pp_groups: list[list] = field(default_factory=list)
+    confidence: float = 0.0
+    ep: int | None = None
+    cp: int | None = None
+    tp_groups: list[list] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Steps:
+    count: int = 0
+    median_ns: float = 0.0
+    boundaries_ns: list[int] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Stragglers:
+    slowdown: float = 1.0
+    verdict: str = "none"
+    by_cause: dict[str, float] = field(default_factory=dict)
+    top_workers: list[dict] = field(default_factory=list)
+    waste_fraction: float = 0.0
+    by_optype: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Diagnosis:
+    job: str
+    sources: list[str] = field(default_factory=list)
+    strategy: Strategy = field(default_factory=Strategy)
+    steps: Steps = field(default_factory=Steps)
+    stragglers: Stragglers = field(default_factory=Stragglers)
+    regressions: list[dict] = field(default_factory=list)
+    hangs: list[dict] = field(default_factory=list)
+    data_quality: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """The report JSON object: each section's ``extra`` keys are merged into the section."""
+        d = {}
+        for key, value in asdict(self).items():
+            if isinstance(value, dict) and "extra" in value:
+                extra = value.pop("extra")
+                value.update(extra)
+            d[key] = value
+        top_extra = d.pop("extra")
+        d.update(top_extra)
+        return _jsonable(d)
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+
+def _jsonable(x):
+    """Plain JSON types: numpy scalars to Python, NaN/inf to None."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x

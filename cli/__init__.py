@@ -1,0 +1,1 @@
+"""rankscope.cli: the ``rankscope`` command. Parses arguments, builds configs, calls the library."""

@@ -1,0 +1,66 @@
+"""``rankscope info``: what a trace store holds."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import click
+from rankscope.collectors.schema import SCHEMAS
+from rankscope.collectors.store import Store
+
+
+def store_summary(store: Store) -> dict:
+    """Jobs x kinds with counts and time ranges, plus manifest totals."""
+    out: dict = {"store": str(store.root), "jobs": {}}
+    for job in store.jobs():
+        kinds = {}
+        for kind in SCHEMAS:
+            n = store.count(kind, job)
+            if not n:
+                continue
+            entry = {"rows": n}
+            tcol = "time_ns" if kind == "interface_counter" else "start_ns"
+            if tcol in SCHEMAS[kind].names:
+                lf = store.scan(kind, job).select(
+                    lo=__import__("polars").col(tcol).min(), hi=__import__("polars").col(tcol).max()).collect()
+                entry["first_ns"], entry["last_ns"] = lf["lo"][0], lf["hi"][0]
+            kinds[kind] = entry
+        out["jobs"][job] = kinds
+    man = store.manifest()
+    rejects = Counter()
+    for m in man:
+        rejects.update(m.rejects)
+    out["sources"] = len(man)
+    out["relative_time_jobs"] = sorted(store.relative_jobs())
+    out["rejects"] = dict(rejects.most_common())
+    return out
+
+
+@click.command()
+@click.option("--store", "store_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
+def info(store_dir, as_json):
+    """Summarise a trace store: jobs, record kinds, counts, time range, rejects.
+
+    \b
+    Example:
+      rankscope info --store st
+    """
+    s = store_summary(Store(store_dir))
+    if as_json:
+        click.echo(json.dumps(s, indent=2, default=str))
+        return
+    click.echo(f"store {s['store']}: {len(s['jobs'])} job(s), {s['sources']} ingested source(s)")
+    for job, kinds in s["jobs"].items():
+        rel = " (relative time)" if job in s["relative_time_jobs"] else ""
+        click.echo(f"job {job}{rel}")
+        for kind, e in kinds.items():
+            span = ""
+            if e.get("first_ns") is not None:
+                span = f"  span {(e['last_ns'] - e['first_ns']) / 1e9:,.3f} s from {e['first_ns']}"
+            click.echo(f"  {kind:<18}{e['rows']:>12,} rows{span}")
+    if s["rejects"]:
+        click.echo(f"rejected records: {sum(s['rejects'].values()):,}")
+        for reason, n in s["rejects"].items():
+            click.echo(f"  {n:>8,}  {reason}")

@@ -1,0 +1,51 @@
+"""``rankscope sql``: DuckDB SQL over the store's record-kind views."""
+
+from __future__ import annotations
+
+import csv
+import sys
+
+import click
+from rankscope.collectors.errors import UsageError
+from rankscope.collectors.store import Store
+
+
+@click.command()
+@click.argument("query")
+@click.option("--store", "store_dir", required=True, type=click.Path(file_okay=False))
+@click.option("--job", default=None, help="restrict every view to one job")
+@click.option("--csv", "as_csv", is_flag=True, help="print a header line and rows as CSV, nothing else")
+@click.option("--limit", default=50, show_default=True, help="rows shown in table mode")
+def sql(query, store_dir, job, as_csv, limit):
+    """Run DuckDB SQL over views named after the record kinds.
+
+    Views: comm_op, compute_op, flow, step_mark, batch_meta, endpoint_map,
+    interface_counter (each exists, possibly empty).
+
+    \b
+    Example:
+      rankscope sql --store st "select op, count(*) n from comm_op group by op" --csv
+    """
+    import duckdb
+
+    con = Store(store_dir).duckdb(job)
+    try:
+        cur = con.execute(query)
+    except duckdb.Error as e:
+        raise UsageError(f"SQL failed: {e}") from e
+    cols = [d[0] for d in cur.description] if cur.description else []
+    if as_csv:
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(cols)
+        while rows := cur.fetchmany(10_000):
+            w.writerows(rows)
+        return
+    rows = cur.fetchmany(limit + 1)
+    shown = rows[:limit]
+    widths = [max([len(str(c))] + [len(str(r[i])) for r in shown]) for i, c in enumerate(cols)]
+    click.echo("  ".join(str(c).ljust(w) for c, w in zip(cols, widths)))
+    click.echo("  ".join("-" * w for w in widths))
+    for r in shown:
+        click.echo("  ".join(str(v).ljust(w) for v, w in zip(r, widths)))
+    if len(rows) > limit:
+        click.echo("... (more rows; use --limit or --csv)")

@@ -1,0 +1,80 @@
+"""The ``rankscope`` command group.
+
+Each subcommand lives in its own ``cmd_*`` module and is registered below.
+Exit codes (shared/design.md): 0 done, 1 the work could not be done, 2 usage
+error (click's own usage errors are 2 already; our UsageError maps to 2 too).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+from rankscope.collectors.errors import RankscopeError, UsageError
+
+COMMANDS = {
+    # command name -> "module:attribute"
+    "ingest": "rankscope.cli.cmd_ingest:ingest",
+    "info": "rankscope.cli.cmd_info:info",
+    "sql": "rankscope.cli.cmd_sql:sql",
+}
+
+
+class LazyGroup(click.Group):
+    """Imports a subcommand's module only when it runs, so ``rankscope --help`` stays fast."""
+
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        mod, attr = target.split(":")
+        return getattr(importlib.import_module(mod), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="rankscope")
+def cli():
+    """rankscope: why is this distributed training job slow?
+
+    \b
+    Example:
+      rankscope ingest traces/ --store st
+      rankscope info --store st
+      rankscope sql --store st "select op, count(*) from comm_op group by op"
+    """
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        rv = cli.main(args=argv, prog_name="rankscope", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except UsageError as e:
+        click.echo(f"rankscope: error: {e}", err=True)
+        return 2
+    except RankscopeError as e:
+        click.echo(f"rankscope: {e}", err=True)
+        return 1
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    except BrokenPipeError:
+        return 0
+    return rv if isinstance(rv, int) else 0
+
+
+def run() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

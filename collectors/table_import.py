@@ -1,0 +1,113 @@
+"""Generic tables: the store's own Parquet files and CSV, one record kind per file.
+
+The kind comes from ``--kind``, else from the file name (``comm_op.csv``,
+``flow-leaf3.parquet``, a ``<kind>/job=X/part-*.parquet`` path), else from the
+header: the kind whose required columns are all present and that shares the
+most columns with the file. Rows are validated by the ingest engine, so a bad
+row is counted there by reason and the good rows of the file still load.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+from rankscope.collectors.errors import InputFormatError
+from rankscope.collectors.formats import ImportBatch, ImportOptions, open_maybe_gzip
+from rankscope.collectors.schema import KINDS
+
+
+def kind_from_name(path: Path) -> str | None:
+    for part in [path.name, *[p.name for p in path.parents][:3]]:
+        stem = part.split(".")[0]
+        for kind in sorted(KINDS, key=len, reverse=True):
+            if stem == kind or stem.startswith(kind + "-") or stem.startswith(kind + "_"):
+                return kind
+    return None
+
+
+def kind_from_columns(cols: list[str]) -> str | None:
+    have = set(cols)
+    best, score = None, 0
+    for kind, spec in KINDS.items():
+        required = {c.name for c in spec if c.required and c.name != "job"}
+        if not required <= have:
+            continue
+        s = len(have & {c.name for c in spec})
+        if s > score:
+            best, score = kind, s
+    return best
+
+
+def _kind(path: Path, cols: list[str], opts: ImportOptions) -> str:
+    kind = opts.kind or kind_from_name(path) or kind_from_columns(cols)
+    if kind is None:
+        raise InputFormatError(path, "header", "columns of one record kind "
+                               f"({', '.join(KINDS)}) or --kind", got=cols[:12])
+    if kind not in KINDS:
+        raise InputFormatError(path, None, f"a record kind in {sorted(KINDS)}", got=kind)
+    return kind
+
+
+class _Parquet:
+    name = "store-parquet"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return head[:4] == b"PAR1" and path.suffix == ".parquet" and (
+            kind_from_name(path) is not None or self._kind_from_schema(path) is not None)
+
+    @staticmethod
+    def _kind_from_schema(path: Path) -> str | None:
+        try:
+            return kind_from_columns(pq.read_schema(path).names)
+        except Exception:  # noqa: BLE001 - unreadable footers are reported by read()
+            return None
+
+    def read(self, path: Path, opts: ImportOptions) -> ImportBatch:
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for corrupt files
+            raise InputFormatError(path, "footer", "a readable Parquet file", got=str(e)) from e
+        batch = ImportBatch()
+        batch.add(_kind(path, table.schema.names, opts), table)
+        return batch
+
+
+class _Csv:
+    name = "csv"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        # By name alone: an empty or broken .csv should reach read() and get a clear error.
+        return any(path.name.endswith(s) for s in (".csv", ".csv.gz", ".tsv"))
+
+    def read(self, path: Path, opts: ImportOptions) -> ImportBatch:
+        with open_maybe_gzip(path) as f:
+            data = f.read()
+        if not data.strip():
+            raise InputFormatError(path, None, "a CSV header line and rows", got="empty file")
+        text = data.decode("utf-8", "replace")
+        sep = "\t" if path.name.endswith(".tsv") else ","
+        header = next(csv.reader(io.StringIO(text.split("\n", 1)[0]), delimiter=sep))
+        kind = _kind(path, header, opts)
+        batch = ImportBatch()
+        # Every column is read as text; validation casts and counts what does not convert.
+        lines = text.splitlines()
+        good_lines = [lines[0]]
+        for i, line in enumerate(lines[1:], start=2):
+            if not line.strip():
+                continue
+            if len(next(csv.reader([line], delimiter=sep), [])) != len(header):
+                batch.reject("wrong number of fields", f"line {i}: {line[:120]}")
+                continue
+            good_lines.append(line)
+        df = pl.read_csv(io.StringIO("\n".join(good_lines)), separator=sep, infer_schema=False,
+                         null_values=["", "null", "NULL", "None", "NaN"])
+        batch.add(kind, df)
+        return batch
+
+
+PARQUET = _Parquet()
+CSV = _Csv()

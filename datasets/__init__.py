@@ -1,0 +1,1 @@
+"""rankscope.datasets: the job simulator with ground truth, and small bundled samples."""
