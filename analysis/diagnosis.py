@@ -14,24 +14,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import polars as pl
+from rankscope.collectors.job_frames import JobFrames  # noqa: F401  (re-exported)
 
 VERDICTS = ("none", "worker", "stage_imbalance", "sequence_imbalance", "communication", "mixed")
-
-
-@dataclass
-class JobFrames:
-    """The record kinds of one job as polars DataFrames (empty frames where absent)."""
-
-    job: str
-    comm_op: pl.DataFrame
-    compute_op: pl.DataFrame
-    flow: pl.DataFrame
-    step_mark: pl.DataFrame
-    batch_meta: pl.DataFrame
-    endpoint_map: pl.DataFrame
-    relative_time: bool = False
-    sources: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from rankscope.collectors.errors import RankscopeError
 
 

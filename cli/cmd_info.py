@@ -6,6 +6,7 @@ import json
 from collections import Counter
 
 import click
+
 from rankscope.collectors.schema import SCHEMAS
 from rankscope.collectors.store import Store
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import click
+from tqdm import tqdm
+
 from rankscope.collectors import formats
 from rankscope.collectors.errors import UsageError
 from rankscope.collectors.ingest import ingest as run_ingest
 from rankscope.collectors.store import Store
-from tqdm import tqdm
 
 
 def parse_opts(items: tuple[str, ...]) -> dict:

@@ -6,6 +6,7 @@ import csv
 import sys
 
 import click
+
 from rankscope.collectors.errors import UsageError
 from rankscope.collectors.store import Store
 

@@ -11,6 +11,7 @@ import importlib
 import sys
 
 import click
+
 from rankscope.collectors.errors import RankscopeError, UsageError
 
 COMMANDS = {

@@ -26,6 +26,7 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+
 from rankscope.collectors.errors import UsageError
 
 HEAD_BYTES = 64 * 1024

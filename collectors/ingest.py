@@ -17,6 +17,7 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
+
 from rankscope.collectors import formats
 from rankscope.collectors.errors import InputFormatError, RankscopeError
 from rankscope.collectors.schema import validate

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 import pyarrow as pa
+
 from rankscope.collectors.errors import SchemaError
 
 

@@ -32,6 +32,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
+
 from rankscope.collectors.errors import StoreError, UsageError
 from rankscope.collectors.schema import SCHEMAS, empty, schema
 

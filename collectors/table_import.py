@@ -15,6 +15,7 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow.parquet as pq
+
 from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.formats import ImportBatch, ImportOptions, open_maybe_gzip
 from rankscope.collectors.schema import KINDS

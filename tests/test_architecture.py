@@ -60,7 +60,7 @@ def test_no_module_over_limit():
 
 def test_no_file_name_shared_across_packages():
     seen = defaultdict(list)
-    for pkg, p in _modules():
+    for _pkg, p in _modules():
         if p.name != "__init__.py":
             seen[p.name].append(str(p.relative_to(REPO)))
     dup = {k: v for k, v in seen.items() if len(v) > 1}

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+
 from rankscope.cli.main import COMMANDS, main
 
 from ..collectors.test_ingest import write_comm_csv  # noqa: F401  (importlib mode: see below)

@@ -5,6 +5,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from rankscope.collectors import schema
 from rankscope.collectors.errors import SchemaError
 

@@ -5,6 +5,7 @@ import os
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+
 from rankscope.collectors import schema
 from rankscope.collectors.errors import StoreError, UsageError
 from rankscope.collectors.store import Store

@@ -1,0 +1,37 @@
+"""`make bench`: run every benchmarks/bench_*.py in turn, each in its own process, and print its figures.
+
+Each bench script prints its own table (figure, target, ratio against the
+anchor measured in the same run). BENCH_FULL=1 asks them for the full corpora.
+Run one with `python benchmarks/run_all.py simulate` (substring match).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main(argv: list[str]) -> int:
+    scripts = sorted(HERE.glob("bench_*.py"))
+    if argv:
+        scripts = [s for s in scripts if any(a in s.stem for a in argv)]
+    failed = []
+    for s in scripts:
+        print(f"\n=== {s.stem} ===", flush=True)
+        t = time.perf_counter()
+        r = subprocess.run([sys.executable, str(s)], env=os.environ.copy())
+        print(f"--- {s.stem}: exit {r.returncode}, {time.perf_counter() - t:.1f} s wall", flush=True)
+        if r.returncode:
+            failed.append(s.stem)
+    if failed:
+        print(f"\nbenchmarks that failed: {failed}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

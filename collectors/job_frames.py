@@ -1,0 +1,54 @@
+"""JobFrames: one job's record kinds loaded from a store, the input of every analysis."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from rankscope.collectors.store import Store
+
+KINDS_FOR_ANALYSIS = ("comm_op", "compute_op", "flow", "step_mark", "batch_meta", "endpoint_map")
+
+
+@dataclass
+class JobFrames:
+    """The record kinds of one job as polars DataFrames (empty frames where absent)."""
+
+    job: str
+    comm_op: pl.DataFrame
+    compute_op: pl.DataFrame
+    flow: pl.DataFrame
+    step_mark: pl.DataFrame
+    batch_meta: pl.DataFrame
+    endpoint_map: pl.DataFrame
+    relative_time: bool = False
+    """True when some source of the job has relative (not epoch) times."""
+    sources: list[str] = field(default_factory=list)
+    """distinct ``source`` values of the records (kineto, hook, ipfix, simulator, ...)."""
+    rejects: dict[str, int] = field(default_factory=dict)
+    """rejected records per reason, from the manifest (for data_quality)."""
+
+    @classmethod
+    def from_frames(cls, job: str, **frames: pl.DataFrame) -> JobFrames:
+        """Build from any subset of kinds (the rest empty), e.g. in tests and the simulator."""
+        from rankscope.collectors.schema import empty
+
+        full = {k: frames.get(k, pl.from_arrow(empty(k))) for k in KINDS_FOR_ANALYSIS}
+        srcs = sorted({s for df in full.values() if "source" in df.columns
+                       for s in df["source"].drop_nulls().unique().to_list()})
+        return cls(job=job, sources=srcs, **full)
+
+
+def load_job(store: Store, job: str, flow_job: str | None = None) -> JobFrames:
+    """Read one job's records. ``flow_job`` names the flow capture to attach (default: same job)."""
+    frames = {k: store.read(k, job) for k in KINDS_FOR_ANALYSIS}
+    if flow_job is not None and flow_job != job:
+        frames["flow"] = store.read("flow", flow_job)
+    jf = JobFrames.from_frames(job, **frames)
+    man = [m for m in store.manifest() if job in m.job.split(",") or m.job == job]
+    jf.relative_time = any(m.relative_time for m in man)
+    for m in man:
+        for reason, n in m.rejects.items():
+            jf.rejects[reason] = jf.rejects.get(reason, 0) + n
+    return jf
