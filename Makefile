@@ -29,9 +29,16 @@ setup: $(STAMP) sysdeps
 
 demo: setup
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
+	$(BIN)/rankscope simulate --out $(DEMO)/sim --dp 4 --pp 2 --tp 2 --gpus-per-host 4 --steps 3 --fault slow-worker:rank=5,factor=1.5
+	$(BIN)/rankscope analyze --store $(DEMO)/sim --out-dir $(DEMO)/reports
 	$(BIN)/rankscope ingest datasets/samples/demo --store $(DEMO)/store --job demo
 	$(BIN)/rankscope info --store $(DEMO)/store
 	$(BIN)/rankscope sql --store $(DEMO)/store "select op, count(*) as calls, sum(size_bytes) as bytes from comm_op group by op order by op"
+	@if $(BIN)/python -c "import torch.distributed" 2>/dev/null; then \
+	  $(BIN)/rankscope attach --store $(DEMO)/hook --job hooked --flush-interval-s 1 -- \
+	    $(BIN)/torchrun --standalone --nproc_per_node=4 tests/jobs/train_dp_pp.py --steps 2 --out $(DEMO)/hook-job \
+	  && $(BIN)/rankscope info --store $(DEMO)/hook; \
+	else echo "torch not installed: skipping the hooked job"; fi
 
 test: setup
 	$(BIN)/python -m pytest -q tests

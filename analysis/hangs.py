@@ -1,10 +1,192 @@
-"""Hang section of the report (issue 9: collectives some rank never joined)."""
+"""Hang section of the report: collectives some rank never joined.
+
+Inputs are comm_op rows from hang dumps (the hook's watchdog, the NCCL/gloo
+flight recorder): ops still ``pending`` (null ``end_ns``) when the dump was
+written, plus the ``completed`` ones before them. Per process group and
+sequence number with a pending op, the section says which member ranks never
+arrived, which arrived with a different op, size or dtype, and the last op
+every rank completed; the stuck collective that started first is named first.
+
+Sources number sequences their own way (the hook per group from 0, the flight
+recorder per process group from 1), so each source is analysed on its own and
+its findings carry ``source``.
+"""
 
 from __future__ import annotations
 
+import polars as pl
+
 from rankscope.collectors.job_frames import JobFrames
+
+_STATE_ORDER = {"completed": 2, "failed": 1, "pending": 0}
+_P2P = ("send", "recv")
 
 
 def hang_section(frames: JobFrames) -> list[dict]:
-    """Stuck collectives of one job. Placeholder until issue 9."""
-    return []
+    """Stuck collectives of one job, first stuck first.
+
+    Needs comm_op columns ``rank, op, group_id, group_ranks, peer, size_bytes, dtype, start_ns, end_ns,
+    state, seq, step, source``. Returns one dict per (source, group, seq) where an op never completed
+    (``evidence`` ``pending``: pending or failed in the dump) or where some members stopped short of the
+    others (``lagging``: dumps that mark every op done, like gloo's flight recorder): ``group``
+    (group id), ``group_ranks``, ``seq``, ``op``, ``size_bytes``, ``dtype``, ``step``, ``missing`` (member
+    ranks with no record at that seq), ``mismatched`` ([{rank, op, size_bytes, dtype}]), ``pending_ranks``,
+    ``arrived``, ``last_seq`` ({rank: last seq it reached in the group}), ``last_completed`` ({rank: {op,
+    group, seq, step}}), ``first_divergent_seq`` (first seq whose members disagree on the step, when
+    steps are known), ``root_cause`` (some missing rank waits nowhere else, or a rank arrived mismatched),
+    ``started_ns``, ``first`` (the first stuck collective of its source: roots first, then the earliest
+    step, then the earliest start) and ``source``.
+    """
+    df = _prepare(frames.comm_op)
+    if df.height == 0:
+        return []
+    out: list[dict] = []
+    for source in sorted(df["source"].unique().to_list(), key=lambda s: (s != "hook", s)):
+        out.extend(_source_hangs(df.filter(pl.col("source") == source), source))
+    return out
+
+
+def _prepare(comm: pl.DataFrame) -> pl.DataFrame:
+    if comm.height == 0 or "seq" not in comm.columns:
+        return comm.head(0)
+    df = comm.filter(pl.col("seq").is_not_null()).with_columns(
+        pl.col("source").fill_null("?"),
+        pl.col("state").fill_null(pl.when(pl.col("end_ns").is_null()).then(pl.lit("pending"))
+                                  .otherwise(pl.lit("completed"))),
+        pl.col("group_ranks").list.sort().alias("_members"))
+    is_p2p = pl.col("op").is_in(list(_P2P)) & pl.col("peer").is_not_null()
+    src = pl.when(pl.col("op") == "send").then(pl.col("rank")).otherwise(pl.col("peer"))
+    dst = pl.when(pl.col("op") == "send").then(pl.col("peer")).otherwise(pl.col("rank"))
+    # Collectives are keyed by their sorted member list, which every rank and source spells the same
+    # way; group ids differ between sources. Point-to-point ops are keyed by direction, so the n-th
+    # send of a to b meets the n-th recv of b from a.
+    members_txt = pl.col("_members").cast(pl.List(pl.String)).list.join(",")
+    df = df.with_columns(
+        pl.when(is_p2p).then(pl.lit("p2p ") + src.cast(pl.String) + pl.lit("->") + dst.cast(pl.String))
+        .when(pl.col("_members").list.len() > 0).then(pl.lit("ranks ") + members_txt)
+        .otherwise(pl.lit("id ") + pl.col("group_id").fill_null("?")).alias("_gkey"),
+        pl.when(is_p2p).then(pl.concat_list([src, dst]).cast(pl.List(pl.Int32)))
+        .otherwise(pl.col("_members").cast(pl.List(pl.Int32))).alias("_members"),
+        pl.col("state").replace_strict(_STATE_ORDER, default=0, return_dtype=pl.Int8).alias("_state_rank"))
+    # A rank dumped by two writers of one source keeps its most advanced state per op.
+    return (df.sort(["_state_rank", "start_ns"], descending=[True, False])
+            .unique(["source", "rank", "_gkey", "seq", "op"], keep="first", maintain_order=True))
+
+
+def _source_hangs(df: pl.DataFrame, source: str) -> list[dict]:
+    last_done = _last_completed(df)
+    members = df.group_by("_gkey").agg(
+        pl.col("_members").list.explode(keep_nulls=False, empty_as_null=False).unique().sort().alias("members"),
+        pl.col("rank").unique().sort().alias("seen"),
+        pl.col("group_id").drop_nulls().first().alias("group_id"))
+    members = members.with_columns(
+        pl.when(pl.col("members").list.len() > 0).then(pl.col("members"))
+        .otherwise(pl.col("seen").cast(pl.List(pl.Int32))).alias("members"))
+    last_seq = df.group_by(["_gkey", "rank"]).agg(pl.col("seq").max())
+    stuck = pl.concat([_pending_points(df), _lagging_points(df, members, last_seq)]).sort(["_t", "seq", "_gkey"])
+    steps_known = df["step"].is_not_null().any() if "step" in df.columns else False
+    # Split once by group: a hang on a big job leaves a stuck point on thousands of rank pairs.
+    by_group = df.partition_by("_gkey", as_dict=True) if stuck.height else {}
+    groups = {r["_gkey"]: r for r in members.iter_rows(named=True)}
+    seqs = {}
+    for g, r, sq in last_seq.iter_rows():
+        seqs.setdefault(g, {})[str(r)] = int(sq)
+    out = []
+    waiting = set(df.filter(pl.col("state") != "completed")["rank"].to_list())
+    for gkey, seq, t, evidence in stuck.iter_rows():
+        gdf = by_group[(gkey,)]
+        rows = gdf.filter(pl.col("seq") == seq)
+        grp = groups[gkey]
+        arrived = sorted(set(rows["rank"].to_list()))
+        missing = [r for r in grp["members"] if r not in arrived]
+        is_p2p = gkey.startswith("p2p ")
+        ref = _majority(rows, is_p2p)
+        mismatched = []
+        for r in rows.iter_rows(named=True):
+            diff = {c: r[c] for c in ("op", "size_bytes", "dtype")
+                    if not (is_p2p and c == "op") and r[c] is not None and ref[c] is not None and r[c] != ref[c]}
+            if diff:
+                mismatched.append({"rank": r["rank"], "op": r["op"], "size_bytes": r["size_bytes"],
+                                   "dtype": r["dtype"], "differs_in": sorted(diff)})
+        out.append({
+            "group": grp["group_id"] if grp["group_id"] is not None else gkey,
+            "group_key": gkey, "group_ranks": grp["members"], "seq": int(seq),
+            "op": ref["op"], "size_bytes": ref["size_bytes"], "dtype": ref["dtype"], "step": ref["step"],
+            "missing": missing, "mismatched": mismatched,
+            "pending_ranks": sorted(set(rows.filter(pl.col("state") != "completed")["rank"].to_list())),
+            "evidence": evidence,
+            "arrived": arrived,
+            "last_seq": seqs.get(gkey, {}),
+            "last_completed": {str(r): last_done.get(r) for r in grp["members"]},
+            "first_divergent_seq": _first_divergence(gdf) if steps_known else None,
+            # A stuck point whose missing ranks all wait in another stuck point is a consequence.
+            "root_cause": bool(mismatched) or any(r not in waiting for r in missing),
+            "started_ns": t, "first": False, "source": source,
+        })
+    # Roots first, then program order: the earliest step (a rank that finished its step early already
+    # waits in the next one before the stuck collective of the previous step starts), then start time.
+    out.sort(key=lambda h: (not h["root_cause"], h["step"] if h["step"] is not None else 1 << 62,
+                            h["started_ns"] if h["started_ns"] is not None else 1 << 62, h["seq"]))
+    if out:
+        out[0]["first"] = True
+    return out
+
+
+def _pending_points(df: pl.DataFrame) -> pl.DataFrame:
+    """(group, seq) where some rank's op never completed: pending in a dump, or failed (timed out)."""
+    return (df.filter(pl.col("state") != "completed").group_by(["_gkey", "seq"])
+            .agg(pl.col("start_ns").min().alias("_t"))
+            .with_columns(pl.lit("pending").alias("evidence")).select("_gkey", "seq", "_t", "evidence"))
+
+
+def _lagging_points(df: pl.DataFrame, members: pl.DataFrame, last_seq: pl.DataFrame) -> pl.DataFrame:
+    """Collective groups with no unfinished op where members stopped at different seqs.
+
+    Dumps written at a timeout or at exit (the gloo flight recorder marks every op it saw as done) show
+    a hang only this way: the ranks that never joined stop one seq short. The stuck seq is the first
+    one the laggards never reached.
+    """
+    unfinished = df.filter(pl.col("state") != "completed")["_gkey"].unique()
+    per = (last_seq.filter(~pl.col("_gkey").str.starts_with("p2p ") & ~pl.col("_gkey").is_in(unfinished.to_list()))
+           .join(members.select("_gkey", "members"), on="_gkey"))
+    if per.height == 0:
+        return pl.DataFrame(schema={"_gkey": pl.String, "seq": pl.Int64, "_t": pl.Int64, "evidence": pl.String})
+    g = per.group_by("_gkey").agg(pl.col("seq").min().alias("_lo"), pl.col("seq").max().alias("_hi"),
+                                  pl.col("rank").n_unique().alias("_n"),
+                                  pl.col("members").first().list.len().alias("_m"))
+    # A member with no record at all in the group lags too (it never joined the first call).
+    g = g.filter((pl.col("_lo") < pl.col("_hi")) | (pl.col("_n") < pl.col("_m")))
+    first = df.group_by("_gkey").agg(pl.col("seq").min().alias("_first"))
+    g = g.join(first, on="_gkey").with_columns(
+        pl.when(pl.col("_n") < pl.col("_m")).then(pl.col("_first")).otherwise(pl.col("_lo") + 1).alias("seq"))
+    t = df.group_by(["_gkey", "seq"]).agg(pl.col("start_ns").min().alias("_t"))
+    return (g.join(t, on=["_gkey", "seq"], how="left").with_columns(pl.lit("lagging").alias("evidence"))
+            .select("_gkey", "seq", "_t", "evidence"))
+
+
+def _majority(rows: pl.DataFrame, is_p2p: bool) -> dict:
+    """The op/size/dtype most arrived ranks agree on (a tie, as with two ranks, goes to the smaller value)."""
+    ref = {}
+    for c in ("op", "size_bytes", "dtype", "step"):
+        vals = rows[c].drop_nulls()
+        ref[c] = vals.mode().sort()[0] if len(vals) else None
+    if is_p2p:
+        ref["op"] = "send/recv"
+    return ref
+
+
+def _last_completed(df: pl.DataFrame) -> dict[int, dict]:
+    done = df.filter(pl.col("state") == "completed")
+    if done.height == 0:
+        return {}
+    # Flight recorder entries of gloo have zero times, so order by seq as well.
+    last = done.sort(["end_ns", "start_ns", "seq"]).group_by("rank").agg(pl.all().last())
+    return {r["rank"]: {"op": r["op"], "group": r["group_id"] if r["group_id"] is not None else r["_gkey"],
+                        "seq": r["seq"], "step": r["step"]} for r in last.iter_rows(named=True)}
+
+
+def _first_divergence(g: pl.DataFrame) -> int | None:
+    """First seq of a group at which members recorded different steps (the call one rank skipped)."""
+    per = g.filter(pl.col("step").is_not_null()).group_by("seq").agg(pl.col("step").n_unique().alias("n"))
+    bad = per.filter(pl.col("n") > 1)
+    return int(bad["seq"].min()) if bad.height else None

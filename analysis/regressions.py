@@ -1,10 +1,132 @@
-"""Regression section of the report (issue 9: GEMM alignment and throughput regressions)."""
+"""Regression section of the report: GEMM alignment and throughput regressions.
+
+Joins the alignment rules (:mod:`gemm_alignment`) and the throughput
+comparisons (:mod:`gemm_throughput`) into the report's ``regressions`` list:
+one dict per finding with at least ``kernel, shape, dtype, ratio, reason``
+(report contract), worst ratio first.
+"""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from rankscope.analysis.gemm_alignment import AlignmentConfig, alignment_findings, element_bytes
+from rankscope.analysis.gemm_throughput import (
+    KEY,
+    ThroughputConfig,
+    baseline_findings,
+    cross_rank_findings,
+    name_throughput,
+    rank_throughput,
+)
+from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
 
 
-def regression_section(frames: JobFrames, baseline: JobFrames | None = None, config=None) -> list[dict]:
-    """Kernel regressions of one job. Placeholder until issue 9."""
-    return []
+@dataclass(frozen=True)
+class RegressionConfig:
+    """Options of the regression section."""
+
+    alignment: AlignmentConfig = field(default_factory=AlignmentConfig)
+    """tensor-core alignment rules."""
+    throughput: ThroughputConfig = field(default_factory=ThroughputConfig)
+    """throughput thresholds (``threshold`` 0.9 by default)."""
+    include_preferred: bool = True
+    """also report dims that meet the 16-byte minimum but miss the 128-byte preferred alignment."""
+    tp: int | None = None
+    """tensor-parallel degree, when known, to name the unsplit size of a misaligned dim."""
+
+    def __post_init__(self):
+        if not isinstance(self.alignment, AlignmentConfig) or not isinstance(self.throughput, ThroughputConfig):
+            raise ConfigError("alignment and throughput must be AlignmentConfig and ThroughputConfig")
+        if self.tp is not None and self.tp < 1:
+            raise ConfigError(f"tp must be >= 1, got {self.tp}")
+
+
+def regression_section(frames: JobFrames, baseline: JobFrames | None = None,
+                       config: RegressionConfig | None = None) -> list[dict]:
+    """Kernel regressions of one job, optionally against a baseline run.
+
+    Needs compute_op columns ``rank, name, category, start_ns, end_ns, m, n, k, dtype`` (``flops, batch,
+    layout`` optional) of GEMM rows. Returns dicts ``{kind, kernel, kernel_class, shape, dtype, layout,
+    ranks, ratio, ratio_basis, reason, severity, comparison}``: ``kind`` is ``throughput`` (a measured
+    ratio below the threshold, against other ranks or the baseline) or ``alignment`` (a dim breaking
+    the dtype's tensor-core alignment; its ``ratio`` is the shape's TFLOP/s over the median of the
+    job's aligned GEMMs of the same class and dtype, 1.0 with ``ratio_basis`` ``none`` when there are
+    none). Worst ratio first; alignment findings that explain a throughput finding are merged into it.
+    """
+    cfg = config or RegressionConfig()
+    tp = rank_throughput(frames.compute_op, cfg.throughput.min_calls)
+    names = name_throughput(frames.compute_op, cfg.throughput.min_calls)
+    align = alignment_findings(frames.compute_op, cfg.alignment, cfg.tp)
+    if not cfg.include_preferred:
+        align = align.filter(pl.col("severity") == "min")
+    found = [cross_rank_findings(tp, cfg.throughput, names)]
+    if baseline is not None:
+        base_tp = rank_throughput(baseline.compute_op, cfg.throughput.min_calls)
+        base_names = name_throughput(baseline.compute_op, cfg.throughput.min_calls)
+        found.append(baseline_findings(tp, base_tp, cfg.throughput, align, names, base_names))
+    thr = pl.concat(found, how="vertical_relaxed")
+    out = [_throughput_dict(r) for r in thr.iter_rows(named=True)]
+    explained = thr.filter(pl.col("reason").str.contains("misaligned dim")).select(KEY).unique()
+    out += _alignment_dicts(align, tp, explained)
+    return sorted(out, key=lambda d: (d["ratio"], d["kind"] != "throughput"))
+
+
+def _shape(r: dict) -> list[int]:
+    return ([int(r["batch"])] if r["batch"] and r["batch"] > 1 else []) + [int(r["m"]), int(r["n"]), int(r["k"])]
+
+
+def _kernel_alignment_note(kernel: str, dtype: str) -> str:
+    """CUTLASS names say the alignment a kernel was built for (``align1``): below 16 bytes it is the
+    fallback cuBLAS/CUTLASS pick for a misaligned operand."""
+    m = re.search(r"align(\d+)", kernel or "")
+    eb = element_bytes(dtype)
+    if m is None or eb is None or int(m.group(1)) * eb >= 16:
+        return ""
+    return f"; {kernel} is built for {m.group(1)}-element alignment, below the 16-byte minimum"
+
+
+def _throughput_dict(r: dict) -> dict:
+    r = {**r, "reason": r["reason"] + _kernel_alignment_note(r["kernel"], r["dtype"])}
+    return {"kind": "throughput", "kernel": r["kernel"], "kernels": list(r["kernels"]),
+            "kernel_class": r["kernel_class"], "shape": _shape(r),
+            "dtype": r["dtype"], "layout": r["layout"], "ranks": list(r["ranks"]), "ratio": float(r["ratio"]),
+            "ratio_basis": "baseline" if r["comparison"] == "baseline" else "other ranks",
+            "tflops": r["tflops"], "reference_tflops": r["reference_tflops"], "reason": r["reason"],
+            "severity": "regression", "comparison": r["comparison"]}
+
+
+def _alignment_dicts(align: pl.DataFrame, tp: pl.DataFrame, explained: pl.DataFrame) -> list[dict]:
+    if align.height == 0:
+        return []
+    mis = align.group_by([*KEY, "kernel"]).agg(
+        pl.col("reason").unique().sort().str.join("; "), pl.col("severity").min(),
+        pl.col("layout").mode().sort().first(),
+        pl.col("ranks").list.explode(keep_nulls=False, empty_as_null=False).unique().sort(), pl.col("dim"))
+    mis = mis.join(explained, on=KEY, how="anti")
+    ratios = _aligned_ratio(tp, mis)
+    out = []
+    for r in mis.join(ratios, on=KEY, how="left").iter_rows(named=True):
+        basis = "aligned GEMMs of this job" if r["_ratio"] is not None else "none"
+        out.append({"kind": "alignment", "kernel": r["kernel"], "kernel_class": r["kernel_class"],
+                    "shape": _shape(r), "dtype": r["dtype"], "layout": r["layout"], "ranks": list(r["ranks"]),
+                    "ratio": float(r["_ratio"]) if r["_ratio"] is not None else 1.0, "ratio_basis": basis,
+                    "reason": "misaligned dim: " + r["reason"], "severity": r["severity"],
+                    "dims": list(r["dim"]), "comparison": "rules"})
+    return out
+
+
+def _aligned_ratio(tp: pl.DataFrame, mis: pl.DataFrame) -> pl.DataFrame:
+    """TFLOP/s of each misaligned key over the median TFLOP/s of the aligned keys of its class and dtype."""
+    if tp.height == 0:
+        return pl.DataFrame(schema={**{c: tp.schema[c] for c in KEY}, "_ratio": pl.Float64})
+    per_key = tp.group_by(KEY).agg(pl.col("tflops").median().alias("_tf"))
+    flagged = per_key.join(mis.select(KEY), on=KEY, how="semi")
+    aligned = per_key.join(mis.select(KEY), on=KEY, how="anti").group_by(["kernel_class", "dtype"]).agg(
+        pl.col("_tf").median().alias("_ref"))
+    return flagged.join(aligned, on=["kernel_class", "dtype"], how="left").select(
+        *KEY, (pl.col("_tf") / pl.col("_ref")).alias("_ratio"))

@@ -112,7 +112,7 @@ def replay(duration: np.ndarray, src: np.ndarray, dst: np.ndarray, *,
     ssrc, sdst = node[src], node[dst]
     if np.any(ssrc == sdst):
         raise CycleError(f"{int(np.sum(ssrc == sdst))} dependency edges lie inside one sync group")
-    order = np.argsort(ssrc, kind="stable")
+    order = np.argsort(ssrc)  # CSR by source; order within a source does not matter
     e_src, e_dst_op = ssrc[order], dst[order]
     e_dst = node[e_dst_op]
     offsets = np.zeros(n_super + 1, dtype=np.int64)
@@ -129,12 +129,13 @@ def replay(duration: np.ndarray, src: np.ndarray, dst: np.ndarray, *,
     s_end = np.zeros(n_super)
 
     # Ops of each super-node as a CSR (members sorted by super-node).
-    members = np.argsort(node, kind="stable")
+    members = np.argsort(node)
     m_off = np.zeros(n_super + 1, dtype=np.int64)
     np.add.at(m_off, node + 1, 1)
     m_off = np.cumsum(m_off)
 
     frontier = np.flatnonzero(indeg == 0)
+    stamp = np.empty(n_super, dtype=np.int64)
     waves = 0
     processed = 0
     while frontier.size:
@@ -155,8 +156,12 @@ def replay(duration: np.ndarray, src: np.ndarray, dst: np.ndarray, *,
         np.maximum.at(pred_end, tgt_ops, s_end[e_src[eidx]])
         tgt = e_dst[eidx]
         np.subtract.at(indeg, tgt, 1)
-        touched = np.unique(tgt)
-        frontier = touched[indeg[touched] == 0]
+        # Targets whose last dependency just finished join the next wave; a target reached by
+        # several edges appears several times, so keep one copy (stamp trick: no sort).
+        cand = tgt[indeg[tgt] == 0]
+        pos = np.arange(cand.size)
+        stamp[cand] = pos
+        frontier = cand[stamp[cand] == pos]
     if processed != n_super:
         raise CycleError(f"{n_super - processed} of {n_super} op groups are on a dependency cycle")
     ready = pred_end + delay

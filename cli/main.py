@@ -16,9 +16,16 @@ from rankscope.collectors.errors import RankscopeError, UsageError
 
 COMMANDS = {
     # command name -> "module:attribute"
+    "analyze": "rankscope.cli.cmd_analyze:analyze",
+    "collect": "rankscope.cli.cmd_collect:collect",
+    "dashboard": "rankscope.cli.cmd_dashboard:dashboard",
+    "diff": "rankscope.cli.cmd_diff:diff",
     "ingest": "rankscope.cli.cmd_ingest:ingest",
+    "export": "rankscope.cli.cmd_export:export",
     "info": "rankscope.cli.cmd_info:info",
+    "simulate": "rankscope.cli.cmd_simulate:simulate",
     "sql": "rankscope.cli.cmd_sql:sql",
+    "attach": "rankscope.cli.cmd_attach:attach",
 }
 
 

@@ -33,6 +33,16 @@ HEAD_BYTES = 64 * 1024
 
 IMPORTERS: dict[str, str] = {
     # name -> "module:attribute" (attribute is the importer object)
+    "whatif_parquet": "rankscope.collectors.whatif_parquet:WHATIF_PARQUET",
+    "nccl_profiler": "rankscope.collectors.nccl_profiler:NCCL_PROFILER",
+    "kineto": "rankscope.collectors.kineto_import:KINETO",
+    "flight_recorder": "rankscope.collectors.flight_recorder:FLIGHT_RECORDER",
+    "nccl_inspector": "rankscope.collectors.nccl_inspector:NCCL_INSPECTOR",
+    "nsys_sqlite": "rankscope.collectors.nsys_sqlite:NSYS_SQLITE",
+    "ipfix_file": "rankscope.collectors.flows.flow_importers:IPFIX_FILE",
+    "flow_pcap": "rankscope.collectors.flows.flow_importers:FLOW_PCAP",
+    "nfdump_csv": "rankscope.collectors.flows.flow_importers:NFDUMP_CSV",
+    "nfdump_json": "rankscope.collectors.flows.flow_importers:NFDUMP_JSON",
     "store-parquet": "rankscope.collectors.table_import:PARQUET",
     "csv": "rankscope.collectors.table_import:CSV",
 }

@@ -89,6 +89,9 @@ KINDS: dict[str, tuple[Col, ...]] = {
         _s("stream", "", "which stream of the rank issued it: dp, pp, tp, ep, ... or a CUDA stream id"),
         _s("algorithm", "", "NCCL algorithm (Ring, Tree, ...) where known"),
         _i64("launch_ns", "ns", "when the CPU enqueued the op, if it differs from start_ns"),
+        _i32("dp_rank", "", "data-parallel rank of the issuing rank, where the source knows it"),
+        _s("optype", "", "the source's own op type (e.g. OSDI'25 forward-send, grads-reduce-scatter)"),
+        _s("name", "", "the op or kernel as the source names it (c10d::allreduce_, ncclDevKernel_AllReduce_...)"),
     ),
     "compute_op": (
         _JOB,
@@ -114,6 +117,9 @@ KINDS: dict[str, tuple[Col, ...]] = {
         _s("block", "", "CUDA block as 'x,y,z'"),
         _s("layout", "", "GEMM operand layout/transpose, e.g. 'nn', 'nt', 'tn'"),
         _i64("batch", "", "batch count of a batched GEMM (bmm)"),
+        _i32("dp_rank", "", "data-parallel rank of the rank, where the source knows it"),
+        _s("optype", "", "the source's own op type (e.g. OSDI'25 forward-compute, gc)"),
+        _i64("seq", "", "per-rank sequence number of the op within its step and type, where known"),
     ),
     "flow": (
         _JOB,

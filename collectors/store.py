@@ -109,8 +109,8 @@ class Store:
             return None
         if job is not None:
             check_job_name(job)
-            table = table.set_column(table.schema.get_field_index("job"), "job",
-                                     pa.array([job] * table.num_rows, pa.string()))
+            i = table.schema.get_field_index("job")
+            table = table.set_column(i, sch.field(i), pa.array([job] * table.num_rows, pa.string()))
         if not table.schema.equals(sch, check_metadata=False):
             raise StoreError(f"{kind}: table schema differs from the declared one; validate it first")
         jobs = table.column("job").unique().to_pylist()

@@ -54,6 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--sleep-ms-rank", default=None, metavar="RANK:MS",
                    help="extra compute delay per microbatch forward on one rank")
     p.add_argument("--step-sleep-ms", type=float, default=0.0, help="pause between steps (flow tests)")
+    p.add_argument("--fr-dump", type=Path, default=None,
+                   help="write the flight recorder dump here at exit (rank<r>.pkl and rank<r>.fr.json)")
     return p.parse_args(argv)
 
 
@@ -163,10 +165,14 @@ def run(args):
 
     prof = None
     if args.profile is not None:
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerActivity, profile, schedule
 
         args.profile.mkdir(parents=True, exist_ok=True)
-        prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
+        trace_path = str(args.profile / f"rank{rank}.json")
+        # Only a scheduled profiler marks steps (ProfilerStep#N); it writes the trace when its window closes.
+        prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                       schedule=schedule(wait=0, warmup=0, active=max(1, args.steps), repeat=1),
+                       on_trace_ready=lambda p: p.export_chrome_trace(trace_path))
         prof.__enter__()
 
     skipped = False
@@ -232,7 +238,6 @@ def run(args):
 
     if prof is not None:
         prof.__exit__(None, None, None)
-        prof.export_chrome_trace(str(args.profile / f"rank{rank}.json"))
     if skipped:
         # Stay alive so the peers' hang is observable, then leave without the final barrier.
         time.sleep(args.pg_timeout_s + 1)
@@ -248,6 +253,9 @@ def run(args):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.fr_dump is not None:
+        # The recorder sizes its ring buffer when the process group is created.
+        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout_s))
     rank = dist.get_rank()
     status = 0
@@ -256,6 +264,12 @@ def main(argv=None):
     except RuntimeError as e:  # a peer never joined: gloo times out
         result = {"rank": rank, "error": str(e)[:500]}
         status = 3
+    if args.fr_dump is not None:
+        from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json
+
+        args.fr_dump.mkdir(parents=True, exist_ok=True)
+        (args.fr_dump / f"rank{rank}.pkl").write_bytes(_dump_fr_trace())
+        (args.fr_dump / f"rank{rank}.fr.json").write_bytes(_dump_fr_trace_json())
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         tmp = args.out / f".rank{rank}.json.tmp"

@@ -72,3 +72,9 @@ def test_unwritable_store_raises_store_error(tmp_path):
     os.chmod(tmp_path / "step_mark", 0o500)
     with pytest.raises((StoreError, PermissionError)):
         Store(tmp_path).write("step_mark", _steps("a"))
+
+
+def test_job_override_keeps_schema(tmp_path):
+    st = Store(tmp_path)
+    st.write("step_mark", _steps("a"), job="b")
+    assert st.jobs() == ["b"] and st.read("step_mark", "b")["job"].to_list() == ["b"] * 3

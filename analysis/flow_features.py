@@ -1,0 +1,119 @@
+"""Per-pair traffic features from raw flow records.
+
+Exporters cut one transfer into several records (active and idle timeouts),
+sample 1 packet in N, and RoCE spreads one peer connection over several queue
+pairs (UDP source ports). None of that is a message, so everything here is
+summed per directed address pair: bytes scaled back by the sampling rate,
+the first and last time the pair was active, and the record count. A pair
+seen by several exporters is counted once (the exporter that saw most of it).
+Control and storage traffic (configured ports) is set apart first and only
+counted, as are multicast/broadcast and non-TCP/UDP records (ICMP, neighbour
+discovery).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from rankscope.analysis.flow_config import FlowConfig
+
+PAIR_COLUMNS = ("src", "dst", "bytes", "num_records", "first_ns", "last_ns")
+
+
+@dataclass
+class PairTraffic:
+    """Directed pair table plus what was set apart, for data_quality."""
+
+    pairs: pl.DataFrame
+    """src, dst, bytes (sampling-scaled), num_records, first_ns, last_ns."""
+    training_flows: pl.DataFrame
+    """the flow records that were kept (aligned, with est_bytes), for step finding."""
+    control_flows: pl.DataFrame = field(default_factory=pl.DataFrame)
+    """records on control/storage ports (rendezvous traffic ties a job's endpoints together)."""
+    quality: dict = field(default_factory=dict)
+
+
+def estimated_bytes() -> pl.Expr:
+    """Sampling-scaled bytes: the exporter's own estimate when present, else size * rate."""
+    rate = pl.col("sampling_rate").fill_null(1).clip(lower_bound=1)
+    return pl.coalesce(pl.col("est_size_bytes"), pl.col("size_bytes") * rate).cast(pl.Float64)
+
+
+def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTraffic:
+    """Directed pair table of one capture or job.
+
+    Needs flow columns exporter, src_addr, dst_addr, src_port, dst_port,
+    size_bytes, sampling_rate (est_size_bytes if present), start_ns, end_ns.
+    """
+    cfg = config or FlowConfig()
+    if flow.is_empty():
+        return PairTraffic(pl.DataFrame(schema={"src": pl.Utf8, "dst": pl.Utf8, "bytes": pl.Float64,
+                                                "num_records": pl.Int64, "first_ns": pl.Int64,
+                                                "last_ns": pl.Int64}), flow, {"records": 0})
+    if "est_size_bytes" not in flow.columns:
+        flow = flow.with_columns(est_size_bytes=pl.lit(None, pl.Int64))
+    ports = list(cfg.control_ports)
+    if "protocol" not in flow.columns:
+        flow = flow.with_columns(protocol=pl.lit(None, pl.Int32))
+    is_ctl = pl.col("src_port").is_in(ports).fill_null(False) | pl.col("dst_port").is_in(ports).fill_null(False)
+    # neighbour discovery, router solicitations, broadcasts: never collective traffic
+    multicast = (pl.col("dst_addr").str.starts_with("ff") | pl.col("dst_addr").str.ends_with(".255")
+                 | pl.col("dst_addr").str.contains(r"^2(2[4-9]|3\d)\.") | ~pl.col("protocol").fill_null(17).is_in([6, 17]))
+    is_ctl = is_ctl | multicast
+    self_loop = pl.col("src_addr") == pl.col("dst_addr")
+    f = flow.with_columns(est_bytes=estimated_bytes(), _ctl=is_ctl, _self=self_loop)
+    ctl = f.filter(pl.col("_ctl"))
+    loops = f.filter(pl.col("_self") & ~pl.col("_ctl"))
+    keep = f.filter(~pl.col("_ctl") & ~pl.col("_self")).drop("_ctl", "_self")
+    per_exp = (keep.group_by(["src_addr", "dst_addr", "exporter"])
+               .agg(bytes=pl.col("est_bytes").sum(), num_records=pl.len().cast(pl.Int64),
+                    first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max()))
+    # one exporter per directed pair: the one that saw the most bytes (the others saw the same transfer)
+    pairs = (per_exp.sort("bytes", descending=True).group_by(["src_addr", "dst_addr"]).first()
+             .rename({"src_addr": "src", "dst_addr": "dst"}).drop("exporter").sort(["src", "dst"]))
+    quality = {
+        "records": int(flow.height),
+        "control_records": int(ctl.height),
+        "control_bytes": float(ctl["est_bytes"].sum()) if ctl.height else 0.0,
+        "control_ports_seen": sorted({int(p) for p in pl.concat([ctl["src_port"], ctl["dst_port"]])
+                                      .drop_nulls().to_list() if p in cfg.control_ports}) if ctl.height else [],
+        "self_loop_records": int(loops.height),
+        "sampled_records": int(keep.filter(pl.col("sampling_rate").fill_null(1) > 1).height),
+        "exporters": int(flow["exporter"].n_unique()),
+    }
+    return PairTraffic(pairs=pairs.select(*PAIR_COLUMNS), training_flows=keep, quality=quality,
+                       control_flows=ctl.drop("_ctl", "_self"))
+
+
+def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
+    """Undirected edges a < b with per-direction features.
+
+    Returns a, b, bytes (both directions), bytes_ab, bytes_ba, first_ab, first_ba,
+    symmetry (smaller direction / larger, 0 for one-way traffic).
+    """
+    p = pairs.with_columns(a=pl.min_horizontal("src", "dst"), b=pl.max_horizontal("src", "dst"),
+                           fwd=pl.col("src") < pl.col("dst"))
+    e = p.group_by(["a", "b"]).agg(
+        bytes_ab=pl.col("bytes").filter(pl.col("fwd")).sum(),
+        bytes_ba=pl.col("bytes").filter(~pl.col("fwd")).sum(),
+        first_ab=pl.col("first_ns").filter(pl.col("fwd")).min(),
+        first_ba=pl.col("first_ns").filter(~pl.col("fwd")).min(),
+        num_records=pl.col("num_records").sum())
+    return e.with_columns(
+        bytes=pl.col("bytes_ab") + pl.col("bytes_ba"),
+        symmetry=pl.min_horizontal("bytes_ab", "bytes_ba") / pl.max_horizontal("bytes_ab", "bytes_ba"),
+    ).sort(["a", "b"])
+
+
+def heavy_edges(edges: pl.DataFrame, config: FlowConfig | None = None) -> pl.DataFrame:
+    """Edges carrying at least ``edge_min_fraction`` of the busiest edge of either endpoint."""
+    cfg = config or FlowConfig()
+    if edges.is_empty():
+        return edges
+    node_max = pl.concat([edges.select(n="a", w="bytes"), edges.select(n="b", w="bytes")]).group_by("n").agg(
+        wmax=pl.col("w").max())
+    e = (edges.join(node_max.rename({"n": "a", "wmax": "wa"}), on="a")
+         .join(node_max.rename({"n": "b", "wmax": "wb"}), on="b"))
+    return e.filter(pl.col("bytes") >= cfg.edge_min_fraction * pl.max_horizontal("wa", "wb")).drop("wa", "wb")

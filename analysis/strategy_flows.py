@@ -1,0 +1,154 @@
+"""Parallel strategy and step times of one job from switch flow records alone (black-box).
+
+Pipeline: per-pair traffic (flow_features) -> heavy pairs -> the job's
+endpoints -> DP/PP grid fit (flow_groups) -> stage order -> tensor-parallel
+degree from the endpoints that the grid leaves over -> step boundaries from
+the period of DP bursts. Endpoints are address strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from rankscope.analysis.diagnosis import Steps, Strategy
+from rankscope.analysis.flow_config import FlowConfig
+from rankscope.analysis.flow_features import heavy_edges, pair_traffic, undirected_edges
+from rankscope.analysis.flow_groups import fit_grid, order_pipelines
+from rankscope.analysis.flow_jobs import address_key, components, merge_components
+from rankscope.analysis.timelines import period_steps, step_period
+
+
+@dataclass
+class FlowInference:
+    strategy: Strategy
+    steps: Steps
+    quality: dict = field(default_factory=dict)
+
+
+def _tp_groups(nodes: list[str], rail_of: dict[str, int], pipelines: list[list[str]], tp: int,
+               endpoint_map: pl.DataFrame | None) -> list[list[str]] | None:
+    """TP peers never reach the switch; they sit in the same stage on one host.
+
+    With an endpoint_map: same stage and host. Without: one member per rail
+    (disconnected copy of the job's graph) per stage, the i-th address of each
+    rail together (assumes hosts number their NICs in the same order on every rail).
+    """
+    if tp <= 1:
+        return [[x] for x in nodes]
+    stage = {x: i for p in pipelines for i, x in enumerate(p)}
+    host = {}
+    if endpoint_map is not None and not endpoint_map.is_empty():
+        host = dict(zip(endpoint_map["address"].to_list(), endpoint_map["host"].to_list()))
+    groups = []
+    if host and all(x in host for x in nodes):
+        by: dict = {}
+        for x in nodes:
+            by.setdefault((stage.get(x, 0), host[x]), []).append(x)
+        for members in by.values():
+            members = sorted(members, key=address_key)
+            groups.extend(members[i:i + tp] for i in range(0, len(members), tp))
+    else:
+        by = {}
+        for x in sorted(nodes, key=address_key):
+            by.setdefault((stage.get(x, 0), rail_of.get(x, 0)), []).append(x)
+        stages = sorted({k[0] for k in by})
+        for s in stages:
+            rails = [by[k] for k in sorted(by) if k[0] == s]
+            if len({len(r) for r in rails}) == 1 and len(rails) == tp:
+                groups.extend([list(g) for g in zip(*rails)])
+            else:
+                members = sorted((x for r in rails for x in r), key=address_key)
+                groups.extend(members[i:i + tp] for i in range(0, len(members), tp))
+    return sorted((sorted(g, key=address_key) for g in groups), key=lambda g: address_key(g[0]))
+
+
+def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
+    """Step time and boundaries from the period of DP traffic (all heavy traffic when there is no DP).
+
+    Needs flows (aligned) src_addr, dst_addr, start_ns. Boundaries are spaced
+    one period apart from the first record of the periodic traffic.
+    """
+    f = flows
+    if dp_pairs:
+        key = pl.min_horizontal("src_addr", "dst_addr") + "|" + pl.max_horizontal("src_addr", "dst_addr")
+        f = flows.filter(key.is_in([f"{a}|{b}" for a, b in dp_pairs]))
+    if f.height < 3:
+        return Steps(extra={"evaluated": False, "why": "too few flow records to find steps", "source": "flows"})
+    key = pl.concat_str(["src_addr", "dst_addr", "src_port", "dst_port"], separator="|", ignore_nulls=True)
+    f = f.with_columns(key=key.cast(pl.Categorical).to_physical()).sort(["key", "start_ns"])
+    # a burst starts after an idle gap; records that follow their predecessor closely are the same
+    # burst cut by the active timeout, and their starts carry no step phase
+    gap = pl.col("start_ns") - pl.col("end_ns").shift(1).over("key")
+    f = f.with_columns(gap=gap).with_columns(big=pl.col("gap").max().over("key"))
+    bursts = f.filter(pl.col("gap").is_null() | (pl.col("gap") > 0.2 * pl.col("big")))
+    t = bursts["start_ns"].to_numpy()
+    period = step_period(bursts["key"].to_numpy(), t)
+    if period is None:
+        return Steps(extra={"evaluated": False, "why": "no periodic data-parallel traffic", "source": "flows"})
+    bounds = period_steps(int(t.min()), int(t.max()), period)
+    # records that last most of the gap to the next one were closed by the active timeout and may
+    # span several steps: then only a multiple of the step is observable
+    dur = (f["end_ns"] - f["start_ns"]).to_numpy().astype(float)
+    cover = float(np.median(dur) / period) if period > 0 else 0.0
+    extra = {"source": "flows: period of data-parallel traffic", "evaluated": True,
+             "durations_ns": [int(round(period))] * len(bounds), "record_cover": round(cover, 3),
+             "note": "flows give one period for all steps; boundaries are spaced by it"}
+    if cover > 0.5:
+        extra["ambiguous"] = True
+        extra["why"] = (f"flow records last {cover:.0%} of the period: the exporter's active timeout may "
+                        "hide steps, so the step time may be a whole fraction of this")
+    return Steps(count=len(bounds), median_ns=period, boundaries_ns=bounds, extra=extra)
+
+
+def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
+                endpoint_map: pl.DataFrame | None = None) -> FlowInference:
+    """Strategy and steps of one job from its flow records (exporter clocks already aligned).
+
+    Needs flow columns src_addr, dst_addr, src_port, dst_port, exporter,
+    size_bytes, sampling_rate, start_ns, end_ns. If the records hold more than
+    one job, the biggest connected one is analysed and the rest counted.
+    """
+    cfg = config or FlowConfig()
+    pt = pair_traffic(flow, cfg)
+    quality = dict(pt.quality)
+    if pt.pairs.is_empty():
+        return FlowInference(Strategy(extra={"method": "flows", "evaluated": False, "why": "no training flows"}),
+                             Steps(extra={"evaluated": False, "why": "no training flows"}), quality)
+    edges = undirected_edges(pt.pairs)
+    heavy = heavy_edges(edges, cfg)
+    nodes_all = sorted(set(heavy["a"].to_list()) | set(heavy["b"].to_list()), key=address_key)
+    idx = {x: i for i, x in enumerate(nodes_all)}
+    rails = components(nodes_all, np.array([idx[x] for x in heavy["a"].to_list()]),
+                       np.array([idx[x] for x in heavy["b"].to_list()]))
+    lab = merge_components(nodes_all, rails, pt.training_flows, pt.control_flows, cfg)
+    big = int(np.argmax(np.bincount(lab)))
+    nodes = [x for x, c in zip(nodes_all, lab) if c == big]
+    rail_of = {x: int(r) for x, r, c in zip(nodes_all, rails, lab) if c == big}
+    if len(nodes) < len(nodes_all):
+        quality["endpoints_outside_main_job"] = len(nodes_all) - len(nodes)
+    heavy = heavy.filter(pl.col("a").is_in(nodes))
+    quality["pairs"] = int(edges.height)
+    quality["heavy_pairs"] = int(heavy.height)
+
+    fit = fit_grid(nodes, heavy, cfg)
+    pipes, order_share = order_pipelines(fit, heavy)
+    n = len(nodes)
+    dp = len(fit.dp_groups[0]) if fit.dp_groups else 1
+    pp = len(pipes[0]) if pipes else 1
+    tp = n // (dp * pp) if n % (dp * pp) == 0 else None
+    notes = list(fit.notes)
+    # every endpoint is one GPU's NIC: with dp*pp < endpoints the rest is tensor parallel inside hosts
+    tp_groups = _tp_groups(nodes, rail_of, pipes, tp or 1, endpoint_map)
+    conf = 0.9 if fit.valid else 0.3
+    if pp > 1:
+        conf *= 0.5 + 0.5 * order_share
+    dp_pairs = {(a, b) for (a, b), pp_edge in zip(heavy.select("a", "b").iter_rows(), fit.is_pp) if not pp_edge}
+    steps = flow_steps(pt.training_flows.filter(pl.col("src_addr").is_in(nodes)), dp_pairs)
+    strat = Strategy(world_size=n, dp=dp, pp=pp, tp=tp, dp_groups=fit.dp_groups, pp_groups=pipes,
+                     confidence=float(round(conf, 4)), ep=None, cp=None, tp_groups=tp_groups,
+                     extra={"method": "flows", "evaluated": True, "grid_valid": fit.valid,
+                            "stage_order_agreement": round(order_share, 4), "notes": notes})
+    return FlowInference(strat, steps, quality)

@@ -1,0 +1,179 @@
+"""What-if dependency model from generic records: hooks, Kineto imports, the simulator.
+
+Ops are the coarse compute spans (forward, backward, optimizer, loss, gc, ...;
+per-kernel spans only when a rank has nothing coarser) and every comm_op.
+Rules (the OSDI'25 model, stated on rankscope's record kinds):
+
+- streams: per rank one compute stream and one stream per comm stream name
+  (``stream`` column: dp, pp, tp, ...; p2p sends and recvs apart); ops of a
+  stream run in start order;
+- a recv from the upstream stage precedes the forward of its microbatch, one
+  from downstream the backward; a send follows the compute of its microbatch;
+  a recv is posted after the compute the rank ran before it;
+- a data-parallel collective that starts before the step's first forward
+  (parameter all-gather) precedes that forward; the others follow the compute
+  that ran before them (the last backward for the gradient sync); the
+  optimizer follows the rank's last collective of the step; other collectives
+  (tp, ep) follow the compute before them and block the compute after them;
+- sync groups: a collective's members share (group_id, seq, step); a p2p pair
+  is (sender, receiver, seq, step).
+
+Every step is replayed from 0; its time is its latest end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from rankscope.analysis.replay import chain_edges
+from rankscope.analysis.whatif_graph import BWD, FWD, WhatIfGraph, WhatIfInputError
+from rankscope.collectors.job_frames import JobFrames
+
+COARSE = ("forward", "backward", "optimizer", "loss", "gc", "dataloader")
+"""compute_op categories that are whole spans (kernels inside them are not replayed twice)."""
+_COMPUTE_TYPE = {"forward": FWD, "backward": BWD}
+_SLACK_NS = 1_000.0
+"""clock slack when checking a rule against the recorded order (1 us)."""
+
+
+def _compute(frames: JobFrames) -> pl.DataFrame:
+    c = frames.compute_op.filter(pl.col("step").is_not_null())
+    coarse_ranks = c.filter(pl.col("category").is_in(list(COARSE)))["rank"].unique()
+    c = c.filter(pl.col("category").is_in(list(COARSE)) | ~pl.col("rank").is_in(coarse_ranks.to_list()))
+    return c.select(
+        "rank", "step", "microbatch", "stage",
+        pl.col("category").replace(_COMPUTE_TYPE).alias("optype"),
+        pl.lit("compute").alias("stream"), "start_ns", "end_ns",
+        pl.lit(None, dtype=pl.String).alias("group_id"), pl.lit(None, dtype=pl.Int64).alias("seq"),
+        pl.lit(None, dtype=pl.Int32).alias("peer"), pl.lit(None, dtype=pl.String).alias("op"),
+        pl.lit(None, dtype=pl.Int64).alias("size_bytes"))
+
+
+def _layout(frames: JobFrames) -> tuple[dict, dict]:
+    """rank -> stage (from compute_op) and rank -> dp rank (index in its dp group)."""
+    st = frames.compute_op.filter(pl.col("stage").is_not_null()).group_by("rank").agg(pl.col("stage").min())
+    stage = dict(st.iter_rows())
+    dp_rank: dict[int, int] = {}
+    cm = frames.comm_op
+    if cm.height and "group_ranks" in cm.columns:
+        dpg = cm.filter((pl.col("stream") == "dp") & pl.col("group_ranks").is_not_null()).select(
+            "group_ranks").unique()
+        for (members,) in dpg.iter_rows():
+            for i, r in enumerate(sorted(members)):
+                dp_rank.setdefault(int(r), i)
+    return stage, dp_rank
+
+
+def generic_graph(frames: JobFrames) -> WhatIfGraph:
+    """Dependency model of hook/Kineto/simulator records (see module docstring)."""
+    stage_of, dp_of = _layout(frames)
+    comp = _compute(frames)
+    cm = frames.comm_op.filter(pl.col("step").is_not_null() & pl.col("end_ns").is_not_null())
+    stream = pl.col("stream").fill_null(pl.col("op"))
+    cm = cm.with_columns(pl.col("rank").replace_strict(stage_of, default=0, return_dtype=pl.Int32).alias("own"),
+                         pl.col("peer").replace_strict(stage_of, default=0, return_dtype=pl.Int32).alias("ps"))
+    direction = pl.when(pl.col("ps") > pl.col("own")).then(pl.lit("forward")).otherwise(pl.lit("backward"))
+    recv_dir = pl.when(pl.col("ps") < pl.col("own")).then(pl.lit("forward")).otherwise(pl.lit("backward"))
+    optype = (pl.when(pl.col("op") == "send").then(direction + "-send")
+              .when(pl.col("op") == "recv").then(recv_dir + "-recv")
+              .otherwise(pl.col("op") + ":" + stream))
+    comm = cm.select(
+        "rank", "step", "microbatch", pl.col("own").alias("stage"), optype.alias("optype"),
+        pl.when(pl.col("op").is_in(["send", "recv"])).then(pl.col("op")).otherwise(stream).alias("stream"),
+        "start_ns", "end_ns", "group_id", "seq", "peer", "op", "size_bytes")
+    ops = pl.concat([comp.cast(comm.schema), comm]).with_columns(
+        pl.col("start_ns").cast(pl.Float64), pl.col("end_ns").cast(pl.Float64),
+        pl.col("rank").replace_strict(stage_of, default=0, return_dtype=pl.Int32).alias("stage"),
+        pl.col("rank").replace_strict(dp_of, default=0, return_dtype=pl.Int32).alias("dp_rank"),
+    ).sort("step", "rank", "start_ns").with_row_index("row")
+    if ops.height == 0:
+        raise WhatIfInputError("no compute_op or comm_op record with a step: nothing to replay")
+    edges = [_stream_edges(ops), _compute_comm_edges(ops)]
+    src = np.concatenate([e[0] for e in edges])
+    dst = np.concatenate([e[1] for e in edges])
+    start = ops["start_ns"].to_numpy()
+    end = ops["end_ns"].to_numpy()
+    # a rule the trace itself contradicts (the successor started before the predecessor ended, e.g.
+    # overlapping ops of one stream) is not a dependency of this job: drop it, count it
+    contradicted = end[src] > start[dst] + _SLACK_NS
+    keep = (src != dst) & ~contradicted
+    src, dst = src[keep], dst[keep]
+    group = _groups(ops)
+    synced = group >= 0
+    latest = np.full(int(group.max()) + 1 if synced.any() else 0, -np.inf)
+    np.maximum.at(latest, group[synced], start[synced])
+    actual = np.where(synced, end - latest[np.where(synced, group, 0)], end - start)
+    actual = np.maximum(actual, 0.0)
+    steps = np.sort(ops["step"].unique().to_numpy())
+    step_index = np.searchsorted(steps, ops["step"].to_numpy())
+    out = ops.with_columns(
+        pl.Series("synced", synced), pl.col("op").is_not_null().alias("comm"), pl.Series("actual", actual),
+        pl.col("seq"))
+    return WhatIfGraph(ops=out.drop("row", "group_id", "peer", "op"), src=src, dst=dst, group=group,
+                       step_index=step_index, steps=steps, model="generic",
+                       notes={"dp": len(set(dp_of.values())) or 1, "pp": len(set(stage_of.values())) or 1,
+                              "edges_contradicted": int(contradicted.sum())})
+
+
+def _stream_edges(ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    key = ops.select(pl.struct("step", "rank", "stream").rank("dense"))[:, 0].to_numpy()
+    return chain_edges(key, ops["start_ns"].to_numpy())
+
+
+def _compute_comm_edges(ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    comp = ops.filter(pl.col("op").is_null()).select("row", "step", "rank", "microbatch", "optype",
+                                                     "start_ns", "end_ns")
+    comm = ops.filter(pl.col("op").is_not_null()).select("row", "step", "rank", "microbatch", "optype", "stream",
+                                                         "start_ns", "end_ns")
+    src, dst = [], []
+
+    def add(df: pl.DataFrame, a: str, b: str):
+        df = df.drop_nulls([a, b])
+        src.append(df[a].to_numpy())
+        dst.append(df[b].to_numpy())
+
+    # recv -> the compute of its microbatch; compute -> the send of its microbatch
+    for direction in ("forward", "backward"):
+        c = comp.filter(pl.col("optype") == f"{direction}-compute").select(
+            "step", "rank", "microbatch", pl.col("row").alias("c"))
+        r = comm.filter(pl.col("optype") == f"{direction}-recv").join(c, on=["step", "rank", "microbatch"])
+        add(r, "row", "c")
+        s = comm.filter(pl.col("optype") == f"{direction}-send").join(c, on=["step", "rank", "microbatch"])
+        add(s, "c", "row")
+    # every comm op follows the compute the rank finished last before it started (program order)
+    cs = comp.sort("start_ns")
+    ce = comp.sort("end_ns").select("step", "rank", pl.col("end_ns").alias("start_ns"), pl.col("row").alias("c"))
+    before = comm.sort("start_ns").join_asof(ce, on="start_ns", by=["step", "rank"], strategy="backward",
+                                             check_sortedness=False)
+    add(before, "c", "row")
+    # parameter all-gathers before the first forward; the optimizer after the last collective
+    first_fwd = comp.filter(pl.col("optype") == FWD).sort("start_ns").group_by("step", "rank").first().select(
+        "step", "rank", pl.col("row").alias("f"), pl.col("start_ns").alias("fs"))
+    coll = comm.filter(~pl.col("stream").is_in(["send", "recv"])).join(first_fwd, on=["step", "rank"], how="left")
+    add(coll.filter(pl.col("start_ns") < pl.col("fs")), "row", "f")
+    opt = comp.filter(pl.col("optype") == "optimizer").group_by("step", "rank").first().select(
+        "step", "rank", pl.col("row").alias("o"), pl.col("start_ns").alias("os"))
+    last = comm.filter(pl.col("stream") == "dp").join(opt, on=["step", "rank"]).filter(
+        pl.col("end_ns") <= pl.col("os")).sort("end_ns").group_by("step", "rank").last()
+    add(last, "row", "o")
+    # blocking collectives (tp, ep, ...) hold the compute that follows them
+    blocking = comm.filter(~pl.col("stream").is_in(["send", "recv", "dp"])).sort("end_ns")
+    after = blocking.join_asof(cs.select("step", "rank", "start_ns", pl.col("row").alias("n")).rename(
+        {"start_ns": "end_ns"}), on="end_ns", by=["step", "rank"], strategy="forward", check_sortedness=False)
+    add(after, "row", "n")
+    return np.concatenate(src).astype(np.int64), np.concatenate(dst).astype(np.int64)
+
+
+def _groups(ops: pl.DataFrame) -> np.ndarray:
+    """Sync group per op: collectives by (group_id, seq, step), p2p pairs by (sender, receiver, seq, step)."""
+    sender = pl.when(pl.col("stream") == "send").then(pl.col("rank")).otherwise(pl.col("peer"))
+    receiver = pl.when(pl.col("stream") == "send").then(pl.col("peer")).otherwise(pl.col("rank"))
+    key = (pl.when(pl.col("stream").is_in(["send", "recv"]))
+           .then(pl.concat_str([pl.lit("p"), sender, receiver, pl.col("seq"), pl.col("step")], separator=":"))
+           .when(pl.col("op").is_not_null())
+           .then(pl.concat_str([pl.lit("c"), pl.col("group_id").fill_null(pl.col("op")), pl.col("seq"),
+                                pl.col("step")], separator=":")))
+    k = ops.select(key.alias("k"))["k"]
+    codes = k.rank("dense").fill_null(0).to_numpy().astype(np.int64) - 1
+    return codes

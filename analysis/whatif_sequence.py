@@ -1,0 +1,186 @@
+"""Sequence-length imbalance as a what-if of its own (beyond OSDI'25).
+
+Variable-length sequences make some microbatches (and some DP ranks) heavier
+than others; every stage of the pipeline carrying that microbatch is slow in
+both its forward and its backward. Two ways to see it:
+
+- with ``batch_meta`` (sequence lengths): fit compute ~ a*s + b*s^2 per stage
+  and op type from the trace (least squares), rebalance the step's sequences
+  across DP ranks and microbatches greedily (longest first into the least
+  loaded bin; with one sequence per microbatch the bins get the mean cost,
+  the packed limit), put the model's change on each compute op and replay;
+- without lengths: detect it from the per-microbatch correlation of forward
+  and backward durations (within each rank and step, so a uniformly slow
+  worker does not count; the paper uses Pearson >= 0.9) and estimate its
+  share by replaying with each microbatch's compute at its step's mean, each
+  rank keeping its own long-run speed.
+
+Share = (T - T_balanced) / (T - T_ideal), like M_W and M_S.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from rankscope.analysis.whatif_batch import Scenarios, step_times
+from rankscope.analysis.whatif_graph import BWD, FWD, WhatIfGraph
+from rankscope.collectors.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SequenceConfig:
+    min_pearson: float = 0.9
+    """forward/backward per-microbatch correlation that counts as sequence imbalance (paper: 0.9)."""
+    min_r2: float = 0.5
+    """with lengths: the a*s + b*s^2 fit must explain this much of the compute variance."""
+
+    def __post_init__(self):
+        if not -1 <= self.min_pearson <= 1:
+            raise ConfigError(f"min_pearson={self.min_pearson!r}; expected a value in [-1, 1]")
+        if not 0 <= self.min_r2 <= 1:
+            raise ConfigError(f"min_r2={self.min_r2!r}; expected a value in [0, 1]")
+
+
+def _compute_ops(graph: WhatIfGraph, actual: np.ndarray) -> pl.DataFrame:
+    return graph.ops.with_row_index("row").with_columns(pl.Series("a", actual)).filter(
+        pl.col("optype").is_in([FWD, BWD]) & pl.col("microbatch").is_not_null()).select(
+        "row", "rank", pl.col("dp_rank").fill_null(0), pl.col("stage").fill_null(0), "step", "microbatch",
+        "optype", "a")
+
+
+def fwd_bwd_pearson(cops: pl.DataFrame) -> float:
+    """Pearson r of forward vs backward duration per microbatch, centred per (rank, step).
+
+    Needs columns rank, step, microbatch, optype, a. NaN when there are too few pairs.
+    """
+    key = ["rank", "step", "microbatch"]
+    f = cops.filter(pl.col("optype") == FWD).group_by(key).agg(pl.col("a").sum().alias(FWD))
+    b = cops.filter(pl.col("optype") == BWD).group_by(key).agg(pl.col("a").sum().alias(BWD))
+    w = f.join(b, on=key, how="inner").with_columns(
+        (pl.col(FWD) - pl.col(FWD).mean().over("rank", "step")).alias("x"),
+        (pl.col(BWD) - pl.col(BWD).mean().over("rank", "step")).alias("y"))
+    if w.height < 3:
+        return float("nan")
+    x, y = w["x"].to_numpy(), w["y"].to_numpy()
+    if x.std() == 0 or y.std() == 0:
+        return 0.0
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def _balanced_without_lengths(cops: pl.DataFrame) -> pl.DataFrame:
+    # each rank keeps its long-run speed f_r; the step's microbatches all get the step's mean work
+    return cops.with_columns(
+        (pl.col("a").mean().over("rank", "optype") / pl.col("a").mean().over("stage", "optype")).alias("f")
+    ).with_columns((pl.col("a") / pl.col("f")).alias("norm")).with_columns(
+        (pl.col("f") * pl.col("norm").mean().over("stage", "step", "optype")).alias("new"))
+
+
+def _balanced_with_lengths(cops: pl.DataFrame, batch_meta: pl.DataFrame) -> tuple[pl.DataFrame, dict]:
+    bm = batch_meta.group_by("rank", "step", "microbatch").agg(
+        pl.col("seq_len").alias("seqs"), pl.col("seq_len").sum().alias("tokens"),
+        (pl.col("seq_len").cast(pl.Float64) ** 2).sum().alias("sq"))
+    # lengths named on one rank of a dp rank apply to its whole pipeline
+    dp_of = cops.group_by("rank").agg(pl.col("dp_rank").first())
+    bm = bm.join(dp_of, on="rank", how="inner").unique(["dp_rank", "step", "microbatch"], keep="first")
+    c = cops.join(bm.select("dp_rank", "step", "microbatch", "tokens", "sq", "seqs"),
+                  on=["dp_rank", "step", "microbatch"], how="inner")
+    if c.height == 0:
+        return cops.with_columns(pl.col("a").alias("new")), {"matched": 0}
+    fits, parts = {}, []
+    for (stage, optype), g in c.group_by("stage", "optype"):
+        X = np.column_stack([g["tokens"].to_numpy().astype(np.float64), g["sq"].to_numpy()])
+        a, b, r2 = _fit_cols(X, g["a"].to_numpy())
+        fits[f"{stage}/{optype}"] = {"a_per_token": a, "b_per_token2": b, "r2": r2}
+        parts.append(g.with_columns((a * pl.col("tokens") + b * pl.col("sq")).alias("model"),
+                                    pl.lit(a).alias("ca"), pl.lit(b).alias("cb")))
+    c = pl.concat(parts)
+    # per step: greedy (longest first, least loaded bin) over the sequences of all (dp rank, microbatch)
+    bins = c.unique(["dp_rank", "step", "microbatch"]).select("dp_rank", "step", "microbatch", "seqs")
+    new_tok = []
+    for (step,), g in bins.group_by("step"):
+        keys = list(zip(g["dp_rank"].to_list(), g["microbatch"].to_list(), strict=True))
+        seqs = sorted((x for lst in g["seqs"].to_list() for x in lst), reverse=True)
+        n = len(keys)
+        if len(seqs) <= n:
+            # one sequence per bin cannot be moved usefully: the packed limit, every bin the mean
+            tot = float(sum(seqs)) / n
+            sq = float(sum(x * x for x in seqs)) / n
+            new_tok += [(d, step, m, tot, sq) for d, m in keys]
+            continue
+        load = np.zeros(n)
+        tok = np.zeros(n)
+        sqs = np.zeros(n)
+        for x in seqs:
+            j = int(np.argmin(load))
+            load[j] += x + x * x / max(seqs[0], 1)
+            tok[j] += x
+            sqs[j] += x * x
+        new_tok += [(d, step, m, float(tok[j]), float(sqs[j])) for j, (d, m) in enumerate(keys)]
+    nt = pl.DataFrame(new_tok, schema={"dp_rank": pl.Int32, "step": pl.Int64, "microbatch": pl.Int32,
+                                       "new_tokens": pl.Float64, "new_sq": pl.Float64}, orient="row")
+    c = c.join(nt, on=["dp_rank", "step", "microbatch"], how="left").with_columns(
+        (pl.col("a") - pl.col("model") + pl.col("ca") * pl.col("new_tokens") + pl.col("cb") * pl.col("new_sq"))
+        .clip(lower_bound=0).alias("new"))
+    return c, {"matched": c.height, "fits": fits}
+
+
+def _fit_cols(X: np.ndarray, d: np.ndarray) -> tuple[float, float, float]:
+    """Least-squares d ~ X @ (a, b) with a, b >= 0 (else the better single term); returns (a, b, r2)."""
+    coef, *_ = np.linalg.lstsq(X, d, rcond=None)
+    if coef.min() < 0:
+        best = None
+        for j in (0, 1):
+            x = X[:, j]
+            cj = max(0.0, float(x @ d / (x @ x))) if x @ x > 0 else 0.0
+            err = float(np.sum((d - cj * x) ** 2))
+            if best is None or err < best[0]:
+                best = (err, j, cj)
+        coef = np.zeros(2)
+        coef[best[1]] = best[2]
+    pred = X @ coef
+    ss = float(np.sum((d - d.mean()) ** 2))
+    r2 = 1 - float(np.sum((d - pred) ** 2)) / ss if ss > 0 else 0.0
+    return float(coef[0]), float(coef[1]), r2
+
+
+def sequence_whatif(graph: WhatIfGraph, actual: np.ndarray, T: float, T_ideal: float,
+                    batch_meta: pl.DataFrame | None = None, config: SequenceConfig | None = None) -> dict:
+    """Share of the slowdown explained by sequence-length imbalance.
+
+    Needs graph.ops with forward/backward compute (optype forward-compute /
+    backward-compute, microbatch set); batch_meta (rank, step, microbatch,
+    seq_len) when the job wrote it. Returns {share, detected, method,
+    pearson, t_balanced, ...}.
+    """
+    config = config or SequenceConfig()
+    cops = _compute_ops(graph, actual)
+    if cops.height == 0:
+        return {"share": 0.0, "detected": False, "method": None, "evaluated": False}
+    r = fwd_bwd_pearson(cops)
+    out = {"pearson": r}
+    if batch_meta is not None and batch_meta.height:
+        bal, info = _balanced_with_lengths(cops, batch_meta)
+        fits = info.get("fits", {})
+        r2 = float(np.mean([f["r2"] for f in fits.values()])) if fits else 0.0
+        ratios = [f["b_per_token2"] / f["a_per_token"] for f in fits.values() if f["a_per_token"] > 0]
+        # the cost model's shape, b/a (1/token): what attention adds per token of length, all fits agreeing
+        out.update(method="lengths", fit=fits, matched_ops=info["matched"], mean_r2=r2,
+                   b_over_a=float(np.median(ratios)) if ratios else None)
+        detected = info["matched"] > 0 and r2 >= config.min_r2
+    else:
+        bal = _balanced_without_lengths(cops)
+        out.update(method="correlation")
+        detected = bool(np.isfinite(r) and r >= config.min_pearson)
+    new = actual.copy()
+    new[bal["row"].to_numpy()] = bal["new"].to_numpy()
+    sc = Scenarios(np.zeros(len(actual), dtype=np.int64), np.array([[True]]), np.array([False]))
+    t_bal = float(step_times(graph, new, new, sc)[:, 0].mean())
+    gap = T - T_ideal
+    raw = (T - t_bal) / gap if gap > 0 else 0.0
+    out.update(t_balanced=t_bal, raw_share=float(raw), detected=detected, share=float(raw) if detected else 0.0,
+               evaluated=True)
+    out["_balanced"] = new
+    return out

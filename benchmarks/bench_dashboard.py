@@ -1,0 +1,142 @@
+"""Dashboard and report page at scale: a job of 4,096 ranks x 100 steps.
+
+Prints the time to build every figure, the bytes one page refresh sends
+(all figures as JSON), the static report's size and build time, and the
+dashboard's start-up (process start to first HTTP answer). The anchor is the
+naive figure (one plotly trace per rank), built in the same run. BENCH_FULL=1
+also runs 16,384 ranks.
+
+    python benchmarks/bench_dashboard.py
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+import polars as pl
+
+from rankscope.analysis.diagnosis import Diagnosis, Steps, Stragglers, Strategy
+from rankscope.dashboard.figures import all_figures
+from rankscope.dashboard.report_html import render_report
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def job(world: int, steps: int, pp: int = 8, seed: int = 0) -> tuple[Diagnosis, dict]:
+    rng = np.random.default_rng(seed)
+    dp = world // pp
+    pipes = [[p * pp + s for s in range(pp)] for p in range(dp)]
+    dpg = [[p * pp + s for p in range(dp)] for s in range(pp)]
+    rank = np.repeat(np.arange(world), steps)
+    step = np.tile(np.arange(steps), world)
+    comp = rng.normal(60e6, 2e6, world * steps)
+    comp[rank == 17] *= 1.5
+    exp_comm = rng.normal(10e6, 1e6, world * steps)
+    idle = np.maximum(0, 100e6 - comp - exp_comm)
+    tl = pl.DataFrame({"rank": rank, "step": step, "start_ns": step * 100_000_000, "compute_ns": comp,
+                       "comm_ns": exp_comm * 2, "exposed_comm_ns": exp_comm, "idle_ns": idle,
+                       "exposed_wait_ns": exp_comm + idle})
+    heat = 1 + np.abs(rng.normal(0, 0.02, (world, steps)))
+    heat[17] += 0.4
+    d = Diagnosis(job="big", sources=["simulator"],
+                  strategy=Strategy(world_size=world, dp=dp, pp=pp, tp=1, dp_groups=dpg, pp_groups=pipes,
+                                    confidence=1.0),
+                  steps=Steps(count=steps, median_ns=1e8, boundaries_ns=[i * 100_000_000 for i in range(steps)]),
+                  stragglers=Stragglers(slowdown=1.4, verdict="worker", by_cause={"worker": 0.9},
+                                        by_optype={"forward": 1.3, "backward": 1.2},
+                                        top_workers=[{"endpoint": 17, "slowdown": 1.4}],
+                                        extra={"heatmap": {"workers": list(range(world)), "steps": list(range(steps)),
+                                                           "slowdown": heat.tolist()}}))
+    return d, {"timeline": tl}
+
+
+def naive_timeline(tl: pl.DataFrame) -> go.Figure:
+    """The anchor: one Bar trace per rank, every step drawn."""
+    fig = go.Figure()
+    for (r,), g in tl.group_by("rank", maintain_order=True):
+        fig.add_trace(go.Bar(y=[str(r)] * g.height, x=g["compute_ns"].to_list(), base=g["start_ns"].to_list(),
+                             orientation="h", showlegend=False))
+    return fig
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def startup_s(store: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds from process start to the first HTTP answer."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = str(Path(sys.executable).parent / "rankscope")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([exe, "dashboard", "--store", str(store), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read()
+                return time.perf_counter() - t0, _cpu_s(proc.pid)
+            except OSError:
+                if time.perf_counter() - t0 > 120 or proc.poll() is not None:
+                    return float("nan"), float("nan")
+                time.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def main() -> int:
+    sizes = [(4096, 100)] + ([(16384, 100)] if os.environ.get("BENCH_FULL") == "1" else [])
+    rows = []
+    for world, steps in sizes:
+        d, tables = job(world, steps)
+        t, c = time.perf_counter(), time.process_time()
+        figs = all_figures(d, tables)
+        t_figs, c_figs = time.perf_counter() - t, time.process_time() - c
+        payload = sum(len(f.to_json()) for f in figs.values())
+        t = time.perf_counter()
+        page = render_report(d, tables)
+        t_page = time.perf_counter() - t
+        c = time.process_time()
+        naive = naive_timeline(tables["timeline"])
+        naive_bytes = len(naive.to_json())
+        c_naive = time.process_time() - c
+        tl_bytes = len(figs["timeline"].to_json())
+        rows += [
+            (f"{world} ranks: all figures built (CPU)", f"{c_figs:.2f} s", "< 2 s",
+             f"naive timeline alone {c_naive:.1f} s ({c_naive / c_figs:.0f}x)"),
+            (f"{world} ranks: all figures built (wall)", f"{t_figs:.2f} s", "", ""),
+            (f"{world} ranks: one refresh sends", f"{payload / 1e6:.2f} MB", "< 3 MB", ""),
+            (f"{world} ranks: timeline figure", f"{tl_bytes / 1e3:.0f} kB", "", f"naive {naive_bytes / 1e6:.1f} MB "
+             f"({naive_bytes / tl_bytes:.0f}x)"),
+            (f"{world} ranks: report.html", f"{len(page) / 1e6:.2f} MB in {t_page:.2f} s", "< 10 MB", ""),
+        ]
+    with tempfile.TemporaryDirectory() as tmp:
+        from tests.unit.dashboard.hand_store import write_hand_store
+
+        write_hand_store(Path(tmp) / "store")
+        wall, cpu = startup_s(Path(tmp) / "store")
+        rows.append(("dashboard start-up to first answer (CPU)", f"{cpu:.2f} s", "< 5 s", ""))
+        rows.append(("dashboard start-up to first answer (wall)", f"{wall:.2f} s", "", ""))
+    rows.append(("load average during the run", f"{os.getloadavg()[0]:.1f}", "", "wall times inflate with it"))
+    w = max(len(r[0]) for r in rows)
+    print(f"{'figure':<{w}}  {'value':>22}  {'target':>8}  vs anchor")
+    for name, val, target, anchor in rows:
+        print(f"{name:<{w}}  {val:>22}  {target:>8}  {anchor}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

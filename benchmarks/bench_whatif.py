@@ -1,0 +1,186 @@
+"""What-if straggler attribution: accuracy against the OSDI'25 authors and injected faults, and speed.
+
+1. The three OSDI'25 reference traces: S, M_W, M_S against the authors'
+   published results, the verdict, and the seconds of analysis work (the
+   authors' analyzer takes 0.9-1.8 s of whole-process wall time here; it is
+   not installed, so that figure is quoted, not measured).
+2. A 1,024-worker job: the AR trace tiled 16x along DP (dp 64, pp 4, tp 4).
+3. Simulated jobs with one injected cause each (slow worker 1.2-2x, stage
+   imbalance, sequence skew, slow link, GC) and clean jobs: verdict right,
+   injected factor recovered within 5% (worker speed, stage compute ratio,
+   transfer ratio, GC pause, and for sequence skew the fitted cost shape b/a of
+   compute ~ a*s + b*s^2), clean S < 1.03 and verdict none.
+   100 jobs by default, 300 with BENCH_FULL=1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from rankscope.analysis.stragglers import analyze_stragglers
+from rankscope.collectors.ingest import ingest
+from rankscope.collectors.job_frames import JobFrames, load_job
+from rankscope.collectors.store import Store
+
+REF = Path(os.environ.get("RANKSCOPE_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "reference"
+OSDI = REF / "stragglers-osdi25"
+AUTHORS = {"AR": (1.973, 1.00, None, "worker"), "ST": (1.179, None, 1.22, "stage_imbalance"),
+           "SE": (1.537, None, 0.69, "sequence_imbalance")}
+FULL = os.environ.get("BENCH_FULL") == "1"
+
+
+def reference() -> dict[str, JobFrames]:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-whatif-"))
+    store = Store(tmp / "st")
+    t = time.perf_counter()
+    ingest(store, sorted(OSDI.glob("trace-*.parquet")))
+    print(f"ingest of the 3 traces: {time.perf_counter() - t:.2f} s wall; the machine's load average now: "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall times stretch with it)")
+    out = {}
+    print(f"{'trace':6} {'S':>7} {'authors':>8} {'err':>7} {'M_W':>7} {'auth':>6} {'M_S':>7} {'auth':>6} "
+          f"{'verdict':>19} {'top':>4} {'cpu_s':>8} {'wall_s':>8}  target: S +-2%, M +-0.05, < 1 s of work")
+    for name in ("AR", "ST", "SE"):
+        frames = load_job(store, name)
+        out[name] = frames
+        t, c = time.perf_counter(), time.process_time()
+        s, _ = analyze_stragglers(frames)
+        sec, cpu = time.perf_counter() - t, time.process_time() - c
+        mw = json.loads((OSDI / f"mw-{name}.json").read_text())["Mw"]
+        ms = json.loads((OSDI / f"ms-{name}.json").read_text())["Ms"]
+        auth_s = json.loads((OSDI / f"result-{name}.json").read_text())["blocking_slowdown"]
+        print(f"{name:6} {s.slowdown:7.4f} {auth_s:8.4f} {s.slowdown / auth_s - 1:+7.1e} "
+              f"{s.by_cause['worker']:7.3f} {mw:6.3f} {s.by_cause['stage_imbalance']:7.3f} {ms:6.3f} "
+              f"{s.verdict:>19} {s.top_workers[0]['endpoint']:>4} {cpu:8.2f} {sec:8.2f}")
+    return out
+
+
+def tiled(frames: JobFrames, times: int) -> JobFrames:
+    """The job repeated ``times`` along DP: dp ranks and ranks shifted per copy."""
+    dp = int(frames.compute_op["dp_rank"].max()) + 1
+    n_ranks = int(frames.compute_op["rank"].max()) + 1
+    kinds = {}
+    for kind in ("compute_op", "comm_op"):
+        df = getattr(frames, kind)
+        kinds[kind] = pl.concat([df.with_columns(pl.col("dp_rank") + k * dp, pl.col("rank") + k * n_ranks,
+                                                 *([pl.col("peer") + k * n_ranks] if "peer" in df.columns else []))
+                                 for k in range(times)])
+    return JobFrames.from_frames(frames.job + f"-x{times}", **kinds)
+
+
+def big(ar: JobFrames) -> None:
+    f = tiled(ar, 16)
+    n = f.compute_op.height + f.comm_op.height
+    t, c = time.perf_counter(), time.process_time()
+    s, _ = analyze_stragglers(f)
+    sec, cpu = time.perf_counter() - t, time.process_time() - c
+    print(f"\nAR tiled 16x along DP: 1,024 workers (256 trace ranks x tp 4), {n:,} ops: "
+          f"{cpu:.2f} s cpu, {sec:.2f} s wall (target: seconds); S={s.slowdown:.3f} verdict={s.verdict} top={s.top_workers[0]['endpoint']}")
+
+
+def sim_cases(n: int) -> list:
+    from rankscope.datasets.simulator import Fault
+
+    rng = np.random.default_rng(7)
+    kinds = ["clean", "slow-worker", "stage-imbalance", "seq-skew", "slow-link", "gc"]
+    cases = []
+    for i in range(n):
+        kind = kinds[i % len(kinds)]
+        dp, pp = [(4, 2), (2, 4), (4, 4), (8, 2)][(i // len(kinds)) % 4]
+        world = dp * pp
+        if kind == "clean":
+            f = ()
+        elif kind == "slow-worker":
+            f = (Fault(kind, {"rank": int(rng.integers(world)), "factor": float(np.round(rng.uniform(1.2, 2.0), 2))}),)
+        elif kind == "stage-imbalance":
+            f = (Fault(kind, {"stage": int(rng.integers(pp)), "factor": float(np.round(rng.uniform(1.3, 2.0), 2))}),)
+        elif kind == "seq-skew":
+            f = (Fault(kind, {"sigma": float(np.round(rng.uniform(0.3, 0.6), 2))}),)
+        elif kind == "slow-link":
+            f = (Fault(kind, {"rank": int(rng.integers(world)), "factor": float(np.round(rng.uniform(3.0, 6.0), 1))}),)
+        else:
+            f = (Fault(kind, {"rank": int(rng.integers(world)), "pause_ms": float(rng.integers(100, 300)), "every": 1}),)
+        cases.append((kind, dp, pp, f, i))
+    return cases
+
+
+def recovered(kind: str, params: dict, s) -> tuple[float | None, float | None]:
+    """(injected, recovered) factor for the fault kind, from the report's evidence."""
+    ev = s.extra["evidence"]
+    top = s.top_workers[0] if s.top_workers else {}
+    if kind == "slow-worker":
+        w = [x for x in s.top_workers if x["endpoint"] == params["rank"]]
+        return params["factor"], (w[0]["compute_vs_stage_peers"] if w else None)
+    if kind == "stage-imbalance":
+        return params["factor"], ev["stage_imbalance"].get("stage_vs_others", {}).get(str(params["stage"]))
+    if kind == "slow-link":
+        return params["factor"], ev["communication"]["factor"]
+    if kind == "seq-skew":
+        # the cost model's quadratic share b/a (the simulator's flops per token^2 over per token)
+        return params["b_flops_per_token2"] / params["a_flops_per_token"], ev["sequence_imbalance"].get("b_over_a")
+    if kind == "gc":
+        return params["pause_ms"], (top.get("stall_ns_mean", 0) / 1e6 if top.get("endpoint") == params["rank"]
+                                    else None)
+    return None, None
+
+
+def simulated(n: int) -> None:
+    from rankscope.datasets.simulator import SimConfig, simulate
+
+    rows = []
+    t_an = 0.0
+    for kind, dp, pp, faults, seed in sim_cases(n):
+        res = simulate(SimConfig(job="j", dp=dp, pp=pp, tp=1, steps=4, microbatches=4, schedule="1f1b",
+                                 faults=faults, seed=seed, flows=False, gpus_per_host=2))
+        tabs = {k: (v if isinstance(v, pl.DataFrame) else pl.from_arrow(v)) for k, v in res.tables.items()}
+        frames = JobFrames.from_frames("j", **{k: v for k, v in tabs.items() if k in
+                                              ("comm_op", "compute_op", "step_mark", "batch_meta")})
+        t = time.perf_counter()
+        s, _ = analyze_stragglers(frames)
+        t_an += time.perf_counter() - t
+        truth = res.truth["faults"]
+        want = truth[0]["kind"] if truth else "none"
+        inj, rec = recovered(kind, truth[0]["params"] if truth else {}, s)
+        ok_factor = None if inj is None else (rec is not None and abs(rec / inj - 1) <= 0.05)
+        rows.append({"kind": kind, "verdict_ok": s.verdict == want, "factor_ok": ok_factor,
+                     "S": s.slowdown, "clean_ok": (s.slowdown < 1.03 and s.verdict == "none") if kind == "clean"
+                     else None, "err": None if inj is None or rec is None else rec / inj - 1, "got": s.verdict})
+    df = pl.DataFrame(rows)
+    summary = df.group_by("kind", maintain_order=True).agg(
+        pl.len().alias("jobs"), pl.col("verdict_ok").mean().alias("verdict_right"),
+        pl.col("verdict_ok").filter(pl.col("S") >= 1.05).mean().alias("right_where_S>=1.05"),
+        pl.col("factor_ok").mean().alias("factor_within_5%"), pl.col("err").abs().max().alias("max_factor_err"),
+        pl.col("S").median().alias("median_S"), pl.col("clean_ok").mean().alias("clean_S<1.03_none"),
+        pl.col("got").filter(~pl.col("verdict_ok")).unique().alias("wrong_verdicts"))
+    print(f"\nsimulated jobs: {n} (dp x pp: 4x2, 2x4, 4x4, 8x2; 4 steps, 4 microbatches); analysis {t_an:.1f} s in all, "
+          f"{t_an / n * 1e3:.0f} ms per job. Target: verdict right, factor within 5%, clean S < 1.03 + none")
+    with pl.Config(tbl_rows=20, tbl_cols=20, tbl_width_chars=160, fmt_str_lengths=60):
+        print(summary)
+    print(f"all jobs: verdict right {df['verdict_ok'].mean():.1%}; factor within 5% "
+          f"{df['factor_ok'].drop_nulls().mean():.1%} of the jobs with a factor")
+
+
+def main() -> int:
+    if not OSDI.is_dir():
+        print(f"reference traces not found at {OSDI}; skipping the reference part")
+    else:
+        frames = reference()
+        big(frames["AR"])
+    try:
+        import rankscope.datasets.simulator  # noqa: F401
+    except ImportError as e:
+        print(f"simulator not available ({e}); skipping simulated jobs")
+        return 0
+    simulated(int(os.environ.get("BENCH_WHATIF_JOBS", 300 if FULL else 100)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

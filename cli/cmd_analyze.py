@@ -1,0 +1,117 @@
+"""``rankscope analyze``: one report (JSON + HTML) per job of a trace store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from rankscope.collectors.errors import StoreError, UsageError
+from rankscope.collectors.store import Store
+
+TRAINING_KINDS = ("comm_op", "compute_op", "step_mark")
+
+
+def _plan(store: Store, job: str | None, flow_job: str | None, config) -> list[tuple[str, object]]:
+    """(report name, how to load) per job to analyse: ('job', name) or ('capture', capture, endpoints)."""
+    from rankscope.analysis.flow_jobs import recognise_jobs
+
+    jobs = store.jobs()
+    training = [j for j in jobs if any(store.count(k, j) for k in TRAINING_KINDS)]
+    captures = [j for j in jobs if j not in training and store.count("flow", j)]
+    plan: list[tuple[str, object]] = []
+    if job is not None and job in training:
+        return [(job, ("job", job, flow_job))]
+    for cap in captures:
+        if job is not None and job != cap and not job.startswith(cap + "-"):
+            continue
+        fj = recognise_jobs(store.read("flow", cap), cap, config.flow)
+        for rj in fj.jobs:
+            if job is None or job in (cap, rj.name):
+                plan.append((rj.name, ("capture", cap, rj.endpoints, fj.quality)))
+    if job is None:
+        plan = [(j, ("job", j, flow_job)) for j in training] + plan
+    return plan
+
+
+def _load(store: Store, how: tuple):
+    from rankscope.analysis.flow_jobs import job_flows
+    from rankscope.collectors.job_frames import JobFrames, load_job
+
+    if how[0] == "job":
+        _, name, flow_job = how
+        frames = load_job(store, name, flow_job=flow_job)
+        if flow_job and not frames.endpoint_map.is_empty():
+            # a capture holds other jobs too: keep only this job's addresses
+            addrs = frames.endpoint_map["address"].to_list()
+            frames.flow = job_flows(frames.flow, addrs)
+        return frames, {}
+    _, cap, endpoints, quality = how
+    flow = job_flows(store.read("flow", cap), endpoints)
+    extra = {"endpoint_map": store.read("endpoint_map", cap)} if store.count("endpoint_map", cap) else {}
+    frames = JobFrames.from_frames("", flow=flow, **extra)
+    return frames, {"capture": cap, "fabric": quality}
+
+
+def _summary(d) -> str:
+    s = d.strategy
+    order = ""
+    if s.pp > 1 and s.pp_groups:
+        order = f", pipeline {' > '.join(map(str, s.pp_groups[0]))}"
+    step = f"{d.steps.median_ns / 1e6:,.1f} ms x {d.steps.count} steps" if d.steps.count else "steps unknown"
+    return (f"{d.job}: {s.world_size} endpoints, dp={s.dp} pp={s.pp} tp={s.tp} "
+            f"(confidence {s.confidence:.2f}{order}); {step}; verdict {d.stragglers.verdict}")
+
+
+@click.command()
+@click.option("--store", "store_dir", required=True, type=click.Path(file_okay=False),
+              help="trace store directory")
+@click.option("--job", default=None, help="analyse only this job (a training job, a flow capture, or a "
+                                          "job recognised in one, e.g. fabric-2)")
+@click.option("--flow-job", default=None, help="flow capture to compare with the job's comm_op records "
+                                               "(needs an endpoint_map)")
+@click.option("--out-dir", required=True, type=click.Path(file_okay=False), help="where reports go")
+@click.option("--no-html", is_flag=True, help="write only the JSON reports")
+def analyze(store_dir, job, flow_job, out_dir, no_html):
+    """Diagnose every job of a store: strategy, steps, stragglers, regressions, hangs.
+
+    Writes OUT/<job>.json (the report contract) and OUT/<job>.html per job.
+    Flow captures without other records are split into the jobs found in
+    them (named <capture> when there is one, else <capture>-1, -2, ...).
+
+    \b
+    Example:
+      rankscope analyze --store st --out-dir reports
+      rankscope analyze --store st --job fabric --out-dir reports
+    """
+    from rankscope.analysis.diagnose import DiagnoseConfig, analyze_job
+
+    if not Path(store_dir).is_dir():
+        raise StoreError(f"--store {store_dir}: expected an existing trace store directory")
+    store = Store(store_dir)
+    if not store.jobs():
+        raise StoreError(f"--store {store_dir}: expected a trace store with records, found none")
+    if flow_job is not None and flow_job not in store.jobs("flow"):
+        raise UsageError(f"--flow-job {flow_job!r}: expected a flow capture, one of {store.jobs('flow')}")
+    config = DiagnoseConfig()
+    plan = _plan(store, job, flow_job, config)
+    if not plan:
+        raise UsageError(f"--job {job!r}: no such job (training jobs and captures: {store.jobs()})"
+                         if job else f"--store {store_dir}: no training job or flow capture with a job in it")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    render = None
+    if not no_html:
+        try:
+            from rankscope.dashboard.report_html import render_report as render
+        except ImportError:
+            click.echo("note: HTML report unavailable (rankscope.dashboard.report_html missing)", err=True)
+    for name, how in plan:
+        frames, dq = _load(store, how)
+        frames.job = name
+        d, tables = analyze_job(frames, config)
+        d.data_quality.update(dq)
+        (out / f"{name}.json").write_text(d.to_json())
+        if render is not None:
+            (out / f"{name}.html").write_text(render(d, tables))
+        click.echo(_summary(d))

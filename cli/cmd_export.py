@@ -1,0 +1,61 @@
+"""``rankscope export``: write a job's data for other tools (``perfetto``: real + ideal timeline)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from pathlib import Path
+
+import click
+
+from rankscope.collectors.errors import UsageError
+
+
+@click.group()
+def export():
+    """Export a job's timelines for other tools.
+
+    \b
+    Example:
+      rankscope export perfetto --store st --job AR --out ar.json.gz
+    """
+
+
+@export.command()
+@click.option("--store", "store_dir", required=True, type=click.Path(file_okay=False), help="trace store directory")
+@click.option("--job", default="default", show_default=True, help="job to export")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False),
+              help="output file: .json, or .json.gz to compress")
+def perfetto(store_dir: str, job: str, out: str):
+    """Real and ideal (what-if) timeline as a Chrome JSON trace, for ui.perfetto.dev.
+
+    One process per rank and timeline (``rank N`` and ``rank N (ideal)``), one track per stream.
+    """
+    from rankscope.analysis.perfetto_export import metadata_events, perfetto_events
+    from rankscope.analysis.whatif_graph import build_graph
+    from rankscope.analysis.whatif_metrics import ideal_durations
+    from rankscope.collectors.job_frames import load_job
+    from rankscope.collectors.store import Store
+
+    if not Path(store_dir).is_dir():
+        raise UsageError(f"--store {store_dir!r}: no such store directory")
+    store = Store(store_dir)
+    if job not in store.jobs():
+        raise UsageError(f"--job {job!r}: not in the store (jobs: {sorted(store.jobs())})")
+    graph = build_graph(load_job(store, job))
+    events = perfetto_events(graph, ideal_durations(graph))
+    buf = io.BytesIO()
+    events.write_json(buf)
+    body = buf.getvalue().strip()
+    meta = json.dumps(metadata_events(graph)).encode()
+    # one JSON array: metadata first, then the events (polars writes a row-oriented array)
+    data = meta[:-1] + (b"," + body[1:] if len(body) > 2 else b"]")
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "wb", compresslevel=5) as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+    click.echo(f"wrote {events.height:,} events ({graph.ops['rank'].n_unique()} ranks, real + ideal) to {path}")

@@ -1,0 +1,191 @@
+"""Flow export files: RFC 5655 IPFIX files, pcap/pcapng of export traffic, nfdump CSV and JSON.
+
+IPFIX files are IPFIX messages back to back; each message's length field
+finds the next. Captures (read with ``dpkt``) are walked packet by packet:
+every UDP payload, IPv4 or IPv6 over Ethernet, Linux cooked capture (v1/v2),
+raw IP or loopback, goes to the same :class:`FlowDecoder` the live collector
+uses, with the packet's source address as the exporter and its capture time
+(sFlow rows take it as their time). nfdump's ``-o csv`` and ``-o json``
+outputs are tables already; their times are in the local time of the machine
+that ran nfdump (``--opt tz_offset_s=N`` overrides), the CSV's start has
+whole-second resolution and nfdump keeps no observation domain (exporter is
+``router/0``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import struct
+import time
+from pathlib import Path
+
+import polars as pl
+
+from rankscope.collectors.errors import InputFormatError
+from rankscope.collectors.flows.flow_decoder import FlowDecoder
+
+PCAP_MAGICS = (b"\xd4\xc3\xb2\xa1", b"\xa1\xb2\xc3\xd4", b"\x4d\x3c\xb2\xa1", b"\xa1\xb2\x3c\x4d")
+PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
+NFDUMP_CSV_HEADER = "ts,te,td,sa,da,sp,dp,pr"
+PROTOCOLS = {"ICMP": 1, "IGMP": 2, "TCP": 6, "UDP": 17, "GRE": 47, "ESP": 50, "AH": 51, "ICMP6": 58,
+             "SCTP": 132}
+
+
+# ------------------------------------------------------------------ IPFIX files
+def looks_like_ipfix_file(head: bytes) -> bool:
+    if len(head) < 16 or head[:2] != b"\x00\x0a":
+        return False
+    length = struct.unpack_from(">H", head, 2)[0]
+    return 16 <= length and (length >= len(head) or head[length:length + 2] in (b"\x00\x0a", b""))
+
+
+def ipfix_file_messages(data: bytes, dec: FlowDecoder):
+    """Yield (message, exporter, time) of an RFC 5655 file; a broken length stops there (counted)."""
+    pos = 0
+    while pos < len(data):
+        if len(data) - pos < 16 or data[pos:pos + 2] != b"\x00\x0a":
+            dec.reject("ipfix file: bytes after the last message are not an IPFIX message", data[pos:pos + 32])
+            return
+        length = struct.unpack_from(">H", data, pos + 2)[0]
+        if length < 16 or pos + length > len(data):
+            dec.reject("ipfix file: message length runs past the end of the file", data[pos:pos + 32])
+            return
+        yield data[pos:pos + length], "file", 0
+        pos += length
+
+
+# ----------------------------------------------------------------- captures
+def _udp_payload(frame: bytes, linktype: int):
+    """(source address, payload) of a UDP datagram in a captured frame, or None."""
+    import dpkt
+
+    try:
+        if linktype == dpkt.pcap.DLT_EN10MB:
+            ip = dpkt.ethernet.Ethernet(frame).data
+        elif linktype == dpkt.pcap.DLT_LINUX_SLL:
+            ip = dpkt.sll.SLL(frame).data
+        elif linktype == 276:  # DLT_LINUX_SLL2
+            ip = dpkt.sll2.SLL2(frame).data
+        elif linktype in (dpkt.pcap.DLT_RAW, 101, 228, 229):
+            ip = dpkt.ip.IP(frame) if frame[:1] and frame[0] >> 4 == 4 else dpkt.ip6.IP6(frame)
+        elif linktype in (dpkt.pcap.DLT_NULL, dpkt.pcap.DLT_LOOP):
+            ip = dpkt.loopback.Loopback(frame).data
+        else:
+            return None
+    except (dpkt.UnpackError, struct.error, IndexError, ValueError):
+        return None
+    if isinstance(ip, dpkt.ip.IP):
+        src = socket.inet_ntoa(ip.src)
+    elif isinstance(ip, dpkt.ip6.IP6):
+        src = socket.inet_ntop(socket.AF_INET6, ip.src)
+    else:
+        return None
+    udp = ip.data
+    if not isinstance(udp, dpkt.udp.UDP):
+        return None
+    return src, bytes(udp.data)
+
+
+def capture_datagrams(path: Path, dec: FlowDecoder):
+    """Yield (payload, source address, capture time ns) of every UDP datagram in a pcap/pcapng file."""
+    import dpkt
+
+    with open(path, "rb") as f:
+        try:
+            magic = f.read(4)
+            f.seek(0)
+            reader = dpkt.pcapng.Reader(f) if magic == PCAPNG_MAGIC else dpkt.pcap.Reader(f)
+        except (ValueError, dpkt.UnpackError, struct.error) as e:
+            raise InputFormatError(path, "file header", "a pcap or pcapng capture", got=str(e)) from e
+        linktype = reader.datalink()
+        try:
+            for ts, frame in reader:
+                got = _udp_payload(frame, linktype)
+                if got is None:
+                    dec.reject("capture: packet is not UDP over IP")
+                    continue
+                yield got[1], got[0], int(ts * 1e9)
+        except (ValueError, dpkt.UnpackError, struct.error):
+            dec.reject("capture: truncated packet record (capture cut short)")
+
+
+# ------------------------------------------------------------------- nfdump
+def _tz_offset_s(opts_extra: dict) -> int:
+    if "tz_offset_s" in opts_extra:
+        try:
+            return int(opts_extra["tz_offset_s"])
+        except ValueError:
+            raise InputFormatError(None, None, "--opt tz_offset_s=<integer seconds>",
+                                   got=opts_extra["tz_offset_s"]) from None
+    return time.localtime().tm_gmtoff
+
+
+def _protocol(col: pl.Expr) -> pl.Expr:
+    txt = col.cast(pl.String).str.strip_chars()
+    return pl.coalesce(txt.cast(pl.Int32, strict=False),
+                       txt.str.to_uppercase().replace_strict(PROTOCOLS, default=None, return_dtype=pl.Int32))
+
+
+def read_nfdump_csv(path: Path, text: str, extra: dict) -> tuple[pl.DataFrame, int]:
+    """nfdump ``-o csv`` rows as flow columns; returns (frame, rows rejected by field count)."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith(NFDUMP_CSV_HEADER):
+        raise InputFormatError(path, "line 1", f"an nfdump CSV header starting {NFDUMP_CSV_HEADER!r}",
+                               got=lines[0][:80] if lines else "empty file")
+    width = lines[0].count(",")
+    body = [lines[0]]
+    bad = 0
+    for line in lines[1:]:
+        if not line.strip() or line.startswith("Summary"):
+            break  # nfdump appends a summary block after an empty line
+        if line.count(",") != width:
+            bad += 1
+            continue
+        body.append(line)
+    df = pl.read_csv(io.StringIO("\n".join(body)), infer_schema=False)
+    off = _tz_offset_s(extra) * 1_000_000_000
+    ts = pl.col("ts").str.strip_chars().str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="ns")
+    start = ts.cast(pl.Int64) - off
+    dur = (pl.col("td").str.strip_chars().cast(pl.Float64, strict=False) * 1e9).round().cast(pl.Int64)
+    out = df.select(
+        exporter=pl.col("ra").str.strip_chars() + "/0",
+        src_addr=pl.col("sa").str.strip_chars(), dst_addr=pl.col("da").str.strip_chars(),
+        src_port=pl.col("sp").cast(pl.Int32, strict=False), dst_port=pl.col("dp").cast(pl.Int32, strict=False),
+        protocol=_protocol(pl.col("pr")),
+        size_bytes=pl.col("ibyt"), num_packets=pl.col("ipkt"),
+        start_ns=start, end_ns=start + dur,
+        input_if=pl.col("in"), output_if=pl.col("out"),
+        vlan=pl.col("svln") if "svln" in df.columns else pl.lit(None),
+        source=pl.lit("nfdump"))
+    return out, bad
+
+
+def read_nfdump_json(path: Path, text: str, extra: dict) -> pl.DataFrame:
+    """nfdump ``-o json`` records (type FLOW) as flow columns."""
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputFormatError(path, f"line {e.lineno}", "nfdump JSON (a list of flow objects)", got=e.msg) from e
+    if not isinstance(records, list):
+        raise InputFormatError(path, None, "a JSON list of nfdump records", got=type(records).__name__)
+    rows = [r for r in records if isinstance(r, dict) and r.get("type", "FLOW") == "FLOW"]
+    if not rows:
+        return pl.DataFrame()
+    keys = ("first", "last", "src4_addr", "dst4_addr", "src6_addr", "dst6_addr", "src_port", "dst_port", "proto",
+            "in_bytes", "in_packets", "ip4_router", "ip6_router", "input_snmp", "output_snmp", "src_vlan",
+            "sampled")
+    df = pl.DataFrame({k: [None if r.get(k) is None else str(r.get(k)) for r in rows] for k in keys},
+                      schema={k: pl.String for k in keys})
+    off = _tz_offset_s(extra) * 1_000_000_000
+
+    def t(c):
+        return pl.col(c).str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", strict=False, time_unit="ns").cast(pl.Int64) - off
+
+    return df.select(
+        exporter=pl.coalesce("ip4_router", "ip6_router") + "/0",
+        src_addr=pl.coalesce("src4_addr", "src6_addr"), dst_addr=pl.coalesce("dst4_addr", "dst6_addr"),
+        src_port="src_port", dst_port="dst_port", protocol=_protocol(pl.col("proto")),
+        size_bytes="in_bytes", num_packets="in_packets", start_ns=t("first"), end_ns=t("last"),
+        input_if="input_snmp", output_if="output_snmp", vlan="src_vlan", source=pl.lit("nfdump"))

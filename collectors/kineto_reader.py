@@ -1,0 +1,277 @@
+"""Load a PyTorch profiler (Kineto) Chrome-trace JSON into event columns.
+
+The file is parsed once with orjson; complete events (``ph == "X"``) become a
+polars frame (``idx, name, cat, pid, tid, ts_ns, dur_ns``) whose ``idx``
+points back into the event list, so the few events whose ``args`` matter are
+looked up by index instead of decoding every event's args. A truncated file
+(a job killed while writing) is cut back to its last complete event.
+
+Times: ``baseTimeNanoseconds + ts * 1000`` (epoch ns on the rank's clock)
+where the trace has a base time; without one the source is relative and times
+are stored from the trace's first event (``relative_time``).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+import polars as pl
+
+from rankscope.collectors.errors import InputFormatError
+
+_MAX_REPAIR_TRIES = 64
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+@dataclass
+class KinetoTrace:
+    """One rank's trace: metadata and its complete events as columns."""
+
+    path: Path
+    events: list
+    """every event of traceEvents (dicts), indexed by ``frame['idx']``"""
+    frame: pl.DataFrame
+    """complete events: idx, name, cat, pid, tid, ts_ns, dur_ns (end = ts_ns + dur_ns)"""
+    rank: int
+    world_size: int | None
+    host: str | None
+    pid: int | None
+    base_ns: int | None
+    relative: bool
+    origin_us: float
+    """the trace-clock time (µs) that became 0 for a relative trace; 0 otherwise"""
+    dist_info: dict
+    rejects: dict[str, int] = field(default_factory=dict)
+    samples: dict[str, str] = field(default_factory=dict)
+
+    def args(self, idx) -> list[dict]:
+        """The args dict of each event index (empty dict when absent or not a dict)."""
+        ev = self.events
+        out = []
+        for i in idx:
+            e = ev[i]
+            a = e.get("args") if e is not None else None
+            out.append(a if type(a) is dict else {})
+        return out
+
+    def reject(self, reason: str, sample: str, count: int = 1) -> None:
+        self.rejects[reason] = self.rejects.get(reason, 0) + count
+        self.samples.setdefault(reason, sample[:300])
+
+
+def _parse(path: Path, data: bytes) -> tuple[dict, bool]:
+    """The trace object, and whether it had to be cut back after truncation."""
+    if not data.strip():
+        raise InputFormatError(path, None, "a Kineto Chrome-trace JSON object", got="empty file")
+    try:
+        return orjson.loads(data), False
+    except orjson.JSONDecodeError as first:
+        start = data.find(b'"traceEvents"')
+        if start < 0:
+            raise InputFormatError(path, None, "a Kineto Chrome-trace JSON object",
+                                   got=f"invalid JSON: {first}") from None
+        # Cut after the last '}' that closes an event of the array and close the document.
+        end = len(data)
+        for _ in range(_MAX_REPAIR_TRIES):
+            end = data.rfind(b"}", start, end)
+            if end < 0:
+                break
+            try:
+                return orjson.loads(data[:end + 1] + b"]}"), True
+            except orjson.JSONDecodeError:
+                continue
+        raise InputFormatError(path, "traceEvents", "a complete or truncated-but-recoverable event list",
+                               got=f"invalid JSON: {first}") from None
+
+
+def _num_column(values: list, dtype) -> pl.Series:
+    return pl.Series(values, dtype=dtype, strict=False)
+
+
+def _rank(path: Path, info: dict) -> int:
+    r = info.get("rank")
+    if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
+        return r
+    m = _RANK_IN_NAME.search(path.name)
+    if m:
+        return int(m.group(1))
+    raise InputFormatError(path, "distributedInfo.rank", "the rank in distributedInfo or the file name "
+                           "(rank<N>)", got=r)
+
+
+def read_bytes(path: Path) -> tuple[bytes, bool]:
+    """The file's bytes, gunzipped; the flag says a gzip stream ended early (what came before is kept)."""
+    raw = path.read_bytes()
+    if raw[:2] != b"\x1f\x8b":
+        return raw, False
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        data = d.decompress(raw)
+    except zlib.error as e:
+        raise InputFormatError(path, None, "a readable gzip stream", got=str(e)) from e
+    return data, not d.eof
+
+
+def load(path: Path) -> KinetoTrace:
+    """Read one Kineto trace; raises InputFormatError only when nothing in it can be read."""
+    data, gz_cut = read_bytes(path)
+    doc, truncated = _parse(path, data)
+    del data
+    if type(doc) is not dict or not isinstance(doc.get("traceEvents"), list):
+        raise InputFormatError(path, None, "a JSON object with a traceEvents list",
+                               got=type(doc).__name__ if type(doc) is not dict else sorted(doc)[:8])
+    events = doc["traceEvents"]
+    info = doc.get("distributedInfo") if type(doc.get("distributedInfo")) is dict else {}
+    rank = _rank(path, info)
+    xs = [i for i, e in enumerate(events) if type(e) is dict and e.get("ph") == "X"]
+    n_bad = sum(1 for e in events if type(e) is not dict)
+    get = events.__getitem__
+    frame = pl.DataFrame({
+        "idx": pl.Series(xs, dtype=pl.Int64),
+        "name": _num_column([get(i).get("name") for i in xs], pl.String),
+        "cat": _num_column([get(i).get("cat") for i in xs], pl.String),
+        "pid": _num_column([get(i).get("pid") for i in xs], pl.Int64),
+        "tid": _num_column([get(i).get("tid") for i in xs], pl.Int64),
+        "ts": _num_column([get(i).get("ts") for i in xs], pl.Float64),
+        "dur": _num_column([get(i).get("dur", 0) for i in xs], pl.Float64),
+    })
+    base = doc.get("baseTimeNanoseconds")
+    base = base if isinstance(base, int) and not isinstance(base, bool) else None
+    tr = KinetoTrace(path=path, events=events, frame=frame, rank=rank,
+                     world_size=info.get("world_size") if isinstance(info.get("world_size"), int) else None,
+                     host=doc.get("host_name") if isinstance(doc.get("host_name"), str) else None,
+                     pid=None, base_ns=base, relative=base is None, origin_us=0.0, dist_info=info)
+    if truncated or gz_cut:
+        tr.reject("truncated file (events after the last complete one lost)", f"{path.name}: cut after "
+                  f"{len(events)} events")
+    if n_bad:
+        tr.reject("event is not a JSON object", f"{n_bad} events")
+    bad = frame.filter(pl.col("ts").is_null() | pl.col("dur").is_null() | pl.col("name").is_null()
+                       | (pl.col("dur") < 0))
+    if bad.height:
+        tr.reject("event without name, numeric ts or dur >= 0", f"event {int(bad['idx'][0])}", bad.height)
+        frame = frame.join(bad.select("idx"), on="idx", how="anti")
+    if frame.height == 0:
+        raise InputFormatError(path, "traceEvents", "at least one complete ('X') event with ts",
+                               got=f"{len(events)} events, none usable")
+    if tr.relative:
+        tr.origin_us = float(frame["ts"].min())
+    ts_ns = (frame["ts"] - tr.origin_us) * 1000.0
+    frame = frame.with_columns(
+        (ts_ns.round(0).cast(pl.Int64) + (base or 0)).alias("ts_ns"),
+        (frame["dur"] * 1000.0).round(0).cast(pl.Int64).alias("dur_ns"),
+    ).drop("ts", "dur")
+    tr.frame = frame
+    cpu = frame.filter(pl.col("cat") == "cpu_op")["pid"].drop_nulls()
+    tr.pid = int(cpu.mode().sort()[0]) if cpu.len() else None
+    _drop_unused_events(tr)
+    return tr
+
+
+ARGS_NEEDED = (
+    # events whose args an importer reads; the others are dropped from memory after the frame is built
+    (pl.col("cat").is_in(["kernel", "cuda_runtime", "cuda_driver"]))
+    | pl.col("name").is_in(["record_param_comms", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
+                            "aten::matmul", "aten::linear"])
+    | pl.col("name").str.starts_with("c10d::") | pl.col("name").str.starts_with("gloo:")
+    | pl.col("name").str.starts_with("nccl:")
+)
+
+
+def _drop_unused_events(tr: KinetoTrace) -> None:
+    """Free the parsed dicts nobody will read (half or more of a GPU trace: flows, most cpu_ops)."""
+    keep = np.zeros(len(tr.events), dtype=bool)
+    keep[tr.frame.filter(ARGS_NEEDED)["idx"].to_numpy()] = True
+    ev = tr.events
+    for i in np.nonzero(~keep)[0].tolist():
+        ev[i] = None
+
+
+def step_frame(tr: KinetoTrace) -> pl.DataFrame:
+    """ProfilerStep#N spans: step, start_ns, end_ns, sorted by start."""
+    f = tr.frame.filter(pl.col("name").str.starts_with("ProfilerStep#"))
+    f = f.with_columns(pl.col("name").str.extract(r"^ProfilerStep#(\d+)$", 1).cast(pl.Int64).alias("step"))
+    f = f.filter(pl.col("step").is_not_null())
+    return f.select("step", pl.col("ts_ns").alias("start_ns"),
+                    (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns")).sort("start_ns")
+
+
+def steps_at(steps: pl.DataFrame, t_ns: np.ndarray) -> np.ndarray:
+    """Step whose span contains each time (float array with NaN where none does)."""
+    out = np.full(len(t_ns), np.nan)
+    if steps.height == 0 or len(t_ns) == 0:
+        return out
+    starts = steps["start_ns"].to_numpy()
+    ends = steps["end_ns"].to_numpy()
+    pos = np.searchsorted(starts, t_ns, side="right") - 1
+    ok = pos >= 0
+    posc = np.clip(pos, 0, None)
+    ok &= t_ns < ends[posc]
+    out[ok] = steps["step"].to_numpy()[posc[ok]]
+    return out
+
+
+def containing(outer: pl.DataFrame, inner_tid: np.ndarray, inner_t: np.ndarray) -> np.ndarray:
+    """Row index into ``outer`` (tid, ts_ns, dur_ns; non-overlapping per tid) of the span holding each time.
+
+    -1 where no span on the same thread contains it. Spans that nest on one
+    thread resolve to the latest-starting one, which is the innermost.
+    """
+    res = np.full(len(inner_t), -1, dtype=np.int64)
+    if outer.height == 0 or len(inner_t) == 0:
+        return res
+    o = outer.with_row_index("_row").sort("tid", "ts_ns")
+    o_tid = o["tid"].fill_null(-1).to_numpy()
+    o_ts = o["ts_ns"].to_numpy()
+    o_end = o_ts + o["dur_ns"].to_numpy()
+    o_row = o["_row"].to_numpy()
+    for tid in np.unique(inner_tid):
+        sel = np.nonzero(inner_tid == tid)[0]
+        lo, hi = np.searchsorted(o_tid, tid, "left"), np.searchsorted(o_tid, tid, "right")
+        if lo == hi:
+            continue
+        ts, end, row = o_ts[lo:hi], o_end[lo:hi], o_row[lo:hi]
+        pos = np.searchsorted(ts, inner_t[sel], side="right") - 1
+        ok = pos >= 0
+        posc = np.clip(pos, 0, None)
+        ok &= inner_t[sel] <= end[posc]
+        res[sel[ok]] = row[posc[ok]]
+    return res
+
+
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "float64": 8, "double": 8, "half": 2, "float16": 2, "bfloat16": 2,
+    "c10::half": 2, "c10::bfloat16": 2, "int": 4, "int32": 4, "int64": 8, "long": 8, "long int": 8,
+    "int16": 2, "short": 2, "int8": 1, "char": 1, "signed char": 1, "uint8": 1, "unsigned char": 1,
+    "byte": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "c10::float8_e4m3fn": 1,
+    "c10::float8_e5m2": 1, "complexfloat": 8, "complexdouble": 16, "c10::complex<float>": 8,
+    "c10::complex<double>": 16, "uint32": 4, "uint64": 8, "int8_t": 1, "uint8_t": 1,
+}
+_DTYPE_NAME = {
+    "float": "float32", "double": "float64", "half": "float16", "c10::half": "float16",
+    "c10::bfloat16": "bfloat16", "int": "int32", "long": "int64", "long int": "int64", "short": "int16",
+    "char": "int8", "signed char": "int8", "unsigned char": "uint8", "byte": "uint8",
+    "c10::float8_e4m3fn": "float8_e4m3fn", "c10::float8_e5m2": "float8_e5m2", "int8_t": "int8",
+    "uint8_t": "uint8", "complexfloat": "complex64", "complexdouble": "complex128",
+}
+
+
+def dtype_name(raw) -> str | None:
+    """torch spelling without the prefix: 'Float' -> float32, 'c10::BFloat16' -> bfloat16."""
+    if not isinstance(raw, str) or not raw:
+        return None
+    k = raw.strip().lower().removeprefix("torch.")
+    return _DTYPE_NAME.get(k, k)
+
+
+def dtype_size(raw) -> int | None:
+    if not isinstance(raw, str):
+        return None
+    k = raw.strip().lower().removeprefix("torch.")
+    return DTYPE_BYTES.get(k) or DTYPE_BYTES.get(_DTYPE_NAME.get(k, k))

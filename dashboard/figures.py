@@ -1,0 +1,350 @@
+"""Plotly figures of one job, built from a Diagnosis and the analysis tables.
+
+Every builder draws defensively from what is present (a section that was not
+evaluated, or a table that is absent, gives an empty figure that says so) and
+aggregates so that a job with thousands of ranks stays one or a few traces:
+no figure draws one trace per rank or per op.
+
+Tables accepted (polars or pandas DataFrames, or lists of dicts):
+
+- timeline: one row per rank per step, columns ``rank`` (or ``endpoint`` /
+  ``worker``), ``step`` and either per-phase durations (optionally
+  ``start_ns``) as analysis.timelines.rank_timelines gives them (``compute_ns``,
+  ``exposed_comm_ns``, ``idle_ns``: they add up to the step, so they stack) or
+  as ``compute_ns``, ``comm_ns``, ``wait_ns``; or one row per phase span:
+  ``phase``, ``start_ns``, ``end_ns``. Without ``step`` (per-rank totals such
+  as ``steps.extra["phases_by_rank"]``) the totals are drawn as one step.
+- heatmap: worker x step slowdown, long (``worker``/``rank``/``endpoint``,
+  ``step``, ``slowdown``) or wide as a dict ``{"workers": [...], "steps":
+  [...], "slowdown": [[...]]}`` (one row per worker; ``values`` also read), as
+  ``stragglers.extra["heatmap"]`` holds it.
+- regressions, hangs, diff: rows of any columns, drawn as tables (see
+  :mod:`rankscope.dashboard.table_figures`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import plotly.graph_objects as go
+import polars as pl
+from plotly.subplots import make_subplots
+
+from rankscope.dashboard.table_figures import (
+    LAYOUT,
+    as_frame,
+    diff_figure,
+    empty_figure,
+    hangs_figure,
+    regressions_figure,
+)
+
+if TYPE_CHECKING:  # annotations only: the figures read attributes, and the page starts faster without it
+    from rankscope.analysis.diagnosis import Diagnosis, Stragglers, Strategy
+
+PHASES = (("compute_ns", "compute", "#4C78A8"), ("comm_ns", "exposed communication", "#F58518"),
+          ("wait_ns", "idle (waiting)", "#E45756"))
+RANK_COLUMNS = ("rank", "endpoint", "worker")
+
+
+def _rank_col(df: pl.DataFrame) -> str | None:
+    return next((c for c in RANK_COLUMNS if c in df.columns), None)
+
+
+# ---------------------------------------------------------------- strategy
+def strategy_layout(strategy: Strategy) -> pl.DataFrame:
+    """Each endpoint's DP group index, pipeline index and stage, from the report groups.
+
+    Returns columns endpoint (str), dp_group, pipeline, stage (-1 where a group list is missing).
+    """
+    rows: dict[str, list[int]] = {}
+
+    def slot(ep) -> list[int]:
+        return rows.setdefault(str(ep), [-1, -1, -1])
+
+    for g, members in enumerate(strategy.dp_groups or []):
+        for ep in members:
+            slot(ep)[0] = g
+    for p, members in enumerate(strategy.pp_groups or []):
+        for s, ep in enumerate(members):
+            slot(ep)[1], slot(ep)[2] = p, s
+    if not rows:
+        return pl.DataFrame(schema={"endpoint": pl.String, "dp_group": pl.Int64, "pipeline": pl.Int64,
+                                    "stage": pl.Int64})
+    eps = list(rows)
+    vals = list(zip(*rows.values()))
+    return pl.DataFrame({"endpoint": eps, "dp_group": list(vals[0]), "pipeline": list(vals[1]),
+                         "stage": list(vals[2])})
+
+
+def strategy_figure(strategy: Strategy) -> go.Figure:
+    """The ranks as a grid (rows = pipelines, columns = stages when PP > 1), coloured by DP group and by stage."""
+    lay = strategy_layout(strategy)
+    title = (f"Strategy: DP={strategy.dp} PP={strategy.pp} TP={strategy.tp if strategy.tp is not None else '?'}"
+             f" over {strategy.world_size} endpoints (confidence {strategy.confidence:.2f})")
+    if lay.height == 0:
+        return empty_figure(title, "no groups inferred")
+    n = lay.height
+    if strategy.pp > 1 and (lay["pipeline"] >= 0).all():
+        lay = lay.with_columns(row=pl.col("pipeline"), col=pl.col("stage"))
+    else:
+        width = max(1, math.ceil(math.sqrt(n)))
+        lay = lay.with_columns(row=pl.int_range(0, n) // width, col=pl.int_range(0, n) % width)
+    nrow, ncol = int(lay["row"].max()) + 1, int(lay["col"].max()) + 1
+
+    rows, cols = lay["row"].to_numpy(), lay["col"].to_numpy()
+    hover = np.full((nrow, ncol), "", dtype=object)
+    hover[rows, cols] = lay.select(pl.format("endpoint {}<br>DP group {}<br>stage {}", "endpoint", "dp_group",
+                                             "stage")).to_series().to_numpy()
+    label = np.full((nrow, ncol), "", dtype=object)
+    label[rows, cols] = lay["endpoint"].to_numpy()
+
+    def grid(values: str) -> np.ndarray:
+        z = np.full((nrow, ncol), np.nan)
+        v = lay[values].to_numpy().astype(float)
+        z[rows, cols] = np.where(v >= 0, v, np.nan)
+        return z
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("coloured by DP group", "coloured by pipeline stage"),
+                        horizontal_spacing=0.08)
+    for i, (col, scale) in enumerate((("dp_group", "Turbo"), ("stage", "Viridis")), start=1):
+        # endpoint labels only while they stay legible; plotly picks a contrasting font colour per cell
+        fig.add_trace(go.Heatmap(z=grid(col), text=label, hovertext=hover, hoverinfo="text", colorscale=scale,
+                                 showscale=False, xgap=1, ygap=1, name=col,
+                                 texttemplate="%{text}" if n <= 256 else None, textfont=dict(size=10)),
+                      row=1, col=i)
+    xt = "stage" if strategy.pp > 1 else "column"
+    fig.update_xaxes(title_text=xt, dtick=1 if ncol <= 32 else None, showgrid=False, zeroline=False)
+    fig.update_yaxes(title_text="pipeline" if strategy.pp > 1 else "row", autorange="reversed",
+                     dtick=1 if nrow <= 32 else None, showgrid=False, zeroline=False)
+    fig.update_layout(title=title, showlegend=False, **{**LAYOUT, "height": min(900, 240 + 12 * nrow)})
+    return fig
+
+
+# ---------------------------------------------------------------- timelines
+def phase_durations(timeline: Any) -> pl.DataFrame | None:
+    """Normalise a timeline table to columns rank (str), step, start_ns (may be null), compute_ns, comm_ns, wait_ns."""
+    df = as_frame(timeline)
+    if df is None or _rank_col(df) is None:
+        return None
+    rc = _rank_col(df)
+    if "step" not in df.columns:
+        df = df.with_columns(step=pl.lit(-1, pl.Int64)).drop("start_ns", strict=False)
+    if "exposed_comm_ns" in df.columns:
+        # comm_ns overlaps compute; exposed comm + idle + compute add up to the step
+        df = df.drop("comm_ns", "wait_ns", strict=False).rename({"exposed_comm_ns": "comm_ns"})
+        if "idle_ns" in df.columns:
+            df = df.rename({"idle_ns": "wait_ns"})
+    elif "wait_ns" not in df.columns and "exposed_wait_ns" in df.columns:
+        df = df.rename({"exposed_wait_ns": "wait_ns"})
+    if "phase" in df.columns and {"start_ns", "end_ns"} <= set(df.columns):
+        name = pl.col("phase").cast(pl.String).str.to_lowercase()
+        dur = (pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64)
+        df = df.group_by(rc, "step").agg(
+            start_ns=pl.col("start_ns").min(),
+            compute_ns=dur.filter(name.str.contains("comp")).sum(),
+            comm_ns=dur.filter(name.str.contains("comm")).sum(),
+            wait_ns=dur.filter(name.str.contains("wait|idle|exposed")).sum())
+    have = [c for c, _, _ in PHASES if c in df.columns]
+    if not have:
+        return None
+    cols = [pl.col(rc).cast(pl.String).alias("rank"), pl.col("step").cast(pl.Int64),
+            (pl.col("start_ns").cast(pl.Int64) if "start_ns" in df.columns
+             else pl.lit(None, pl.Int64)).alias("start_ns")]
+    cols += [(pl.col(c).cast(pl.Float64).fill_null(0.0) if c in df.columns else pl.lit(0.0)).alias(c)
+             for c, _, _ in PHASES]
+    return df.select(cols)
+
+
+def pick_ranks(ph: pl.DataFrame, max_ranks: int) -> list[str]:
+    """At most ``max_ranks`` ranks: a quarter with the most compute (stragglers), a quarter with the most
+    wait (their victims), the rest spread evenly over the remaining ranks."""
+    tot = ph.group_by("rank").agg(pl.col("compute_ns").sum(), pl.col("wait_ns").sum()).sort("rank")
+    if tot.height <= max_ranks:
+        return sorted(tot["rank"].to_list(), key=lambda r: (len(r), r))
+    quarter = max(1, max_ranks // 4)
+    keep = tot.sort("compute_ns", descending=True)["rank"].head(quarter).to_list()
+    keep += tot.filter(~pl.col("rank").is_in(keep)).sort("wait_ns", descending=True)["rank"].head(quarter).to_list()
+    rest = tot.filter(~pl.col("rank").is_in(keep))["rank"].to_list()
+    room = max_ranks - len(keep)
+    keep += rest[:: max(1, -(-len(rest) // room))][:room]
+    return sorted(keep, key=lambda r: (len(r), r))
+
+
+def timeline_figure(timeline: Any, max_ranks: int = 48, max_steps: int = 12) -> go.Figure:
+    """Gantt-like per-rank step timeline: compute, exposed communication and idle per rank per step.
+
+    With ``start_ns`` the bars sit on the time axis (phases stacked from each step's start on that
+    rank); without it, each rank's phases are summed over the shown steps. Shows the last
+    ``max_steps`` steps and at most ``max_ranks`` ranks (see :func:`pick_ranks`).
+    """
+    title = "Per-rank step timeline"
+    ph = phase_durations(timeline)
+    if ph is None:
+        return empty_figure(title, "no per-rank timeline table")
+    steps = sorted(ph["step"].unique().drop_nulls().to_list())[-max_steps:]
+    ph = ph.filter(pl.col("step").is_in(steps))
+    nranks = ph["rank"].n_unique()
+    ranks = pick_ranks(ph, max_ranks)
+    ph = ph.filter(pl.col("rank").is_in(ranks))
+    timed = ph["start_ns"].null_count() == 0
+    if timed:
+        base = ph.with_columns(base_ms=(pl.col("start_ns") - ph["start_ns"].min()).cast(pl.Float64) / 1e6)
+    else:
+        base = (ph.group_by("rank").agg(pl.col("step").n_unique(), *(pl.col(c).sum() for c, _, _ in PHASES))
+                .with_columns(base_ms=pl.lit(0.0)).sort(pl.col("rank").str.len_chars(), "rank"))
+    fig = go.Figure()
+    for col, label, colour in PHASES:
+        fig.add_trace(go.Bar(y=base["rank"].to_list(), x=(base[col] / 1e6).to_list(), base=base["base_ms"].to_list(),
+                             orientation="h", name=label, marker_color=colour, customdata=base["step"].to_list(),
+                             hovertemplate="rank %{y} step %{customdata}<br>" + label
+                             + " %{x:.3f} ms<extra></extra>"))
+        base = base.with_columns(base_ms=pl.col("base_ms") + pl.col(col) / 1e6)
+    shown = f" ({len(ranks)} of {nranks} ranks)" if nranks > len(ranks) else ""
+    which = "all steps, per-rank totals" if steps == [-1] else f"last {len(steps)} steps"
+    fig.update_layout(title=f"{title}: {which}{shown}", barmode="overlay",
+                      xaxis_title="ms since first shown step" if timed else "ms (summed over steps)",
+                      yaxis=dict(title="rank", type="category", categoryorder="array", categoryarray=ranks),
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+                      **{**LAYOUT, "height": min(1000, 200 + 16 * len(ranks))})
+    return fig
+
+
+def step_durations(diagnosis: Diagnosis, tables: dict | None = None) -> pl.DataFrame | None:
+    """Per-step duration (columns step, duration_ns) from, in order: a ``steps`` table, ``steps.extra
+    ["durations_ns"]``, the step boundaries, or the timeline table (slowest rank of each step)."""
+    tables = tables or {}
+    st = as_frame(tables.get("steps"))
+    if st is not None and {"step", "duration_ns"} <= set(st.columns):
+        return st.select(pl.col("step").cast(pl.Int64), pl.col("duration_ns").cast(pl.Float64)).sort("step")
+    durs = diagnosis.steps.extra.get("durations_ns")
+    if durs:
+        return pl.DataFrame({"step": list(range(len(durs))), "duration_ns": [float(d) for d in durs]})
+    b = diagnosis.steps.boundaries_ns
+    if len(b) >= 2:
+        return pl.DataFrame({"step": list(range(len(b) - 1)),
+                             "duration_ns": [float(b[i + 1] - b[i]) for i in range(len(b) - 1)]})
+    ph = phase_durations(tables.get("timeline"))
+    if ph is not None:
+        busy = pl.col("compute_ns") + pl.col("comm_ns") + pl.col("wait_ns")
+        return ph.group_by("step").agg(duration_ns=busy.max()).sort("step")
+    return None
+
+
+def step_series_figure(diagnosis: Diagnosis, tables: dict | None = None) -> go.Figure:
+    """Step time (ms) per step with the median as a reference line."""
+    title = "Step time"
+    d = step_durations(diagnosis, tables)
+    if d is None or d.height == 0:
+        return empty_figure(title, "no step boundaries found")
+    fig = go.Figure(go.Scatter(x=d["step"].to_list(), y=(d["duration_ns"] / 1e6).to_list(), mode="lines+markers",
+                               name="step time", hovertemplate="step %{x}: %{y:.3f} ms<extra></extra>"))
+    med = diagnosis.steps.median_ns or float(d["duration_ns"].median())
+    fig.add_hline(y=med / 1e6, line_dash="dot", annotation_text=f"median {med / 1e6:.3f} ms")
+    ex = diagnosis.stragglers.extra
+    if ex.get("steps") and ex.get("step_slowdown") and len(ex["steps"]) == len(ex["step_slowdown"]):
+        fig.add_trace(go.Scatter(x=list(ex["steps"]), y=list(ex["step_slowdown"]), yaxis="y2", mode="lines",
+                                 name="what-if S", line=dict(dash="dash", color="#E45756"),
+                                 hovertemplate="step %{x}: S %{y:.3f}<extra></extra>"))
+        fig.update_layout(yaxis2=dict(title="S", overlaying="y", side="right", showgrid=False, tickformat=".3f"))
+    fig.update_layout(title=f"{title} ({d.height} steps)", yaxis_title="ms",
+                      xaxis=dict(title="step", dtick=1 if d.height <= 20 else None),
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"), **LAYOUT)
+    return fig
+
+
+# ---------------------------------------------------------------- stragglers
+def heatmap_matrix(heat: Any) -> tuple[list, list, list] | None:
+    """(workers, steps, rows of slowdown) from a long table or a wide dict; None when absent."""
+    if isinstance(heat, dict) and ("values" in heat or "slowdown" in heat):
+        vals = heat.get("values", heat.get("slowdown")) or []
+        if not vals:
+            return None
+        workers = [str(w) for w in heat.get("workers", range(len(vals)))]
+        steps = list(heat.get("steps", range(len(vals[0]))))
+        return workers, steps, [list(r) for r in vals]
+    df = as_frame(heat)
+    if df is None or "step" not in df.columns or _rank_col(df) is None:
+        return None
+    val = "slowdown" if "slowdown" in df.columns else next(
+        (c for c in df.columns if c not in (*RANK_COLUMNS, "step") and df[c].dtype.is_numeric()), None)
+    if val is None:
+        return None
+    rc = _rank_col(df)
+    wide = (df.select(pl.col(rc).cast(pl.String).alias("w"), pl.col("step"), pl.col(val).cast(pl.Float64))
+            .pivot(on="step", index="w", values=val, aggregate_function="mean"))
+    steps = sorted(wide.columns[1:], key=lambda s: int(s) if str(s).lstrip("-").isdigit() else str(s))
+    wide = wide.select("w", *steps)
+    return wide["w"].to_list(), steps, wide.drop("w").rows()
+
+
+def heatmap_figure(heat: Any, max_workers: int = 128) -> go.Figure:
+    """Worker x step slowdown heatmap; with more workers than ``max_workers``, the worst ones by mean."""
+    title = "Straggler heatmap (slowdown per worker per step)"
+    m = heatmap_matrix(heat)
+    if m is None:
+        return empty_figure(title, "no worker x step slowdown data")
+    workers, steps, rows = m
+    z = np.array(rows, dtype=float)  # None -> NaN (a worker absent from a step)
+    total = len(workers)
+    if total > max_workers:
+        means = np.nan_to_num(np.nanmean(z, axis=1), nan=-np.inf) if z.size else np.zeros(total)
+        keep = np.sort(np.argsort(-means, kind="stable")[:max_workers])
+        workers, z = [workers[i] for i in keep], z[keep]
+        title += f": worst {max_workers} of {total} workers"
+    fig = go.Figure(go.Heatmap(z=z, x=[str(s) for s in steps], y=workers, colorscale="YlOrRd", zmin=1.0,
+                               colorbar=dict(title="S_w"),
+                               hovertemplate="worker %{y} step %{x}: %{z:.3f}<extra></extra>"))
+    fig.update_layout(title=title, xaxis_title="step", yaxis=dict(title="worker", type="category"),
+                      **{**LAYOUT, "height": min(1000, 220 + 10 * len(workers))})
+    return fig
+
+
+def _bars(values: dict, title: str, axis: str, ref: float | None) -> go.Figure:
+    items = [(str(k), float(v)) for k, v in (values or {}).items() if v is not None]
+    if not items:
+        return empty_figure(title, "not evaluated")
+    items.sort(key=lambda kv: -kv[1])
+    fig = go.Figure(go.Bar(x=[k for k, _ in items], y=[v for _, v in items], marker_color="#4C78A8",
+                           text=[f"{v:.3f}" for _, v in items], textposition="outside"))
+    if ref is not None:
+        fig.add_hline(y=ref, line_dash="dot")
+    fig.update_layout(title=title, yaxis_title=axis, **LAYOUT)
+    return fig
+
+
+def optype_figure(stragglers: Stragglers) -> go.Figure:
+    """S_t per op type: the slowdown left if only that op type were straggling."""
+    return _bars(stragglers.by_optype, "Slowdown by op type (S_t)", "S_t", 1.0)
+
+
+def cause_figure(stragglers: Stragglers) -> go.Figure:
+    """The what-if share of the slowdown per cause (worker M_W, stage M_S, sequence, communication)."""
+    return _bars(stragglers.by_cause, f"What-if by cause (verdict: {stragglers.verdict})", "what-if metric", None)
+
+
+def all_figures(diagnosis: Diagnosis, tables: dict | None = None) -> dict[str, go.Figure]:
+    """Every figure of one job, keyed by name, in page order."""
+    tables = tables or {}
+    st = diagnosis.stragglers
+    heat = tables.get("heatmap")
+    if heat is None:
+        heat = st.extra.get("heatmap")
+    timeline = tables.get("timeline")
+    if as_frame(timeline) is None:
+        timeline = diagnosis.steps.extra.get("phases_by_rank")
+    figs = {
+        "strategy": strategy_figure(diagnosis.strategy),
+        "step_series": step_series_figure(diagnosis, tables),
+        "timeline": timeline_figure(timeline),
+        "heatmap": heatmap_figure(heat),
+        "optype": optype_figure(st),
+        "cause": cause_figure(st),
+        "regressions": regressions_figure(diagnosis.regressions),
+        "hangs": hangs_figure(diagnosis.hangs),
+    }
+    if "diff" in tables:
+        figs["diff"] = diff_figure(tables["diff"])
+    return figs

@@ -1,0 +1,191 @@
+"""Switch flow records of the simulated traffic, as a leaf switch's exporter would emit them.
+
+Collectives become per-peer transfers the way NCCL runs them: ring all_reduce
+sends ``2(n-1)/n * size`` to the next member, ring reduce_scatter
+``(n-1)/n * size``, ring all_gather ``(n-1) * shard``, all_to_all ``size/n``
+to every other member, tree all_reduce ``size`` up to the parent and down to
+each child, send ``size`` to its peer. Only transfers between hosts reach a
+switch (NVLink traffic never does). Each transfer is spread evenly over its
+queue pairs (one UDP source port each, RoCEv2 destination port 4791) and
+over the time its collective ran.
+
+Export: per 5-tuple, a record starts at its first packet and is closed after
+the active timeout (the next record starts at the next packet) or when the
+flow idles longer than the idle timeout. Octets count at the IP layer:
+payload plus ``HEADER_BYTES`` per packet of ``mtu`` payload bytes. With
+1-in-N sampling each packet is kept with probability 1/N and the exported
+``size_bytes``/``num_packets`` count only the kept ones. Everything is
+column-wise; the only Python loop runs once per active-timeout window.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from rankscope.datasets.sim_records import to_kind
+from rankscope.datasets.sim_template import OP
+
+HEADER_BYTES = 44
+"""IPv4 20 + UDP 8 + InfiniBand BTH 12 + ICRC 4 bytes per RoCEv2 packet."""
+ROCE_PORT = 4791
+
+
+def ring_bytes(op: np.ndarray, size: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Bytes one member sends to its ring neighbour for one ring collective (``op``: codes of OP)."""
+    nn = np.maximum(n, 1)
+    return np.select([op == OP["all_reduce"], op == OP["reduce_scatter"], op == OP["all_gather"]],
+                     [2 * (nn - 1) * size // nn, (nn - 1) * size // nn, (nn - 1) * size], 0)
+
+
+def int_to_addr(x: pl.Expr) -> pl.Expr:
+    return pl.concat_str([((x // (1 << s)) % 256).cast(pl.String) for s in (24, 16, 8, 0)], separator=".")
+
+
+def collective_transfers(op, rank, pos, n, members, size, t0, t1, algorithm: str) -> dict[str, np.ndarray]:
+    """Per-peer transfers of completed collectives (one row per sending member).
+
+    ``op``: codes of OP; ``members``: (rows, n) group members of each op's group in ring order;
+    ``pos``: each op's own position in it. Returns src, dst, bytes, t0, t1, op index.
+    """
+    out = {"src": [], "dst": [], "bytes": [], "i": []}
+
+    def emit(i, dst, nbytes):
+        out["src"].append(rank[i])
+        out["dst"].append(dst)
+        out["bytes"].append(nbytes)
+        out["i"].append(i)
+
+    ring = np.isin(op, [OP["reduce_scatter"], OP["all_gather"]]) | ((op == OP["all_reduce"]) & (algorithm == "ring"))
+    i = np.flatnonzero(ring & (n > 1))
+    emit(i, members[i, (pos[i] + 1) % n[i]], ring_bytes(op[i], size[i], n[i]))
+    a2a = np.flatnonzero((op == OP["all_to_all"]) & (n > 1))
+    if a2a.size:
+        j = np.arange(1, int(n[a2a].max()))
+        ii, jj = np.repeat(a2a, n[a2a] - 1), np.concatenate([j[: k - 1] for k in n[a2a]])
+        emit(ii, members[ii, (pos[ii] + jj) % n[ii]], size[ii] // n[ii])
+    if algorithm == "tree":
+        tr = np.flatnonzero((op == OP["all_reduce"]) & (n > 1))
+        up = tr[pos[tr] > 0]
+        emit(up, members[up, (pos[up] - 1) // 2], size[up])
+        for child in (1, 2):
+            dn = tr[2 * pos[tr] + child < n[tr]]
+            emit(dn, members[dn, 2 * pos[dn] + child], size[dn])
+    res = {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in out.items()}
+    res["t0"], res["t1"] = t0[res["i"]], t1[res["i"]]
+    return res
+
+
+def _windows(key: np.ndarray, a: np.ndarray, b: np.ndarray, active: int, idle: int, big: int):
+    """Flow-record windows per key from busy intervals; inputs int64 ns sorted by (key, a).
+
+    ``big`` exceeds every time + active, so ``key * big + t`` sorts by key then time.
+    Returns (window key, window start, window last-packet time), sorted by (key, start).
+    """
+    if key.size and int(key.max()) * big > (1 << 62):
+        raise OverflowError("capture too long for the flow window encoding")
+    comp_end = np.maximum.accumulate(key * big + b) - key * big
+    first = np.r_[True, key[1:] != key[:-1]]
+    new_iv = first | (a > np.r_[0, comp_end[:-1]])
+    iv_start = a[new_iv]
+    iv_key = key[new_iv]
+    last_idx = np.r_[np.flatnonzero(new_iv)[1:] - 1, len(a) - 1]
+    iv_end = comp_end[last_idx]
+    iv_first = np.r_[True, iv_key[1:] != iv_key[:-1]]
+    new_sess = iv_first | (iv_start - np.r_[0, iv_end[:-1]] > idle)
+    sess = np.cumsum(new_sess) - 1
+    ends_c = sess * big + iv_end
+    starts_c = sess * big + iv_start
+    sess_last = np.r_[np.flatnonzero(new_sess)[1:] - 1, len(iv_start) - 1]
+    sid = np.arange(int(sess[-1]) + 1) if len(sess) else np.zeros(0, dtype=np.int64)
+    cur = iv_start[new_sess].copy()
+    ws, wl, wk = [], [], []
+    skey = iv_key[new_sess]
+    while sid.size:
+        nxt = cur + active
+        # last packet before the timeout: end of the last interval starting before it, capped at it
+        j = np.searchsorted(starts_c, sid * big + nxt, side="left") - 1
+        ws.append(cur)
+        wl.append(np.minimum(iv_end[j], nxt))
+        wk.append(skey)
+        k = np.searchsorted(ends_c, sid * big + nxt, side="right")
+        alive = k <= sess_last[sid]
+        k = np.minimum(k, len(iv_start) - 1)
+        sid, skey = sid[alive], skey[alive]
+        cur = np.maximum(nxt[alive], iv_start[k[alive]])
+    wk, ws, wl = np.concatenate(wk), np.concatenate(ws), np.concatenate(wl)
+    o = np.lexsort((ws, wk))
+    return wk[o], ws[o], wl[o]
+
+
+def _spread(key, a, b, total, wkey, wstart, big):
+    """Split each transfer's integer total over the windows it overlaps, in proportion to time."""
+    wc = wkey * big + wstart
+    lo = np.searchsorted(wc, key * big + a, side="right") - 1
+    hi = np.maximum(np.searchsorted(wc, key * big + b, side="left") - 1, lo)
+    cnt = hi - lo + 1
+    tid = np.repeat(np.arange(len(a)), cnt)
+    win = np.repeat(lo, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    nxt = np.where(win + 1 < len(wstart), wstart[np.minimum(win + 1, len(wstart) - 1)], np.iinfo(np.int64).max)
+    upper = np.minimum(b[tid], nxt)
+    span = np.maximum(b[tid] - a[tid], 1)
+    frac = np.clip((upper - a[tid]) / span, 0.0, 1.0)
+    last = np.r_[tid[1:] != tid[:-1], True]
+    pieces = []
+    for tot in total:
+        cum = np.where(last, tot[tid], np.floor(tot[tid] * frac).astype(np.int64))
+        prev = np.r_[0, cum[:-1]]
+        prev[np.r_[True, tid[1:] != tid[:-1]]] = 0
+        pieces.append(np.bincount(win, weights=cum - prev, minlength=len(wstart)).astype(np.int64))
+    return pieces
+
+
+def flow_records(tr: pl.DataFrame, *, capture: str, epoch_ns: int, active_timeout_s: float,
+                 idle_timeout_s: float, sampling: int, mtu: int, exporter_offsets: dict[str, int],
+                 rng: np.random.Generator) -> pa.Table:
+    """Transfers -> flow records.
+
+    Needs columns: src_addr, dst_addr (int), conn (int connection id), t0, t1 (int ns after epoch_ns),
+    bytes, qps, sport (first source port), dport, protocol, exporter (str).
+    Returns a flow table in the record-kind schema, job = ``capture``.
+    """
+    tr = tr.filter(pl.col("bytes") > 0)
+    if tr.height == 0:
+        return to_kind(pl.DataFrame(), "flow")
+    tr = tr.with_columns(key=pl.struct("src_addr", "dst_addr", "conn").rank("dense").cast(pl.Int64) - 1)
+    tr = tr.sort("key", "t0")
+    key, a, b = (tr[c].to_numpy().astype(np.int64) for c in ("key", "t0", "t1"))
+    b = np.maximum(a, b)
+    packets = -(-tr["bytes"].to_numpy() // mtu)
+    active = int(active_timeout_s * 1e9)
+    big = int(b.max()) + active + 2
+    wkey, ws, wl = _windows(key, a, b, active, int(idle_timeout_s * 1e9), big)
+    payload, pkts = _spread(key, a, b, [tr["bytes"].to_numpy(), packets], wkey, ws, big)
+    info = tr.group_by("key").agg(pl.all().first()).sort("key")
+    q = info["qps"].to_numpy()[wkey]
+    rows = np.repeat(np.arange(len(wkey)), q)
+    qp = np.arange(len(rows)) - np.repeat(np.cumsum(q) - q, q)
+    qq = q[rows]
+    pay = payload[rows] // qq + (qp < payload[rows] % qq)
+    pk = pkts[rows] // qq + (qp < pkts[rows] % qq)
+    wire = pay + pk * HEADER_BYTES
+    if sampling > 1:
+        kept = rng.binomial(pk, 1.0 / sampling)
+        size = np.rint(kept * (wire / np.maximum(pk, 1))).astype(np.int64)
+    else:
+        kept, size = pk, wire
+    keep = kept > 0
+    k = wkey[rows]
+    df = info[k[keep]].select("src_addr", "dst_addr", "dport", "protocol", "exporter", "sport").with_columns(
+        src_port=(pl.col("sport") + pl.Series(qp[keep])).cast(pl.Int32),
+        size_bytes=pl.Series(size[keep]), num_packets=pl.Series(kept[keep]),
+        start_ns=pl.Series(ws[rows][keep]), end_ns=pl.Series(wl[rows][keep]))
+    off = pl.col("exporter").replace_strict(exporter_offsets, default=0, return_dtype=pl.Int64)
+    df = df.with_columns(
+        job=pl.lit(capture), source=pl.lit("simulator"), sampling_rate=pl.lit(sampling, pl.Int64),
+        src_addr=int_to_addr(pl.col("src_addr")), dst_addr=int_to_addr(pl.col("dst_addr")),
+        est_size_bytes=pl.col("size_bytes") * sampling, est_num_packets=pl.col("num_packets") * sampling,
+        dst_port=pl.col("dport").cast(pl.Int32), start_ns=pl.col("start_ns") + epoch_ns + off,
+        end_ns=pl.col("end_ns") + epoch_ns + off).sort("start_ns")
+    return to_kind(df, "flow")

@@ -1,0 +1,68 @@
+"""Network transfers of one simulated job (the input of the flow exporter model).
+
+Turns completed comm ops into per-peer transfers (see :mod:`sim_flows` for
+the decomposition) and keeps those between hosts, with their NIC addresses,
+connection ids (one per process group), first RoCE source port and the leaf
+exporter that sees them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from rankscope.datasets.sim_config import SimConfig
+from rankscope.datasets.sim_flows import ROCE_PORT, collective_transfers
+from rankscope.datasets.sim_graph import Graph, Templates
+from rankscope.datasets.sim_template import STREAMS
+from rankscope.datasets.sim_topology import Topology, rail_exporter
+
+
+def source_port(src: np.ndarray, dst: np.ndarray, conn: np.ndarray, qps: int) -> np.ndarray:
+    """First RoCEv2 UDP source port of a connection (NCCL picks them per QP for ECMP entropy)."""
+    h = (src.astype(np.uint64) * np.uint64(2654435761) + dst.astype(np.uint64) * np.uint64(40503)
+         + conn.astype(np.uint64) * np.uint64(97)) % np.uint64(16384 - qps)
+    return (49152 + h).astype(np.int64)
+
+
+def job_transfers(cfg: SimConfig, topo: Topology, g: Graph, T: Templates, start: np.ndarray, end: np.ndarray,
+                  job_index: int, epoch_ns: int) -> pl.DataFrame:
+    """Inter-host transfers of the job's completed comm ops; times in int ns after ``epoch_ns``."""
+    done = (T.kind[g.tmpl] == 1) & np.isfinite(end) & (T.role[g.tmpl] != 2)
+    ops = T.op_code[g.tmpl]
+    strm = T.stream[g.tmpl]
+    parts = []
+    sizes = {"dp": cfg.dp, "tp": cfg.tp, "ep": cfg.ep, "cp": cfg.cp}
+    for code, axis in enumerate(STREAMS):
+        if axis not in sizes:
+            continue
+        i = np.flatnonzero(done & (strm == code))
+        if not i.size:
+            continue
+        n = np.full(i.size, sizes[axis])
+        t = collective_transfers(ops[i], g.rank[i], topo.coord[axis][g.rank[i]], n,
+                                 topo.groups[axis][g.group_row[i]], g.size_bytes[i], start[i], end[i],
+                                 cfg.algorithm)
+        t["conn"] = code * (1 << 24) + g.group_row[i][t["i"]]
+        parts.append(t)
+    i = np.flatnonzero(done & (T.role[g.tmpl] == 1))
+    if i.size:
+        parts.append({"src": g.rank[i], "dst": g.peer[i], "bytes": g.size_bytes[i], "t0": start[i], "t1": end[i],
+                      "conn": STREAMS.index("pp") * (1 << 24) + g.group_row[i]})
+    if not parts:
+        return pl.DataFrame()
+    src = np.concatenate([p["src"] for p in parts]).astype(np.int64)
+    dst = np.concatenate([p["dst"] for p in parts]).astype(np.int64)
+    keep = topo.host[src] != topo.host[dst]
+    src, dst = src[keep], dst[keep]
+    conn = np.concatenate([p["conn"] for p in parts])[keep] + job_index * (1 << 32)
+    shift = cfg.start_ns - epoch_ns
+    t0 = shift + np.rint(np.concatenate([p["t0"] for p in parts])[keep]).astype(np.int64)
+    t1 = shift + np.rint(np.concatenate([p["t1"] for p in parts])[keep]).astype(np.int64)
+    exporters = pl.Series([rail_exporter(int(x)) for x in range(cfg.gpus_per_host)], dtype=pl.String)
+    return pl.DataFrame({
+        "src_addr": topo.addr_int[src], "dst_addr": topo.addr_int[dst], "conn": conn, "t0": t0, "t1": t1,
+        "bytes": np.concatenate([p["bytes"] for p in parts])[keep].astype(np.int64),
+        "qps": np.full(src.size, cfg.qps), "sport": source_port(src, dst, conn, cfg.qps),
+        "dport": np.full(src.size, ROCE_PORT), "protocol": np.full(src.size, 17),
+        "exporter": exporters.gather(topo.gpu[src])})

@@ -1,0 +1,222 @@
+"""The job simulator with ground truth: the front door of ``rankscope.datasets``.
+
+    from rankscope.datasets.simulator import SimConfig, Fault, simulate, simulate_fabric, write_store
+    res = simulate(SimConfig(dp=4, pp=2, faults=(Fault("slow-worker", {"rank": 5, "factor": 1.5}),)))
+    res.tables   # {kind: pyarrow.Table} in the record-kind schemas
+    res.truth    # this job's entry of truth.json
+    fab = simulate_fabric([cfg1, cfg2], background=True)   # several jobs on one fabric + storage noise
+    write_store(res_or_fab, "out")                          # the trace store + out/truth.json
+
+Timing comes from replaying the job's dependency graph with
+:func:`rankscope.analysis.replay.replay` (the engine the what-if analysis
+uses): per-rank compute chains, asynchronous send/recv pairs that start
+together, collectives that start when their last member arrives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from rankscope.analysis.replay import replay
+from rankscope.collectors.errors import UsageError
+from rankscope.collectors.schema import empty
+from rankscope.collectors.store import ManifestEntry, Store
+from rankscope.datasets.sim_config import Fault, SimConfig, parse_fault
+from rankscope.datasets.sim_flows import flow_records
+from rankscope.datasets.sim_graph import build_graph, build_templates, ops_per_step, sequence_lengths
+from rankscope.datasets.sim_records import batch_table, comm_table, compute_table, endpoint_table, step_table
+from rankscope.datasets.sim_topology import build_topology, rail_exporter
+from rankscope.datasets.sim_traffic import job_transfers
+from rankscope.datasets.truth import job_truth
+
+__all__ = ["Fault", "SimConfig", "SimResult", "FabricResult", "parse_fault", "simulate", "simulate_fabric",
+           "write_store"]
+
+
+@dataclass
+class SimResult:
+    """One simulated job."""
+
+    config: SimConfig
+    tables: dict[str, pa.Table]
+    """record kind -> table; ``flow`` is present when ``config.flows`` (job column = the capture name)."""
+    truth: dict
+    """this job's entry of truth.json."""
+    transfers: pl.DataFrame = field(repr=False, default_factory=pl.DataFrame)
+    """inter-host transfers behind the flow records (int ns after the job's start_ns)."""
+
+    def truth_file(self) -> dict:
+        return {"capture": self.config.capture, "jobs": {self.config.job: self.truth}, "background": []}
+
+
+@dataclass
+class FabricResult:
+    """Several jobs on one fabric, flows of all of them (plus background traffic) under one capture."""
+
+    jobs: list[SimResult]
+    flow: pa.Table
+    truth: dict
+    """the whole truth.json."""
+
+    @property
+    def tables(self) -> dict[str, pa.Table]:
+        out = {}
+        for r in self.jobs:
+            for kind, t in r.tables.items():
+                if kind != "flow":
+                    out[kind] = pa.concat_tables([out[kind], t]) if kind in out else t
+        out["flow"] = self.flow
+        return out
+
+
+def _clock_offsets(cfg: SimConfig, hosts: list[str], rng: np.random.Generator) -> tuple[dict, dict]:
+    host_off = {h: 0 for h in hosts}
+    exp_off = {}
+    for f in cfg.faults_of("clock-skew"):
+        p = cfg.fault_params(f)
+        if p["host"] >= 0:
+            if p["host"] >= len(hosts):
+                raise UsageError(f"clock-skew host={p['host']}: job {cfg.job!r} has hosts 0..{len(hosts) - 1}")
+            host_off[hosts[p["host"]]] = int(round(p["offset_ms"] * 1e6))
+        else:
+            for h in hosts:
+                host_off[h] = int(round(rng.uniform(-p["max_ms"], p["max_ms"]) * 1e6))
+        if p["exporter_max_ms"] > 0:
+            for g in range(cfg.gpus_per_host):
+                exp_off[rail_exporter(g)] = int(round(rng.uniform(-1, 1) * p["exporter_max_ms"] * 1e6))
+    return host_off, exp_off
+
+
+CHUNK_OPS = 1_500_000
+"""Ops replayed at once: a job is simulated in chunks of whole steps to bound memory."""
+
+
+def _simulate_job(cfg: SimConfig, job_index: int = 0, epoch_ns: int | None = None) -> SimResult:
+    topo = build_topology(cfg)
+    rng = np.random.default_rng(cfg.seed)
+    T = build_templates(cfg)
+    seq_table = sequence_lengths(cfg, rng)
+    hosts = [topo.host_name(int(h)) for h in np.unique(topo.host)]
+    host_off, exp_off = _clock_offsets(cfg, hosts, np.random.default_rng([cfg.seed, 11]))
+    base = cfg.start_ns + np.array([host_off[topo.host_name(int(h))] for h in topo.host], dtype=np.int64)
+    per_chunk = max(1, CHUNK_OPS // ops_per_step(T, topo))
+    parts: dict[str, list[pa.Table]] = {k: [] for k in ("comm_op", "compute_op", "step_mark", "batch_meta")}
+    transfers, step_end, t_first = [], np.full(cfg.steps, np.nan), None
+    tail_end = np.zeros(topo.world)
+    want_transfers = cfg.flows or epoch_ns is not None
+    for step0 in range(0, cfg.steps, per_chunk):
+        g = build_graph(cfg, topo, rng, T, seq_table, step0, min(per_chunk, cfg.steps - step0))
+        n = len(g.duration)
+        # Later chunks start where the previous one ended: one zero-length anchor op per rank.
+        anchors = step0 > 0
+        rep = replay(np.r_[g.duration, np.zeros(topo.world)] if anchors else g.duration,
+                     np.r_[g.src, n + g.entry_rank] if anchors else g.src,
+                     np.r_[g.dst, g.entry_dst] if anchors else g.dst,
+                     launch_delay=np.r_[g.delay, np.zeros(topo.world)] if anchors else g.delay,
+                     sync_group=np.r_[g.sync, -np.ones(topo.world, dtype=np.int64)] if anchors else g.sync,
+                     release=np.r_[np.zeros(n), tail_end] if anchors else None)
+        ready, start, end = rep.ready[:n], rep.start[:n], rep.end[:n]
+        tail_end = end[g.tail_op]
+        if t_first is None:
+            t_first = float(np.min(ready[np.isfinite(ready)])) if np.isfinite(ready).any() else 0.0
+        steps, chunk_end = step_table(cfg, g, ready, end, base)
+        step_end = np.fmax(step_end, chunk_end)
+        parts["comm_op"].append(comm_table(cfg, topo, g, T, ready, end, base))
+        parts["compute_op"].append(compute_table(cfg, topo, g, T, start, end, base))
+        parts["step_mark"].append(steps)
+        parts["batch_meta"].append(batch_table(cfg, topo, g, T, ready))
+        if want_transfers:
+            transfers.append(job_transfers(cfg, topo, g, T, start, end, job_index,
+                                           cfg.start_ns if epoch_ns is None else epoch_ns))
+        del g, rep, ready, start, end
+    tables = {k: pa.concat_tables(v) for k, v in parts.items()}
+    tables["endpoint_map"] = endpoint_table(cfg, topo)
+    step_end = np.where(np.isnan(step_end), np.inf, step_end)
+    truth = job_truth(cfg, topo, T, step_end, t_first or 0.0, host_off, exp_off)
+    transfers = pl.concat([t for t in transfers if t.height], how="vertical_relaxed") if any(
+        t.height for t in transfers) else pl.DataFrame()
+    if cfg.flows and epoch_ns is None:
+        tables["flow"] = _flows(transfers, cfg, cfg.start_ns, exp_off, rng)
+    return SimResult(cfg, tables, truth, transfers)
+
+
+def _flows(transfers: pl.DataFrame, cfg: SimConfig, epoch_ns: int, exp_off: dict, rng) -> pa.Table:
+    if transfers.height == 0:
+        return empty("flow")
+    return flow_records(transfers, capture=cfg.capture, epoch_ns=epoch_ns, active_timeout_s=cfg.active_timeout_s,
+                        idle_timeout_s=cfg.idle_timeout_s, sampling=cfg.sampling, mtu=cfg.mtu,
+                        exporter_offsets=exp_off, rng=rng)
+
+
+def simulate(cfg: SimConfig) -> SimResult:
+    """Simulate one job; flow records (if ``cfg.flows``) go under ``cfg.capture``."""
+    if not isinstance(cfg, SimConfig):
+        raise UsageError(f"simulate() takes a SimConfig, got {type(cfg).__name__}")
+    return _simulate_job(cfg)
+
+
+def simulate_fabric(configs: list[SimConfig], *, background: bool = True, capture: str = "fabric",
+                    seed: int = 0) -> FabricResult:
+    """Several jobs on one rail-optimised fabric, placed on consecutive hosts.
+
+    Jobs are simulated independently (no contention between them), their
+    transfers are exported together under ``capture``; ``background`` adds
+    storage reads, checkpoint writes and rendezvous chatter (truth
+    ``background``). Job names must differ.
+    """
+    from rankscope.datasets.sim_background import background_transfers
+
+    names = [c.job for c in configs]
+    if not configs or len(set(names)) != len(names):
+        raise UsageError(f"simulate_fabric needs one or more jobs with distinct names, got {names}")
+    placed, host = [], 0
+    for c in configs:
+        placed.append(dataclasses.replace(c, host_offset=host, capture=capture, flows=True))
+        host += -(-c.world_size // c.gpus_per_host)
+    epoch = min(c.start_ns for c in placed)
+    results = [_simulate_job(c, i, epoch) for i, c in enumerate(placed)]
+    transfers = [r.transfers for r in results if r.transfers.height]
+    bg_truth: list[dict] = []
+    if background:
+        bg, bg_truth = background_transfers(results, epoch, np.random.default_rng([seed, 23]))
+        if bg.height:
+            transfers.append(bg)
+    exp_off = {}
+    for r in results:
+        exp_off.update(r.truth["exporter_offsets_ns"])
+    rng = np.random.default_rng([seed, 29])
+    first = placed[0]
+    flow = (flow_records(pl.concat(transfers, how="diagonal_relaxed"), capture=capture, epoch_ns=epoch,
+                         active_timeout_s=first.active_timeout_s, idle_timeout_s=first.idle_timeout_s,
+                         sampling=first.sampling, mtu=first.mtu, exporter_offsets=exp_off, rng=rng)
+            if transfers else empty("flow"))
+    truth = {"capture": capture, "jobs": {r.config.job: r.truth for r in results}, "background": bg_truth}
+    return FabricResult(results, flow, truth)
+
+
+def write_store(res: SimResult | FabricResult, out_dir: str | os.PathLike) -> Path:
+    """Write the record tables into a trace store at ``out_dir`` and ``out_dir/truth.json``."""
+    out = Path(out_dir)
+    store = Store(out)
+    truth = res.truth_file() if isinstance(res, SimResult) else res.truth
+    counts: dict[str, dict[str, int]] = {}
+    for kind, table in res.tables.items():
+        if table.num_rows:
+            store.write(kind, table)
+            for job, n in pl.from_arrow(table.select(["job"]))["job"].value_counts().iter_rows():
+                counts.setdefault(job, {})[kind] = counts.get(job, {}).get(kind, 0) + n
+    for job, recs in counts.items():
+        key = Store.manifest_key(f"simulator:{json.dumps(truth['jobs'].get(job, {}).get('seed'))}:{job}", job)
+        store.add_manifest(ManifestEntry(key=key, source="rankscope simulate", format="simulator", job=job,
+                                         records=recs))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "truth.json").write_text(json.dumps(truth, indent=1))
+    return out

@@ -1,0 +1,229 @@
+"""Run the shared DP x PP training job across network namespaces and collect its flows.
+
+:func:`run_netns_job` builds a small fabric: one network namespace per node,
+each joined to a Linux bridge by a veth pair, runs ``tests/jobs/train_dp_pp.py``
+with ``torchrun --nnodes=N --node_rank=K`` inside each namespace (gloo over the
+namespace's veth), runs Debian's ``softflowd`` on the bridge exporting IPFIX to
+``rankscope collect flows`` on 127.0.0.1, and tears everything down again
+(also when something fails). It returns the store with the collected flows,
+the job's own record of the communication calls it issued, and the endpoint
+map (address -> rank), so tests of flow-based strategy inference can reuse a
+real capture:
+
+    from tests.integration.netns_job import netns_skip_reason, run_netns_job
+    res = run_netns_job(tmp_path)         # ~30-60 s on a 2-core machine
+    res.store, res.comm, res.endpoints, res.master_port
+
+The bridge is made to flood every frame (``ageing_time 0``), so the bridge
+device itself sees all traffic between the namespaces exactly once, and GSO
+is capped at 1500 bytes on every veth so softflowd sees wire-sized packets
+(it under-counts 64 KiB GSO super-packets).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+JOB_SCRIPT = REPO / "tests" / "jobs" / "train_dp_pp.py"
+BIN = Path(sys.executable).parent
+
+
+def netns_skip_reason() -> str | None:
+    """Why the namespaced job cannot run here, or None when it can."""
+    if os.geteuid() != 0:
+        return "needs root for ip netns"
+    for tool in ("ip", "softflowd"):
+        if shutil.which(tool) is None:
+            return f"{tool} not installed"
+    if not JOB_SCRIPT.is_file():
+        return f"{JOB_SCRIPT} missing"
+    if not (BIN / "torchrun").exists():
+        return "torchrun not in the virtualenv"
+    probe = f"rsprobe{secrets.token_hex(3)}"
+    if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode:
+        return "ip netns add failed (no privilege for network namespaces)"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+@dataclass
+class NetnsJobResult:
+    store: Path
+    """trace store holding the collected flows (job ``flow_job``)."""
+    flow_job: str
+    comm: list[dict]
+    """every call the job issued: rank, op, group_ranks, peer, size_bytes, dtype, step."""
+    endpoints: dict[str, int]
+    """node address -> global rank (one rank per namespace)."""
+    master_addr: str
+    master_port: int
+    ranks: dict[int, dict] = field(default_factory=dict)
+    """the job's own rank<r>.json outputs."""
+    collector_output: str = ""
+    job_seconds: float = 0.0
+
+
+def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, check=check)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Fabric:
+    """N namespaces on one flooding bridge; a context manager that always cleans up."""
+
+    def __init__(self, nodes: int):
+        tag = secrets.token_hex(2)
+        self.bridge = f"rsb{tag}"
+        self.namespaces = [f"rs{tag}n{k}" for k in range(nodes)]
+        self.host_ends = [f"rs{tag}h{k}" for k in range(nodes)]
+        self.ns_ends = [f"rs{tag}e{k}" for k in range(nodes)]
+        net = 1 + secrets.randbelow(250)
+        self.addresses = [f"10.213.{net}.{k + 1}" for k in range(nodes)]
+
+    def __enter__(self) -> Fabric:
+        try:
+            _sh("ip", "link", "add", "name", self.bridge, "type", "bridge", "ageing_time", "0")
+            _sh("ip", "link", "set", self.bridge, "gso_max_size", "1500", "up")
+            for ns, host, inner, addr in zip(self.namespaces, self.host_ends, self.ns_ends, self.addresses):
+                _sh("ip", "netns", "add", ns)
+                _sh("ip", "link", "add", host, "type", "veth", "peer", "name", inner)
+                _sh("ip", "link", "set", inner, "netns", ns)
+                _sh("ip", "link", "set", host, "master", self.bridge, "gso_max_size", "1500", "up")
+                _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+                _sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", inner)
+                _sh("ip", "netns", "exec", ns, "ip", "link", "set", inner, "gso_max_size", "1500", "up")
+        except subprocess.CalledProcessError as e:
+            self.__exit__(None, None, None)
+            raise RuntimeError(f"fabric set-up failed: {' '.join(e.cmd)}: {e.stderr.strip()}") from e
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for ns, host in zip(self.namespaces, self.host_ends):
+            _sh("ip", "link", "del", host, check=False)
+            _sh("ip", "netns", "del", ns, check=False)
+        _sh("ip", "link", "del", self.bridge, check=False)
+
+
+def _stop(proc: subprocess.Popen | None, sig=signal.SIGTERM, timeout: float = 20.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def run_netns_job(workdir: Path, nodes: int = 4, steps: int = 4, hidden: int = 256, microbatch_size: int = 32,
+                  job_args: tuple[str, ...] = (), timeout_s: float = 240.0) -> NetnsJobResult:
+    """Run the job on ``nodes`` namespaces (one rank each, DP x PP with --pp 2) and collect its flows."""
+    workdir = Path(workdir)
+    store, out, logs = workdir / "store", workdir / "job", workdir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    flow_port, master_port = _free_port(), 29500 + secrets.randbelow(2000)
+    collector = softflowd = None
+    procs: list[subprocess.Popen] = []
+    with Fabric(nodes) as fab:
+        try:
+            collector = subprocess.Popen(
+                [str(BIN / "rankscope"), "collect", "flows", "--listen", f"127.0.0.1:{flow_port}",
+                 "--store", str(store), "--job", "fabric", "--roll-seconds", "2"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            first = collector.stdout.readline()
+            if "listening" not in first:
+                raise RuntimeError(f"collector did not start: {first}{collector.stdout.read()}")
+            ctl = workdir / "softflowd.ctl"
+            softflowd = subprocess.Popen(
+                ["softflowd", "-d", "-i", fab.bridge, "-v", "10", "-A", "milli", "-n", f"127.0.0.1:{flow_port}",
+                 "-t", "maxlife=2", "-t", "expint=1", "-c", str(ctl), "-p", str(workdir / "softflowd.pid")],
+                stdout=open(logs / "softflowd.log", "w"), stderr=subprocess.STDOUT)
+            time.sleep(1.0)  # softflowd opens its capture before the job's first packet
+            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+            t0 = time.monotonic()
+            for k, (ns, inner) in enumerate(zip(fab.namespaces, fab.ns_ends)):
+                cmd = ["ip", "netns", "exec", ns, "env", f"GLOO_SOCKET_IFNAME={inner}",
+                       str(BIN / "torchrun"), f"--nnodes={nodes}", f"--node_rank={k}", "--nproc_per_node=1",
+                       f"--master_addr={fab.addresses[0]}", f"--master_port={master_port}",
+                       str(JOB_SCRIPT), "--steps", str(steps), "--hidden", str(hidden), "--pp", "2",
+                       "--microbatch-size", str(microbatch_size),
+                       "--out", str(out), "--pg-timeout-s", "60", *job_args]
+                procs.append(subprocess.Popen(cmd, env=env, stdout=open(logs / f"node{k}.log", "w"),
+                                              stderr=subprocess.STDOUT))
+            deadline = time.monotonic() + timeout_s
+            for k, p in enumerate(procs):
+                try:
+                    rc = p.wait(max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    raise RuntimeError(f"node {k} did not finish in {timeout_s} s; logs in {logs}") from None
+                if rc:
+                    raise RuntimeError(f"node {k} exited {rc}: {(logs / f'node{k}.log').read_text()[-2000:]}")
+            job_seconds = time.monotonic() - t0
+            # Expire every flow softflowd still holds and give the export a moment to arrive.
+            subprocess.run(["softflowctl", "-c", str(ctl), "expire-all"], capture_output=True, timeout=10)
+            time.sleep(1.5)
+            _stop(softflowd)
+            time.sleep(0.5)
+            _stop(collector)
+            collector_output = first + collector.stdout.read()
+        finally:
+            for p in procs:
+                _stop(p, signal.SIGKILL, 5)
+            _stop(softflowd)
+            _stop(collector)
+    ranks = {}
+    for f in sorted(out.glob("rank*.json")):
+        r = json.loads(f.read_text())
+        ranks[r["rank"]] = r
+    comm = [dict(c, rank=r) for r, res in ranks.items() for c in res.get("issued", [])]
+    return NetnsJobResult(store=store, flow_job="fabric", comm=comm,
+                          endpoints={addr: k for k, addr in enumerate(fab.addresses)},
+                          master_addr=fab.addresses[0], master_port=master_port, ranks=ranks,
+                          collector_output=collector_output, job_seconds=job_seconds)
+
+
+_CACHE: dict[str, NetnsJobResult] = {}
+
+
+def shared_netns_run(tmp_root: Path) -> NetnsJobResult:
+    """One namespaced run per test session, shared by every test that asks (it takes a minute or two)."""
+    if "run" not in _CACHE:
+        _CACHE["run"] = run_netns_job(Path(tmp_root) / "netns-job")
+    return _CACHE["run"]
+
+
+def expected_directed_bytes(comm: list[dict]) -> dict[tuple[int, int], int]:
+    """Payload bytes each rank sends to each other rank, from the job's own comm records.
+
+    send: size to the peer. all_reduce over a group of two (the job's DP
+    groups): gloo's ring sends half the buffer in the reduce-scatter and half
+    in the all-gather, so each member sends the whole size to the other.
+    Larger groups are not modelled (the test runs DP 2).
+    """
+    out: dict[tuple[int, int], int] = {}
+    for c in comm:
+        r = c["rank"]
+        if c["op"] == "send":
+            out[(r, c["peer"])] = out.get((r, c["peer"]), 0) + c["size_bytes"]
+        elif c["op"] == "all_reduce":
+            members = [m for m in c["group_ranks"] if m != r]
+            if len(members) != 1:
+                raise ValueError(f"all_reduce over {c['group_ranks']}: only groups of two are modelled")
+            out[(r, members[0])] = out.get((r, members[0]), 0) + c["size_bytes"]
+    return out

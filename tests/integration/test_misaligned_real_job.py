@@ -1,0 +1,77 @@
+"""Two real gloo runs profiled with torch.profiler (Kineto traces): the aligned baseline (hidden 1024)
+and one whose linear layers are resized to 1000. `rankscope diff` over the two ingested stores flags
+the misaligned dims by the alignment rule; the GEMM throughput ratio is reported as measured (on CPU
+it says little about tensor cores, so its value is not asserted)."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+JOB = REPO / "tests" / "jobs" / "train_dp_pp.py"
+
+pytestmark = [pytest.mark.torchjob, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _profiled_run(base: Path, hidden: int) -> Path:
+    prof, store = base / f"prof{hidden}", base / f"st{hidden}"
+    r = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node=2", f"--master_port={_free_port()}", str(JOB),
+                        "--steps", "1", "--pp", "1", "--microbatches", "2", "--layers", "1",
+                        "--hidden", str(hidden), "--profile", str(prof)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ing = subprocess.run([str(BIN / "rankscope"), "ingest", str(prof), "--store", str(store), "--job", "run"],
+                         capture_output=True, text=True, timeout=120)
+    assert ing.returncode == 0, ing.stderr[-2000:]
+    return store
+
+
+@pytest.fixture(scope="module")
+def diffed(tmp_path_factory):
+    pytest.importorskip("torch")
+    if not (BIN / "torchrun").exists() or not JOB.exists():
+        pytest.skip("torchrun or tests/jobs/train_dp_pp.py missing")
+    base = tmp_path_factory.mktemp("misaligned")
+    a, b = _profiled_run(base, 1024), _profiled_run(base, 1000)
+    out = base / "diff.json"
+    r = subprocess.run([str(BIN / "rankscope"), "diff", "--baseline", str(a), "--store", str(b), "--job", "run",
+                        "--json", str(out)], capture_output=True, text=True, timeout=120)
+    return r, json.loads(out.read_text()) if out.exists() else None
+
+
+def test_diff_flags_the_resized_layers_by_the_alignment_rule(diffed):
+    r, d = diffed
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert d is not None and "regression" in r.stdout
+    align = [row for row in d["rows"] if row["aspect"] == "alignment"]
+    assert align and all(row["change"] == "regression" for row in align)
+    # Every new finding is a dim the resize introduced (1000 or its FFN 2000), none from the baseline.
+    assert all(("=1000 " in row["evidence"]) or ("=2000 " in row["evidence"]) for row in align)
+    changes = [row["change"] for row in d["rows"]]
+    n_reg = changes.count("regression")
+    assert changes[:n_reg] == ["regression"] * n_reg  # regressions first
+    kernel = [f for f in d["kernel_findings"] if f["kind"] == "alignment" and 1000 in f["shape"]]
+    assert kernel and all(f["dtype"] == "float32" for f in kernel)
+
+
+def test_diff_reports_the_measured_gemm_throughput_ratio(diffed):
+    _, d = diffed
+    rows = [row for row in d["rows"] if row["aspect"] == "gemm_throughput"]
+    assert rows, "no per-kernel-class throughput compared"
+    for row in rows:
+        assert row["ratio"] is not None and math.isfinite(row["ratio"]) and row["ratio"] > 0
+        print(f"measured {row['item']}: {row['baseline']:.4g} -> {row['current']:.4g} TFLOP/s, ratio {row['ratio']:.3f}")

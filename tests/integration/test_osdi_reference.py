@@ -1,0 +1,73 @@
+"""The OSDI'25 reference traces: our what-if against the authors' published results, and the Perfetto export."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from rankscope.analysis.stragglers import analyze_stragglers
+from rankscope.cli.main import main
+from rankscope.collectors.ingest import ingest
+from rankscope.collectors.job_frames import load_job
+from rankscope.collectors.store import Store
+
+EXPECTED = {"AR": "worker", "ST": "stage_imbalance", "SE": "sequence_imbalance"}
+
+
+@pytest.fixture(scope="module")
+def osdi_store(reference_dir, tmp_path_factory):
+    d = reference_dir / "stragglers-osdi25"
+    if not d.is_dir():
+        pytest.skip(f"{d} not found")
+    store = Store(tmp_path_factory.mktemp("osdi") / "st")
+    summary = ingest(store, [d])
+    assert sorted(store.jobs()) == ["AR", "SE", "ST"]
+    assert all(f.status in ("ingested", "unknown") for f in summary.files)
+    return store, d
+
+
+@pytest.mark.parametrize("name", ["AR", "ST", "SE"])
+def test_matches_the_authors(osdi_store, name):
+    store, d = osdi_store
+    s, _ = analyze_stragglers(load_job(store, name))
+    authors = json.loads((d / f"result-{name}.json").read_text())
+    mw = json.loads((d / f"mw-{name}.json").read_text())["Mw"]
+    ms = json.loads((d / f"ms-{name}.json").read_text())["Ms"]
+    assert s.slowdown == pytest.approx(authors["blocking_slowdown"], rel=0.02)
+    assert s.by_cause["worker"] == pytest.approx(mw, abs=0.05)
+    assert s.by_cause["stage_imbalance"] == pytest.approx(ms, abs=0.05)
+    for optype, value in authors["blocking_decompose_by_optype"].items():
+        assert s.by_optype[optype] == pytest.approx(value, rel=0.01)
+    assert s.verdict == EXPECTED[name]
+    # replaying with the recorded launch delays gives back the recorded steps, and their cost as the authors'
+    assert s.extra["launch_delay"]["replay_vs_recorded_max_rel_err"] < 1e-6
+    assert s.extra["launch_delay"]["slowdown"] == pytest.approx(authors["launch_slowdown"], rel=1e-4)
+    if name == "AR":
+        # the artificially slowed worker: dp rank 0 (every dp rank-0 stage-0 op is slow)
+        assert s.top_workers[0]["dp_rank"] == 0
+        assert s.top_workers[0]["slowdown"] == pytest.approx(authors["blocking_decompose_by_dp_rank"]["0"], rel=0.01)
+
+
+def test_perfetto_export_has_real_and_ideal_timelines(osdi_store, tmp_path):
+    store, _ = osdi_store
+    out = tmp_path / "st.json.gz"
+    assert main(["export", "perfetto", "--store", str(store.root), "--job", "ST", "--out", str(out)]) == 0
+    events = json.loads(gzip.decompress(out.read_bytes()))
+    spans = [e for e in events if e["ph"] == "X"]
+    n_ops = store.count("compute_op", "ST") + store.count("comm_op", "ST")
+    assert len(spans) == 2 * n_ops
+    real = [e for e in spans if e["pid"] < 1_000_000]
+    ideal = [e for e in spans if e["pid"] >= 1_000_000]
+    assert {e["pid"] for e in real} == set(range(8)) and len(ideal) == len(real)
+    names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "process_name"}
+    assert (3, "rank 3") in names and (1_000_003, "rank 3 (ideal)") in names
+    assert all(e["dur"] >= 0 for e in spans)
+    # the ideal timeline is the faster one: its total span is shorter than the real one
+    span = lambda es: max(e["ts"] + e["dur"] for e in es) - min(e["ts"] for e in es)  # noqa: E731
+    assert span(ideal) < span(real)
+
+
+def test_export_usage_errors(tmp_path):
+    assert main(["export", "perfetto", "--store", str(tmp_path / "nope"), "--out", str(tmp_path / "x.json")]) == 2

@@ -1,0 +1,53 @@
+"""The front door: strategy, steps and timelines of one job from whatever record kinds it has."""
+
+import numpy as np
+import polars as pl
+import pytest
+
+from rankscope.analysis.diagnose import DiagnoseConfig, analyze_job, diagnose, job_timelines
+from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.job_frames import JobFrames
+
+from .wb_frames import build_job
+
+
+def test_white_box_job_with_skewed_clocks():
+    comm, comp, _ = build_job(dp=4, pp=1, steps=5, step_ms=80.0, offsets_ns={1: 4_000_000, 3: -3_000_000})
+    d, tables = analyze_job(JobFrames.from_frames("j", comm_op=comm, compute_op=comp))
+    assert (d.strategy.dp, d.strategy.pp) == (4, 1)
+    assert d.steps.count == 5 and abs(d.steps.median_ns - 80e6) / 80e6 < 0.003
+    assert d.data_quality["clock"]["max_abs_offset_ns"] > 2_000_000
+    tl = tables["timeline"]
+    assert tl.height == 4 * 5
+    busy = tl["compute_ns"] + tl["exposed_comm_ns"] + tl["idle_ns"]
+    assert (busy == tl["duration_ns"]).all()
+    assert d.to_dict()["strategy"]["pp_groups"] == [[0], [1], [2], [3]]
+
+
+def test_job_timelines_match_analyze_job():
+    comm, comp, _ = build_job(dp=2, pp=2, steps=2)
+    frames = JobFrames.from_frames("j", comm_op=comm, compute_op=comp)
+    assert job_timelines(frames).equals(analyze_job(frames)[1]["timeline"])
+
+
+def test_simulated_job_steps_match_truth():
+    sim = pytest.importorskip("rankscope.datasets.simulator")
+    res = sim.simulate(sim.SimConfig(job="s", dp=2, pp=2, gpus_per_host=1, steps=4, microbatches=2, flows=False,
+                                     faults=(sim.Fault("clock-skew", {"max_ms": 4.0}),)))
+    frames = JobFrames.from_frames("s", **{k: pl.from_arrow(v) for k, v in res.tables.items()})
+    d = diagnose(frames)
+    ref = float(np.median(res.truth["step_times_ns"]))
+    assert d.steps.count == 4
+    assert abs(d.steps.median_ns - ref) / ref < 0.003
+    assert sorted(d.strategy.pp_groups) == sorted(res.truth["pp_groups"])
+
+
+def test_no_records_is_reported_not_raised():
+    d = diagnose(JobFrames.from_frames("empty"))
+    assert d.strategy.extra["evaluated"] is False and d.steps.count == 0
+    assert d.to_dict()["job"] == "empty"
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError):
+        DiagnoseConfig(none_below=0.5)

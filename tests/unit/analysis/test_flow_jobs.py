@@ -1,0 +1,64 @@
+"""Job recognition on a shared fabric (simulated jobs + storage/checkpoint/rendezvous traffic)."""
+
+import polars as pl
+import pytest
+
+from rankscope.analysis.flow_features import pair_traffic
+from rankscope.analysis.flow_jobs import address_key, job_flows, recognise_jobs
+from rankscope.analysis.strategy_flows import infer_flows
+
+sim = pytest.importorskip("rankscope.datasets.simulator")
+
+
+@pytest.fixture(scope="module")
+def fabric():
+    cfgs = [sim.SimConfig(job="a", dp=4, pp=2, gpus_per_host=1, steps=4, seed=1),
+            sim.SimConfig(job="b", dp=2, pp=2, tp=2, gpus_per_host=2, steps=4, seed=2, rank_order="tp-cp-ep-pp-dp")]
+    return sim.simulate_fabric(cfgs, background=True)
+
+
+def test_jobs_are_split_named_and_analysed(fabric):
+    flow = pl.from_arrow(fabric.flow)
+    found = recognise_jobs(flow, "fabric")
+    truth = {n: sorted(t["endpoints"].values(), key=address_key) for n, t in fabric.truth["jobs"].items()}
+    assert [j.name for j in found.jobs] == ["fabric-1", "fabric-2"]
+    assert sorted(j.endpoints for j in found.jobs) == sorted(truth.values())
+    # ordered by lowest endpoint address
+    firsts = [address_key(j.endpoints[0]) for j in found.jobs]
+    assert firsts == sorted(firsts)
+    for j in found.jobs:
+        name = next(n for n, eps in truth.items() if eps == j.endpoints)
+        t = fabric.truth["jobs"][name]
+        s = infer_flows(job_flows(flow, j.endpoints)).strategy
+        assert sorted(map(sorted, s.dp_groups)) == sorted(map(sorted, t["dp_groups_by_address"]))
+        assert sorted(s.pp_groups) == sorted(t["pp_groups_by_address"])
+
+
+def test_control_and_storage_traffic_is_counted_not_dropped(fabric):
+    flow = pl.from_arrow(fabric.flow)
+    found = recognise_jobs(flow, "fabric")
+    q = found.quality
+    assert q["control_records"] > 0 and 29500 in q["control_ports_seen"]
+    assert q["records"] == flow.height
+    storage = {s for b in fabric.truth["background"] for s in b.get("servers", [])}
+    in_jobs = {a for j in found.jobs for a in j.endpoints}
+    assert storage and not storage & in_jobs
+
+
+def test_single_job_takes_the_capture_name():
+    res = sim.simulate(sim.SimConfig(job="x", dp=4, pp=1, gpus_per_host=1, steps=2))
+    found = recognise_jobs(pl.from_arrow(res.tables["flow"]), "cap")
+    assert [j.name for j in found.jobs] == ["cap"]
+
+
+def test_pairs_merge_queue_pairs_and_scale_sampling():
+    f = pl.DataFrame({"exporter": ["e"] * 3, "src_addr": ["a"] * 3, "dst_addr": ["b"] * 3,
+                      "src_port": [1, 2, 1], "dst_port": [4791] * 3, "size_bytes": [10, 20, 30],
+                      "sampling_rate": [1, 10, 1], "start_ns": [5, 1, 9], "end_ns": [6, 3, 12]})
+    p = pair_traffic(f).pairs
+    assert p.height == 1 and p["bytes"][0] == 10 + 200 + 30
+    assert (p["first_ns"][0], p["last_ns"][0], p["num_records"][0]) == (1, 12, 3)
+
+
+def test_address_key_orders_numerically():
+    assert sorted(["10.0.0.10", "10.0.0.9", "host-a"], key=address_key) == ["10.0.0.9", "10.0.0.10", "host-a"]

@@ -1,0 +1,81 @@
+import pytest
+
+from rankscope.analysis.gemm_alignment import (
+    AlignmentConfig,
+    alignment_findings,
+    check_dim,
+    required_elements,
+    tp_split_findings,
+)
+from rankscope.analysis.kernel_classes import class_of, classify
+from rankscope.collectors.errors import ConfigError
+
+from .gemm_frames import gemm_frame
+
+
+@pytest.mark.parametrize("dtype,expected", [("bfloat16", (8, 64)), ("float16", (8, 64)), ("torch.float16", (8, 64)),
+                                            ("float8_e4m3fn", (16, 128)), ("float32", (4, 32)),
+                                            ("tf32", (4, 32)), ("mystery", None)])
+def test_required_elements_per_dtype(dtype, expected):
+    assert required_elements(dtype) == expected
+
+
+def test_check_dim_severities():
+    assert check_dim(1000, "bfloat16") == "preferred"   # 1000 = 8 * 125 but not 64 * k
+    assert check_dim(1001, "bfloat16") == "min"
+    assert check_dim(1024, "bfloat16") is None
+    assert check_dim(1000, "float32") == "preferred"
+    assert check_dim(1002, "float32") == "min"
+    assert check_dim(1000, "float8_e4m3fn") == "min"     # fp8 needs 16 elements
+
+
+def test_tp_split_breaks_alignment():
+    # The serving case from the issue: FFN 18,432 split 32 ways = 576, not a multiple of 128 fp8 elements.
+    found = tp_split_findings({"ffn": 18432}, "float8_e4m3fn", tp_degrees=(8, 32))
+    assert [(f["tp"], f["split"], f["severity"]) for f in found] == [(32, 576, "preferred")]
+    assert "576" in found[0]["reason"]
+    bad = tp_split_findings({"ffn": 11008}, "bfloat16", tp_degrees=(8, 3))
+    assert {f["tp"] for f in bad} == {8, 3}   # 1376 misses 64; 11008 does not divide by 3
+
+
+def test_alignment_findings_flag_misaligned_dims_only():
+    df = gemm_frame(shapes=((4096, 4096, 4096), (4096, 1000, 4096), (4096, 4096, 1001)))
+    f = alignment_findings(df)
+    got = sorted((r["dim"], r["value"], r["severity"]) for r in f.iter_rows(named=True))
+    assert got == [("k", 1001, "min"), ("n", 1000, "preferred")]
+    assert f.filter(f["dim"] == "k")["ranks"].to_list()[0] == [0, 1, 2, 3]
+    assert "16-byte minimum" in f.filter(f["dim"] == "k")["reason"][0]
+
+
+def test_alignment_findings_tp_names_unsplit_size():
+    f = alignment_findings(gemm_frame(shapes=((4096, 1000, 4096),)), tp=4)
+    assert "unsplit 4x: 4000" in f["reason"][0]
+
+
+def test_alignment_config_validation():
+    with pytest.raises(ConfigError):
+        AlignmentConfig(min_bytes=16, preferred_bytes=100)
+    with pytest.raises(ConfigError):
+        AlignmentConfig(dims=("x",))
+    assert alignment_findings(gemm_frame(shapes=((1000, 4096, 4096),)), AlignmentConfig(dims=("n", "k"))).height == 0
+
+
+def test_kernel_classes_table():
+    names = ["ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn", "aten::mm", "aten::addmm",
+             "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "cutlass_80_tensorop_s1688gemm_128x64_align1",
+             "void at::native::vectorized_elementwise_kernel<4>", "flash_fwd_kernel", "Memcpy HtoD"]
+    assert classify(names).to_list() == ["gemm_cublas", "gemm_aten", "gemm_aten", "nccl", "gemm_cutlass",
+                                         "elementwise", "flash_attention", "memcpy"]
+    assert class_of("something unheard of") == "other"
+
+
+def test_kernel_traits_parse_layout_alignment_and_tile():
+    import polars as pl
+
+    from rankscope.analysis.kernel_classes import kernel_traits
+
+    df = kernel_traits(pl.DataFrame({"name": ["cutlass_80_tensorop_bf16_s16816gemm_bf16_128x256_32x3_tn_align1",
+                                              "ampere_sgemm_64x64_nn", "aten::mm"]}))
+    assert df["name_layout"].to_list() == ["tn", "nn", None]
+    assert df["name_align"].to_list() == [1, None, None]
+    assert df["name_tile"].to_list() == ["128x256", "64x64", None]

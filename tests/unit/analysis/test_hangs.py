@@ -1,0 +1,99 @@
+import jsonschema
+import polars as pl
+
+from rankscope.analysis.hangs import hang_section
+from rankscope.collectors.job_frames import JobFrames
+from rankscope.collectors.schema import polars_schema
+
+
+def _comm(rows):
+    base = {"job": "j", "group_id": "1", "peer": None, "size_bytes": 4096, "dtype": "float32",
+            "state": "completed", "source": "hook"}
+    full = []
+    for i, r in enumerate(rows):
+        row = {**base, **r}
+        row.setdefault("start_ns", 1000 * (i + 1))
+        row.setdefault("end_ns", None if row["state"] == "pending" else row["start_ns"] + 10)
+        full.append(row)
+    df = pl.DataFrame(full)
+    sch = polars_schema("comm_op")
+    return df.with_columns([pl.col(c).cast(sch[c]) for c in df.columns])
+
+
+def _ar(rank, seq, step, ranks=(0, 1), **kw):
+    return {"rank": rank, "op": "all_reduce", "group_ranks": list(ranks), "seq": seq, "step": step, **kw}
+
+
+def test_skipped_collective_names_missing_rank_group_and_seq(report_schema):
+    # Rank 1 skipped its all_reduce in step 1, so its later calls run one seq behind: rank 0 waits at seq 5.
+    rows = [_ar(0, s, st) for s, st in enumerate((0, 0, 1, 1, 2))]
+    rows += [_ar(1, s, st) for s, st in enumerate((0, 0, 1, 2, 2))]
+    rows.append(_ar(0, 5, 2, state="pending", start_ns=99_000))
+    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    assert len(hangs) == 1
+    h = hangs[0]
+    assert (h["group_ranks"], h["seq"], h["missing"], h["pending_ranks"]) == ([0, 1], 5, [1], [0])
+    assert h["first"] and h["op"] == "all_reduce" and h["group"] == "1"
+    assert h["first_divergent_seq"] == 3
+    assert h["last_seq"] == {"0": 5, "1": 4}
+    assert h["last_completed"]["1"]["seq"] == 4 and h["last_completed"]["0"]["seq"] == 4
+    jsonschema.validate(hangs, report_schema["properties"]["hangs"])
+
+
+def test_mismatched_size_and_first_stuck_ordering():
+    g = (0, 1, 2)
+    rows = [_ar(r, 0, 0, g) for r in g]
+    rows += [_ar(0, 1, 0, g, state="pending", start_ns=50_000), _ar(1, 1, 0, g, state="pending", start_ns=50_010),
+             _ar(2, 1, 0, g, state="pending", start_ns=50_020, size_bytes=2048)]
+    # A later stuck op in another group must come second.
+    rows += [_ar(3, 0, 0, (3, 4), state="pending", start_ns=70_000)]
+    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    assert [h["group_ranks"] for h in hangs] == [[0, 1, 2], [3, 4]]
+    assert hangs[0]["first"] and not hangs[1]["first"]
+    assert hangs[0]["missing"] == [] and hangs[0]["mismatched"][0]["rank"] == 2
+    assert hangs[0]["mismatched"][0]["differs_in"] == ["size_bytes"]
+    assert hangs[1]["missing"] == [4]
+
+
+def test_sources_are_analysed_apart_and_p2p():
+    rows = [_ar(0, 1, 0, source="flight_recorder", state="pending", start_ns=0),
+            _ar(1, 0, 0, source="flight_recorder", start_ns=0),
+            {"rank": 2, "op": "send", "peer": 3, "group_ranks": [2, 3], "seq": 0, "step": 0, "state": "pending"}]
+    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    by_src = {h["source"]: h for h in hangs}
+    assert by_src["flight_recorder"]["missing"] == [1] and by_src["flight_recorder"]["seq"] == 1
+    assert by_src["hook"]["group_key"] == "p2p 2->3" and by_src["hook"]["missing"] == [3]
+    assert hangs[0]["source"] == "hook"
+
+
+def test_no_pending_no_hang():
+    rows = [_ar(r, s, 0) for r in (0, 1) for s in range(3)]
+    assert hang_section(JobFrames.from_frames("j", comm_op=_comm(rows))) == []
+    assert hang_section(JobFrames.from_frames("j")) == []
+
+
+def test_failed_op_counts_as_stuck_and_lagging_members_found():
+    # The hook's pending row was later closed as failed (timeout); the flight recorder marks all done.
+    rows = [_ar(0, 0, 0), _ar(1, 0, 0), _ar(0, 1, 1, state="failed", end_ns=9_000_000, start_ns=5_000)]
+    rows += [_ar(r, s, 0, source="flight_recorder", group_ranks=None) for r, n in ((0, 3), (1, 2))
+             for s in range(1, n + 1)]
+    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    by_src = {h["source"]: h for h in hangs}
+    assert (by_src["hook"]["seq"], by_src["hook"]["missing"], by_src["hook"]["evidence"]) == (1, [1], "pending")
+    fr = by_src["flight_recorder"]
+    assert (fr["seq"], fr["missing"], fr["group_ranks"], fr["evidence"]) == (3, [1], [0, 1], "lagging")
+
+
+def test_root_cause_comes_before_earlier_started_consequences():
+    # Rank 1 never joins the step-0 all_reduce of [0, 1]; rank 2 (next stage) already waits, from an earlier
+    # time, on rank 0's step-1 send, and rank 3 on rank 1's. Only the all_reduce is a root cause of rank 0's wait.
+    rows = [_ar(0, 0, 0, state="pending", start_ns=50_000),
+            {"rank": 2, "op": "recv", "peer": 0, "group_ranks": [0, 2], "seq": 3, "step": 1, "state": "pending",
+             "start_ns": 40_000},
+            {"rank": 0, "op": "send", "peer": 2, "group_ranks": [0, 2], "seq": 2, "step": 0},
+            {"rank": 3, "op": "recv", "peer": 1, "group_ranks": [1, 3], "seq": 3, "step": 1, "state": "pending",
+             "start_ns": 45_000}]
+    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    assert hangs[0]["op"] == "all_reduce" and hangs[0]["first"] and hangs[0]["missing"] == [1]
+    by_key = {h["group_key"]: h for h in hangs}
+    assert not by_key["p2p 0->2"]["root_cause"] and by_key["p2p 1->3"]["root_cause"]

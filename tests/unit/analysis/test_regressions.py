@@ -1,0 +1,66 @@
+import jsonschema
+import pytest
+
+from rankscope.analysis.gemm_throughput import ThroughputConfig
+from rankscope.analysis.regressions import RegressionConfig, regression_section
+from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.job_frames import JobFrames
+
+from .gemm_frames import gemm_frame
+
+S1, S2, BAD = (4096, 4096, 4096), (4096, 8192, 4096), (4096, 1000, 4096)
+
+
+def _jf(df, job="j"):
+    return JobFrames.from_frames(job, compute_op=df)
+
+
+def test_throttled_rank_named_with_ratio_and_reason(report_schema):
+    regs = regression_section(_jf(gemm_frame(shapes=(S1, S2), slow={3: 2.0})))
+    assert regs and all(r["kind"] == "throughput" and r["ranks"] == [3] for r in regs)
+    assert regs[0]["ratio"] == pytest.approx(0.5)
+    assert "throttling" in regs[0]["reason"] and regs[0]["shape"] in ([4096, 4096, 4096], [4096, 8192, 4096])
+    jsonschema.validate(regs, report_schema["properties"]["regressions"])
+
+
+def test_misaligned_shape_flagged_by_rule_with_measured_ratio():
+    # The misaligned GEMM runs at half the aligned ones' TFLOP/s per FLOP (its time is 1000/4096 * 2 of S1's).
+    df = gemm_frame(shapes=(S1, BAD), slow={(r, BAD): 1000 / 4096 * 2 for r in range(4)})
+    regs = regression_section(_jf(df))
+    assert [r["kind"] for r in regs] == ["alignment"]
+    assert regs[0]["shape"] == [4096, 1000, 4096] and regs[0]["dtype"] == "bfloat16"
+    assert regs[0]["ratio"] == pytest.approx(0.5, rel=0.01) and "N=1000" in regs[0]["reason"]
+    assert regs[0]["ratio_basis"] == "aligned GEMMs of this job"
+
+
+def test_baseline_slowdown_explained_by_misalignment_is_one_finding():
+    base = gemm_frame(shapes=(S1, S2, BAD))
+    cur = gemm_frame(shapes=(S1, S2, BAD), slow={(r, BAD): 1.5 for r in range(4)})
+    regs = regression_section(_jf(cur), _jf(base, "b"))
+    assert len(regs) == 1 and regs[0]["kind"] == "throughput" and regs[0]["comparison"] == "baseline"
+    assert regs[0]["reason"].startswith("misaligned dim") and regs[0]["ratio"] == pytest.approx(1 / 1.5)
+
+
+def test_clean_job_has_no_findings():
+    assert regression_section(_jf(gemm_frame(shapes=(S1, S2)))) == []
+    assert regression_section(JobFrames.from_frames("empty")) == []
+
+
+def test_config_options():
+    df = gemm_frame(shapes=(S1, (4096, 4000, 4096)))
+    assert regression_section(_jf(df))                                    # 4000: preferred only
+    assert regression_section(_jf(df), config=RegressionConfig(include_preferred=False)) == []
+    regs = regression_section(_jf(gemm_frame(shapes=(S1,), slow={0: 1.2})),
+                              config=RegressionConfig(throughput=ThroughputConfig(threshold=0.8)))
+    assert regs == []
+    with pytest.raises(ConfigError):
+        RegressionConfig(tp=0)
+
+
+def test_fallback_kernel_alignment_is_named():
+    df = gemm_frame(shapes=(S1, S2), slow={(1, S2): 2.0},
+                    kernel_of={(1, S2): "cutlass_80_tensorop_bf16_s16816gemm_bf16_128x128_tn_align1"})
+    regs = regression_section(_jf(df))
+    assert len(regs) == 1 and regs[0]["ranks"] == [1]
+    assert regs[0]["reason"].startswith("different kernel chosen")
+    assert "built for 1-element alignment" in regs[0]["reason"]

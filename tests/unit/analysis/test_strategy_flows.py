@@ -1,0 +1,84 @@
+"""Black-box strategy from simulated switch flows (the simulator gives the truth)."""
+
+import numpy as np
+import polars as pl
+import pytest
+
+from rankscope.analysis.clock_align import apply_exporter_offsets, exporter_clock_offsets
+from rankscope.analysis.flow_config import FlowConfig
+from rankscope.analysis.strategy_flows import infer_flows
+from rankscope.collectors.errors import ConfigError
+
+sim = pytest.importorskip("rankscope.datasets.simulator")
+
+
+def run(**kw):
+    res = sim.simulate(sim.SimConfig(job="j", seed=kw.pop("seed", 0), steps=kw.pop("steps", 5), **kw))
+    flow = pl.from_arrow(res.tables["flow"])
+    flow = apply_exporter_offsets(flow, exporter_clock_offsets(flow))
+    return infer_flows(flow), res.truth
+
+
+def check(inf, truth):
+    s, deg = inf.strategy, truth["degrees"]
+    assert (s.dp, s.pp, s.tp) == (deg["dp"], deg["pp"], deg["tp"])
+    assert sorted(map(sorted, s.dp_groups)) == sorted(map(sorted, truth["dp_groups_by_address"]))
+    assert sorted(s.pp_groups) == sorted(truth["pp_groups_by_address"])  # ordered first -> last stage
+    assert s.world_size == truth["world_size"]
+    assert all(isinstance(x, str) for g in s.dp_groups for x in g)
+
+
+@pytest.mark.parametrize("order", ["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"])
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_dp_groups_and_pipeline_order_both_rank_orders(order, schedule):
+    inf, truth = run(dp=4, pp=2, gpus_per_host=1, rank_order=order, schedule=schedule)
+    check(inf, truth)
+    assert inf.strategy.extra["grid_valid"] and inf.strategy.confidence > 0.5
+
+
+def test_interleaved_pipeline_is_opened_at_its_wrap_link():
+    inf, truth = run(dp=2, pp=4, gpus_per_host=1, schedule="interleaved", microbatches=4)
+    check(inf, truth)
+
+
+def test_tensor_parallel_from_rails_that_never_meet():
+    inf, truth = run(dp=2, pp=2, tp=2, gpus_per_host=2)
+    check(inf, truth)
+    assert sorted(map(sorted, inf.strategy.tp_groups)) == sorted(map(sorted, truth["tp_groups_by_address"]))
+
+
+def test_sampling_timeouts_and_tree_do_not_change_the_answer():
+    inf, truth = run(dp=4, pp=2, gpus_per_host=1, sampling=100, active_timeout_s=0.1, idle_timeout_s=0.1,
+                     algorithm="tree", qps=2)
+    check(inf, truth)
+
+
+def test_zero_reduce_scatter_all_gather():
+    inf, truth = run(dp=4, pp=2, gpus_per_host=1, dp_sync="zero3")
+    check(inf, truth)
+
+
+def test_step_time_from_the_period_of_dp_traffic():
+    inf, truth = run(dp=4, pp=2, gpus_per_host=1, steps=6, active_timeout_s=0.1, idle_timeout_s=0.1)
+    ref = float(np.median(truth["step_times_ns"]))
+    assert inf.steps.count >= 5
+    assert abs(inf.steps.median_ns - ref) / ref < 0.003
+
+
+def test_degree_one_gives_singletons():
+    inf, truth = run(dp=8, pp=1, gpus_per_host=1)
+    check(inf, truth)
+    assert inf.strategy.pp_groups and all(len(g) == 1 for g in inf.strategy.pp_groups)
+
+
+def test_no_flows_is_not_evaluated():
+    inf, _ = run(dp=2, pp=1, gpus_per_host=1, steps=1)
+    empty = infer_flows(pl.DataFrame(schema={c: pl.Utf8 for c in ("src_addr", "dst_addr", "exporter")}).head(0))
+    assert empty.strategy.extra["evaluated"] is False
+
+
+def test_flow_config_is_validated():
+    with pytest.raises(ConfigError, match="edge_min_fraction"):
+        FlowConfig(edge_min_fraction=2.0)
+    with pytest.raises(ConfigError, match="port"):
+        FlowConfig(control_ports=(70000,))

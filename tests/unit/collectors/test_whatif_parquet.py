@@ -1,0 +1,98 @@
+"""The OSDI'25 trace importer: layout from meta-<X>.yaml, op type mapping, rejects by reason."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from rankscope.collectors import formats
+from rankscope.collectors.errors import InputFormatError
+from rankscope.collectors.ingest import ingest
+from rankscope.collectors.store import Store
+from rankscope.collectors.whatif_parquet import WHATIF_PARQUET, read_layout
+
+META = "trial_name: TINY\nrun_id: 0\ndp_size: 1\ndsp_size: 1\npp_size: 2\ntp_size: 1\nvpp_size: 1\nworld_size: 2\n"
+
+
+def tiny_trace(path, extra_rows=()):
+    """One step of a 2-stage pipeline, 2 microbatches, GPipe-like order (seconds, per-step relative)."""
+    rows = []
+    t = {0: 0.0, 1: 0.0}
+
+    def op(stage, optype, seq, mb, dur, at=None):
+        start = t[stage] if at is None else at
+        rows.append({"dp_rank": 0, "stage": stage, "rank": stage, "step": 5, "optype": optype,
+                     "start_ts": start, "duration": dur, "seq_id": seq, "mc": 0 if mb >= 0 else -1,
+                     "mb_id": mb, "gmc": stage if mb >= 0 else -1})
+        t[stage] = start + dur
+
+    for mb in range(2):
+        op(0, "forward-compute", mb, mb, 0.10)
+        op(0, "forward-send", mb, -1, 0.01)
+        op(1, "forward-recv", mb, -1, 0.01, at=t[0] - 0.01)
+        op(1, "forward-compute", mb, mb, 0.12)
+    for mb in range(2):
+        op(1, "backward-compute", mb, mb, 0.2)
+        op(1, "backward-send", mb, -1, 0.01)
+        op(0, "backward-recv", mb, -1, 0.01, at=max(t[0], t[1] - 0.01))
+        op(0, "backward-compute", mb, mb, 0.18)
+    for s in (0, 1):
+        op(s, "gc", 0, 0, 0.0)
+        op(s, "layernorm-grads-all-reduce", 0, -1, 0.001)
+        op(s, "embedding-grads-all-reduce", 0, -1, 0.01, at=max(t.values()))
+        op(s, "optimizer-clip-main-grad", 0, -1, 0.01)
+        op(s, "optimizer", 0, -1, 0.03)
+    rows.extend(extra_rows)
+    df = pl.DataFrame(rows).with_columns(
+        pl.col("dp_rank", "stage", "mc", "mb_id").cast(pl.Int8), pl.col("rank").cast(pl.Int16),
+        pl.col("gmc").cast(pl.Int16), pl.col("seq_id").cast(pl.Int32),
+        pl.col("start_ts", "duration").cast(pl.Float32), pl.col("optype").cast(pl.Categorical))
+    df.write_parquet(path)
+    return df
+
+
+def test_reads_trace_and_meta_as_one_job(tmp_path):
+    tiny_trace(tmp_path / "trace-TINY.parquet")
+    (tmp_path / "meta-TINY.yaml").write_text(META)
+    assert formats.detect(tmp_path / "trace-TINY.parquet") == "whatif_parquet"
+    assert formats.is_companion(tmp_path / "meta-TINY.yaml")
+    store = Store(tmp_path / "st")
+    summary = ingest(store, [tmp_path])
+    assert [f.status for f in summary.files] == ["ingested"]  # the yaml is not a file of its own
+    assert store.jobs() == ["TINY"]
+    comp = store.read("compute_op", "TINY")
+    comm = store.read("comm_op", "TINY")
+    assert sorted(comp["category"].unique().to_list()) == ["backward", "forward", "gc", "optimizer"]
+    assert set(comm["op"].unique().to_list()) == {"send", "recv", "all_reduce"}
+    assert comp.height + comm.height == 26
+    # peers: forward-send of stage 0 goes to stage 1's rank
+    fs = comm.filter(pl.col("optype") == "forward-send")
+    assert fs["peer"].unique().to_list() == [1]
+    assert comp["start_ns"].min() >= 0
+    man = store.manifest()
+    assert man[0].relative_time and man[0].notes["layout"]["pp_size"] == 2
+
+
+def test_bad_rows_are_counted_good_rows_load(tmp_path):
+    bad = [{"dp_rank": 0, "stage": 0, "rank": 0, "step": 5, "optype": "warp-drive", "start_ts": 0.0,
+            "duration": 0.1, "seq_id": 0, "mc": 0, "mb_id": 0, "gmc": 0},
+           {"dp_rank": 0, "stage": 0, "rank": 0, "step": 5, "optype": "optimizer", "start_ts": 0.0,
+            "duration": -1.0, "seq_id": 1, "mc": -1, "mb_id": -1, "gmc": -1}]
+    tiny_trace(tmp_path / "trace-X.parquet", extra_rows=bad)
+    store = Store(tmp_path / "st")
+    (res,) = ingest(store, [tmp_path / "trace-X.parquet"], opts=formats.ImportOptions(job="j")).files
+    assert res.status == "ingested"
+    assert res.rejects["whatif_parquet: unknown optype"] == 1
+    assert res.rejects["whatif_parquet: negative duration"] == 1
+    assert sum(res.records.values()) == 26
+    assert store.jobs() == ["j"]
+
+
+def test_missing_columns_and_bad_meta_name_the_file(tmp_path):
+    pl.DataFrame({"rank": [0], "start_ts": [0.0]}).write_parquet(tmp_path / "trace-Y.parquet")
+    assert not WHATIF_PARQUET.sniff(tmp_path / "trace-Y.parquet", b"PAR1")
+    with pytest.raises(InputFormatError, match="trace-Y.parquet"):
+        WHATIF_PARQUET.read(tmp_path / "trace-Y.parquet", formats.ImportOptions())
+    (tmp_path / "meta-Y.yaml").write_text("dp_size: -2\n")
+    with pytest.raises(InputFormatError, match="meta-Y.yaml"):
+        read_layout(tmp_path / "meta-Y.yaml")

@@ -1,0 +1,115 @@
+"""The Dash app's content for a job comes from the store and the analysis API, and follows a live store."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import pytest
+
+from rankscope.cli.main import main
+from rankscope.dashboard.app import GRAPHS, JobViews, create_app, page_content, strategy_summary
+from tests.unit.dashboard.hand_store import write_hand_store
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(scope="module")
+def hand_store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hand") / "store"
+    write_hand_store(root, steps=3)
+    return root
+
+
+def _content(c: list) -> dict:
+    return dict(zip(["version", "status", "summary", "cards", *GRAPHS], c))
+
+
+def test_page_shows_the_jobs_strategy_and_timeline(hand_store):
+    c = _content(page_content(JobViews(), str(hand_store), "handjob"))
+    assert "DP 2 x PP 2 x TP 1" in c["summary"] and "pipelines [0,1] [2,3]" in c["summary"]
+    assert "job handjob" in c["status"]
+    heat = [t for t in c["strategy"].data if isinstance(t, go.Heatmap)]
+    assert [list(r) for r in heat[0].z] == [[0, 1], [0, 1]]
+    assert set(c["timeline"].data[0].y) == {"0", "1", "2", "3"}
+    # the slow rank (3) computes 1.5x longer than its DP peer (1) in every step
+    comp = c["timeline"].data[0]
+    by_rank = {}
+    for r, x in zip(comp.y, comp.x):
+        by_rank[r] = by_rank.get(r, 0.0) + x
+    assert by_rank["3"] == pytest.approx(1.5 * by_rank["1"], rel=0.01)
+    assert len(c["step_series"].data[0].y) == 3
+
+
+def test_unchanged_store_sends_nothing_and_new_data_shows(tmp_path):
+    root = tmp_path / "live"
+    write_hand_store(root, steps=2)
+    views = JobViews()
+    first = _content(page_content(views, str(root), "handjob"))
+    assert page_content(views, str(root), "handjob", shown=first["version"]) is None
+    write_hand_store(root, steps=1, first_step=2)  # a live writer adds a step
+    later = page_content(views, str(root), "handjob", shown=first["version"])
+    assert later is not None
+    assert len(_content(later)["step_series"].data[0].y) == len(first["step_series"].data[0].y) + 1
+
+
+def test_baseline_store_gives_a_diff_table(hand_store, tmp_path):
+    slower = tmp_path / "slower"
+    write_hand_store(slower, steps=3, slow_factor=3.0)
+    c = _content(page_content(JobViews(), str(slower), "handjob", str(hand_store), "handjob"))
+    table = c["diff"].data[0]
+    assert isinstance(table, go.Table)
+    cols = list(table.header.values)
+    assert {"aspect", "ratio", "change"} <= set(cols)
+    assert "regression" in table.cells.values[cols.index("change")]
+
+
+def test_missing_job_and_store_are_said_plainly(tmp_path):
+    c = page_content(JobViews(), str(tmp_path), None)
+    assert c[1] == "no job in this store yet" and len(c) == 4 + len(GRAPHS)
+    assert page_content(JobViews(), None, None)[1] == "choose a store"
+
+
+def test_layout_has_every_graph_and_a_refresh_interval(hand_store):
+    app = create_app(str(hand_store), interval_s=2)
+    ids = set()
+
+    def walk(node):
+        if hasattr(node, "id") and getattr(node, "id", None):
+            ids.add(node.id)
+        kids = getattr(node, "children", None)
+        for k in kids if isinstance(kids, list) else [kids] if kids is not None else []:
+            walk(k)
+
+    walk(app.layout)
+    assert {f"fig-{g}" for g in GRAPHS} | {"store", "job", "tick", "strategy-summary"} <= ids
+
+
+def test_strategy_summary_truncates_many_groups():
+    from rankscope.analysis.diagnosis import Diagnosis, Strategy
+
+    s = Strategy(world_size=64, dp=64, dp_groups=[list(range(64))], pp_groups=[[r] for r in range(64)])
+    text = strategy_summary(Diagnosis(job="j", strategy=s))
+    assert "(64 in all)" in text and ",...]" in text
+
+
+def test_cli_dashboard_usage_errors(tmp_path, capsys):
+    assert main(["dashboard", "--help"]) == 0
+    assert "--store" in capsys.readouterr().out
+    assert main(["dashboard", "--store", str(tmp_path / "nope")]) == 2
+
+
+def test_flow_only_capture_lists_recognised_jobs_with_address_endpoints(tmp_path):
+    from rankscope.collectors.store import Store
+    from rankscope.datasets.sim_config import SimConfig
+    from rankscope.datasets.simulator import simulate
+
+    res = simulate(SimConfig(job="sim", dp=2, pp=2, steps=3, microbatches=2, layers=2, gpus_per_host=1))
+    root = tmp_path / "flows"
+    Store(root).write("flow", res.tables["flow"])  # the switches' view only
+    views = JobViews()
+    plan = views.plan(str(root))
+    assert plan and all(n == "fabric" or n.startswith("fabric-") for n in plan)
+    assert all(how[0] == "capture" and how[1] == "fabric" for how in plan.values())
+    name = next(iter(plan))
+    c = _content(page_content(views, str(root), name))
+    assert f"job {name}" in c["status"]
+    assert "10." in c["summary"]  # endpoints are NIC addresses, not ranks

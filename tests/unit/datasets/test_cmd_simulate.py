@@ -1,0 +1,61 @@
+"""`rankscope simulate`: writes a store plus truth.json; bad flags exit 2 with a clear message."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rankscope.cli.main import main
+from rankscope.collectors.store import Store
+
+
+def test_simulate_writes_store_and_truth(tmp_path, capsys):
+    out = tmp_path / "sim"
+    rc = main(["simulate", "--out", str(out), "--dp", "2", "--pp", "2", "--gpus-per-host", "2", "--steps", "2",
+               "--microbatches", "2", "--layers", "4", "--fault", "slow-worker:rank=3,factor=2",
+               "--rank-order", "tp-cp-ep-pp-dp", "--sampling", "4"])
+    assert rc == 0
+    truth = json.loads((out / "truth.json").read_text())
+    job = truth["jobs"]["default"]
+    assert job["faults"] == [{"kind": "worker", "injected": "slow-worker", "params": {"rank": 3, "factor": 2}}]
+    assert job["degrees"] == {"dp": 2, "pp": 2, "tp": 1, "ep": 1, "cp": 1}
+    assert job["pp_groups"] == [[0, 1], [2, 3]] and truth["capture"] == "fabric"
+    st = Store(out)
+    assert st.jobs() == ["default", "fabric"]
+    assert st.count("comm_op", "default") > 0 and st.count("flow", "fabric") > 0
+    assert "job default: 4 ranks" in capsys.readouterr().out
+    # a second run into the same directory is refused
+    assert main(["simulate", "--out", str(out)]) == 2
+
+
+def test_config_file_runs_several_jobs(tmp_path):
+    cfg = tmp_path / "jobs.toml"
+    cfg.write_text('capture = "fab"\nbackground = false\n[[jobs]]\njob = "x"\ndp = 2\n'
+                   'faults = ["gc:rank=1"]\n[[jobs]]\njob = "y"\ndp = 2\npp = 2\n')
+    out = tmp_path / "o"
+    assert main(["simulate", "--out", str(out), "--config", str(cfg), "--steps", "2", "--layers", "4",
+                 "--gpus-per-host", "1"]) == 0
+    truth = json.loads((out / "truth.json").read_text())
+    assert set(truth["jobs"]) == {"x", "y"} and truth["background"] == []
+    assert truth["jobs"]["x"]["steps"] == 2 and truth["jobs"]["x"]["faults"][0]["kind"] == "worker"
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--fault", "slow-worker:rank=99"], "rank must be in"),
+    (["--fault", "meteor"], "unknown fault kind"),
+    (["--fault", "gc:pause"], "not key=value"),
+    (["--dp", "0"], "dp=0"),
+    (["--rank-order", "tp-dp"], "rank_order"),
+])
+def test_bad_flags_exit_2_with_a_message(tmp_path, capsys, args, msg):
+    assert main(["simulate", "--out", str(tmp_path / "x"), *args]) == 2
+    assert msg in capsys.readouterr().err
+    assert not (tmp_path / "x" / "truth.json").exists()
+
+
+def test_bad_config_file_exits_2(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("jobs: {not: a list}\n")
+    assert main(["simulate", "--out", str(tmp_path / "x"), "--config", str(cfg)]) == 2
+    assert "jobs" in capsys.readouterr().err
