@@ -96,7 +96,7 @@ def _worker_evidence(graph: WhatIfGraph, actual: np.ndarray, m: WhatIfMetrics, n
         "rank").agg(pl.col("a").sum(), pl.len()).iter_rows()}
     n_steps = max(1, len(m.steps))
     out = []
-    for rank in sorted(m.worker_S, key=lambda r: (-m.worker_S[r], r))[:n]:
+    for rank in m.worker_order[:n]:
         dp, st = m.worker_place[rank]
         out.append({"endpoint": int(rank), "slowdown": float(m.worker_S[rank]), "dp_rank": dp, "stage": st,
                     "S_dp_rank": m.by_dp_rank[dp], "S_stage": m.by_stage[st],

@@ -68,6 +68,9 @@ class WhatIfMetrics:
     """{'by_optype'|'by_dp_rank'|'by_stage': {name: [per-step S]}}."""
     heatmap: dict = field(default_factory=dict)
     """{'workers': [rank...], 'steps': [...], 'slowdown': [[S_w per step] per worker]}."""
+    worker_order: list[int] = field(default_factory=list)
+    """ranks by S_w, highest first; ties (ranks of one (dp rank, stage) cell, e.g. a TP group)
+    broken by the rank's own excess compute time, so the slow member of the cell comes first."""
 
 
 STALL_TYPES = ("gc", "dataloader")
@@ -165,9 +168,17 @@ def compute_metrics(graph: WhatIfGraph, config: MetricsConfig | None = None,
     by_stage = {int(s): ratio(("stage", int(s))) for s in stages}
     by_og = {o: ratio(("og", o)) for o in og_names}
     worker_S = {int(r): min(by_dp[int(r_dp[i])], by_stage[int(r_st[i])]) for i, r in enumerate(ranks)}
-    # top workers: highest S_w, lower rank first on ties (as the authors)
+    # Top workers: highest S_w. S_w is one number per (dp rank, stage) cell, so the ranks of a
+    # cell (a TP group) tie; the authors then take the lower rank, which picks the wrong member
+    # when the slow one is not the first. We break ties by the rank's own excess compute time
+    # over the ideal (actual - ideal of its non-communication ops), then by rank.
+    work = ~ops["comm"].to_numpy()
+    excess = np.zeros(len(ranks))
+    np.add.at(excess, rank_i[work], (actual - ideal)[work])
+    excess_of = {int(r): float(excess[i]) for i, r in enumerate(ranks)}
+    order = sorted(worker_S, key=lambda r: (-worker_S[r], -excess_of[r], r))
     n_top = max(1, math.ceil(len(ranks) * config.top_worker_percent / 100))
-    top = sorted(worker_S, key=lambda r: (-worker_S[r], r))[:n_top]
+    top = order[:n_top]
     top_sel = np.isin(ranks[code_rank], top)
     st2 = step_times(graph, actual, ideal, Scenarios(labels, np.array([top_sel, top_sel]), np.array([True, False])))
     m_w = _remove_metric(T, Ti, float(st2[:, 0].mean()), float(st2[:, 1].mean()), [int(r) for r in top])
@@ -192,4 +203,5 @@ def compute_metrics(graph: WhatIfGraph, config: MetricsConfig | None = None,
         by_dp_rank=by_dp, by_stage=by_stage, worker_S=worker_S,
         worker_place={int(r): (int(r_dp[i]), int(r_st[i])) for i, r in enumerate(ranks)},
         M_W=m_w, M_S=m_s, stage_fix=stage_fix, per_step=per,
-        heatmap={"workers": [int(r) for r in ranks], "steps": [int(s) for s in graph.steps], "slowdown": heat})
+        heatmap={"workers": [int(r) for r in ranks], "steps": [int(s) for s in graph.steps], "slowdown": heat},
+        worker_order=order)

@@ -71,3 +71,27 @@ def test_perfetto_export_has_real_and_ideal_timelines(osdi_store, tmp_path):
 
 def test_export_usage_errors(tmp_path):
     assert main(["export", "perfetto", "--store", str(tmp_path / "nope"), "--out", str(tmp_path / "x.json")]) == 2
+
+
+def test_batched_template_replay_equals_the_shared_engine(osdi_store):
+    """The what-if's batched per-template replay is a fast path of analysis/replay.py, not a second model."""
+    import dataclasses
+
+    import numpy as np
+
+    from rankscope.analysis.whatif_batch import Scenarios, step_times
+    from rankscope.analysis.whatif_graph import build_graph
+
+    store, _ = osdi_store
+    g = build_graph(load_job(store, "ST"))
+    assert g.template is not None
+    rng = np.random.default_rng(0)
+    actual = g.actual
+    ideal = actual * rng.uniform(0.5, 1.0, actual.size)
+    labels = g.ops["stage"].to_numpy().astype(np.int64)
+    n_codes = int(labels.max()) + 1
+    select = rng.random((3, n_codes)) < 0.5
+    sc = Scenarios(labels, select, np.array([True, False, True]))
+    batched = step_times(g, actual, ideal, sc)
+    plain = step_times(dataclasses.replace(g, template=None, notes={}), actual, ideal, sc)
+    np.testing.assert_allclose(batched, plain, rtol=1e-9, atol=1.0)

@@ -124,3 +124,15 @@ def test_nothing_to_replay_is_an_unevaluated_section():
         build_graph(empty)
     s = straggler_section(empty, None)
     assert s.extra["evaluated"] is False and "nothing to replay" in s.extra["why"]
+
+
+def test_slow_member_of_a_tp_group_is_the_top_worker():
+    """S_w ties inside a (dp rank, stage) cell; the slow TP member must still come first."""
+    res = sim.simulate(sim.SimConfig(job="j", dp=4, pp=2, tp=2, steps=3, microbatches=4, schedule="1f1b",
+                                     faults=(sim.Fault("slow-worker", {"rank": 5, "factor": 1.5}),),
+                                     seed=0, flows=False, gpus_per_host=4))
+    tabs = {k: pl.from_arrow(v) if not isinstance(v, pl.DataFrame) else v for k, v in res.tables.items()}
+    frames = JobFrames.from_frames("j", **{k: tabs[k] for k in ("comm_op", "compute_op", "step_mark")})
+    s, _ = analyze_stragglers(frames)
+    assert s.top_workers[0]["endpoint"] == 5
+    assert s.verdict == "worker" and s.by_cause["worker"] > 0.5
