@@ -72,9 +72,10 @@ def pp_likeness(edges: pl.DataFrame) -> np.ndarray:
     fb = edges["first_ba"].to_numpy().astype(float)
     lag = np.abs(np.nan_to_num(fa - fb, nan=0.0))
     span = max(np.nanmax(np.r_[fa, fb]) - np.nanmin(np.r_[fa, fb]), 1.0) if len(fa) else 1.0
-    # lag relative to the largest lag seen in the job: DP lags are noise, PP lags a large share of a step
+    # lag relative to the large lags of the job: DP lags are sampling noise, PP lags a share of a step
+    # (shrinking towards the last stage, hence the low bar of 5 %)
     ref = max(np.quantile(lag, 0.9) if len(lag) else 0.0, 1e-6 * span)
-    return np.clip(sym * 2.0, 0, 1) * np.clip(lag / ref, 0, 1)
+    return np.clip(sym * 2.0, 0, 1) * np.clip(lag / (0.05 * ref), 0, 1)
 
 
 def early_traffic(edges: pl.DataFrame) -> np.ndarray:
