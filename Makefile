@@ -29,7 +29,7 @@ setup: $(STAMP) sysdeps
 
 demo: setup
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
-	$(BIN)/rankscope simulate --out $(DEMO)/sim --dp 4 --pp 2 --tp 2 --gpus-per-host 4 --steps 3 --fault slow-worker:rank=5,factor=1.5
+	$(BIN)/rankscope simulate --out $(DEMO)/sim --dp 4 --pp 2 --tp 2 --gpus-per-host 2 --steps 6 --fault slow-worker:rank=5,factor=1.5
 	$(BIN)/rankscope analyze --store $(DEMO)/sim --out-dir $(DEMO)/reports
 	$(BIN)/rankscope ingest datasets/samples/demo --store $(DEMO)/store --job demo
 	$(BIN)/rankscope info --store $(DEMO)/store

@@ -96,10 +96,14 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     extra = {"source": "flows: period of data-parallel traffic", "evaluated": True,
              "durations_ns": [int(round(period))] * len(bounds), "record_cover": round(cover, 3),
              "note": "flows give one period for all steps; boundaries are spaced by it"}
-    if cover > 0.5:
+    # The longest records show the exporter's active timeout; once it reaches half the period, a
+    # record can hold two steps and the period seen may be a multiple of the real one.
+    long_frac = float(np.quantile(dur, 0.95) / period) if period > 0 and len(dur) else 0.0
+    extra["longest_record_cover"] = round(long_frac, 3)
+    if cover > 0.5 or long_frac >= 0.5:
         extra["ambiguous"] = True
-        extra["why"] = (f"flow records last {cover:.0%} of the period: the exporter's active timeout may "
-                        "hide steps, so the step time may be a whole fraction of this")
+        extra["why"] = (f"flow records last up to {max(cover, long_frac):.0%} of the period: the exporter's "
+                        "active timeout may hide steps, so the step time may be a whole fraction of this")
     return Steps(count=len(bounds), median_ns=period, boundaries_ns=bounds, extra=extra)
 
 

@@ -82,3 +82,16 @@ def test_flow_config_is_validated():
         FlowConfig(edge_min_fraction=2.0)
     with pytest.raises(ConfigError, match="port"):
         FlowConfig(control_ports=(70000,))
+
+
+@pytest.mark.parametrize("active_s, ambiguous", [(1.0, True), (0.2, False)])
+def test_step_period_flagged_when_active_timeout_can_hide_steps(active_s, ambiguous):
+    sim = pytest.importorskip("rankscope.datasets.simulator")
+    res = sim.simulate(sim.SimConfig(job="j", dp=4, pp=2, tp=2, gpus_per_host=2, steps=8, microbatches=4,
+                                     schedule="1f1b", seed=0, flows=True, active_timeout_s=active_s))
+    truth_step = float(np.median(res.truth["step_times_ns"]))
+    assert truth_step < 1e9  # a step shorter than the 1 s active timeout
+    inf = infer_flows(pl.from_arrow(res.tables["flow"]))
+    assert bool(inf.steps.extra.get("ambiguous", False)) is ambiguous
+    if not ambiguous:
+        assert inf.steps.median_ns == pytest.approx(truth_step, rel=0.01)
