@@ -24,8 +24,8 @@ from rankscope.analysis.clock_align import (
 from rankscope.analysis.diagnosis import Diagnosis, Steps, Strategy
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.hangs import hang_section
-from rankscope.analysis.regressions import regression_section
-from rankscope.analysis.stragglers import straggler_section
+from rankscope.analysis.regressions import RegressionConfig, regression_section
+from rankscope.analysis.stragglers import StragglerConfig, straggler_section
 from rankscope.analysis.strategy_compare import compare_strategies
 from rankscope.analysis.strategy_flows import infer_flows
 from rankscope.analysis.strategy_whitebox import infer_whitebox
@@ -38,16 +38,19 @@ from rankscope.collectors.job_frames import JobFrames
 class DiagnoseConfig:
     """Options of a whole diagnosis (each analyzer's own config hangs off here)."""
 
-    none_below: float = 1.05
-    """straggler verdict is ``none`` when S is below this."""
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+    """what-if attribution (verdict ``none`` below ``stragglers.none_below``, 1.05)."""
+    regressions: RegressionConfig = field(default_factory=RegressionConfig)
+    """GEMM alignment and throughput (flagged below ``regressions.throughput.threshold``, 0.9)."""
     clock: ClockConfig = field(default_factory=ClockConfig)
     """rank clock alignment."""
     flow: FlowConfig = field(default_factory=FlowConfig)
     """black-box strategy inference and job recognition from flows."""
 
     def __post_init__(self):
-        if not self.none_below >= 1.0:
-            raise ConfigError(f"DiagnoseConfig.none_below must be >= 1.0, got {self.none_below}")
+        if not isinstance(self.stragglers, StragglerConfig) or not isinstance(self.regressions, RegressionConfig):
+            raise ConfigError("DiagnoseConfig: stragglers and regressions must be StragglerConfig and "
+                              "RegressionConfig")
 
 
 def data_quality(frames: JobFrames) -> dict:
@@ -150,8 +153,8 @@ def analyze_job(frames: JobFrames, config: DiagnoseConfig | None = None,
             d.steps = steps_section(step_table(frames.step_mark, frames.comm_op, frames.compute_op), "step_mark")
         else:
             d.steps = Steps(extra={"evaluated": False, "why": "no step boundaries found"})
-    d.stragglers = straggler_section(frames, d.strategy)
-    d.regressions = regression_section(frames, baseline)
+    d.stragglers = straggler_section(frames, d.strategy, config.stragglers)
+    d.regressions = regression_section(frames, baseline, config.regressions)
     d.hangs = hang_section(frames)
     durs = d.steps.extra.get("durations_ns") or []
     tables["steps"] = pl.DataFrame({"step": list(range(len(durs))), "duration_ns": durs},

@@ -74,7 +74,11 @@ def _summary(d) -> str:
                                                "(needs an endpoint_map)")
 @click.option("--out-dir", required=True, type=click.Path(file_okay=False), help="where reports go")
 @click.option("--no-html", is_flag=True, help="write only the JSON reports")
-def analyze(store_dir, job, flow_job, out_dir, no_html):
+@click.option("--none-below", type=float, default=1.05, show_default=True,
+              help="straggler verdict is 'none' when the what-if slowdown S is below this")
+@click.option("--regression-threshold", type=float, default=0.9, show_default=True,
+              help="flag a GEMM whose throughput ratio (vs peers or baseline) is below this")
+def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_threshold):
     """Diagnose every job of a store: strategy, steps, stragglers, regressions, hangs.
 
     Writes OUT/<job>.json (the report contract) and OUT/<job>.html per job.
@@ -95,7 +99,13 @@ def analyze(store_dir, job, flow_job, out_dir, no_html):
         raise StoreError(f"--store {store_dir}: expected a trace store with records, found none")
     if flow_job is not None and flow_job not in store.jobs("flow"):
         raise UsageError(f"--flow-job {flow_job!r}: expected a flow capture, one of {store.jobs('flow')}")
-    config = DiagnoseConfig()
+    from rankscope.analysis.gemm_throughput import ThroughputConfig
+    from rankscope.analysis.regressions import RegressionConfig
+    from rankscope.analysis.stragglers import StragglerConfig
+
+    config = DiagnoseConfig(
+        stragglers=StragglerConfig(none_below=none_below),
+        regressions=RegressionConfig(throughput=ThroughputConfig(threshold=regression_threshold)))
     plan = _plan(store, job, flow_job, config)
     if not plan:
         raise UsageError(f"--job {job!r}: no such job (training jobs and captures: {store.jobs()})"

@@ -50,4 +50,4 @@ def test_no_records_is_reported_not_raised():
 
 def test_config_validation():
     with pytest.raises(ConfigError):
-        DiagnoseConfig(none_below=0.5)
+        DiagnoseConfig(stragglers=0.5)

@@ -87,3 +87,25 @@ def test_exit_codes(job_store, tmp_path):
     (tmp_path / "empty").mkdir()
     assert main(["analyze", "--store", str(tmp_path / "empty"), "--out-dir", str(tmp_path / "z")]) == 1
     assert main(["analyze", "--out-dir", str(tmp_path / "z")]) == 2
+
+
+def test_thresholds_reach_the_analysis_and_bad_ones_are_usage_errors(tmp_path):
+    import json
+
+    from rankscope.cli.main import main as cli_main
+
+    sim = pytest.importorskip("rankscope.datasets.simulator")
+    res = sim.simulate(sim.SimConfig(job="j", dp=2, pp=2, tp=1, steps=3, microbatches=4, seed=1, flows=False,
+                                     faults=(sim.Fault("slow-worker", {"rank": 1, "factor": 1.5}),)))
+    store = tmp_path / "st"
+    sim.write_store(res, store)
+    assert cli_main(["analyze", "--store", str(store), "--job", "j", "--out-dir", str(tmp_path / "a"),
+                     "--no-html"]) == 0
+    s = json.loads((tmp_path / "a" / "j.json").read_text())["stragglers"]
+    assert s["verdict"] == "worker" and s["slowdown"] > 1.05
+    # the same job with a verdict threshold above its slowdown is called clean
+    assert cli_main(["analyze", "--store", str(store), "--job", "j", "--out-dir", str(tmp_path / "b"),
+                     "--no-html", "--none-below", str(s["slowdown"] + 0.5)]) == 0
+    assert json.loads((tmp_path / "b" / "j.json").read_text())["stragglers"]["verdict"] == "none"
+    assert cli_main(["analyze", "--store", str(store), "--out-dir", str(tmp_path / "c"),
+                     "--none-below", "0.5"]) == 2
