@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from rankscope.cli.cmd_ingest import echo_rejects
 from rankscope.collectors.errors import UsageError
 
 
@@ -58,8 +59,4 @@ def flows(listen, store_dir, job, roll_seconds, roll_records, max_seconds, rcvbu
     recs = ", ".join(f"{k} {v:,}" for k, v in sorted(stats.records.items())) or "no records"
     click.echo(f"received {stats.datagrams:,} datagram(s) ({stats.bytes:,} bytes); stored {recs} "
                f"in {stats.parts} part(s); kernel drops {stats.kernel_drops:,}")
-    rejects = coll.all_rejects
-    if rejects:
-        click.echo(f"rejected {sum(rejects.values()):,}:")
-        for reason, n in rejects.most_common():
-            click.echo(f"  {n:>8,}  {reason}")
+    echo_rejects(coll.all_rejects)

@@ -11,6 +11,14 @@ from rankscope.collectors.ingest import ingest as run_ingest
 from rankscope.collectors.store import Store
 
 
+def echo_rejects(rejects) -> None:
+    """Rejected records by reason, most frequent first (ingest and collect print the same block)."""
+    if rejects:
+        click.echo(f"rejected {sum(rejects.values()):,} record(s):")
+        for reason, n in rejects.most_common():
+            click.echo(f"  {n:>8,}  {reason}")
+
+
 def parse_opts(items: tuple[str, ...]) -> dict:
     out = {}
     for item in items:
@@ -59,10 +67,6 @@ def ingest(paths, store_dir, job, fmt, kind, opts, quiet):
     recs = ", ".join(f"{k} {v:,}" for k, v in sorted(summary.records.items())) or "no records"
     click.echo(f"ingested {summary.count('ingested')} file(s), skipped {summary.count('skipped')} "
                f"already in the store, {summary.count('failed') + summary.count('unknown')} failed: {recs}")
-    rej = summary.rejects
-    if rej:
-        click.echo(f"rejected {sum(rej.values()):,} record(s):")
-        for reason, n in rej.most_common():
-            click.echo(f"  {n:>8,}  {reason}")
+    echo_rejects(summary.rejects)
     if summary.files and all(f.status in ("failed", "unknown") for f in summary.files):
         raise click.exceptions.Exit(1)
