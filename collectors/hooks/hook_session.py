@@ -247,9 +247,13 @@ class HookSession:
         self.pending[id(rec)] = rec
         return rec
 
-    def finish(self, rec: list, state: str) -> None:
+    def finish(self, rec: list, state: str, end_ns: int | None = None) -> None:
+        """Stamp a record's end (``end_ns`` for wall-clock records, else now or a CUDA event) and queue it."""
         try:
-            rec[8] = _now() if rec[7].__class__ is int else hook_comm.cuda_event()
+            if rec[7].__class__ is int:
+                rec[8] = _now() if end_ns is None else end_ns
+            else:
+                rec[8] = hook_comm.cuda_event()
             rec[9] = state
             self.pending.pop(id(rec), None)
             if self.active:
@@ -261,16 +265,7 @@ class HookSession:
 
     def complete(self, recs: list, state: str, end_ns: int) -> None:
         for rec in recs:
-            if rec[7].__class__ is int:
-                rec[8] = end_ns
-                rec[9] = state
-                self.pending.pop(id(rec), None)
-                if self.active:
-                    self.buffer.append(rec)
-                else:
-                    self.counts["calls after disable"] += 1
-            else:
-                self.finish(rec, state)
+            self.finish(rec, state, end_ns)
 
     def abandon(self, recs: list) -> None:
         for rec in recs:
