@@ -88,7 +88,7 @@ def call_latency(store: str) -> list[tuple]:
 
 
 def job_run(out: Path, store: Path | None) -> list[float]:
-    job = [str(BIN / "torchrun"), "--nproc_per_node=4", f"--master_port={free_port()}",
+    job = [str(BIN / "torchrun"), "--nproc_per_node=4", "--standalone",
            str(REPO / "tests/jobs/train_dp_pp.py"), "--steps", str(STEPS), "--microbatches", "8",
            "--hidden", "256", "--out", str(out)]
     cmd = job if store is None else [str(BIN / "rankscope"), "attach", "--store", str(store), "--job", "bench",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -70,11 +69,6 @@ def test_flows_of_the_namespaced_job_name_dp_groups_and_pipeline_order(tmp_path_
                 assert p.index(up) < p.index(down)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.mark.torchjob
 def test_kineto_traces_of_the_job_give_the_same_groups_by_rank(tmp_path, report_schema):
@@ -82,7 +76,7 @@ def test_kineto_traces_of_the_job_give_the_same_groups_by_rank(tmp_path, report_
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists() or not JOB.is_file():
         pytest.skip("torchrun or the shared job script missing")
-    cmd = [str(torchrun), "--nproc_per_node=4", f"--master_port={_free_port()}", str(JOB), "--steps", "3",
+    cmd = [str(torchrun), "--nproc_per_node=4", "--standalone", str(JOB), "--steps", "3",
            "--hidden", "64", "--out", str(tmp_path / "out"), "--profile", str(tmp_path / "prof")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,14 +22,9 @@ BIN = Path(sys.executable).parent
 STEPS = 3
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def torchrun(nproc: int, out: Path, *job_args: str) -> list[str]:
-    return [str(BIN / "torchrun"), f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+    return [str(BIN / "torchrun"), f"--nproc_per_node={nproc}", "--standalone",
             str(JOB), "--out", str(out), *job_args]
 
 

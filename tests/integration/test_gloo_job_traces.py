@@ -27,17 +27,12 @@ JOB = REPO / "tests" / "jobs" / "train_dp_pp.py"
 STEPS, MICRO, MBS, HIDDEN = 3, 4, 8, 64
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def run_job(out: Path, *extra: str, timeout: int = 240) -> subprocess.CompletedProcess:
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         pytest.skip("torchrun not installed")
-    cmd = [str(torchrun), "--nproc_per_node=4", f"--master_port={_free_port()}", str(JOB),
+    cmd = [str(torchrun), "--nproc_per_node=4", "--standalone", str(JOB),
            "--steps", str(STEPS), "--microbatches", str(MICRO), "--microbatch-size", str(MBS),
            "--hidden", str(HIDDEN), "--out", str(out / "out"), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -5,7 +5,6 @@ flight recorder dump, checked against the calls the job itself says it issued.""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,11 +23,6 @@ SKIP_RANK, SKIP_STEP = 1, 1
 pytestmark = [pytest.mark.torchjob, pytest.mark.slow]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def hung_job(tmp_path_factory):
@@ -38,7 +32,7 @@ def hung_job(tmp_path_factory):
     base = tmp_path_factory.mktemp("hang")
     cmd = [str(BIN / "rankscope"), "attach", "--store", str(base / "st"), "--job", "hang", "--hang-timeout-s", "1",
            "--flush-interval-s", "0.5", "--", str(BIN / "torchrun"), "--nproc_per_node=4",
-           f"--master_port={_free_port()}", str(JOB), "--steps", "2", "--skip-collective", f"{SKIP_RANK}:{SKIP_STEP}",
+           "--standalone", str(JOB), "--steps", "2", "--skip-collective", f"{SKIP_RANK}:{SKIP_STEP}",
            "--pg-timeout-s", "5", "--out", str(base / "out"), "--fr-dump", str(base / "fr")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     results = {int(p.stem[4:]): json.loads(p.read_text()) for p in (base / "out").glob("rank*.json")}

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -45,14 +44,9 @@ if "RANK" in os.environ:
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def job_cmd(out: Path) -> list[str]:
-    return [str(BIN / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}", str(JOB),
+    return [str(BIN / "torchrun"), "--nproc_per_node=2", "--standalone", str(JOB),
             "--out", str(out), *JOB_ARGS]
 
 
@@ -165,7 +159,7 @@ def test_hang_watchdog_dumps_the_pending_call_of_the_rank_left_waiting(tmp_path)
     # DP2: rank 1 skips its all_reduce in step 1, rank 0 waits in it until gloo gives up (8 s);
     # the watchdog (2 s) must have written rank 0's pending call before that.
     cmd = [str(BIN / "rankscope"), "attach", "--store", str(store), "--job", "h", "--hang-timeout-s", "2",
-           "--", str(BIN / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}", str(JOB),
+           "--", str(BIN / "torchrun"), "--nproc_per_node=2", "--standalone", str(JOB),
            "--out", str(out), "--steps", "3", "--pp", "1", "--skip-collective", "1:1", "--pg-timeout-s", "8"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env())
     assert r.returncode != 0  # the waiting rank's job failed, as it does without the hook

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,15 +20,10 @@ JOB = REPO / "tests" / "jobs" / "train_dp_pp.py"
 pytestmark = [pytest.mark.torchjob, pytest.mark.slow]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _profiled_run(base: Path, hidden: int) -> Path:
     prof, store = base / f"prof{hidden}", base / f"st{hidden}"
-    r = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node=2", f"--master_port={_free_port()}", str(JOB),
+    r = subprocess.run([str(BIN / "torchrun"), "--nproc_per_node=2", "--standalone", str(JOB),
                         "--steps", "1", "--pp", "1", "--microbatches", "2", "--layers", "1",
                         "--hidden", str(hidden), "--profile", str(prof)],
                        capture_output=True, text=True, timeout=300)

@@ -144,7 +144,7 @@ def run(args):
     pp_groups = [[rank_of(s, d) for s in range(pp)] for d in range(dp)]
     my_dp, my_dp_ranks = None, None
     for g in dp_groups:  # every rank creates every group, in the same order
-        pg = dist.new_group(g)
+        pg = dist.new_group(g, timeout=timedelta(seconds=args.pg_timeout_s))
         if rank in g:
             my_dp, my_dp_ranks = pg, g
     prev_rank = rank_of(stage - 1, dp_rank) if stage > 0 else None
@@ -238,10 +238,7 @@ def run(args):
 
     if prof is not None:
         prof.__exit__(None, None, None)
-    if skipped:
-        # Stay alive so the peers' hang is observable, then leave without the final barrier.
-        time.sleep(args.pg_timeout_s + 1)
-    else:
+    if not skipped:
         comm.barrier(world)
     result = {"rank": rank, "stage": stage, "dp_rank": dp_rank, "world": world, "dp": dp, "pp": pp,
               "order": args.order, "dp_groups": dp_groups, "pp_groups": pp_groups,
@@ -249,6 +246,41 @@ def run(args):
               "losses": [v.hex() for v in losses], "step_times_s": step_times,
               "issued": comm.issued, "skipped": skipped}
     return result
+
+
+def write_outputs(args, rank, result):
+    """The flight recorder dump and the result file, each renamed into place once complete."""
+    if args.fr_dump is not None:
+        from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json
+
+        args.fr_dump.mkdir(parents=True, exist_ok=True)
+        for name, data in ((f"rank{rank}.pkl", _dump_fr_trace()), (f"rank{rank}.fr.json", _dump_fr_trace_json())):
+            tmp = args.fr_dump / f".{name}.tmp"
+            tmp.write_bytes(data)
+            os.replace(tmp, args.fr_dump / name)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        tmp = args.out / f".rank{rank}.json.tmp"
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, args.out / f"rank{rank}.json")
+
+
+def wait_for_peers(args, world):
+    """After a hang, leave only once every rank has written its outputs.
+
+    The skipper must stay alive so that its peers see a hang (a timeout, not a closed connection), and
+    the first rank to exit non-zero makes torchrun's fail-fast shutdown kill the rest: so every rank of
+    a hung job waits here until all result files exist (each is renamed into place after its flight
+    recorder dump), bounded by the process-group timeout plus a margin.
+    """
+    if args.out is None:
+        time.sleep(args.pg_timeout_s + 1)
+        return
+    deadline = time.monotonic() + args.pg_timeout_s + 60
+    while time.monotonic() < deadline:
+        if all((args.out / f"rank{r}.json").exists() for r in range(world)):
+            return
+        time.sleep(0.1)
 
 
 def main(argv=None):
@@ -264,17 +296,9 @@ def main(argv=None):
     except RuntimeError as e:  # a peer never joined: gloo times out
         result = {"rank": rank, "error": str(e)[:500]}
         status = 3
-    if args.fr_dump is not None:
-        from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json
-
-        args.fr_dump.mkdir(parents=True, exist_ok=True)
-        (args.fr_dump / f"rank{rank}.pkl").write_bytes(_dump_fr_trace())
-        (args.fr_dump / f"rank{rank}.fr.json").write_bytes(_dump_fr_trace_json())
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        tmp = args.out / f".rank{rank}.json.tmp"
-        tmp.write_text(json.dumps(result))
-        os.replace(tmp, args.out / f"rank{rank}.json")
+    write_outputs(args, rank, result)
+    if result.get("skipped") or status:
+        wait_for_peers(args, dist.get_world_size())
     try:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - a broken group after a hang cannot always be torn down
