@@ -7,6 +7,12 @@ sequence number with a pending op, the section says which member ranks never
 arrived, which arrived with a different op, size or dtype, and the last op
 every rank completed; the stuck collective that started first is named first.
 
+A member rank with no record of any kind in the whole job is missing *input*
+(its trace was not supplied, as with 2 sampled ranks of a 128-rank job), not
+a rank missing from the collective: it is listed in ``missing_input`` and never
+by itself makes a hang. Only a pending op (a rank that waited) or a member
+that has records elsewhere but stopped short in this group is evidence.
+
 Sources number sequences their own way (the hook per group from 0, the flight
 recorder per process group from 1), so each source is analysed on its own and
 its findings carry ``source``.
@@ -35,15 +41,27 @@ def hang_section(frames: JobFrames) -> list[dict]:
     group, seq, step}}), ``first_divergent_seq`` (first seq whose members disagree on the step, when
     steps are known), ``root_cause`` (some missing rank waits nowhere else, or a rank arrived mismatched),
     ``started_ns``, ``first`` (the first stuck collective of its source: roots first, then the earliest
-    step, then the earliest start) and ``source``.
+    step, then the earliest start), ``missing_input`` (members with no record of any kind in the job)
+    and ``source``. Reads ``rank`` of compute_op, step_mark and batch_meta too, to tell a rank that
+    stopped from a rank whose trace is absent.
     """
     df = _prepare(frames.comm_op)
     if df.height == 0:
         return []
+    present = _ranks_with_records(frames)
     out: list[dict] = []
     for source in sorted(df["source"].unique().to_list(), key=lambda s: (s != "hook", s)):
-        out.extend(_source_hangs(df.filter(pl.col("source") == source), source))
+        out.extend(_source_hangs(df.filter(pl.col("source") == source), source, present))
     return out
+
+
+def _ranks_with_records(frames: JobFrames) -> set[int]:
+    """Ranks that have at least one record of any rank-keyed kind in the job."""
+    ranks: set[int] = set()
+    for f in (frames.comm_op, frames.compute_op, frames.step_mark, frames.batch_meta):
+        if f.height and "rank" in f.columns:
+            ranks.update(int(r) for r in f["rank"].drop_nulls().unique().to_list())
+    return ranks
 
 
 def _prepare(comm: pl.DataFrame) -> pl.DataFrame:
@@ -73,7 +91,7 @@ def _prepare(comm: pl.DataFrame) -> pl.DataFrame:
             .unique(["source", "rank", "_gkey", "seq", "op"], keep="first", maintain_order=True))
 
 
-def _source_hangs(df: pl.DataFrame, source: str) -> list[dict]:
+def _source_hangs(df: pl.DataFrame, source: str, present: set[int]) -> list[dict]:
     last_done = _last_completed(df)
     members = df.group_by("_gkey").agg(
         pl.col("_members").list.explode(keep_nulls=False, empty_as_null=False).unique().sort().alias("members"),
@@ -83,7 +101,10 @@ def _source_hangs(df: pl.DataFrame, source: str) -> list[dict]:
         pl.when(pl.col("members").list.len() > 0).then(pl.col("members"))
         .otherwise(pl.col("seen").cast(pl.List(pl.Int32))).alias("members"))
     last_seq = df.group_by(["_gkey", "rank"]).agg(pl.col("seq").max())
-    stuck = pl.concat([_pending_points(df), _lagging_points(df, members, last_seq)]).sort(["_t", "seq", "_gkey"])
+    # A member without any input cannot lag: nothing says it stopped, only that its trace is absent.
+    known = members.with_columns(pl.col("members").list.eval(
+        pl.element().filter(pl.element().is_in(sorted(present)))))
+    stuck = pl.concat([_pending_points(df), _lagging_points(df, known, last_seq)]).sort(["_t", "seq", "_gkey"])
     steps_known = df["step"].is_not_null().any() if "step" in df.columns else False
     # Split once by group: a hang on a big job leaves a stuck point on thousands of rank pairs.
     by_group = df.partition_by("_gkey", as_dict=True) if stuck.height else {}
@@ -120,8 +141,10 @@ def _source_hangs(df: pl.DataFrame, source: str) -> list[dict]:
             "last_completed": {str(r): last_done.get(r) for r in grp["members"]},
             "first_divergent_seq": _first_divergence(gdf) if steps_known else None,
             # A stuck point whose missing ranks all wait in another stuck point is a consequence.
-            "root_cause": bool(mismatched) or any(r not in waiting for r in missing),
+            # A rank with no input at all is not known to wait nowhere: it cannot be the root by absence.
+            "root_cause": bool(mismatched) or any(r not in waiting and r in present for r in missing),
             "started_ns": t, "first": False, "source": source,
+            "missing_input": [r for r in grp["members"] if r not in present],
         })
     # Roots first, then program order: the earliest step (a rank that finished its step early already
     # waits in the next one before the stuck collective of the previous step starts), then start time.

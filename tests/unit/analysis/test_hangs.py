@@ -92,8 +92,30 @@ def test_root_cause_comes_before_earlier_started_consequences():
              "start_ns": 40_000},
             {"rank": 0, "op": "send", "peer": 2, "group_ranks": [0, 2], "seq": 2, "step": 0},
             {"rank": 3, "op": "recv", "peer": 1, "group_ranks": [1, 3], "seq": 3, "step": 1, "state": "pending",
-             "start_ns": 45_000}]
+             "start_ns": 45_000},
+            # rank 1's dump exists (it stopped, its trace is not absent): its last send completed.
+            {"rank": 1, "op": "send", "peer": 3, "group_ranks": [1, 3], "seq": 2, "step": 0}]
     hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
     assert hangs[0]["op"] == "all_reduce" and hangs[0]["first"] and hangs[0]["missing"] == [1]
     by_key = {h["group_key"]: h for h in hangs}
     assert not by_key["p2p 0->2"]["root_cause"] and by_key["p2p 1->3"]["root_cause"]
+
+
+def test_member_without_any_input_is_missing_input_not_a_hang():
+    # 1 of 2 ranks supplied (HTA sample): rank 1 has no record at all, so nothing says it stopped.
+    rows = [_ar(0, s, 0) for s in range(1, 4)]
+    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    assert hangs == []
+
+
+def test_member_with_records_elsewhere_still_lags():
+    # Rank 1 has records (in another group) but never joined this one: that is evidence.
+    rows = [_ar(0, s, 0) for s in range(1, 4)] + [_ar(1, 0, 0, ranks=(1, 2)), _ar(2, 0, 0, ranks=(1, 2))]
+    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    assert [(h["group_ranks"], h["missing"], h["missing_input"]) for h in hangs] == [([0, 1], [1], [])]
+
+
+def test_pending_op_with_absent_member_keeps_the_hang_but_names_missing_input():
+    rows = [_ar(0, 0, 0), _ar(0, 1, 0, state="pending", start_ns=50_000)]
+    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    assert len(hangs) == 1 and hangs[0]["missing_input"] == [1] and not hangs[0]["root_cause"]
