@@ -4,7 +4,9 @@ Tensor cores want every GEMM dimension to span whole 16-byte chunks (the
 minimum: below it cuBLAS/CUTLASS fall back to ``align1``/``align2`` kernels or
 to no tensor cores at all) and preferably whole 128-byte cache lines. In
 elements that is 8 / 64 for fp16/bf16, 16 / 128 for fp8/int8, 4 / 32 for
-tf32/fp32 (NVIDIA "Matrix Multiplication Background" guide). A model whose
+tf32 (NVIDIA "Matrix Multiplication Background" guide). Only dtypes that run
+on tensor cores, only contiguous dims, and only GEMMs big enough to fill a
+tile are checked: elsewhere alignment does not change the time. A model whose
 dims are aligned can still lose alignment when tensor parallelism splits a dim
 across ranks (an FFN of 18,432 split 32 ways is 576, not a multiple of 128).
 """
@@ -17,27 +19,41 @@ import polars as pl
 
 from rankscope.analysis.kernel_classes import GEMM_CLASSES, kernel_traits
 from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.vocab import dtype_name, dtype_size
 
-ELEMENT_BYTES: dict[str, int] = {
-    "float16": 2, "half": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "fp8": 1,
-    "int8": 1, "uint8": 1,
-    "float32": 4, "float": 4, "fp32": 4, "tf32": 4,
-    "float64": 8, "double": 8, "fp64": 8,
+TENSOR_CORE_DTYPES: dict[str, str] = {
+    # canonical dtype -> why its GEMMs have an alignment rule (the bytes come from AlignmentConfig)
+    "float16": "HMMA tensor cores load 16-byte fragments (8 elements); cuBLAS falls back to align1/2 kernels",
+    "bfloat16": "HMMA tensor cores load 16-byte fragments (8 elements); cuBLAS falls back to align1/2 kernels",
+    "tf32": "TF32 tensor cores load 16-byte fragments (4 elements)",
+    "float8_e4m3fn": "FP8 tensor cores (Hopper+) need 16-byte fragments (16 elements); cuBLASLt refuses others",
+    "float8_e5m2": "FP8 tensor cores (Hopper+) need 16-byte fragments (16 elements); cuBLASLt refuses others",
+    "int8": "IMMA tensor cores need 16-byte fragments (16 elements)",
 }
-"""Bytes per element of the dtype spellings the sources use (torch spelling without the prefix first)."""
+"""Dtypes whose GEMMs run on tensor cores, so a misaligned dim costs throughput.
 
+Not listed, on purpose: ``float32`` (IEEE fp32 GEMMs run on CUDA cores; PyTorch leaves TF32 off for
+matmul by default and a trace does not say it was on, so 4-element alignment buys little), ``float64``
+(DMMA exists, but fp64 training GEMMs are rare and its tiles differ), and integer types other than int8.
+"""
 
 @dataclass(frozen=True)
 class AlignmentConfig:
-    """Alignment rule thresholds (bytes), the same for every dtype; elements follow from the element size."""
+    """Alignment rule thresholds (bytes) for the tensor-core dtypes; elements follow from the element size."""
 
     min_bytes: int = 16
     """a dim below this alignment loses tensor-core kernels (severity ``min``)."""
     preferred_bytes: int = 128
     """a dim not a multiple of this wastes memory transactions (severity ``preferred``)."""
-    dims: tuple[str, ...] = ("m", "n", "k")
-    """GEMM dims checked; M is often tokens and can be dropped to silence batch-size findings."""
+    dims: tuple[str, ...] = ("n", "k")
+    """GEMM dims checked. Only a dim that is the contiguous (leading) dimension of an operand sets a
+    vector-load alignment: in PyTorch's row-major GEMMs (``x @ W.T``, ``dY @ W``) those are K (of A and
+    of a transposed B) and N (of B and C). M is the row count of A and C, usually tokens, and never
+    contiguous there, so it is not checked by default."""
+    min_gemm_dim: int = 16
+    """a GEMM with any dim below this (a batch of 1 or 2, an outer product with k of 1) is memory-bound:
+    it is a GEMV or a rank-k update, never fills one 16-row tensor-core tile, and alignment does not
+    change its time, so none of its dims are checked."""
 
     def __post_init__(self):
         if self.min_bytes <= 0 or self.preferred_bytes <= 0:
@@ -45,6 +61,8 @@ class AlignmentConfig:
         if self.preferred_bytes % self.min_bytes:
             raise ConfigError(f"preferred_bytes {self.preferred_bytes} must be a multiple of "
                               f"min_bytes {self.min_bytes}")
+        if self.min_gemm_dim < 1:
+            raise ConfigError(f"min_gemm_dim must be >= 1, got {self.min_gemm_dim}")
         bad = [d for d in self.dims if d not in ("m", "n", "k")]
         if bad or not self.dims:
             raise ConfigError(f"dims must be a non-empty subset of ('m','n','k'), got {self.dims!r}")
@@ -52,17 +70,15 @@ class AlignmentConfig:
 
 def element_bytes(dtype: str | None) -> int | None:
     """Bytes per element of a dtype name (``torch.bfloat16``, ``bf16``, ``c10::Half``...), None if unknown."""
-    if not dtype:
-        return None
-    d = dtype.lower().removeprefix("torch.").removeprefix("c10::").strip()
-    return ELEMENT_BYTES.get(d)
+    return dtype_size(dtype)
 
 
 def required_elements(dtype: str | None, config: AlignmentConfig | None = None) -> tuple[int, int] | None:
-    """(minimum, preferred) alignment in elements for a dtype, None if its size is unknown."""
+    """(minimum, preferred) alignment in elements for a dtype, None when its GEMMs have no tensor-core
+    alignment rule (see TENSOR_CORE_DTYPES) or its size is unknown."""
     cfg = config or AlignmentConfig()
-    eb = element_bytes(dtype)
-    if eb is None:
+    eb = dtype_size(dtype)
+    if eb is None or dtype_name(dtype) not in TENSOR_CORE_DTYPES:
         return None
     return max(1, cfg.min_bytes // eb), max(1, cfg.preferred_bytes // eb)
 
@@ -134,7 +150,10 @@ def alignment_findings(compute_op: pl.DataFrame, config: AlignmentConfig | None 
     if g.height == 0:
         return _empty_findings()
     req = _requirements(g["dtype"], cfg)
-    g = g.join(req, on="dtype", how="inner").filter(pl.col("min_elems").is_not_null())
+    g = g.join(req, on="dtype", how="inner").filter(
+        pl.col("min_elems").is_not_null() & (pl.min_horizontal("m", "n", "k") >= cfg.min_gemm_dim))
+    if g.height == 0:
+        return _empty_findings()
     long = pl.concat([
         g.with_columns(pl.lit(d).alias("dim"), pl.col(d).alias("value")) for d in cfg.dims])
     long = long.with_columns(

@@ -9,6 +9,13 @@ whose median TFLOP/s over ranks dropped below the threshold is flagged. Each
 finding carries a probable reason: a different kernel chosen, a misaligned
 dimension, or a rank slow on (nearly) every shape, which is what fewer SMs or
 clock/power throttling looks like from the outside.
+
+A measured throughput counts only above a noise floor (:class:`ThroughputConfig`):
+enough calls, a mean call long enough that launch jitter and the timer's
+resolution (inferred per rank from the durations' granularity: Kineto's
+relative traces tick in whole microseconds) are a small part of it, and enough
+ranks for a median of the others to mean something. Below it, a ratio of 0.5
+is two ticks against one, not a slow kernel.
 """
 
 from __future__ import annotations
@@ -31,10 +38,17 @@ class ThroughputConfig:
 
     threshold: float = 0.9
     """a ratio (achieved / reference TFLOP/s) below this is flagged."""
-    min_ranks: int = 2
-    """a key needs this many ranks before ranks are compared with each other."""
-    min_calls: int = 1
-    """a (rank, key) needs this many calls to count (noise guard for tiny traces)."""
+    min_ranks: int = 3
+    """a key needs this many ranks before ranks are compared with each other: with two, the median of
+    "the others" is one rank, and which of the two is the slow one cannot be told."""
+    min_calls: int = 3
+    """a (rank, key) needs this many calls to count: one or two calls are one warm-up or one preemption."""
+    min_call_ns: int = 5_000
+    """a (rank, key) whose mean call is shorter does not count: below ~5 us a kernel's measured time is
+    mostly launch and clock jitter."""
+    min_ticks: int = 50
+    """a (rank, key) whose mean call spans fewer ticks of its rank's timer does not count: one tick of
+    quantisation is then more than 2% of the call."""
     uniform_fraction: float = 0.6
     """a rank flagged on at least this share of its keys (and on two or more) is called uniformly slow."""
 
@@ -45,12 +59,14 @@ class ThroughputConfig:
             raise ConfigError(f"min_ranks must be >= 2, got {self.min_ranks}")
         if self.min_calls < 1:
             raise ConfigError(f"min_calls must be >= 1, got {self.min_calls}")
+        if self.min_call_ns < 0 or self.min_ticks < 0:
+            raise ConfigError(f"min_call_ns and min_ticks must be >= 0, got {self.min_call_ns}/{self.min_ticks}")
         if not 0.0 < self.uniform_fraction <= 1.0:
             raise ConfigError(f"uniform_fraction must be in (0, 1], got {self.uniform_fraction}")
 
 
-def rank_throughput(compute_op: pl.DataFrame, min_calls: int = 1) -> pl.DataFrame:
-    """Achieved TFLOP/s per (rank, GEMM key).
+def rank_throughput(compute_op: pl.DataFrame, min_calls: int | ThroughputConfig = 1) -> pl.DataFrame:
+    """Achieved TFLOP/s per (rank, GEMM key), above the noise floor when given a ThroughputConfig.
 
     Needs compute_op columns ``rank, name, category, start_ns, end_ns, m, n, k, dtype`` (``flops, batch,
     layout`` optional; FLOPs default to 2*m*n*k*batch). Returns ``rank`` + KEY + ``kernel`` (the most used
@@ -60,13 +76,48 @@ def rank_throughput(compute_op: pl.DataFrame, min_calls: int = 1) -> pl.DataFram
     return _throughput(compute_op, ["rank", *KEY], min_calls)
 
 
-def name_throughput(compute_op: pl.DataFrame, min_calls: int = 1) -> pl.DataFrame:
+def name_throughput(compute_op: pl.DataFrame, min_calls: int | ThroughputConfig = 1) -> pl.DataFrame:
     """Like :func:`rank_throughput`, per (rank, key, kernel name): which kernel of a key lost the time."""
     return _throughput(compute_op, ["rank", *KEY, "kernel"], min_calls)
 
 
-def _throughput(compute_op: pl.DataFrame, by: list[str], min_calls: int) -> pl.DataFrame:
+def timer_resolution_ns(durations_ns: pl.Series) -> int:
+    """The tick of the timer that measured these durations: the largest power of ten (1 ns .. 1 ms)
+    that divides at least 99% of the non-zero ones (a few rescaled or clock-corrected values may not)."""
+    d = durations_ns.drop_nulls()
+    d = d.filter(d > 0)
+    if d.len() == 0:
+        return 1
+    for tick in (10**j for j in range(6, 0, -1)):
+        if float((d % tick == 0).mean()) >= 0.99:
+            return tick
+    return 1
+
+
+def _floor(g: pl.DataFrame, min_calls, cfg: ThroughputConfig | None) -> pl.Expr:
+    calls = cfg.min_calls if cfg is not None else int(min_calls)
+    keep = (pl.col("num_calls") >= calls) & (pl.col("time_ns") > 0)
+    if cfg is None:
+        return keep
+    ticks = {r: timer_resolution_ns(part["dur_ns"]) for (r,), part in g.partition_by("rank", as_dict=True).items()}
+    tick = pl.col("rank").replace_strict(ticks, default=1, return_dtype=pl.Int64)
+    mean_call = pl.col("time_ns") / pl.col("num_calls")
+    return keep & (mean_call >= cfg.min_call_ns) & (mean_call >= cfg.min_ticks * tick)
+
+
+def _timed_on_device(compute_op: pl.DataFrame) -> pl.DataFrame:
+    """GEMM rows that time a GEMM. On a rank whose records include GPU kernels (``grid`` set), only
+    kernel rows do: the span of a CPU-side aten op there is its dispatch, not the matrix multiply."""
     g = gemm_rows(compute_op)
+    if g.height == 0 or "grid" not in compute_op.columns:
+        return g
+    gpu_ranks = compute_op.filter(pl.col("grid").is_not_null())["rank"].unique().to_list()
+    return g.filter(~pl.col("rank").is_in(gpu_ranks) | pl.col("grid").is_not_null())
+
+
+def _throughput(compute_op: pl.DataFrame, by: list[str], min_calls) -> pl.DataFrame:
+    cfg = min_calls if isinstance(min_calls, ThroughputConfig) else None
+    g = _timed_on_device(compute_op)
     if g.height == 0:
         return _empty_rank_tp()
     g = g.with_columns(pl.col("flops").fill_null(
@@ -81,7 +132,7 @@ def _throughput(compute_op: pl.DataFrame, by: list[str], min_calls: int) -> pl.D
     out = g.group_by(by).agg(aggs)
     if "kernel" in by:
         out = out.with_columns(pl.col("kernel").alias("kernel_set"))
-    out = out.filter((pl.col("num_calls") >= min_calls) & (pl.col("time_ns") > 0))
+    out = out.filter(_floor(g, min_calls, cfg))
     return out.with_columns((pl.col("flops") / pl.col("time_ns") / 1e3).alias("tflops")).sort(by)
 
 
@@ -256,12 +307,12 @@ def throughput_findings(compute_op: pl.DataFrame, baseline_compute_op: pl.DataFr
                         alignment_config: AlignmentConfig | None = None) -> pl.DataFrame:
     """Cross-rank findings of this run, then baseline findings when a baseline is given (one frame)."""
     cfg = config or ThroughputConfig()
-    tp, names = rank_throughput(compute_op, cfg.min_calls), name_throughput(compute_op, cfg.min_calls)
+    tp, names = rank_throughput(compute_op, cfg), name_throughput(compute_op, cfg)
     parts = [cross_rank_findings(tp, cfg, names)]
     if baseline_compute_op is not None:
-        base = rank_throughput(baseline_compute_op, cfg.min_calls)
+        base = rank_throughput(baseline_compute_op, cfg)
         parts.append(baseline_findings(tp, base, cfg, alignment_findings(compute_op, alignment_config),
-                                       names, name_throughput(baseline_compute_op, cfg.min_calls)))
+                                       names, name_throughput(baseline_compute_op, cfg)))
     return pl.concat(parts, how="vertical_relaxed").sort("ratio")
 
 

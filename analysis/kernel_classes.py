@@ -1,48 +1,19 @@
-"""Kernel classification: one regex table, HTA style.
-
-Every analysis that needs to know what a kernel or op name *is* (a cuBLAS
-GEMM, a CUTLASS GEMM, an aten matmul on CPU, a NCCL kernel, ...) asks this
-module, so the patterns live in exactly one place. The table is ordered: the
-first pattern that matches a name wins.
+"""Kernel traits for the analysis: class (from the one table in
+:mod:`rankscope.collectors.vocab`, which the importers use too), and the layout,
+alignment and tile a kernel name was built for.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-KERNEL_CLASSES: tuple[tuple[str, str, str], ...] = (
-    # (class, compute category, case-insensitive regex on the kernel or op name)
-    ("nccl", "other", r"^nccl|ncclDevKernel|ncclKernel|c10d::|gloo:"),
-    ("memcpy", "memory", r"^memcpy|^memset|Memcpy [DHP]to[DHP]|Memset|cudaMemcpy"),
-    ("flash_attention", "attention", r"flash_?fwd|flash_?bwd|flash_attn|fmha|_scaled_dot_product_flash"),
-    ("attention", "attention", r"scaled_dot_product|attention|softmax_warp"),
-    ("gemm_cutlass", "gemm", r"cutlass.*gemm|cutlass_\d+x\d+|sm\d+_xmma_gemm|gemm.*cutlass"),
-    ("gemm_cublas", "gemm", r"^(ampere|volta|turing|hopper|sm\d+)_.*gemm|cublas|gemvx?|s\d+gemm|"
-                            r"gemmSN|gemmk1|splitKreduce"),
-    ("gemm_triton", "gemm", r"triton.*(mm|matmul|gemm)"),
-    ("gemm_aten", "gemm", r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addbmm)$"),
-    ("gemm_other", "gemm", r"gemm|matmul"),
-    ("optimizer", "optimizer", r"multi_tensor_apply|adam|sgd|optimizer\.step|Optimizer\.step"),
-    ("reduction", "reduction", r"reduce_kernel|reduction|layer_?norm|rms_?norm|batch_norm"),
-    ("elementwise", "elementwise", r"elementwise|vectorized_elementwise|unrolled_elementwise|"
-                                   r"aten::(add|mul|relu|gelu|silu|copy_|fill_)"),
-)
-"""Ordered (class, category, regex); the first match names a kernel's class."""
+from rankscope.collectors.vocab import GEMM_CLASSES, KERNEL_CLASSES, kernel_class_expr
 
-GEMM_CLASSES = tuple(c for c, cat, _ in KERNEL_CLASSES if cat == "gemm")
+__all__ = ["GEMM_CLASSES", "KERNEL_CLASSES", "class_of", "classify", "kernel_class_expr", "kernel_traits"]
 
 _LAYOUT = r"(?:^|_)(nn|nt|tn|tt)(?:_|$)"
 _ALIGN = r"align(\d+)"
 _TILE = r"(\d+x\d+(?:x\d+)?)"
-
-
-def kernel_class_expr(name: str = "name") -> pl.Expr:
-    """A polars expression giving the class of each name in column ``name`` (``other`` if none match)."""
-    expr = pl.lit("other")
-    # when/then chains evaluate in order, so build it from the last entry backwards.
-    for cls, _, pattern in reversed(KERNEL_CLASSES):
-        expr = pl.when(pl.col(name).str.contains("(?i)" + pattern)).then(pl.lit(cls)).otherwise(expr)
-    return expr
 
 
 def classify(names: pl.Series | list[str]) -> pl.Series:

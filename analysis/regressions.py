@@ -4,6 +4,15 @@ Joins the alignment rules (:mod:`gemm_alignment`) and the throughput
 comparisons (:mod:`gemm_throughput`) into the report's ``regressions`` list:
 one dict per finding with at least ``kernel, shape, dtype, ratio, reason``
 (report contract), worst ratio first.
+
+Each dict also has the shape of a report ``finding`` (design.md): ``kind``
+(``misaligned_gemm`` when a dim breaks the dtype's alignment rule, else
+``kernel_regression``), ``culprit`` (the one rank when a single rank is slow,
+else the kernel), ``factor`` (how many times slower), ``steps`` and
+``evidence``. ``check`` says which comparison found it (``throughput`` or
+``alignment``). An alignment rule hit whose measured TFLOP/s is not below the
+threshold against the job's aligned GEMMs of its class costs nothing and is left
+out; one with nothing to measure against is kept on the rule alone.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from rankscope.analysis.gemm_alignment import AlignmentConfig, alignment_findings, element_bytes
+from rankscope.analysis.gemm_alignment import AlignmentConfig, alignment_findings, element_bytes, gemm_rows
 from rankscope.analysis.gemm_throughput import (
     KEY,
     ThroughputConfig,
@@ -51,29 +60,60 @@ def regression_section(frames: JobFrames, baseline: JobFrames | None = None,
     """Kernel regressions of one job, optionally against a baseline run.
 
     Needs compute_op columns ``rank, name, category, start_ns, end_ns, m, n, k, dtype`` (``flops, batch,
-    layout`` optional) of GEMM rows. Returns dicts ``{kind, kernel, kernel_class, shape, dtype, layout,
-    ranks, ratio, ratio_basis, reason, severity, comparison}``: ``kind`` is ``throughput`` (a measured
+    layout, step, grid`` optional) of GEMM rows. Returns dicts ``{check, kernel, kernel_class, shape, dtype,
+    layout, ranks, ratio, ratio_basis, reason, severity, comparison}`` plus the findings keys ``{kind,
+    culprit, factor, steps, evidence}`` (see the module docstring): ``check`` is ``throughput`` (a measured
     ratio below the threshold, against other ranks or the baseline) or ``alignment`` (a dim breaking
     the dtype's tensor-core alignment; its ``ratio`` is the shape's TFLOP/s over the median of the
     job's aligned GEMMs of the same class and dtype, 1.0 with ``ratio_basis`` ``none`` when there are
     none). Worst ratio first; alignment findings that explain a throughput finding are merged into it.
     """
     cfg = config or RegressionConfig()
-    tp = rank_throughput(frames.compute_op, cfg.throughput.min_calls)
-    names = name_throughput(frames.compute_op, cfg.throughput.min_calls)
+    tp = rank_throughput(frames.compute_op, cfg.throughput)
+    names = name_throughput(frames.compute_op, cfg.throughput)
     align = alignment_findings(frames.compute_op, cfg.alignment, cfg.tp)
     if not cfg.include_preferred:
         align = align.filter(pl.col("severity") == "min")
     found = [cross_rank_findings(tp, cfg.throughput, names)]
     if baseline is not None:
-        base_tp = rank_throughput(baseline.compute_op, cfg.throughput.min_calls)
-        base_names = name_throughput(baseline.compute_op, cfg.throughput.min_calls)
+        base_tp = rank_throughput(baseline.compute_op, cfg.throughput)
+        base_names = name_throughput(baseline.compute_op, cfg.throughput)
         found.append(baseline_findings(tp, base_tp, cfg.throughput, align, names, base_names))
     thr = pl.concat(found, how="vertical_relaxed")
     out = [_throughput_dict(r) for r in thr.iter_rows(named=True)]
     explained = thr.filter(pl.col("reason").str.contains("misaligned dim")).select(KEY).unique()
-    out += _alignment_dicts(align, tp, explained)
-    return sorted(out, key=lambda d: (d["ratio"], d["kind"] != "throughput"))
+    out += [d for d in _alignment_dicts(align, tp, explained)
+            if d["ratio_basis"] == "none" or d["ratio"] < cfg.throughput.threshold]
+    steps = _steps_by_key(frames.compute_op)
+    out = [_as_finding(d, steps) for d in out]
+    return sorted(out, key=lambda d: (d["ratio"], d["check"] != "throughput"))
+
+
+def _steps_by_key(compute_op: pl.DataFrame) -> dict[tuple, list[int]]:
+    g = gemm_rows(compute_op).filter(pl.col("step").is_not_null())
+    if g.height == 0:
+        return {}
+    per = g.group_by(KEY).agg(pl.col("step").unique().sort())
+    return {tuple(r[c] for c in KEY): [int(x) for x in r["step"]] for r in per.iter_rows(named=True)}
+
+
+def _as_finding(d: dict, steps: dict[tuple, list[int]]) -> dict:
+    """Add the findings keys (kind, culprit, factor, steps, evidence) to a regression dict."""
+    misaligned = d["check"] == "alignment" or "misaligned dim" in d["reason"]
+    one_rank = d["check"] == "throughput" and d["comparison"] == "ranks" and len(d["ranks"]) == 1
+    key = (d["kernel_class"], *_mnk(d["shape"]), d["dtype"])
+    evidence = {k: d[k] for k in ("kernel", "kernel_class", "shape", "dtype", "ranks", "ratio", "ratio_basis",
+                                  "reason", "comparison") if k in d}
+    evidence.update({k: d[k] for k in ("tflops", "reference_tflops", "dims", "severity") if k in d})
+    return {**d, "kind": "misaligned_gemm" if misaligned else "kernel_regression",
+            "culprit": d["ranks"][0] if one_rank else d["kernel"],
+            "factor": 1.0 / d["ratio"] if d["ratio"] > 0 else None,
+            "steps": steps.get(key, []), "evidence": evidence}
+
+
+def _mnk(shape: list[int]) -> tuple[int, int, int, int]:
+    """(m, n, k, batch) of a shape as :func:`_shape` writes it."""
+    return (shape[-3], shape[-2], shape[-1], shape[0] if len(shape) == 4 else 1)
 
 
 def _shape(r: dict) -> list[int]:
@@ -92,7 +132,7 @@ def _kernel_alignment_note(kernel: str, dtype: str) -> str:
 
 def _throughput_dict(r: dict) -> dict:
     r = {**r, "reason": r["reason"] + _kernel_alignment_note(r["kernel"], r["dtype"])}
-    return {"kind": "throughput", "kernel": r["kernel"], "kernels": list(r["kernels"]),
+    return {"check": "throughput", "kernel": r["kernel"], "kernels": list(r["kernels"]),
             "kernel_class": r["kernel_class"], "shape": _shape(r),
             "dtype": r["dtype"], "layout": r["layout"], "ranks": list(r["ranks"]), "ratio": float(r["ratio"]),
             "ratio_basis": "baseline" if r["comparison"] == "baseline" else "other ranks",
@@ -112,7 +152,7 @@ def _alignment_dicts(align: pl.DataFrame, tp: pl.DataFrame, explained: pl.DataFr
     out = []
     for r in mis.join(ratios, on=KEY, how="left").iter_rows(named=True):
         basis = "aligned GEMMs of this job" if r["_ratio"] is not None else "none"
-        out.append({"kind": "alignment", "kernel": r["kernel"], "kernel_class": r["kernel_class"],
+        out.append({"check": "alignment", "kernel": r["kernel"], "kernel_class": r["kernel_class"],
                     "shape": _shape(r), "dtype": r["dtype"], "layout": r["layout"], "ranks": list(r["ranks"]),
                     "ratio": float(r["_ratio"]) if r["_ratio"] is not None else 1.0, "ratio_basis": basis,
                     "reason": "misaligned dim: " + r["reason"], "severity": r["severity"],

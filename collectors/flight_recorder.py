@@ -34,8 +34,9 @@ import polars as pl
 from rankscope.collectors import safe_pickle
 from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.formats import ImportBatch, ImportOptions
-from rankscope.collectors.kineto_comm import normalise_op, parse_ranks
-from rankscope.collectors.kineto_reader import dtype_name, dtype_size, read_bytes
+from rankscope.collectors.kineto_comm import parse_ranks
+from rankscope.collectors.kineto_reader import read_bytes
+from rankscope.collectors.vocab import dtype_name, dtype_size, normalise_op
 
 _RANK = re.compile(r"(\d+)(?:\.[A-Za-z]\w*)*$")
 _PEER = re.compile(r"(\d+)\s*(->|<-)\s*(\d+)")

@@ -24,32 +24,10 @@ import re
 import numpy as np
 import polars as pl
 
-from rankscope.collectors.kineto_reader import KinetoTrace, containing, dtype_name, dtype_size, steps_at
+from rankscope.collectors.kineto_reader import KinetoTrace, containing, steps_at
+from rankscope.collectors.vocab import NCCL_KERNEL, dtype_name, dtype_size, kernel_op, normalise_op
 
-NCCL_KERNEL = r"^(void )?nccl(Dev)?Kernel_"
 _P2P = ("send", "recv")
-_OPS = {
-    "allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-    "broadcast": "broadcast", "reduce": "reduce", "alltoall": "all_to_all", "alltoallv": "all_to_all",
-    "send": "send", "recv": "recv", "barrier": "barrier", "gather": "gather", "scatter": "scatter",
-    "monitoredbarrier": "barrier", "recvanysource": "recv",
-}
-_SUFFIXES = re.compile(r"(base|intotensor|tensor|coalesced|single)+$")
-_KERNEL_OP = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
-
-
-def normalise_op(raw) -> str | None:
-    """'allreduce', 'c10d::allreduce_', 'nccl:_all_gather_base', 'gloo:all_reduce' -> binding op name."""
-    if not isinstance(raw, str):
-        return None
-    s = raw.lower().split("::")[-1].split(":")[-1]
-    s = s.replace("_", "")
-    return _OPS.get(s) or _OPS.get(_SUFFIXES.sub("", s))
-
-
-def kernel_op(name: str) -> str | None:
-    m = _KERNEL_OP.search(name)
-    return normalise_op(m.group(1)) if m else None
 
 
 def parse_ranks(v) -> list[int] | None:

@@ -23,8 +23,9 @@ import numpy as np
 import polars as pl
 
 from rankscope.collectors.errors import UsageError
-from rankscope.collectors.kineto_comm import NCCL_KERNEL, launches
-from rankscope.collectors.kineto_reader import KinetoTrace, containing, dtype_name, steps_at
+from rankscope.collectors.kineto_comm import launches
+from rankscope.collectors.kineto_reader import KinetoTrace, containing, steps_at
+from rankscope.collectors.vocab import NCCL_KERNEL, dtype_name, kernel_category_expr
 
 SPAN_REGEX = {
     "forward": r"(?i)^(##\s*)?forward(\s*##)?$|^forward[-_ ]compute$|^forward_step$|^forward-backward$",
@@ -34,17 +35,6 @@ SPAN_REGEX = {
 AUTOGRAD = "autograd::engine::evaluate_function"
 LEAF_GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 WRAPPER_GEMM = ("aten::matmul", "aten::linear")
-
-KERNEL_CATEGORY = (
-    # first match wins: (category, regex over the kernel name)
-    ("gemm", r"(?i)gemm|cutlass|cublas|xmma|s\d+gemm|_mma_|matmul|wgmma|ampere_.*_\d+x\d+|sm\d+_xmma"),
-    ("attention", r"(?i)flash|fmha|attention|attn|sdpa"),
-    ("optimizer", r"(?i)multi_tensor_apply|adam|sgd|lamb|optimizer"),
-    ("reduction", r"(?i)reduce|softmax|norm|sum_|mean|argmax"),
-    ("memory", r"(?i)memcpy|memset|copy|cat_|gather|scatter|index|embedding|permute|transpose"),
-    ("elementwise", r"(?i)elementwise|vectorized|unrolled|pointwise|activation|gelu|relu|silu|add|mul"),
-)
-
 
 def span_regexes(extra: dict) -> dict[str, re.Pattern]:
     out = {}
@@ -148,9 +138,7 @@ def _gemm_ops(tr: KinetoTrace) -> tuple[pl.DataFrame, dict]:
 def _kernels(tr: KinetoTrace, gemm: dict) -> tuple[pl.DataFrame, set]:
     k = tr.frame.filter((pl.col("cat") == "kernel") & ~pl.col("name").str.contains(NCCL_KERNEL))
     args = tr.args(k["idx"])
-    cat = pl.lit("other")
-    for c, rx in reversed(KERNEL_CATEGORY):
-        cat = pl.when(pl.col("name").str.contains(rx)).then(pl.lit(c)).otherwise(cat)
+    cat = kernel_category_expr("name")
     rows = gemm["rows"]
     used = set()
     link = []

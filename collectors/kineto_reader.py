@@ -243,35 +243,3 @@ def containing(outer: pl.DataFrame, inner_tid: np.ndarray, inner_t: np.ndarray) 
         ok &= inner_t[sel] <= end[posc]
         res[sel[ok]] = row[posc[ok]]
     return res
-
-
-DTYPE_BYTES = {
-    "float": 4, "float32": 4, "float64": 8, "double": 8, "half": 2, "float16": 2, "bfloat16": 2,
-    "c10::half": 2, "c10::bfloat16": 2, "int": 4, "int32": 4, "int64": 8, "long": 8, "long int": 8,
-    "int16": 2, "short": 2, "int8": 1, "char": 1, "signed char": 1, "uint8": 1, "unsigned char": 1,
-    "byte": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "c10::float8_e4m3fn": 1,
-    "c10::float8_e5m2": 1, "complexfloat": 8, "complexdouble": 16, "c10::complex<float>": 8,
-    "c10::complex<double>": 16, "uint32": 4, "uint64": 8, "int8_t": 1, "uint8_t": 1,
-}
-_DTYPE_NAME = {
-    "float": "float32", "double": "float64", "half": "float16", "c10::half": "float16",
-    "c10::bfloat16": "bfloat16", "int": "int32", "long": "int64", "long int": "int64", "short": "int16",
-    "char": "int8", "signed char": "int8", "unsigned char": "uint8", "byte": "uint8",
-    "c10::float8_e4m3fn": "float8_e4m3fn", "c10::float8_e5m2": "float8_e5m2", "int8_t": "int8",
-    "uint8_t": "uint8", "complexfloat": "complex64", "complexdouble": "complex128",
-}
-
-
-def dtype_name(raw) -> str | None:
-    """torch spelling without the prefix: 'Float' -> float32, 'c10::BFloat16' -> bfloat16."""
-    if not isinstance(raw, str) or not raw:
-        return None
-    k = raw.strip().lower().removeprefix("torch.")
-    return _DTYPE_NAME.get(k, k)
-
-
-def dtype_size(raw) -> int | None:
-    if not isinstance(raw, str):
-        return None
-    k = raw.strip().lower().removeprefix("torch.")
-    return DTYPE_BYTES.get(k) or DTYPE_BYTES.get(_DTYPE_NAME.get(k, k))

@@ -23,8 +23,8 @@ import polars as pl
 
 from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.formats import ImportBatch, ImportOptions
-from rankscope.collectors.kineto_comm import normalise_op
 from rankscope.collectors.kineto_reader import read_bytes
+from rankscope.collectors.vocab import normalise_op
 
 
 def _objects(text: str, batch: ImportBatch) -> list:

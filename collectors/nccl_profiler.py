@@ -24,23 +24,15 @@ import polars as pl
 
 from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.formats import ImportBatch, ImportOptions
-from rankscope.collectors.kineto_comm import normalise_op
 from rankscope.collectors.kineto_reader import read_bytes
+from rankscope.collectors.vocab import dtype_name, dtype_size, normalise_op
 
 _BARE = re.compile(rb'(":\s*)(0x[0-9a-fA-F]+|nccl[A-Za-z0-9_]+|[A-Za-z_][A-Za-z0-9_]*(?<!true)(?<!false)(?<!null))'
                    rb'(\s*[,}])')
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
-NCCL_DTYPE = {
-    "ncclint8": ("int8", 1), "ncclchar": ("int8", 1), "nccluint8": ("uint8", 1), "ncclint32": ("int32", 4),
-    "ncclint": ("int32", 4), "nccluint32": ("uint32", 4), "ncclint64": ("int64", 8), "nccluint64": ("uint64", 8),
-    "ncclfloat16": ("float16", 2), "ncclhalf": ("float16", 2), "ncclfloat32": ("float32", 4),
-    "ncclfloat": ("float32", 4), "ncclfloat64": ("float64", 8), "nccldouble": ("float64", 8),
-    "ncclbfloat16": ("bfloat16", 2), "ncclfloat8e4m3": ("float8_e4m3fn", 1), "ncclfloat8e5m2": ("float8_e5m2", 1),
-}
-
-
 def nccl_dtype(raw) -> tuple[str | None, int | None]:
-    return NCCL_DTYPE.get(str(raw).lower(), (None, None)) if raw is not None else (None, None)
+    size = dtype_size(raw) if raw is not None else None
+    return (dtype_name(raw), size) if size is not None else (None, None)
 
 
 def _events(path: Path, text: bytes, batch: ImportBatch) -> list[dict]:

@@ -32,8 +32,8 @@ import polars as pl
 
 from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.formats import ImportBatch, ImportOptions
-from rankscope.collectors.kineto_comm import NCCL_KERNEL, kernel_op, normalise_op
-from rankscope.collectors.kineto_compute import KERNEL_CATEGORY, span_regexes
+from rankscope.collectors.kineto_compute import span_regexes
+from rankscope.collectors.vocab import NCCL_KERNEL, kernel_category_expr, kernel_op, normalise_op
 
 _RANK = re.compile(r"rank[-_]?(\d+)", re.I)
 _SIZE_KEY = re.compile(r"(?i)size|bytes")
@@ -174,9 +174,7 @@ def _read(path, con, tables, rank, opts) -> ImportBatch:
             k = k.filter(pl.col("kname").is_not_null() & pl.col("start").is_not_null() & pl.col("end").is_not_null())
         is_nccl = k["kname"].str.contains(NCCL_KERNEL)
         comp = k.filter(~is_nccl)
-        cat = pl.lit("other")
-        for c, rx in reversed(KERNEL_CATEGORY):
-            cat = pl.when(pl.col("kname").str.contains(rx)).then(pl.lit(c)).otherwise(cat)
+        cat = kernel_category_expr("kname")
         rows_compute.append(comp.select(
             pl.col("kname").alias("name"), cat.alias("category"), pl.col("start").alias("start_ns"),
             pl.col("end").alias("end_ns"), pl.col("stream").cast(pl.Int64), pl.col("device").cast(pl.Int32),

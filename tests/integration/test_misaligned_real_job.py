@@ -58,7 +58,7 @@ def test_diff_flags_the_resized_layers_by_the_alignment_rule(diffed):
     changes = [row["change"] for row in d["rows"]]
     n_reg = changes.count("regression")
     assert changes[:n_reg] == ["regression"] * n_reg  # regressions first
-    kernel = [f for f in d["kernel_findings"] if f["kind"] == "alignment" and 1000 in f["shape"]]
+    kernel = [f for f in d["kernel_findings"] if f["check"] == "alignment" and 1000 in f["shape"]]
     assert kernel and all(f["dtype"] == "float32" for f in kernel)
 
 

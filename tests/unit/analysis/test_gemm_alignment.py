@@ -14,7 +14,7 @@ from .gemm_frames import gemm_frame
 
 
 @pytest.mark.parametrize("dtype,expected", [("bfloat16", (8, 64)), ("float16", (8, 64)), ("torch.float16", (8, 64)),
-                                            ("float8_e4m3fn", (16, 128)), ("float32", (4, 32)),
+                                            ("float8_e4m3fn", (16, 128)), ("float32", None),
                                             ("tf32", (4, 32)), ("mystery", None)])
 def test_required_elements_per_dtype(dtype, expected):
     assert required_elements(dtype) == expected
@@ -24,8 +24,8 @@ def test_check_dim_severities():
     assert check_dim(1000, "bfloat16") == "preferred"   # 1000 = 8 * 125 but not 64 * k
     assert check_dim(1001, "bfloat16") == "min"
     assert check_dim(1024, "bfloat16") is None
-    assert check_dim(1000, "float32") == "preferred"
-    assert check_dim(1002, "float32") == "min"
+    assert check_dim(1002, "float32") is None           # IEEE fp32 runs on CUDA cores: no tensor-core rule
+    assert check_dim(1002, "tf32") == "min"
     assert check_dim(1000, "float8_e4m3fn") == "min"     # fp8 needs 16 elements
 
 
@@ -39,7 +39,7 @@ def test_tp_split_breaks_alignment():
 
 
 def test_alignment_findings_flag_misaligned_dims_only():
-    df = gemm_frame(shapes=((4096, 4096, 4096), (4096, 1000, 4096), (4096, 4096, 1001)))
+    df = gemm_frame(shapes=((4096, 4096, 4096), (4096, 1000, 4096), (4096, 4096, 1001), (1001, 4096, 4096)))
     f = alignment_findings(df)
     got = sorted((r["dim"], r["value"], r["severity"]) for r in f.iter_rows(named=True))
     assert got == [("k", 1001, "min"), ("n", 1000, "preferred")]
@@ -57,7 +57,19 @@ def test_alignment_config_validation():
         AlignmentConfig(min_bytes=16, preferred_bytes=100)
     with pytest.raises(ConfigError):
         AlignmentConfig(dims=("x",))
-    assert alignment_findings(gemm_frame(shapes=((1000, 4096, 4096),)), AlignmentConfig(dims=("n", "k"))).height == 0
+    with pytest.raises(ConfigError):
+        AlignmentConfig(min_gemm_dim=0)
+    # M (rows, usually tokens) is never the contiguous dim of a row-major GEMM: checked only when asked.
+    assert alignment_findings(gemm_frame(shapes=((1000, 4096, 4096),))).height == 0
+    assert alignment_findings(gemm_frame(shapes=((1000, 4096, 4096),)), AlignmentConfig(dims=("m", "n", "k"))).height
+
+
+@pytest.mark.parametrize("shape,dtype", [((2, 1, 2048), "bfloat16"), ((2048, 1, 32), "bfloat16"),
+                                         ((2048, 125, 320), "float32"), ((2048, 1953, 1024), "float32")])
+def test_no_alignment_finding_where_alignment_does_not_matter(shape, dtype):
+    # The HTA sample's shapes: GEMV-like GEMMs with a dim of 1 or 2, and IEEE fp32 (no tensor cores).
+    assert alignment_findings(gemm_frame(shapes=(shape,), dtype=dtype)).height == 0
+    assert alignment_findings(gemm_frame(shapes=((2048, 1001, 4096),), dtype=dtype)).height == (dtype != "float32")
 
 
 def test_kernel_classes_table():

@@ -17,8 +17,10 @@ def _jf(df, job="j"):
 
 def test_throttled_rank_named_with_ratio_and_reason(report_schema):
     regs = regression_section(_jf(gemm_frame(shapes=(S1, S2), slow={3: 2.0})))
-    assert regs and all(r["kind"] == "throughput" and r["ranks"] == [3] for r in regs)
-    assert regs[0]["ratio"] == pytest.approx(0.5)
+    assert regs and all(r["check"] == "throughput" and r["ranks"] == [3] for r in regs)
+    assert all((r["kind"], r["culprit"], r["steps"]) == ("kernel_regression", 3, [0]) for r in regs)
+    assert regs[0]["factor"] == pytest.approx(2.0, rel=1e-3) and regs[0]["evidence"]["ratio"] == regs[0]["ratio"]
+    assert regs[0]["ratio"] == pytest.approx(0.5, rel=1e-3)
     assert "throttling" in regs[0]["reason"] and regs[0]["shape"] in ([4096, 4096, 4096], [4096, 8192, 4096])
     jsonschema.validate(regs, report_schema["properties"]["regressions"])
 
@@ -27,7 +29,7 @@ def test_misaligned_shape_flagged_by_rule_with_measured_ratio():
     # The misaligned GEMM runs at half the aligned ones' TFLOP/s per FLOP (its time is 1000/4096 * 2 of S1's).
     df = gemm_frame(shapes=(S1, BAD), slow={(r, BAD): 1000 / 4096 * 2 for r in range(4)})
     regs = regression_section(_jf(df))
-    assert [r["kind"] for r in regs] == ["alignment"]
+    assert [(r["check"], r["kind"], r["culprit"]) for r in regs] == [("alignment", "misaligned_gemm", regs[0]["kernel"])]
     assert regs[0]["shape"] == [4096, 1000, 4096] and regs[0]["dtype"] == "bfloat16"
     assert regs[0]["ratio"] == pytest.approx(0.5, rel=0.01) and "N=1000" in regs[0]["reason"]
     assert regs[0]["ratio_basis"] == "aligned GEMMs of this job"
@@ -37,8 +39,9 @@ def test_baseline_slowdown_explained_by_misalignment_is_one_finding():
     base = gemm_frame(shapes=(S1, S2, BAD))
     cur = gemm_frame(shapes=(S1, S2, BAD), slow={(r, BAD): 1.5 for r in range(4)})
     regs = regression_section(_jf(cur), _jf(base, "b"))
-    assert len(regs) == 1 and regs[0]["kind"] == "throughput" and regs[0]["comparison"] == "baseline"
-    assert regs[0]["reason"].startswith("misaligned dim") and regs[0]["ratio"] == pytest.approx(1 / 1.5)
+    assert len(regs) == 1 and regs[0]["check"] == "throughput" and regs[0]["comparison"] == "baseline"
+    assert regs[0]["kind"] == "misaligned_gemm"
+    assert regs[0]["reason"].startswith("misaligned dim") and regs[0]["ratio"] == pytest.approx(1 / 1.5, rel=1e-3)
 
 
 def test_clean_job_has_no_findings():
@@ -47,8 +50,10 @@ def test_clean_job_has_no_findings():
 
 
 def test_config_options():
-    df = gemm_frame(shapes=(S1, (4096, 4000, 4096)))
+    df = gemm_frame(shapes=(S1, (4096, 4000, 4096)), slow={(r, (4096, 4000, 4096)): 1.5 for r in range(4)})
     assert regression_section(_jf(df))                                    # 4000: preferred only
+    # The same misses at no measured cost are not findings.
+    assert regression_section(_jf(gemm_frame(shapes=(S1, (4096, 4000, 4096))))) == []
     assert regression_section(_jf(df), config=RegressionConfig(include_preferred=False)) == []
     regs = regression_section(_jf(gemm_frame(shapes=(S1,), slow={0: 1.2})),
                               config=RegressionConfig(throughput=ThroughputConfig(threshold=0.8)))

@@ -27,7 +27,7 @@ def _steps(dur_ns):
 
 
 def test_resized_run_regressions_first_with_evidence():
-    a = JobFrames.from_frames("a", compute_op=gemm_frame(shapes=(S1, GOOD), ranks=2), comm_op=_comm(1000, "a"),
+    a = JobFrames.from_frames("a", compute_op=gemm_frame(shapes=(S1, GOOD), ranks=2, dur_ns=1000), comm_op=_comm(1000, "a"),
                               step_mark=_steps(5_000_000))
     # B: misaligned N, GEMMs 1.5x slower per FLOP, all_reduce half the bandwidth, steps 20% longer.
     b = JobFrames.from_frames("b", compute_op=gemm_frame(shapes=(S1, BAD), ranks=2, dur_ns=1500),
@@ -43,7 +43,7 @@ def test_resized_run_regressions_first_with_evidence():
     assert len(align) == 1 and "N=1000" in align[0]["evidence"]
     gem = items[("gemm_throughput", "gemm_cutlass bfloat16")]
     assert gem["change"] == "regression" and gem["ratio"] < 0.9
-    assert any(f["kind"] == "alignment" for f in d.kernel_findings)
+    assert any(f["check"] == "alignment" for f in d.kernel_findings)
     assert d.to_dict()["num_regressions"] == len(d.regressions)
 
 
