@@ -27,11 +27,18 @@ FAULT_KINDS: dict[str, tuple[str, dict]] = {
     "seq-skew": ("sequence_imbalance", {"sigma": 0.35, "dp_rank": -1, "factor": 1.0, "min_len": 128}),
     "slow-link": ("communication", {"rank": None, "factor": 4.0}),
     "gc": ("worker", {"rank": None, "pause_ms": 150.0, "every": 2, "microbatch": 0}),
-    "misaligned-gemm": ("misaligned_gemm", {"kernel": "fc1", "factor": 1.8, "rank": -1, "from_step": 0}),
+    "misaligned-gemm": ("misaligned_gemm", {"kernel": "fc1", "size": None, "factor": 1.8, "rank": -1,
+                                            "from_step": 0}),
     "hang": ("hang", {"rank": None, "step": None, "index": 0}),
     "clock-skew": ("clock_skew", {"max_ms": 5.0, "host": -1, "offset_ms": 0.0, "exporter_max_ms": 0.0}),
 }
 GEMM_KERNELS = ("qkv", "proj", "fc1", "fc2")
+TP_DIM = {"qkv": ("n", 3), "proj": ("k", 1), "fc1": ("n", 4), "fc2": ("k", 4)}
+"""Per GEMM of a layer: the dim tensor parallelism splits (column-parallel qkv/fc1 split N, row-parallel
+proj/fc2 split K) and its unsplit size in multiples of ``hidden``."""
+PREFERRED_SHARE = 0.25
+"""A dim that meets the 16-byte minimum but misses the 128-byte line loses this share of the minimum's
+slowdown (partial cache lines, not a fallback kernel)."""
 
 
 @dataclass(frozen=True)
@@ -214,7 +221,26 @@ class SimConfig:
             p["stage"] = self.pp - 1
         if f.kind == "hang" and p["step"] is None:
             p["step"] = self.steps - 1
+        if f.kind == "misaligned-gemm":
+            p.update(self._misaligned(p))
         return p
+
+    def _misaligned(self, p: dict) -> dict:
+        """The misaligned GEMM as the model builds it: the tensor-parallel dim of ``kernel`` is ``size``
+        (unsplit; default 2 * tp short of the aligned size, as an FFN of 16,380 instead of 16,384), each rank
+        holds size / tp of it, and the slowdown follows from that split: ``factor`` when it misses the
+        dtype's 16-byte minimum (cuBLAS falls back to an align1/align2 kernel), a ``PREFERRED_SHARE`` of
+        that when it misses only the 128-byte line, none when aligned; FLOPs scale with the size."""
+        from rankscope.analysis.gemm_alignment import check_dim
+
+        dim, mult = TP_DIM.get(p["kernel"], ("n", 1))
+        aligned = mult * self.hidden // self.tp
+        size = p["size"] if p["size"] is not None else self.tp * (aligned - 2)
+        split = size // self.tp if isinstance(size, int) and size > 0 else 0
+        sev = check_dim(split, self.dtype) if split else None
+        slow = {"min": p["factor"], "preferred": 1 + PREFERRED_SHARE * (p["factor"] - 1)}.get(sev, 1.0)
+        return {"size": size, "dim": dim, "split": split, "aligned_split": aligned, "severity": sev,
+                "time_factor": split / aligned * slow if aligned else 1.0}
 
     def _check_fault(self, f: Fault) -> None:
         p = self.fault_params(f)
@@ -241,6 +267,10 @@ class SimConfig:
             need(0 <= p["microbatch"] < self.microbatches, "microbatch out of range")
         if f.kind == "misaligned-gemm":
             need(p["kernel"] in GEMM_KERNELS, f"kernel must be one of {GEMM_KERNELS}")
+            need(isinstance(p["size"], int) and p["size"] > 0 and p["size"] % self.tp == 0,
+                 f"size must be a positive int that divides across tp={self.tp} ranks")
+            need(p["severity"] is not None, f"size {p['size']} split {self.tp} ways = {p['split']} is aligned "
+                                            f"for {self.dtype}: nothing is misaligned")
         if f.kind == "hang":
             need(self.dp > 1, "needs dp > 1 (the rank never joins a data-parallel collective)")
             need(0 <= p["step"] < self.steps, f"step must be in 0..{self.steps - 1}")

@@ -250,7 +250,8 @@ def build_graph(cfg: SimConfig, topo: Topology, rng: np.random.Generator, T: Tem
     for f in cfg.faults_of("misaligned-gemm"):
         p = cfg.fault_params(f)
         hit = is_pass & (step >= p["from_step"]) & ((rank == p["rank"]) if p["rank"] >= 0 else True)
-        extra = (p["factor"] - 1) * GEMM_SHARE[p["kernel"]] * T.lin[tmpl] * seq_len / cfg.gpu_tflops * 1e-3
+        # The kernel's own FLOPs and speed change with its misaligned dim (SimConfig._misaligned).
+        extra = (p["time_factor"] - 1) * GEMM_SHARE[p["kernel"]] * T.lin[tmpl] * seq_len / cfg.gpu_tflops * 1e-3
         compute_dur = np.where(hit, compute_dur + extra, compute_dur)
     for f in cfg.faults_of("slow-worker"):
         p = cfg.fault_params(f)

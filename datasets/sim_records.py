@@ -174,7 +174,8 @@ BWD_KERNELS = (("fc2", "dgrad"), ("fc2", "wgrad"), ("fc1", "dgrad"), ("fc1", "wg
 
 def _kernels(cfg, g: Graph, T: Templates, spans, start, end, vstage, kernels) -> pl.DataFrame:
     """GEMM and attention kernels filling each span back to back, each taking time in proportion to its
-    flops (the misaligned GEMM's share scaled by its factor, so the span itself grows by exactly that)."""
+    flops; a misaligned GEMM carries its misaligned dim, its FLOPs follow it and its time is scaled by the
+    fault's ``time_factor``, so the span itself grows by exactly that."""
     tm = g.tmpl[spans]
     s = g.seq_len[spans].astype(np.float64)
     h = cfg.hidden
@@ -188,13 +189,15 @@ def _kernels(cfg, g: Graph, T: Templates, spans, start, end, vstage, kernels) ->
     fl = np.stack([per_quad * s * s if k == "attn" else per_lin * s * GEMM_SHARE[k] / n_gemm_parts
                    for k, _ in kernels], axis=1)
     w = fl.copy()
-    regressed = np.zeros(fl.shape, dtype=bool)
+    # Per (span, kernel): the tensor-parallel dim a misaligned GEMM has instead of its aligned one.
+    split = np.zeros(fl.shape, dtype=np.int64)
     for f in cfg.faults_of("misaligned-gemm"):
         p = cfg.fault_params(f)
         hit = (g.step[spans] >= p["from_step"]) & ((g.rank[spans] == p["rank"]) if p["rank"] >= 0 else True)
-        col = np.array([k == p["kernel"] for k, _ in kernels])
-        regressed |= hit[:, None] & col[None, :]
-        w = np.where(hit[:, None] & col[None, :], w * p["factor"], w)
+        cell = hit[:, None] & np.array([k == p["kernel"] for k, _ in kernels])[None, :]
+        split = np.where(cell, p["split"], split)
+        fl = np.where(cell, fl * p["split"] / p["aligned_split"], fl)
+        w = np.where(cell, w * p["time_factor"], w)
     L, K = int(layers.max()), len(kernels)
     frac = w / (w.sum(axis=1, keepdims=True) * layers[:, None])
     valid = np.broadcast_to((np.arange(L)[None, :] < layers[:, None])[:, :, None], (len(spans), L, K))
@@ -208,6 +211,10 @@ def _kernels(cfg, g: Graph, T: Templates, spans, start, end, vstage, kernels) ->
     is_attn = base == "attn"
     n_f = np.array([nk.get(k, (1, 1))[0] for k, _ in kernels])[kern]
     k_f = np.array([nk.get(k, (1, 1))[1] for k, _ in kernels])[kern]
+    mis = split[si, kern]
+    col_par = np.isin(base, ("qkv", "fc1"))  # column-parallel: tp splits N; row-parallel (proj, fc2): K
+    n_f = np.where((mis > 0) & col_par, mis, n_f)
+    k_f = np.where((mis > 0) & ~col_par, mis, k_f)
     mt = m_tok[si]
     m = np.select([part == "dgrad", part == "wgrad"], [mt, k_f], mt)
     n = np.select([part == "dgrad", part == "wgrad"], [k_f, n_f], n_f)
@@ -222,7 +229,7 @@ def _kernels(cfg, g: Graph, T: Templates, spans, start, end, vstage, kernels) ->
         "flops": fl[si, kern], "stream": np.full(len(si), KERNEL_STREAM, dtype=np.int64),
         "m": pl.Series(m).set(null_attn, None), "n": pl.Series(n).set(null_attn, None),
         "k": pl.Series(k).set(null_attn, None),
-        "layout": _take(("tn", "nn"), regressed[si, kern]).set(null_attn, None),
+        "layout": _take(("tn",), np.zeros(len(si), dtype=np.int64)).set(null_attn, None),
     })
 
 

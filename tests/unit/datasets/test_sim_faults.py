@@ -55,20 +55,53 @@ def test_gc_pauses_precede_the_forward_pass_of_that_rank():
     assert res.truth["faults"][0]["kind"] == "worker"
 
 
-def test_misaligned_gemm_lowers_that_kernels_throughput():
-    res = simulate(SimConfig(dp=2, pp=1, gemm_records=True, **{k: v for k, v in SMALL.items() if k != "gemm_records"},
-                             faults=(Fault("misaligned-gemm", {"kernel": "fc1", "factor": 2.0, "from_step": 1}),)))
-    k = frames(res)["compute_op"].filter(pl.col("category") == "gemm").with_columns(
+def test_misaligned_gemm_changes_the_dim_and_the_slowdown_follows():
+    cfg = SimConfig(dp=2, pp=1, tp=2, hidden=4096, gemm_records=True,
+                    **{k: v for k, v in SMALL.items() if k != "gemm_records"},
+                    faults=(Fault("misaligned-gemm", {"kernel": "fc1", "factor": 2.0, "from_step": 1}),))
+    p = cfg.fault_params(cfg.faults[0])
+    # FFN 4 * 4096 = 16,384 built as 16,380: 8,190 per tensor-parallel rank, not a multiple of 8 bf16 elements.
+    assert (p["size"], p["split"], p["aligned_split"], p["severity"]) == (16380, 8190, 8192, "min")
+    k = frames(simulate(cfg))["compute_op"].filter(pl.col("category") == "gemm").with_columns(
         tput=pl.col("flops") / (pl.col("end_ns") - pl.col("start_ns")))
     assert (k["flops"] == 2.0 * k["m"] * k["n"] * k["k"]).all()
     fc1 = k.filter(pl.col("name") == "gemm.fc1.fwd")
+    assert set(fc1.filter(pl.col("step") == 0)["n"]) == {8192} and set(fc1.filter(pl.col("step") >= 1)["n"]) == {8190}
+    assert set(k.filter(pl.col("name") == "gemm.fc1.dgrad", pl.col("step") >= 1)["k"]) == {8190}
     before = fc1.filter(pl.col("step") == 0)["tput"].mean()
     after = fc1.filter(pl.col("step") >= 1)["tput"].mean()
     assert abs(before / after - 2.0) < 0.05
     others = k.filter(pl.col("name") == "gemm.fc2.fwd")
     assert abs(others.filter(pl.col("step") == 0)["tput"].mean() / others.filter(pl.col("step") >= 1)["tput"].mean()
                - 1) < 0.03
-    assert set(fc1.filter(pl.col("step") >= 1)["layout"]) == {"nn"}
+    assert set(k["layout"]) == {"tn"}   # the dim changed, not the kernel's layout
+
+
+def test_misaligned_gemm_slowdown_depends_on_the_split():
+    kw = dict(dp=2, pp=1, **SMALL)
+    # 18,432 split 32 ways = 576: whole 16-byte chunks of fp8 but not whole 128-byte lines (a small loss).
+    fp8 = SimConfig(tp=32, hidden=4608, dtype="float8_e4m3fn", **kw,
+                    faults=(Fault("misaligned-gemm", {"size": 18432, "factor": 1.8}),))
+    p = fp8.fault_params(fp8.faults[0])
+    assert (p["split"], p["severity"]) == (576, "preferred") and 1.0 < p["time_factor"] < 1.8
+    from rankscope.collectors.errors import ConfigError
+
+    with pytest.raises(ConfigError):   # 576 is aligned for bf16: nothing would be misaligned
+        SimConfig(tp=32, hidden=4608, **kw, faults=(Fault("misaligned-gemm", {"size": 18432}),))
+    with pytest.raises(ConfigError):   # does not divide across the tensor-parallel ranks
+        SimConfig(tp=4, **kw, faults=(Fault("misaligned-gemm", {"size": 16382}),))
+
+
+def test_analyze_alone_flags_the_misaligned_gemm_without_a_baseline():
+    from rankscope.analysis.regressions import regression_section
+    from rankscope.collectors.job_frames import JobFrames
+
+    cfg = SimConfig(dp=2, pp=2, tp=2, gemm_records=True, **{k: v for k, v in SMALL.items() if k != "gemm_records"},
+                    faults=(Fault("misaligned-gemm", {"kernel": "fc1"}),))
+    f = frames(simulate(cfg))
+    regs = regression_section(JobFrames.from_frames("j", compute_op=f["compute_op"]))
+    assert regs and all(r["kind"] == "misaligned_gemm" and ".fc1." in r["culprit"] for r in regs)
+    assert regs[0]["factor"] == pytest.approx(1.8, rel=0.02) and regs[0]["steps"] == [0, 1, 2]
 
 
 def test_slow_link_stretches_transfers_of_that_nic():
