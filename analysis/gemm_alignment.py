@@ -45,11 +45,14 @@ class AlignmentConfig:
     """a dim below this alignment loses tensor-core kernels (severity ``min``)."""
     preferred_bytes: int = 128
     """a dim not a multiple of this wastes memory transactions (severity ``preferred``)."""
-    dims: tuple[str, ...] = ("n", "k")
-    """GEMM dims checked. Only a dim that is the contiguous (leading) dimension of an operand sets a
-    vector-load alignment: in PyTorch's row-major GEMMs (``x @ W.T``, ``dY @ W``) those are K (of A and
-    of a transposed B) and N (of B and C). M is the row count of A and C, usually tokens, and never
-    contiguous there, so it is not checked by default."""
+    dims: tuple[str, ...] = ("m", "n", "k")
+    """GEMM dims that may be checked."""
+    by_layout: bool = True
+    """check only the dims that are the contiguous (leading) dimension of an operand, since only those
+    set a vector-load alignment. In PyTorch's row-major GEMMs C[M,N] = A @ B that is N (of C), K of A
+    (M when A is a transposed view, layout ``t?``) and N of B (K when B is transposed, ``?t``); with the
+    layout unknown, N and K (``x @ W.T`` and ``dY @ W``). M, usually tokens, is then not checked, nor is
+    the token dim a weight-gradient GEMM reduces over."""
     min_gemm_dim: int = 16
     """a GEMM with any dim below this (a batch of 1 or 2, an outer product with k of 1) is memory-bound:
     it is a GEMV or a rank-k update, never fills one 16-row tensor-core tile, and alignment does not
@@ -156,6 +159,8 @@ def alignment_findings(compute_op: pl.DataFrame, config: AlignmentConfig | None 
         return _empty_findings()
     long = pl.concat([
         g.with_columns(pl.lit(d).alias("dim"), pl.col(d).alias("value")) for d in cfg.dims])
+    if cfg.by_layout:
+        long = long.filter(_leading_dim())
     long = long.with_columns(
         pl.when(pl.col("value") % pl.col("min_elems") != 0).then(pl.lit("min"))
         .when(pl.col("value") % pl.col("pref_elems") != 0).then(pl.lit("preferred"))
@@ -177,6 +182,14 @@ def alignment_findings(compute_op: pl.DataFrame, config: AlignmentConfig | None 
          + pl.when(pl.col("severity") == "min").then(pl.lit(f"{cfg.min_bytes}-byte minimum"))
          .otherwise(pl.lit(f"{cfg.preferred_bytes}-byte preferred")) + pl.lit(" alignment)")).alias("reason"))
     return agg.sort(["severity", "time_ns"], descending=[False, True])
+
+
+def _leading_dim() -> pl.Expr:
+    """Whether ``dim`` is the contiguous dim of A, B or C for the row's ``layout`` (see AlignmentConfig)."""
+    lay = pl.col("layout").str.to_lowercase()
+    a_t, b_t = lay.str.slice(0, 1) == "t", lay.str.slice(1, 1) == "t"
+    d = pl.col("dim")
+    return ((d == "n") | ((d == "k") & (~a_t | b_t)) | ((d == "m") & a_t))
 
 
 def gemm_rows(compute_op: pl.DataFrame) -> pl.DataFrame:

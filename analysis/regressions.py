@@ -7,8 +7,8 @@ one dict per finding with at least ``kernel, shape, dtype, ratio, reason``
 
 Each dict also has the shape of a report ``finding`` (design.md): ``kind``
 (``misaligned_gemm`` when a dim breaks the dtype's alignment rule, else
-``kernel_regression``), ``culprit`` (the one rank when a single rank is slow,
-else the kernel), ``factor`` (how many times slower), ``steps`` and
+``kernel_regression``), ``culprit`` (the rank when one rank is slow, the list of
+ranks when several are slow on nearly every shape, else the kernel), ``factor`` (how many times slower), ``steps`` and
 ``evidence``. ``check`` says which comparison found it (``throughput`` or
 ``alignment``). An alignment rule hit whose measured TFLOP/s is not below the
 threshold against the job's aligned GEMMs of its class costs nothing and is left
@@ -100,13 +100,16 @@ def _steps_by_key(compute_op: pl.DataFrame) -> dict[tuple, list[int]]:
 def _as_finding(d: dict, steps: dict[tuple, list[int]]) -> dict:
     """Add the findings keys (kind, culprit, factor, steps, evidence) to a regression dict."""
     misaligned = d["check"] == "alignment" or "misaligned dim" in d["reason"]
-    one_rank = d["check"] == "throughput" and d["comparison"] == "ranks" and len(d["ranks"]) == 1
+    by_rank = d["check"] == "throughput" and d["comparison"] == "ranks"
+    # Ranks slow on (nearly) every shape are the culprit themselves (a throttled GPU, a slow stage).
+    several = by_rank and len(d["ranks"]) > 1 and d["reason"].startswith("rank slow on")
     key = (d["kernel_class"], *_mnk(d["shape"]), d["dtype"])
     evidence = {k: d[k] for k in ("kernel", "kernel_class", "shape", "dtype", "ranks", "ratio", "ratio_basis",
                                   "reason", "comparison") if k in d}
     evidence.update({k: d[k] for k in ("tflops", "reference_tflops", "dims", "severity") if k in d})
     return {**d, "kind": "misaligned_gemm" if misaligned else "kernel_regression",
-            "culprit": d["ranks"][0] if one_rank else d["kernel"],
+            "culprit": d["ranks"][0] if by_rank and len(d["ranks"]) == 1 else list(d["ranks"]) if several
+            else d["kernel"],
             "factor": 1.0 / d["ratio"] if d["ratio"] > 0 else None,
             "steps": steps.get(key, []), "evidence": evidence}
 

@@ -229,7 +229,10 @@ def _kernels(cfg, g: Graph, T: Templates, spans, start, end, vstage, kernels) ->
         "flops": fl[si, kern], "stream": np.full(len(si), KERNEL_STREAM, dtype=np.int64),
         "m": pl.Series(m).set(null_attn, None), "n": pl.Series(n).set(null_attn, None),
         "k": pl.Series(k).set(null_attn, None),
-        "layout": _take(("tn",), np.zeros(len(si), dtype=np.int64)).set(null_attn, None),
+        # PyTorch's operand layouts (A, B transposed?): x @ W.T, dY @ W, and X.T @ dY for the weight
+        # gradient, whose reduction over tokens is no operand's contiguous dim.
+        "layout": _take(("nt", "nn", "tn"), np.select([part == "dgrad", part == "wgrad"], [1, 2], 0))
+        .set(null_attn, None),
     })
 
 

@@ -1,3 +1,4 @@
+import polars as pl
 import pytest
 
 from rankscope.analysis.gemm_alignment import (
@@ -61,7 +62,16 @@ def test_alignment_config_validation():
         AlignmentConfig(min_gemm_dim=0)
     # M (rows, usually tokens) is never the contiguous dim of a row-major GEMM: checked only when asked.
     assert alignment_findings(gemm_frame(shapes=((1000, 4096, 4096),))).height == 0
-    assert alignment_findings(gemm_frame(shapes=((1000, 4096, 4096),)), AlignmentConfig(dims=("m", "n", "k"))).height
+    assert alignment_findings(gemm_frame(shapes=((1000, 4096, 4096),)), AlignmentConfig(by_layout=False)).height
+    assert alignment_findings(gemm_frame(shapes=((1000, 4096, 4096),)).with_columns(layout=pl.lit("tn"))).height
+
+
+def test_only_contiguous_dims_by_layout():
+    # A weight gradient dW^T[K_in, N] = X^T @ dY reduces over tokens (k=1001): no operand is contiguous in it.
+    wgrad = gemm_frame(shapes=((4096, 4096, 1001),)).with_columns(layout=pl.lit("tn"))
+    assert alignment_findings(wgrad).height == 0
+    fwd = gemm_frame(shapes=((4096, 4096, 1001),)).with_columns(layout=pl.lit("nt"))
+    assert alignment_findings(fwd)["dim"].to_list() == ["k"]
 
 
 @pytest.mark.parametrize("shape,dtype", [((2, 1, 2048), "bfloat16"), ((2048, 1, 32), "bfloat16"),
