@@ -10,9 +10,9 @@ Each dict also has the shape of a report ``finding`` (design.md): ``kind``
 ``kernel_regression``), ``culprit`` (the rank when one rank is slow, the list of
 ranks when several are slow on nearly every shape, else the kernel), ``factor`` (how many times slower), ``steps`` and
 ``evidence``. ``check`` says which comparison found it (``throughput`` or
-``alignment``). An alignment rule hit whose measured TFLOP/s is not below the
-threshold against the job's aligned GEMMs of its class costs nothing and is left
-out; one with nothing to measure against is kept on the rule alone.
+``alignment``). An alignment rule hit whose measured TFLOP/s is not below
+``alignment_cost`` (0.97) of the job's aligned GEMMs of its class and size costs
+nothing and is left out; one with nothing to measure against is kept on the rule alone.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
 import polars as pl
 
 from rankscope.analysis.gemm_alignment import AlignmentConfig, alignment_findings, element_bytes, gemm_rows
@@ -34,6 +35,9 @@ from rankscope.analysis.gemm_throughput import (
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
 
+SIMILAR_FLOPS = 4
+"""An aligned GEMM is a like-for-like reference for a misaligned one within this factor of FLOPs per call."""
+
 
 @dataclass(frozen=True)
 class RegressionConfig:
@@ -47,10 +51,16 @@ class RegressionConfig:
     """also report dims that meet the 16-byte minimum but miss the 128-byte preferred alignment."""
     tp: int | None = None
     """tensor-parallel degree, when known, to name the unsplit size of a misaligned dim."""
+    alignment_cost: float = 0.97
+    """a misaligned GEMM is reported when its TFLOP/s is below this fraction of its aligned peers' (a cost of
+    ~3% or more), or when there is nothing to measure it against; at or above it the dim costs nothing
+    measurable. Kept apart from the throughput threshold so a small but real cost is still listed."""
 
     def __post_init__(self):
         if not isinstance(self.alignment, AlignmentConfig) or not isinstance(self.throughput, ThroughputConfig):
             raise ConfigError("alignment and throughput must be AlignmentConfig and ThroughputConfig")
+        if not 0.0 < self.alignment_cost <= 1.0:
+            raise ConfigError(f"alignment_cost must be in (0, 1], got {self.alignment_cost}")
         if self.tp is not None and self.tp < 1:
             raise ConfigError(f"tp must be >= 1, got {self.tp}")
 
@@ -83,7 +93,7 @@ def regression_section(frames: JobFrames, baseline: JobFrames | None = None,
     out = [_throughput_dict(r) for r in thr.iter_rows(named=True)]
     explained = thr.filter(pl.col("reason").str.contains("misaligned dim")).select(KEY).unique()
     out += [d for d in _alignment_dicts(align, tp, explained)
-            if d["ratio_basis"] == "none" or d["ratio"] < cfg.throughput.threshold]
+            if d["ratio_basis"] == "none" or d["ratio"] < cfg.alignment_cost]
     steps = _steps_by_key(frames.compute_op)
     out = [_as_finding(d, steps) for d in out]
     return sorted(out, key=lambda d: (d["ratio"], d["check"] != "throughput"))
@@ -154,7 +164,7 @@ def _alignment_dicts(align: pl.DataFrame, tp: pl.DataFrame, explained: pl.DataFr
     ratios = _aligned_ratio(tp, mis)
     out = []
     for r in mis.join(ratios, on=KEY, how="left").iter_rows(named=True):
-        basis = "aligned GEMMs of this job" if r["_ratio"] is not None else "none"
+        basis = r["_basis"] if r["_ratio"] is not None else "none"
         out.append({"check": "alignment", "kernel": r["kernel"], "kernel_class": r["kernel_class"],
                     "shape": _shape(r), "dtype": r["dtype"], "layout": r["layout"], "ranks": list(r["ranks"]),
                     "ratio": float(r["_ratio"]) if r["_ratio"] is not None else 1.0, "ratio_basis": basis,
@@ -164,12 +174,25 @@ def _alignment_dicts(align: pl.DataFrame, tp: pl.DataFrame, explained: pl.DataFr
 
 
 def _aligned_ratio(tp: pl.DataFrame, mis: pl.DataFrame) -> pl.DataFrame:
-    """TFLOP/s of each misaligned key over the median TFLOP/s of the aligned keys of its class and dtype."""
+    """TFLOP/s of each misaligned key over the median TFLOP/s of the aligned keys of its class and dtype,
+    taken from those of a similar size (FLOPs per call within ``SIMILAR_FLOPS`` times) when there are any:
+    small GEMMs run at a lower TFLOP/s than big ones whatever their alignment. Returns KEY, ``_ratio``,
+    ``_basis``."""
     if tp.height == 0:
-        return pl.DataFrame(schema={**{c: tp.schema[c] for c in KEY}, "_ratio": pl.Float64})
-    per_key = tp.group_by(KEY).agg(pl.col("tflops").median().alias("_tf"))
+        return pl.DataFrame(schema={**{c: tp.schema[c] for c in KEY}, "_ratio": pl.Float64, "_basis": pl.String})
+    per_key = tp.group_by(KEY).agg(pl.col("tflops").median().alias("_tf"),
+                                   (pl.col("flops") / pl.col("num_calls")).median().log().alias("_lf"))
     flagged = per_key.join(mis.select(KEY), on=KEY, how="semi")
-    aligned = per_key.join(mis.select(KEY), on=KEY, how="anti").group_by(["kernel_class", "dtype"]).agg(
-        pl.col("_tf").median().alias("_ref"))
-    return flagged.join(aligned, on=["kernel_class", "dtype"], how="left").select(
-        *KEY, (pl.col("_tf") / pl.col("_ref")).alias("_ratio"))
+    aligned = per_key.join(mis.select(KEY), on=KEY, how="anti").select(
+        "kernel_class", "dtype", pl.col("_tf").alias("_rtf"), pl.col("_lf").alias("_rlf"))
+    pairs = flagged.join(aligned, on=["kernel_class", "dtype"], how="inner")
+    near = (pl.col("_lf") - pl.col("_rlf")).abs() <= float(np.log(SIMILAR_FLOPS))
+    ref = pairs.group_by(KEY).agg(pl.col("_rtf").filter(near).median().alias("_near"),
+                                  pl.col("_rtf").median().alias("_all"))
+    out = flagged.join(ref, on=KEY, how="left")
+    return out.select(
+        *KEY, (pl.col("_tf") / pl.coalesce("_near", "_all")).alias("_ratio"),
+        pl.when(pl.col("_near").is_not_null()).then(pl.lit(f"aligned GEMMs of this job within {SIMILAR_FLOPS}x "
+                                                            "its FLOPs per call"))
+        .when(pl.col("_all").is_not_null()).then(pl.lit("aligned GEMMs of this job"))
+        .otherwise(pl.lit("none")).alias("_basis"))

@@ -32,7 +32,20 @@ def test_misaligned_shape_flagged_by_rule_with_measured_ratio():
     assert [(r["check"], r["kind"], r["culprit"]) for r in regs] == [("alignment", "misaligned_gemm", regs[0]["kernel"])]
     assert regs[0]["shape"] == [4096, 1000, 4096] and regs[0]["dtype"] == "bfloat16"
     assert regs[0]["ratio"] == pytest.approx(0.5, rel=0.01) and "N=1000" in regs[0]["reason"]
-    assert regs[0]["ratio_basis"] == "aligned GEMMs of this job"
+    assert regs[0]["ratio_basis"] == "aligned GEMMs of this job"   # S1 has 4.1x its FLOPs: no similar size
+
+
+def test_misaligned_shape_compared_with_aligned_gemms_of_similar_size():
+    # Small GEMMs run at half the big one's TFLOP/s, aligned or not: the misaligned small one costs nothing.
+    small, small_bad = (1024, 1024, 1024), (1024, 1000, 1024)
+    slow = {(r, s): f for r in range(4) for s, f in ((small, 2 / 64), (small_bad, 2 / 64 * 1000 / 1024))}
+    regs = regression_section(_jf(gemm_frame(shapes=(S1, small, small_bad), slow=slow)))
+    assert regs == []
+    # The same shape 1.5x slower than its like-sized aligned peer is a finding, with that basis.
+    slow[(0, small_bad)] = slow[(1, small_bad)] = slow[(2, small_bad)] = slow[(3, small_bad)] = 1.5 * slow[(0, small_bad)]
+    regs = regression_section(_jf(gemm_frame(shapes=(S1, small, small_bad), slow=slow)))
+    assert [r["kind"] for r in regs] == ["misaligned_gemm"] and regs[0]["factor"] == pytest.approx(1.5, rel=1e-2)
+    assert "within 4x" in regs[0]["ratio_basis"]
 
 
 def test_baseline_slowdown_explained_by_misalignment_is_one_finding():
