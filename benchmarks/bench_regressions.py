@@ -8,8 +8,8 @@ throughput comparison), or nothing (to count false alarms). Each finding check i
 ``misaligned_gemm`` counts alignment findings, ``kernel_regression`` counts throughput findings. A job
 is *found* when a finding of the row's kind names the right rank(s) (and, for a misaligned GEMM, a
 kernel of the injected layer); a finding is *correct* when it names only injected ranks (and the
-injected layer). Clean and seq-skew jobs count false alarms (``false-alarm jobs``, of the 2 x n/5
-negative jobs). Default 60 jobs; BENCH_FULL=1 runs 240. The simulator times jobs with the analysis'
+injected layer). Clean and seq-skew jobs count false alarms (``false-alarm jobs``, of the n/3
+negative jobs); misaligned-cheap jobs have a fallback kernel only 4-15% slower. Default 60 jobs; BENCH_FULL=1 runs 240. The simulator times jobs with the analysis'
 own replay engine and the same alignment rule, so these rows partly check the code against itself.
 
 The HTA row counts regressions and hangs on Meta's sample traces (2 of 128 ranks, and 1 of 2 ranks:
@@ -39,11 +39,11 @@ from rankscope.collectors.job_frames import JobFrames
 from rankscope.datasets.sim_config import Fault, SimConfig
 from rankscope.datasets.simulator import simulate
 
-KINDS = ("misaligned-all", "misaligned-rank", "throttled-rank", "clean", "seq-skew")
+KINDS = ("misaligned-all", "misaligned-rank", "misaligned-cheap", "throttled-rank", "clean", "seq-skew")
 NEGATIVE = ("clean", "seq-skew")
 """Jobs where no kernel finding is right; seq-skew gives every microbatch its own token count, so GEMM
 dims such as 4,561 tokens appear that no alignment rule may call misaligned."""
-ROW_OF = {"misaligned-all": "misaligned_gemm", "misaligned-rank": "misaligned_gemm",
+ROW_OF = {"misaligned-all": "misaligned_gemm", "misaligned-rank": "misaligned_gemm", "misaligned-cheap": "misaligned_gemm",
           "throttled-rank": "kernel_regression"}
 SHARED = Path(os.environ.get("RANKSCOPE_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 
@@ -65,6 +65,9 @@ def one_job(i: int, rng: np.random.Generator) -> dict:
     faults, ranks = (), set()
     if kind == "misaligned-rank":
         faults, ranks = (Fault("misaligned-gemm", {"kernel": kernel, "factor": factor, "rank": rank}),), {rank}
+    elif kind == "misaligned-cheap":   # a fallback kernel only 4-15% slower: still a finding
+        factor = float(rng.uniform(1.04, 1.15))
+        faults, ranks = (Fault("misaligned-gemm", {"kernel": kernel, "factor": factor, "rank": -1}),), set(range(world))
     elif kind == "misaligned-all":
         faults, ranks = (Fault("misaligned-gemm", {"kernel": kernel, "factor": factor, "rank": -1}),), set(range(world))
     elif kind == "throttled-rank":
@@ -86,7 +89,7 @@ def one_job(i: int, rng: np.random.Generator) -> dict:
             return kind == "throttled-rank" or f".{kernel}." in f["kernel"]
 
         def names_fault(f):
-            return correct(f) and (set(f["ranks"]) == ranks if kind == "misaligned-all" else rank in f["ranks"])
+            return correct(f) and (set(f["ranks"]) == ranks if ranks == set(range(world)) else rank in f["ranks"])
 
         out[f"{row}_n"] = len(found)
         out[f"{row}_correct"] = sum(map(correct, found))
@@ -103,7 +106,7 @@ def sim_table(n: int) -> None:
           f"threshold 0.9), {wall:.1f} s wall")
     print(f"{'finding row':<19}{'jobs':<17}{'n':>4}{'recall':>9}{'precision':>11}{'false-alarm jobs':>18}"
           f"{'s/job':>8}")
-    for row, kinds in (("misaligned_gemm", ("misaligned-all", "misaligned-rank")),
+    for row, kinds in (("misaligned_gemm", ("misaligned-all", "misaligned-rank", "misaligned-cheap")),
                        ("kernel_regression", ("throttled-rank",))):
         for kind in (*kinds, "all"):
             r = rows.filter(pl.col("kind").is_in(kinds)) if kind == "all" else rows.filter(pl.col("kind") == kind)
@@ -120,7 +123,8 @@ def sim_table(n: int) -> None:
         if missed.height:
             print(f"missed {row} (kind, factor):",
                   [(k, round(f, 2)) for k, f in missed.select("kind", "factor").iter_rows()])
-    print("target: recall >= 0.9 and precision >= 0.9 at factor >= 1.15 (ratio <= 0.87 vs threshold 0.9)")
+    print("target: recall >= 0.9 and precision >= 0.9 at factor >= 1.15 (ratio <= 0.87 vs threshold 0.9); "
+          "misaligned-cheap (factor 1.04-1.15) listed too")
 
 
 def hta_table() -> None:
