@@ -101,28 +101,29 @@ def _row(aspect, item, a, b, unit, higher_is_better, evidence="") -> dict:
 
 
 def step_durations(frames: JobFrames) -> pl.DataFrame:
-    """Duration of each step: from step_mark when present, else the span of the ops labelled with it.
+    """The job's steps by the one step definition (:mod:`rankscope.analysis.steps`), as analyze reports them.
 
-    Returns ``step, start_ns, end_ns, dur_ns`` (the span over all ranks).
+    Returns ``step, start_ns, end_ns, dur_ns, warmup`` (dur_ns: the step time; warmup: left out of the median).
     """
-    sm = frames.step_mark.filter(pl.col("end_ns").is_not_null()) if frames.step_mark.height else None
-    if sm is None or sm.height == 0:
-        parts = [df.select("step", "start_ns", "end_ns") for df in (frames.compute_op, frames.comm_op)
-                 if df.height and "step" in df.columns]
-        if not parts:
-            return pl.DataFrame(schema={"step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
-                                        "dur_ns": pl.Int64})
-        sm = pl.concat(parts).filter(pl.col("step").is_not_null() & pl.col("end_ns").is_not_null())
-    return sm.group_by("step").agg(pl.col("start_ns").min(), pl.col("end_ns").max()).with_columns(
-        (pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns")).sort("step")
+    from rankscope.analysis.job_model import build_job_model
+
+    t = build_job_model(frames).steps
+    return t.select("step", "start_ns", "end_ns", pl.col("duration_ns").alias("dur_ns"), "warmup")
+
+
+def _steady_median(t: pl.DataFrame) -> tuple[float, int]:
+    steady = t.filter(~pl.col("warmup"))
+    steady = steady if steady.height else t
+    return float(steady["dur_ns"].median()), steady.height
 
 
 def _step_rows(a: JobFrames, b: JobFrames) -> list[dict]:
     da, db = step_durations(a), step_durations(b)
     if da.height == 0 or db.height == 0:
         return []
-    ma, mb = float(da["dur_ns"].median()), float(db["dur_ns"].median())
-    ev = f"median of {da.height} vs {db.height} steps; slowest {db['dur_ns'].max() / 1e6:.2f} ms in B"
+    (ma, na), (mb, nb) = _steady_median(da), _steady_median(db)
+    ev = (f"median of {na} vs {nb} steps (warm-up steps left out); "
+          f"slowest {db['dur_ns'].max() / 1e6:.2f} ms in B")
     return [_row("step", "step time", ma / 1e6, mb / 1e6, "ms", False, ev)]
 
 
