@@ -104,13 +104,14 @@ def _with_labels(aligned: pl.DataFrame, completed: pl.DataFrame) -> pl.DataFrame
 
 
 def _rank_col(frames: JobFrames, col: str) -> pl.DataFrame:
-    """rank -> the smallest non-null value of ``col`` over compute_op and comm_op."""
-    parts = [f.filter(pl.col(col).is_not_null()).select(pl.col("rank").cast(pl.Int64), pl.col(col).cast(pl.Int64))
-             for f in (frames.compute_op, frames.comm_op) if not f.is_empty() and col in f.columns]
+    """rank -> the smallest non-null value of ``col`` in compute_op, else in comm_op."""
+    parts = [f.filter(pl.col(col).is_not_null()).group_by(pl.col("rank").cast(pl.Int64))
+             .agg(pl.col(col).cast(pl.Int64).min()).with_columns(pl.lit(i).alias("_pref"))
+             for i, f in enumerate((frames.compute_op, frames.comm_op)) if not f.is_empty() and col in f.columns]
     parts = [p for p in parts if not p.is_empty()]
     if not parts:
         return pl.DataFrame(schema={"rank": pl.Int64, col: pl.Int64})
-    return pl.concat(parts).group_by("rank").agg(pl.col(col).min())
+    return pl.concat(parts).sort("_pref").unique("rank", keep="first").drop("_pref")
 
 
 def _position(groups: list[list] | None, col: str, index_col: str | None = None) -> pl.DataFrame:

@@ -59,6 +59,9 @@ def _summary(d) -> str:
     if s.pp > 1 and s.pp_groups:
         order = f", pipeline {' > '.join(map(str, s.pp_groups[0]))}"
     step = f"{d.steps.median_ns / 1e6:,.1f} ms x {d.steps.count} steps" if d.steps.count else "steps unknown"
+    warm = d.steps.extra.get("warmup") or []
+    if warm:
+        step += f" ({len(warm)} warm-up left out of the median)"
     if d.steps.extra.get("ambiguous"):
         step += " (ambiguous: may be a multiple of the step)"
     return (f"{d.job}: {s.world_size} endpoints, dp={s.dp} pp={s.pp} tp={s.tp} "
