@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from rankscope.analysis.clock_align import ClockConfig, apply_exporter_offsets, exporter_clock_offsets
+from rankscope.analysis.coverage import rank_coverage
 from rankscope.analysis.diagnosis import Diagnosis, Steps, Strategy
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.hangs import hang_section
@@ -53,7 +54,8 @@ def data_quality(frames: JobFrames) -> dict:
     counts = {k: getattr(frames, k).height for k in
               ("comm_op", "compute_op", "flow", "step_mark", "batch_meta", "endpoint_map")}
     return {"records": counts, "rejected": dict(frames.rejects),
-            "num_rejected": int(sum(frames.rejects.values())), "relative_time": frames.relative_time}
+            "num_rejected": int(sum(frames.rejects.values())), "relative_time": frames.relative_time,
+            **rank_coverage(frames)}
 
 
 @dataclass
