@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from rankscope.analysis.diagnosis import jsonable
 from rankscope.analysis.gemm_alignment import alignment_findings
 from rankscope.analysis.gemm_throughput import class_throughput
 from rankscope.analysis.regressions import RegressionConfig, regression_section
@@ -54,9 +55,9 @@ class RunDiff:
         return [r for r in self.rows if r["change"] == "regression"]
 
     def to_dict(self) -> dict:
-        return {"baseline_job": self.baseline_job, "job": self.job, "threshold": self.threshold,
-                "num_regressions": len(self.regressions), "rows": self.rows,
-                "kernel_findings": self.kernel_findings}
+        return jsonable({"baseline_job": self.baseline_job, "job": self.job, "threshold": self.threshold,
+                         "num_regressions": len(self.regressions), "rows": self.rows,
+                         "kernel_findings": self.kernel_findings})
 
 
 def diff_runs(baseline: JobFrames, current: JobFrames, config: DiffConfig | None = None) -> RunDiff:
