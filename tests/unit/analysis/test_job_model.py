@@ -114,3 +114,15 @@ def test_records_without_labels_get_the_labelled_diagnosis(fault, verdict):
     assert bare.stragglers.slowdown == pytest.approx(full.stragglers.slowdown, rel=1e-9)
     top = lambda d: {k: d.stragglers.top_workers[0][k] for k in ("endpoint", "stage", "dp_rank")}  # noqa: E731
     assert top(bare) == top(full)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_interleaved_schedule_leaves_stage_and_microbatch_unknown(pp):
+    """Span order does not give microbatch ids (nor virtual stages) under interleaving: unknown, not wrong."""
+    t = _sim_tables(schedule="interleaved", virtual_stages=2, pp=pp, microbatches=4, gemm_records=False)
+    m = build_job_model(_stripped(t))
+    comp = m.frames.compute_op
+    assert comp["stage"].null_count() == comp.height and comp["microbatch"].null_count() == comp.height
+    assert _agree(t["compute_op"], comp, "step") == 1.0
+    assert m.notes and "interleaved" in m.notes[0]
+    assert m.layout["stage"].null_count() == 0  # the rank's pipeline position is still known
