@@ -139,6 +139,15 @@ def _stragglers(model: JobModel, strategy: Strategy, config: DiagnoseConfig):
     return straggler_section(model.frames, strategy, config.stragglers, **kw)
 
 
+def _hangs(model: JobModel, missing_ranks: list[int]) -> list[dict]:
+    """The one call of the hang section: completed frames, and the ranks without records where it takes
+    them (a missing trace alone is no hang)."""
+    kw = {}
+    if "missing_ranks" in inspect.signature(hang_section).parameters:
+        kw["missing_ranks"] = missing_ranks
+    return hang_section(model.frames, **kw)
+
+
 def analyze_job(frames: JobFrames, config: DiagnoseConfig | None = None,
                 baseline: JobFrames | None = None) -> tuple[Diagnosis, dict[str, pl.DataFrame]]:
     """:func:`diagnose` plus the tables the report's figures draw from.
@@ -174,7 +183,7 @@ def analyze_job(frames: JobFrames, config: DiagnoseConfig | None = None,
                                 "filled": model.filled, "notes": model.notes}
     d.stragglers = _stragglers(model, d.strategy, config)
     d.regressions = regression_section(model.frames, baseline, config.regressions)
-    d.hangs = hang_section(model.frames)
+    d.hangs = _hangs(model, d.data_quality.get("missing_ranks") or [])
     tables["steps"] = steps_frame(model.steps) if not model.steps.is_empty() else _flow_steps(d)
     return d, tables
 
