@@ -126,3 +126,18 @@ def test_interleaved_schedule_leaves_stage_and_microbatch_unknown(pp):
     assert _agree(t["compute_op"], comp, "step") == 1.0
     assert m.notes and "interleaved" in m.notes[0]
     assert m.layout["stage"].null_count() == 0  # the rank's pipeline position is still known
+
+
+def test_hang_section_gets_the_missing_ranks_where_it_takes_them(monkeypatch):
+    t = _sim_tables(dp=2, pp=2, microbatches=2, layers=4, gemm_records=False)
+    frames = JobFrames.from_frames("j", **t)
+    frames.declared = [{"format": "kineto", "world_size": 6, "source": "x"}]
+    seen = {}
+
+    def fake(frames, missing_ranks=()):
+        seen["missing"] = list(missing_ranks)
+        return []
+
+    monkeypatch.setattr(diagnose_mod, "hang_section", fake)
+    d, _ = diagnose_mod.analyze_job(frames)
+    assert seen["missing"] == [4, 5] == d.data_quality["missing_ranks"]
