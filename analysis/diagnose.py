@@ -10,26 +10,23 @@ built; :func:`job_timelines` exposes the timeline table itself.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import polars as pl
 
-from rankscope.analysis.clock_align import (
-    ClockConfig,
-    apply_exporter_offsets,
-    apply_rank_offsets,
-    exporter_clock_offsets,
-    rank_clock_offsets,
-)
+from rankscope.analysis.clock_align import ClockConfig, apply_exporter_offsets, exporter_clock_offsets
+from rankscope.analysis.coverage import rank_coverage
 from rankscope.analysis.diagnosis import Diagnosis, Steps, Strategy
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.hangs import hang_section
+from rankscope.analysis.job_model import JobModel, build_job_model
 from rankscope.analysis.regressions import RegressionConfig, regression_section
+from rankscope.analysis.steps import steps_frame, steps_section
 from rankscope.analysis.stragglers import StragglerConfig, straggler_section
 from rankscope.analysis.strategy_compare import compare_strategies
 from rankscope.analysis.strategy_flows import infer_flows
-from rankscope.analysis.strategy_whitebox import infer_whitebox
-from rankscope.analysis.timelines import rank_timelines, step_table, steps_section
+from rankscope.analysis.timelines import rank_timelines
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
 
@@ -57,7 +54,8 @@ def data_quality(frames: JobFrames) -> dict:
     counts = {k: getattr(frames, k).height for k in
               ("comm_op", "compute_op", "flow", "step_mark", "batch_meta", "endpoint_map")}
     return {"records": counts, "rejected": dict(frames.rejects),
-            "num_rejected": int(sum(frames.rejects.values())), "relative_time": frames.relative_time}
+            "num_rejected": int(sum(frames.rejects.values())), "relative_time": frames.relative_time,
+            **rank_coverage(frames)}
 
 
 @dataclass
@@ -71,18 +69,27 @@ class AlignedJob:
 
 
 def align_job(frames: JobFrames, config: ClockConfig | None = None) -> AlignedJob:
-    """Align comm_op, compute_op and step_mark of one job (needs comm_op collectives for the fit)."""
-    off = rank_clock_offsets(frames.comm_op, config)
-    return AlignedJob(comm_op=apply_rank_offsets(frames.comm_op, off),
-                      compute_op=apply_rank_offsets(frames.compute_op, off),
-                      step_mark=apply_rank_offsets(frames.step_mark, off), rank_offsets=off)
+    """Align comm_op, compute_op and step_mark of one job (the job model's aligned frames)."""
+    m = build_job_model(frames, config)
+    return AlignedJob(comm_op=m.aligned_comm, compute_op=m.aligned_compute, step_mark=m.aligned_step_mark,
+                      rank_offsets=m.rank_offsets)
+
+
+def model_timelines(model: JobModel) -> pl.DataFrame:
+    """Per-rank, per-step phases from a job model (see :func:`rankscope.analysis.timelines.rank_timelines`)."""
+    return rank_timelines(model.rank_steps, model.aligned_comm, model.aligned_compute)
 
 
 def job_timelines(frames: JobFrames, config: DiagnoseConfig | None = None) -> pl.DataFrame:
     """Per-rank, per-step phases of one job (see :func:`rankscope.analysis.timelines.rank_timelines`)."""
     config = config or DiagnoseConfig()
-    a = align_job(frames, config.clock)
-    return rank_timelines(step_table(a.step_mark, a.comm_op, a.compute_op), a.comm_op, a.compute_op)
+    return model_timelines(build_job_model(frames, config.clock))
+
+
+def job_step_table(frames: JobFrames, config: DiagnoseConfig | None = None) -> pl.DataFrame:
+    """The job's steps by the one step definition (what analyze reports and diff compares)."""
+    config = config or DiagnoseConfig()
+    return build_job_model(frames, config.clock).steps
 
 
 def _clock_quality(off: pl.DataFrame) -> dict:
@@ -92,18 +99,17 @@ def _clock_quality(off: pl.DataFrame) -> dict:
             "max_abs_drift": float(off["drift"].abs().max())}
 
 
-def _whitebox(frames: JobFrames, config: DiagnoseConfig, d: Diagnosis) -> pl.DataFrame:
-    d.strategy = infer_whitebox(frames.comm_op)
-    a = align_job(frames, config.clock)
-    steps = step_table(a.step_mark, a.comm_op, a.compute_op)
-    source = "step_mark" if not frames.step_mark.is_empty() else "step column"
-    d.steps = steps_section(steps, source)
-    tl = rank_timelines(steps, a.comm_op, a.compute_op)
+def _whitebox(model: JobModel, d: Diagnosis) -> pl.DataFrame:
+    d.strategy = model.strategy
+    d.steps = steps_section(model.steps, model.steps_source)
+    tl = model_timelines(model)
     if not tl.is_empty():
         per_rank = tl.group_by("rank").agg(pl.col("compute_ns", "comm_ns", "exposed_comm_ns", "idle_ns",
                                                   "exposed_wait_ns").sum()).sort("rank")
         d.steps.extra["phases_by_rank"] = per_rank.to_dicts()
-    d.data_quality["clock"] = _clock_quality(a.rank_offsets)
+    d.data_quality["clock"] = _clock_quality(model.rank_offsets)
+    if model.frames.relative_time:
+        d.data_quality["clock"]["note"] = "relative-time records: each step keeps its own origin, clocks not fitted"
     return tl
 
 
@@ -125,21 +131,41 @@ def diagnose(frames: JobFrames, config: DiagnoseConfig | None = None,
     return analyze_job(frames, config, baseline)[0]
 
 
+def _stragglers(model: JobModel, strategy: Strategy, config: DiagnoseConfig):
+    """The one call of the straggler section: completed frames, and the layout where it takes one."""
+    kw = {}
+    if "layout" in inspect.signature(straggler_section).parameters:
+        kw["layout"] = model.layout_columns()
+    return straggler_section(model.frames, strategy, config.stragglers, **kw)
+
+
+def _hangs(model: JobModel, missing_ranks: list[int]) -> list[dict]:
+    """The one call of the hang section: completed frames, and the ranks without records where it takes
+    them (a missing trace alone is no hang)."""
+    kw = {}
+    if "missing_ranks" in inspect.signature(hang_section).parameters:
+        kw["missing_ranks"] = missing_ranks
+    return hang_section(model.frames, **kw)
+
+
 def analyze_job(frames: JobFrames, config: DiagnoseConfig | None = None,
                 baseline: JobFrames | None = None) -> tuple[Diagnosis, dict[str, pl.DataFrame]]:
     """:func:`diagnose` plus the tables the report's figures draw from.
 
     Returns (Diagnosis, tables) with tables ``timeline`` (per rank per step
-    phases, white-box only) and ``steps`` (step, duration_ns).
+    phases, white-box only), ``steps`` (step id, duration_ns, span_ns, warmup:
+    the one step definition) and ``layout`` (rank, stage, dp_rank, tp_rank,
+    pipeline, source).
     """
     config = config or DiagnoseConfig()
     d = Diagnosis(job=frames.job, sources=list(frames.sources))
     d.data_quality = data_quality(frames)
-    tables: dict[str, pl.DataFrame] = {}
+    model = build_job_model(frames, config.clock)
+    tables: dict[str, pl.DataFrame] = {"layout": model.layout}
     has_comm = not frames.comm_op.is_empty()
     has_flow = not frames.flow.is_empty()
     if has_comm:
-        tables["timeline"] = _whitebox(frames, config, d)
+        tables["timeline"] = _whitebox(model, d)
         if has_flow:
             flows_only = Diagnosis(job=frames.job)
             _blackbox(frames, config, flows_only)
@@ -149,14 +175,20 @@ def analyze_job(frames: JobFrames, config: DiagnoseConfig | None = None,
         _blackbox(frames, config, d)
     else:
         d.strategy = Strategy(extra={"evaluated": False, "why": "no comm_op or flow records"})
-        if not frames.step_mark.is_empty() or not frames.compute_op.is_empty():
-            d.steps = steps_section(step_table(frames.step_mark, frames.comm_op, frames.compute_op), "step_mark")
+        if not model.steps.is_empty():
+            d.steps = steps_section(model.steps, model.steps_source)
         else:
             d.steps = Steps(extra={"evaluated": False, "why": "no step boundaries found"})
-    d.stragglers = straggler_section(frames, d.strategy, config.stragglers)
-    d.regressions = regression_section(frames, baseline, config.regressions)
-    d.hangs = hang_section(frames)
-    durs = d.steps.extra.get("durations_ns") or []
-    tables["steps"] = pl.DataFrame({"step": list(range(len(durs))), "duration_ns": durs},
-                                   schema={"step": pl.Int64, "duration_ns": pl.Int64})
+    d.data_quality["layout"] = {"source": model.layout["source"][0] if model.layout.height else "unknown",
+                                "filled": model.filled, "notes": model.notes}
+    d.stragglers = _stragglers(model, d.strategy, config)
+    d.regressions = regression_section(model.frames, baseline, config.regressions)
+    d.hangs = _hangs(model, d.data_quality.get("missing_ranks") or [])
+    tables["steps"] = steps_frame(model.steps) if not model.steps.is_empty() else _flow_steps(d)
     return d, tables
+
+
+def _flow_steps(d: Diagnosis) -> pl.DataFrame:
+    durs = d.steps.extra.get("durations_ns") or []
+    return pl.DataFrame({"step": list(range(len(durs))), "duration_ns": durs},
+                        schema={"step": pl.Int64, "duration_ns": pl.Int64})

@@ -14,33 +14,12 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.diagnosis import Steps
+from rankscope.analysis.steps import rank_step_windows, steps_section  # noqa: F401  (the one step definition)
+
+step_table = rank_step_windows
 
 TIMELINE_COLUMNS = ("rank", "step", "start_ns", "end_ns", "duration_ns", "compute_ns", "comm_ns",
                     "exposed_comm_ns", "idle_ns", "exposed_wait_ns")
-
-
-def step_table(step_mark: pl.DataFrame, comm_op: pl.DataFrame, compute_op: pl.DataFrame) -> pl.DataFrame:
-    """One row per (rank, step): start_ns, end_ns (aligned inputs expected).
-
-    Needs step_mark rank, step, start_ns, end_ns; else comm_op/compute_op rank, step, start_ns, end_ns.
-    A step without an end ends where the rank's next step starts.
-    """
-    if not step_mark.is_empty():
-        t = step_mark.select(pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64), "start_ns", "end_ns")
-    else:
-        parts = [f.filter(pl.col("step").is_not_null())
-                  .select(pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64), "start_ns",
-                          pl.col("end_ns").fill_null(pl.col("start_ns")))
-                 for f in (comm_op, compute_op) if not f.is_empty()]
-        parts = [p for p in parts if not p.is_empty()]
-        if not parts:
-            return pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64})
-        t = pl.concat(parts)
-    t = (t.group_by(["rank", "step"]).agg(pl.col("start_ns").min(), pl.col("end_ns").max()).sort(["rank", "step"]))
-    nxt = pl.col("start_ns").shift(-1).over("rank")
-    return t.with_columns(end_ns=pl.coalesce(pl.col("end_ns"), nxt)).with_columns(
-        end_ns=pl.when(nxt.is_not_null() & (pl.col("end_ns") < nxt)).then(nxt).otherwise(pl.col("end_ns")))
 
 
 def _union_ns(iv: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
@@ -57,30 +36,44 @@ def _union_ns(iv: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
 
 
 def _clip_to_steps(spans: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """Assign spans (rank, start_ns, end_ns) to the step window containing their start, clipped to it."""
+    """Assign spans (rank, start_ns, end_ns, optional step) to a step window, clipped to it.
+
+    A span labelled with a step goes to that step's window (on relative-time
+    traces every window of a rank starts at 0, so only the label can tell
+    them apart); an unlabelled one to the window containing its start.
+    """
+    empty = pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64})
     if spans.is_empty() or steps.is_empty():
-        return pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64})
-    w = steps.select("rank", "step", w0="start_ns", w1="end_ns").sort("w0")
-    s = spans.select(pl.col("rank").cast(pl.Int64), "start_ns", "end_ns").sort("start_ns")
-    j = s.join_asof(w, left_on="start_ns", right_on="w0", by="rank", strategy="backward",
-                    check_sortedness=False)
+        return empty
+    w = steps.select("rank", "step", w0="start_ns", w1="end_ns")
+    s = spans.select(pl.col("rank").cast(pl.Int64), "start_ns", "end_ns",
+                     (pl.col("step").cast(pl.Int64) if "step" in spans.columns
+                      else pl.lit(None, dtype=pl.Int64)).alias("step"))
+    lab = s.filter(pl.col("step").is_not_null()).join(w, on=["rank", "step"], how="inner")
+    unl = s.filter(pl.col("step").is_null()).drop("step").sort("start_ns").join_asof(
+        w.sort("w0"), left_on="start_ns", right_on="w0", by="rank", strategy="backward", check_sortedness=False)
+    j = pl.concat([lab.select("rank", "step", "start_ns", "end_ns", "w0", "w1"),
+                   unl.select("rank", "step", "start_ns", "end_ns", "w0", "w1")])
     j = j.filter(pl.col("step").is_not_null() & (pl.col("start_ns") < pl.col("w1")))
-    return j.select("rank", "step", start_ns=pl.col("start_ns"),
+    return j.select("rank", "step", start_ns=pl.max_horizontal(pl.col("start_ns"), pl.col("w0")),
                     end_ns=pl.min_horizontal(pl.col("end_ns"), pl.col("w1")))
+
+
+def _spans(df: pl.DataFrame) -> pl.DataFrame:
+    return df.select("rank", "start_ns", "end_ns", *(["step"] if "step" in df.columns else []))
 
 
 def rank_timelines(steps: pl.DataFrame, comm_op: pl.DataFrame, compute_op: pl.DataFrame) -> pl.DataFrame:
     """Per-rank, per-step phases.
 
     Needs steps (from :func:`step_table`), comm_op and compute_op rank,
-    start_ns, end_ns (all on the aligned clock; pending comm ops run to the step end).
+    start_ns, end_ns and step where known (all on the aligned clock; pending comm ops run to the step end).
     Returns the columns in ``TIMELINE_COLUMNS``, one row per (rank, step).
     """
     if steps.is_empty():
         return pl.DataFrame(schema={c: pl.Int64 for c in TIMELINE_COLUMNS})
-    comp = _clip_to_steps(compute_op.select("rank", "start_ns", "end_ns") if not compute_op.is_empty()
-                          else pl.DataFrame(), steps)
-    comm_src = (comm_op.select("rank", "start_ns", pl.col("end_ns").fill_null(np.iinfo(np.int64).max // 2))
+    comp = _clip_to_steps(_spans(compute_op) if not compute_op.is_empty() else pl.DataFrame(), steps)
+    comm_src = (_spans(comm_op).with_columns(pl.col("end_ns").fill_null(np.iinfo(np.int64).max // 2))
                 if not comm_op.is_empty() else pl.DataFrame())
     comm = _clip_to_steps(comm_src, steps)
     k = ["rank", "step"]
@@ -95,24 +88,6 @@ def rank_timelines(steps: pl.DataFrame, comm_op: pl.DataFrame, compute_op: pl.Da
                            idle_ns=pl.max_horizontal(pl.col("duration_ns") - pl.col("busy_ns"), 0))
     out = out.with_columns(exposed_wait_ns=pl.col("exposed_comm_ns") + pl.col("idle_ns"))
     return out.select(*TIMELINE_COLUMNS).sort(k)
-
-
-def steps_section(steps: pl.DataFrame, source: str) -> Steps:
-    """The report's ``steps`` from a (rank, step, start_ns, end_ns) table or a job-wide one.
-
-    A step's time is the job-wide span from its earliest start to the next
-    step's earliest start (the last step: to its latest end).
-    """
-    if steps.is_empty():
-        return Steps(extra={"evaluated": False, "why": "no step boundaries found", "source": source})
-    g = steps.group_by("step").agg(pl.col("start_ns").min(), pl.col("end_ns").max()).sort("step")
-    starts = g["start_ns"].to_numpy()
-    ends = g["end_ns"].to_numpy()
-    durs = np.r_[np.diff(starts), ends[-1] - starts[-1]] if len(starts) else np.array([])
-    durs = durs[np.isfinite(durs.astype(float))]
-    return Steps(count=int(g.height), median_ns=float(np.median(durs)) if len(durs) else 0.0,
-                 boundaries_ns=[int(x) for x in starts],
-                 extra={"source": source, "durations_ns": [int(x) for x in durs], "evaluated": True})
 
 
 def step_period(keys: np.ndarray, times_ns: np.ndarray, max_candidates: int = 40,

@@ -9,49 +9,6 @@ import click
 from rankscope.collectors.errors import StoreError, UsageError
 from rankscope.collectors.store import Store
 
-TRAINING_KINDS = ("comm_op", "compute_op", "step_mark")
-
-
-def _plan(store: Store, job: str | None, flow_job: str | None, config) -> list[tuple[str, object]]:
-    """(report name, how to load) per job to analyse: ('job', name) or ('capture', capture, endpoints)."""
-    from rankscope.analysis.flow_jobs import recognise_jobs
-
-    jobs = store.jobs()
-    training = [j for j in jobs if any(store.count(k, j) for k in TRAINING_KINDS)]
-    captures = [j for j in jobs if j not in training and store.count("flow", j)]
-    plan: list[tuple[str, object]] = []
-    if job is not None and job in training:
-        return [(job, ("job", job, flow_job))]
-    for cap in captures:
-        if job is not None and job != cap and not job.startswith(cap + "-"):
-            continue
-        fj = recognise_jobs(store.read("flow", cap), cap, config.flow)
-        for rj in fj.jobs:
-            if job is None or job in (cap, rj.name):
-                plan.append((rj.name, ("capture", cap, rj.endpoints, fj.quality)))
-    if job is None:
-        plan = [(j, ("job", j, flow_job)) for j in training] + plan
-    return plan
-
-
-def _load(store: Store, how: tuple):
-    from rankscope.analysis.flow_jobs import job_flows
-    from rankscope.collectors.job_frames import JobFrames, load_job
-
-    if how[0] == "job":
-        _, name, flow_job = how
-        frames = load_job(store, name, flow_job=flow_job)
-        if flow_job and not frames.endpoint_map.is_empty():
-            # a capture holds other jobs too: keep only this job's addresses
-            addrs = frames.endpoint_map["address"].to_list()
-            frames.flow = job_flows(frames.flow, addrs)
-        return frames, {}
-    _, cap, endpoints, quality = how
-    flow = job_flows(store.read("flow", cap), endpoints)
-    extra = {"endpoint_map": store.read("endpoint_map", cap)} if store.count("endpoint_map", cap) else {}
-    frames = JobFrames.from_frames("", flow=flow, **extra)
-    return frames, {"capture": cap, "fabric": quality}
-
 
 def _summary(d) -> str:
     s = d.strategy
@@ -59,6 +16,9 @@ def _summary(d) -> str:
     if s.pp > 1 and s.pp_groups:
         order = f", pipeline {' > '.join(map(str, s.pp_groups[0]))}"
     step = f"{d.steps.median_ns / 1e6:,.1f} ms x {d.steps.count} steps" if d.steps.count else "steps unknown"
+    warm = d.steps.extra.get("warmup") or []
+    if warm:
+        step += f" ({len(warm)} warm-up left out of the median)"
     if d.steps.extra.get("ambiguous"):
         step += " (ambiguous: may be a multiple of the step)"
     return (f"{d.job}: {s.world_size} endpoints, dp={s.dp} pp={s.pp} tp={s.tp} "
@@ -106,7 +66,9 @@ def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_t
     config = DiagnoseConfig(
         stragglers=StragglerConfig(none_below=none_below),
         regressions=RegressionConfig(throughput=ThroughputConfig(threshold=regression_threshold)))
-    plan = _plan(store, job, flow_job, config)
+    from rankscope.analysis.jobs import load_planned, plan_jobs
+
+    plan = plan_jobs(store, job, flow_job, config.flow)
     if not plan:
         raise UsageError(f"--job {job!r}: no such job (training jobs and captures: {store.jobs()})"
                          if job else f"--store {store_dir}: no training job or flow capture with a job in it")
@@ -118,9 +80,9 @@ def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_t
             from rankscope.dashboard.report_html import render_report as render
         except ImportError:
             click.echo("note: HTML report unavailable (rankscope.dashboard.report_html missing)", err=True)
-    for name, how in plan:
-        frames, dq = _load(store, how)
-        frames.job = name
+    for planned in plan:
+        name = planned.name
+        frames, dq = load_planned(store, planned)
         d, tables = analyze_job(frames, config)
         d.data_quality.update(dq)
         (out / f"{name}.json").write_text(d.to_json())

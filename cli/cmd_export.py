@@ -32,6 +32,7 @@ def perfetto(store_dir: str, job: str, out: str):
 
     One process per rank and timeline (``rank N`` and ``rank N (ideal)``), one track per stream.
     """
+    from rankscope.analysis.job_model import build_job_model
     from rankscope.analysis.perfetto_export import metadata_events, perfetto_events
     from rankscope.analysis.whatif_graph import build_graph
     from rankscope.analysis.whatif_metrics import ideal_durations
@@ -43,7 +44,8 @@ def perfetto(store_dir: str, job: str, out: str):
     store = Store(store_dir)
     if job not in store.jobs():
         raise UsageError(f"--job {job!r}: not in the store (jobs: {sorted(store.jobs())})")
-    graph = build_graph(load_job(store, job))
+    # the job model's completed frames: stage, step and microbatch filled where the records lack them
+    graph = build_graph(build_job_model(load_job(store, job)).frames)
     events = perfetto_events(graph, ideal_durations(graph))
     buf = io.BytesIO()
     events.write_json(buf)

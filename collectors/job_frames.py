@@ -28,6 +28,9 @@ class JobFrames:
     """distinct ``source`` values of the records (kineto, hook, ipfix, simulator, ...)."""
     rejects: dict[str, int] = field(default_factory=dict)
     """rejected records per reason, from the manifest (for data_quality)."""
+    declared: list[dict] = field(default_factory=list)
+    """world sizes the sources declare, one ``{format, world_size, source}`` per source file that names one
+    (Kineto ``distributedInfo.world_size``, the OSDI'25 meta ``world_size`` with its ``tp_size``)."""
 
     @classmethod
     def from_frames(cls, job: str, **frames: pl.DataFrame) -> JobFrames:
@@ -51,4 +54,20 @@ def load_job(store: Store, job: str, flow_job: str | None = None) -> JobFrames:
     for m in man:
         for reason, n in m.rejects.items():
             jf.rejects[reason] = jf.rejects.get(reason, 0) + n
+        d = declared_world(m.format, m.notes)
+        if d is not None:
+            jf.declared.append({**d, "source": m.source})
     return jf
+
+
+def declared_world(fmt: str, notes: dict) -> dict | None:
+    """The world size a source file declares, from its manifest notes (None when it declares none)."""
+    layout = notes.get("layout") if isinstance(notes.get("layout"), dict) else {}
+    ws = notes.get("world_size", layout.get("world_size"))
+    if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
+        return None
+    out = {"format": fmt, "world_size": ws}
+    tp = layout.get("tp_size")
+    if isinstance(tp, int) and tp > 1:
+        out["tp_size"] = tp
+    return out

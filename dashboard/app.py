@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rankscope.collectors.errors import RankscopeError
-from rankscope.collectors.job_frames import KINDS_FOR_ANALYSIS, JobFrames, load_job
+from rankscope.collectors.job_frames import KINDS_FOR_ANALYSIS, JobFrames
 from rankscope.collectors.store import MANIFEST_DIR, Store
 from rankscope.dashboard.figures import all_figures
 from rankscope.dashboard.report_html import key_numbers
@@ -25,6 +25,7 @@ from rankscope.dashboard.table_figures import diff_figure, empty_figure
 
 if TYPE_CHECKING:
     from rankscope.analysis.diagnosis import Diagnosis
+    from rankscope.analysis.jobs import PlannedJob
 
 ANALYSIS_MODULES = ("rankscope.analysis.diagnose", "rankscope.analysis.run_diff")
 """imported on first use (or by :func:`serve`'s warm-up thread), so the server answers at once."""
@@ -46,36 +47,19 @@ def store_signature(store: Store, job: str | None) -> tuple:
     return tuple(sig)
 
 
-TRAINING_KINDS = ("comm_op", "compute_op", "step_mark")
+def job_plan(store: Store) -> dict[str, PlannedJob]:
+    """Job name -> how to load it: the one job plan of ``rankscope analyze`` (analysis.jobs.plan_jobs)."""
+    from rankscope.analysis.jobs import plan_jobs
+
+    return {p.name: p for p in plan_jobs(store)}
 
 
-def job_plan(store: Store) -> dict[str, tuple]:
-    """Job name -> how to load it, named as ``rankscope analyze`` names reports: each training job by its
-    name, and each job that job recognition finds in a flow-only capture (``<capture>`` or
-    ``<capture>-1``, ``-2``, ...) as ("capture", capture, endpoints)."""
-    jobs = store.jobs()
-    training = [j for j in jobs if any(store.count(k, j) for k in TRAINING_KINDS)]
-    plan: dict[str, tuple] = {j: ("job", j) for j in training}
-    captures = [j for j in jobs if j not in training and store.count("flow", j)]
-    if captures:
-        from rankscope.analysis.diagnose import DiagnoseConfig
-        from rankscope.analysis.flow_jobs import recognise_jobs
+def load_planned(store: Store, name: str, how: PlannedJob) -> JobFrames:
+    """The frames of one planned job (analysis.jobs.load_planned), named ``name``."""
+    from rankscope.analysis.jobs import load_planned as load
 
-        for cap in captures:
-            for rj in recognise_jobs(store.read("flow", cap), cap, DiagnoseConfig().flow).jobs:
-                plan[rj.name] = ("capture", cap, tuple(rj.endpoints))
-    return plan
-
-
-def load_planned(store: Store, name: str, how: tuple) -> JobFrames:
-    """The frames of one planned job (a capture's job: only the flows among its endpoints)."""
-    if how[0] == "job":
-        return load_job(store, how[1])
-    from rankscope.analysis.flow_jobs import job_flows
-
-    _, cap, endpoints = how
-    extra = {"endpoint_map": store.read("endpoint_map", cap)} if store.count("endpoint_map", cap) else {}
-    frames = JobFrames.from_frames(name, flow=job_flows(store.read("flow", cap), list(endpoints)), **extra)
+    frames = load(store, how)[0]
+    frames.job = name
     return frames
 
 
@@ -108,7 +92,7 @@ class JobViews:
         self._plans: dict[str, tuple[tuple, dict]] = {}
         self._lock = threading.Lock()
 
-    def plan(self, store_dir: str) -> dict[str, tuple]:
+    def plan(self, store_dir: str) -> dict[str, PlannedJob]:
         """The store's jobs (see :func:`job_plan`), recomputed only when the store changed."""
         store = Store(store_dir)
         sig = store_signature(store, None)
@@ -121,10 +105,12 @@ class JobViews:
             self._plans[str(store_dir)] = (sig, plan)
         return plan
 
-    def _frames(self, store_dir: str, job: str) -> tuple[Store, tuple, tuple]:
-        how = self.plan(store_dir).get(job, ("job", job))
+    def _frames(self, store_dir: str, job: str) -> tuple[Store, PlannedJob, tuple]:
+        from rankscope.analysis.jobs import PlannedJob
+
+        how = self.plan(store_dir).get(job) or PlannedJob(job, "job", job)
         store = Store(store_dir)
-        return store, how, store_signature(store, how[1])
+        return store, how, store_signature(store, how.source)
 
     def get(self, store_dir: str, job: str, baseline_dir: str | None = None,
             baseline_job: str | None = None) -> tuple[Diagnosis, dict]:

@@ -109,3 +109,28 @@ def test_thresholds_reach_the_analysis_and_bad_ones_are_usage_errors(tmp_path):
     assert json.loads((tmp_path / "b" / "j.json").read_text())["stragglers"]["verdict"] == "none"
     assert cli_main(["analyze", "--store", str(store), "--out-dir", str(tmp_path / "c"),
                      "--none-below", "0.5"]) == 2
+
+
+def test_dashboard_and_analyze_share_one_job_plan(job_store, fabric_store, tmp_path):
+    """The same names, and for each the same records, from the CLI and the dashboard (analysis.jobs)."""
+    from rankscope.analysis.jobs import load_planned, plan_jobs
+    from rankscope.collectors.store import Store
+    from rankscope.dashboard.app import JobViews
+    from rankscope.dashboard.app import load_planned as dash_load
+
+    for d, _ in (job_store, fabric_store):
+        out = tmp_path / d.name
+        assert main(["analyze", "--store", str(d), "--out-dir", str(out), "--no-html"]) == 0
+        reports = sorted(p.stem for p in out.glob("*.json"))
+        plan = plan_jobs(Store(d))
+        dash = JobViews().plan(str(d))
+        assert reports == sorted(p.name for p in plan) == sorted(dash)
+        for p in plan:
+            frames, _ = load_planned(Store(d), p)
+            other = dash_load(Store(d), p.name, dash[p.name])
+            assert frames.job == other.job == p.name
+            for kind in ("flow", "comm_op", "compute_op"):
+                assert getattr(frames, kind).equals(getattr(other, kind))
+    assert {p.kind for p in plan_jobs(Store(fabric_store[0]))} == {"capture"}
+    assert [p.name for p in plan_jobs(Store(job_store[0]), job="llama")] == ["llama"]
+    assert plan_jobs(Store(job_store[0]), job="nope") == []

@@ -108,7 +108,7 @@ def test_flow_only_capture_lists_recognised_jobs_with_address_endpoints(tmp_path
     views = JobViews()
     plan = views.plan(str(root))
     assert plan and all(n == "fabric" or n.startswith("fabric-") for n in plan)
-    assert all(how[0] == "capture" and how[1] == "fabric" for how in plan.values())
+    assert all(how.kind == "capture" and how.source == "fabric" for how in plan.values())
     name = next(iter(plan))
     c = _content(page_content(views, str(root), name))
     assert f"job {name}" in c["status"]
