@@ -265,6 +265,8 @@ def read_dump(path: Path, opts: ImportOptions) -> ImportBatch:
 class _FlightRecorder:
     name = "flight_recorder"
     source = "flight_recorder"
+    same_records_any_form = True
+    """torch writes one dump as a pickle or as JSON; ingest stores the records of either once."""
 
     def sniff(self, path: Path, head: bytes) -> bool:
         if head[:1] == b"\x80":

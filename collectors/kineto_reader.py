@@ -14,7 +14,6 @@ are stored from the trace's first event (``relative_time``).
 from __future__ import annotations
 
 import re
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import orjson
 import polars as pl
 
 from rankscope.collectors.errors import InputFormatError
+from rankscope.collectors.formats import read_limited
 
 _MAX_REPAIR_TRIES = 64
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
@@ -106,16 +106,8 @@ def _rank(path: Path, info: dict) -> int:
 
 
 def read_bytes(path: Path) -> tuple[bytes, bool]:
-    """The file's bytes, gunzipped; the flag says a gzip stream ended early (what came before is kept)."""
-    raw = path.read_bytes()
-    if raw[:2] != b"\x1f\x8b":
-        return raw, False
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        data = d.decompress(raw)
-    except zlib.error as e:
-        raise InputFormatError(path, None, "a readable gzip stream", got=str(e)) from e
-    return data, not d.eof
+    """The file's bytes, gunzipped within the ingest limits; the flag says a gzip stream ended early."""
+    return read_limited(path)
 
 
 def load(path: Path) -> KinetoTrace:
