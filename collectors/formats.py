@@ -175,6 +175,68 @@ class ImportBatch:
         self.notes.update(other.notes)
 
 
+_INT_RANGES = {pl.Int8: 7, pl.Int16: 15, pl.Int32: 31, pl.Int64: 63, pl.UInt8: 8, pl.UInt16: 16,
+               pl.UInt32: 32, pl.UInt64: 64}
+
+
+def _fits(v, dtype) -> bool:
+    """Whether a decoded JSON/pickle value can go into a column of ``dtype`` without overflow."""
+    if v is None:
+        return True
+    if isinstance(dtype, pl.List):
+        return isinstance(v, (list, tuple)) and all(_fits(x, dtype.inner) for x in v)
+    base = dtype.base_type() if hasattr(dtype, "base_type") else dtype
+    if base in _INT_RANGES:
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int):
+            return False
+        bits = _INT_RANGES[base]
+        return (0 if base in (pl.UInt8, pl.UInt16, pl.UInt32, pl.UInt64) else -(1 << bits)) <= v < (1 << bits)
+    if base in (pl.Float32, pl.Float64):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= 1.7976931348623157e308 \
+            and v == v
+    if base in (pl.String, pl.Categorical):
+        return isinstance(v, str)
+    if base == pl.Boolean:
+        return isinstance(v, bool)
+    return True
+
+
+def rows_frame(rows: list[dict], types: dict[str, pl.DataType], batch: ImportBatch, what: str) -> pl.DataFrame:
+    """A DataFrame from decoded rows; a row with a value its column cannot hold (2**64 in an
+    Int64, text in a number, a list in a string) is rejected and counted, never an exception.
+
+    Columns not in ``types`` keep scalar values of one type; anything else there becomes text.
+    """
+    good = []
+    for i, r in enumerate(rows):
+        bad = next((c for c, t in types.items() if c in r and not _fits(r[c], t)), None)
+        if bad is not None:
+            batch.reject(f"{what}: {bad} out of range or of the wrong type", f"record {i}: {bad}={r[bad]!r:.80}")
+            continue
+        good.append(r)
+    if not good:
+        return pl.DataFrame(schema=types)
+    seen: dict[str, set] = {}
+    for r in good:
+        for c, v in r.items():
+            if c not in types and v is not None:
+                seen.setdefault(c, set()).add(type(v))
+    loose = {c for c, ts in seen.items() if len(ts) > 1 or not ts <= {int, float, str, bool}
+             or (ts == {int} and any(isinstance(r.get(c), int) and not -(1 << 63) <= r[c] < (1 << 63)
+                                     for r in good))}
+    if loose:
+        good = [{c: (str(v) if c in loose and v is not None else v) for c, v in r.items()} for r in good]
+    for c, t in types.items():
+        base = t.base_type() if hasattr(t, "base_type") else t
+        if base in _INT_RANGES:
+            for r in good:
+                if isinstance(r.get(c), float):
+                    r[c] = int(r[c])
+    return pl.DataFrame(good, infer_schema_length=None, schema_overrides=types)
+
+
 def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
     """The first n bytes of a file, transparently gunzipped (a broken gzip gives the raw head)."""
     with open(path, "rb") as f:

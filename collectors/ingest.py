@@ -43,6 +43,8 @@ class FileResult:
     records: dict[str, int] = field(default_factory=dict)
     rejects: Counter = field(default_factory=Counter)
     error: str | None = None
+    unexpected: bool = False
+    """The error was not one rankscope raises on purpose (a decoder bug: what the fuzzer counts)."""
 
 
 @dataclass
@@ -156,12 +158,15 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
         res.status, res.error = "failed", str(e)
         res.rejects[f"file: {type(e).__name__}"] += 1
     except RecursionError:
+        res.unexpected = True
         res.status, res.error = "failed", f"{path}: expected nesting of a sane depth, got deeper (RecursionError)"
         res.rejects["file: nesting too deep"] += 1
     except MemoryError:
+        res.unexpected = True
         res.status, res.error = "failed", f"{path}: ran out of memory decoding it (use --max-bytes to bound input)"
         res.rejects["file: out of memory"] += 1
     except Exception as e:  # noqa: BLE001 - the file boundary: one bad file never stops the rest
+        res.unexpected = True
         res.status, res.error = "failed", f"{path}: could not be decoded: {type(e).__name__}: {str(e)[:300]}"
         res.rejects[f"file: {type(e).__name__}"] += 1
     return res
