@@ -169,6 +169,8 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
         res.unexpected = True
         res.status, res.error = "failed", f"{path}: could not be decoded: {type(e).__name__}: {str(e)[:300]}"
         res.rejects[f"file: {type(e).__name__}"] += 1
+    if res.status == "failed":
+        res.records.clear()  # the transaction was rolled back: nothing of this file is stored
     return res
 
 
@@ -231,16 +233,6 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions
         if rows_key:
             store.add_alias(rows_key, key)
     res.status = "ingested"
-
-
-def remove_partial(store: Store, key: str) -> int:
-    """Remove parts left by an earlier ingest of this source that crashed before its manifest entry."""
-    removed = 0
-    if store.root.is_dir():
-        for p in store.root.glob(f"*/job=*/part-{key[:16]}-*.parquet"):
-            p.unlink()
-            removed += 1
-    return removed
 
 
 def ingest(store: Store, paths: Iterable[str | os.PathLike], fmt: str = "auto",
