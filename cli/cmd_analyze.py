@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
+from rankscope.cli.paths import existing_store, output_dir
 from rankscope.collectors.errors import StoreError, UsageError
 from rankscope.collectors.store import Store
 
@@ -52,9 +51,7 @@ def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_t
     """
     from rankscope.analysis.diagnose import DiagnoseConfig, analyze_job
 
-    if not Path(store_dir).is_dir():
-        raise StoreError(f"--store {store_dir}: expected an existing trace store directory")
-    store = Store(store_dir)
+    store = existing_store(store_dir)  # hardstore: missing store is a usage error (2) everywhere
     if not store.jobs():
         raise StoreError(f"--store {store_dir}: expected a trace store with records, found none")
     if flow_job is not None and flow_job not in store.jobs("flow"):
@@ -72,8 +69,7 @@ def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_t
     if not plan:
         raise UsageError(f"--job {job!r}: no such job (training jobs and captures: {store.jobs()})"
                          if job else f"--store {store_dir}: no training job or flow capture with a job in it")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(out_dir, "--out-dir")  # hardstore: exit 1 naming the path, no traceback
     render = None
     if not no_html:
         try:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from rankscope.cli.paths import output_dir
 from rankscope.collectors.errors import UsageError
 from rankscope.collectors.hooks.hook_config import ENV_SWITCH, HookConfig
 
@@ -75,7 +76,7 @@ def attach(store_dir, job, flush_interval_s, buffer_mb, hang_timeout_s, no_watch
     config = HookConfig(store=str(root), job=job, flush_interval_s=flush_interval_s,
                         buffer_bytes=int(buffer_mb * (1 << 20)), hang_timeout_s=hang_timeout_s,
                         watchdog=not no_watchdog)
-    root.mkdir(parents=True, exist_ok=True)
+    output_dir(root, "--store")
     started = time.time()
     try:
         child = subprocess.Popen(list(command), env=attach_env(config, force=all_processes))

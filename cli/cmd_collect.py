@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from rankscope.cli.cmd_ingest import echo_rejects
+from rankscope.cli.paths import output_dir
 from rankscope.collectors.errors import UsageError
 
 
@@ -47,6 +48,7 @@ def flows(listen, store_dir, job, roll_seconds, roll_records, max_seconds, rcvbu
     config = CollectorConfig(listen=tuple(parse_listen(x) for x in listen), store=store_dir, job=job,
                              roll_seconds=roll_seconds, roll_records=roll_records, max_seconds=max_seconds,
                              rcvbuf_bytes=rcvbuf_mb << 20)
+    output_dir(store_dir, "--store")  # hardstore: a bad store path exits 1 naming it
     coll = FlowCollector(config)
     bound = coll.open()
     for (addr, port), granted in zip(bound, coll.stats.rcvbuf_bytes.values()):

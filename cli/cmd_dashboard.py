@@ -1,4 +1,4 @@
-"""``rankscope dashboard``: serve the Dash app over a trace store."""
+"""``rankscope dashboard``: serve the Dash app over one or more trace stores."""
 
 from __future__ import annotations
 
@@ -6,15 +6,18 @@ import click
 
 
 @click.command()
-@click.option("--store", "store_dir", required=True, type=click.Path(exists=True, file_okay=False),
-              help="trace store to show (can be changed in the page)")
+@click.option("--store", "store_dirs", required=True, multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="trace store to show (repeat for several; the page chooses only among these)")
 @click.option("--port", default=8050, show_default=True, type=click.IntRange(1, 65535))
-@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
-@click.option("--baseline", "baseline_dir", type=click.Path(exists=True, file_okay=False),
-              help="store of a baseline run for the run diff")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="address to listen on (beyond loopback needs --auth)")
+@click.option("--baseline", "baseline_dirs", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="store of a baseline run for the run diff (repeatable)")
 @click.option("--refresh", "refresh_s", default=15.0, show_default=True, type=click.FloatRange(1.0, 3600.0),
               help="seconds between re-reads of the store (a live store shows fresh data)")
-def dashboard(store_dir, port, host, baseline_dir, refresh_s):
+@click.option("--auth", default=None, envvar="RANKSCOPE_DASHBOARD_AUTH", metavar="USER:PASSWORD",
+              help="require HTTP basic auth (env RANKSCOPE_DASHBOARD_AUTH); needed with a non-loopback --host")
+def dashboard(store_dirs, port, host, baseline_dirs, refresh_s, auth):
     """Serve the rankscope dashboard: strategy, timelines, stragglers, regressions, hangs, run diff.
 
     \b
@@ -23,6 +26,11 @@ def dashboard(store_dir, port, host, baseline_dir, refresh_s):
       # then open http://127.0.0.1:8050
     """
     from rankscope.dashboard.app import serve
+    from rankscope.dashboard.security import check_bind, parse_auth
 
-    click.echo(f"rankscope dashboard on http://{host}:{port} (store {store_dir}); Ctrl-C to stop", err=True)
-    serve(store_dir, host=host, port=port, interval_s=refresh_s, baseline_dir=baseline_dir)
+    creds = parse_auth(auth)
+    check_bind(host, creds)
+    shown = ", ".join(store_dirs)
+    click.echo(f"rankscope dashboard on http://{host}:{port} (store {shown}); Ctrl-C to stop", err=True)
+    serve(list(store_dirs), host=host, port=port, interval_s=refresh_s, baseline_dir=list(baseline_dirs),
+          auth=creds)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from rankscope.cli.paths import output_file
 from rankscope.collectors.errors import RankscopeError, UsageError
 
 
@@ -82,6 +83,8 @@ def diff(baseline_dir, store_dir, job, baseline_job, json_out, threshold):
     cfg = DiffConfig(threshold=threshold,
                      regressions=RegressionConfig(throughput=ThroughputConfig(threshold=threshold)))
     sb, sa = Store(store_dir), Store(baseline_dir)
+    if json_out:  # hardstore: checked before the work; exit 1 naming the path
+        output_file(json_out, "--json")
     jb = pick_job(sb, job, "--store")
     ja = pick_job(sa, baseline_job if baseline_job is not None else (job if job in sa.jobs() else None),
                   "--baseline")

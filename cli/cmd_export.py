@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from rankscope.cli.paths import output_file
 from rankscope.collectors.errors import UsageError
 
 
@@ -42,6 +43,7 @@ def perfetto(store_dir: str, job: str, out: str):
     if not Path(store_dir).is_dir():
         raise UsageError(f"--store {store_dir!r}: no such store directory")
     store = Store(store_dir)
+    output_file(out, "--out")  # hardstore: checked before the work; exit 1 naming the path
     if job not in store.jobs():
         raise UsageError(f"--job {job!r}: not in the store (jobs: {sorted(store.jobs())})")
     # the job model's completed frames: stage, step and microbatch filled where the records lack them
@@ -54,7 +56,6 @@ def perfetto(store_dir: str, job: str, out: str):
     # one JSON array: metadata first, then the events (polars writes a row-oriented array)
     data = meta[:-1] + (b"," + body[1:] if len(body) > 2 else b"]")
     path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if path.name.endswith(".gz"):
         with gzip.open(path, "wb", compresslevel=5) as f:
             f.write(data)

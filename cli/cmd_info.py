@@ -7,6 +7,7 @@ from collections import Counter
 
 import click
 
+from rankscope.cli.paths import existing_store
 from rankscope.collectors.schema import SCHEMAS
 from rankscope.collectors.store import Store
 
@@ -48,7 +49,7 @@ def info(store_dir, as_json):
     Example:
       rankscope info --store st
     """
-    s = store_summary(Store(store_dir))
+    s = store_summary(existing_store(store_dir))
     if as_json:
         click.echo(json.dumps(s, indent=2, default=str))
         return

@@ -5,10 +5,11 @@ from __future__ import annotations
 import click
 from tqdm import tqdm
 
+from rankscope.cli.paths import output_dir
 from rankscope.collectors import formats
 from rankscope.collectors.errors import UsageError
 from rankscope.collectors.ingest import ingest as run_ingest
-from rankscope.collectors.store import Store
+from rankscope.collectors.store import Store, check_job_name
 
 
 def echo_rejects(rejects) -> None:
@@ -41,12 +42,17 @@ def parse_opts(items: tuple[str, ...]) -> dict:
 @click.option("--list-formats", is_flag=True, is_eager=True, expose_value=False,
               callback=lambda ctx, _p, v: (click.echo("\n".join(formats.names())), ctx.exit()) if v else None,
               help="print the known formats and exit")
+@click.option("--max-bytes", type=click.IntRange(min=1), default=None,
+              help="most bytes one file may hold after decompression (default: a compressed file may "
+                   f"expand {formats.MAX_RATIO:g}x, at least {formats.MIN_EXPANDED_BYTES >> 20} MiB)")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-def ingest(paths, store_dir, job, fmt, kind, opts, quiet):
+def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
     """Import trace files (and directories of them) into a trace store.
 
     Each file's format is detected, its records validated, and bad records
     counted by reason; a file already ingested for the same job adds nothing.
+    A file that cannot be read (or whose records are all rejected) is named
+    and stores nothing; the others still load, and the command exits 1.
 
     \b
     Example:
@@ -54,13 +60,15 @@ def ingest(paths, store_dir, job, fmt, kind, opts, quiet):
     """
     if fmt != "auto" and fmt not in formats.names():
         raise UsageError(f"--format {fmt!r}: expected auto or one of {formats.names()}")
-    store = Store(store_dir)
+    if job is not None:
+        check_job_name(job)
+    store = Store(output_dir(store_dir, "--store"))
     opt = formats.ImportOptions(job=job, kind=kind, extra=parse_opts(opts))
 
     def progress(files):
         return tqdm(files, desc="ingest", unit="file", disable=quiet or None, leave=False)
 
-    summary = run_ingest(store, paths, fmt, opt, progress=progress)
+    summary = run_ingest(store, paths, fmt, opt, progress=progress, lim=formats.Limits(max_bytes=max_bytes))
     for f in summary.files:
         if f.status in ("failed", "unknown"):
             click.echo(f"  {f.status}: {f.error}", err=True)
@@ -68,5 +76,5 @@ def ingest(paths, store_dir, job, fmt, kind, opts, quiet):
     click.echo(f"ingested {summary.count('ingested')} file(s), skipped {summary.count('skipped')} "
                f"already in the store, {summary.count('failed') + summary.count('unknown')} failed: {recs}")
     echo_rejects(summary.rejects)
-    if summary.files and all(f.status in ("failed", "unknown") for f in summary.files):
+    if summary.count("failed") or (summary.files and all(f.status == "unknown" for f in summary.files)):
         raise click.exceptions.Exit(1)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from rankscope.cli.paths import output_dir, writing
 from rankscope.collectors.errors import ConfigError, UsageError
 
 # flag name -> SimConfig field; every flag defaults to None so a config file's values win unless given.
@@ -114,7 +115,7 @@ def simulate(out_dir, faults, capture, background, config_file, **flags):
     from rankscope.datasets.simulator import simulate as run_one
     from rankscope.datasets.simulator import simulate_fabric, write_store
 
-    out = Path(out_dir)
+    out = output_dir(out_dir, "--out")
     if (out / "truth.json").exists():
         raise UsageError(f"{out} already holds a simulation (truth.json); choose a new directory")
     given = {_FIELDS[k]: v for k, v in flags.items() if v is not None}
@@ -138,7 +139,8 @@ def simulate(out_dir, faults, capture, background, config_file, **flags):
         res = run_one(cfg) if not background else simulate_fabric([cfg], background=True, capture=capture,
                                                                   seed=cfg.seed)
         jobs = [res] if not background else res.jobs
-    write_store(res, out)
+    with writing(out, "--out"):
+        write_store(res, out)
     for r in jobs:
         t = r.truth
         st = t["step_times_ns"]

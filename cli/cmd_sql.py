@@ -7,8 +7,9 @@ import sys
 
 import click
 
+from rankscope.cli.paths import existing_store
 from rankscope.collectors.errors import UsageError
-from rankscope.collectors.store import Store
+from rankscope.collectors.store import check_job_name
 
 
 @click.command()
@@ -29,7 +30,10 @@ def sql(query, store_dir, job, as_csv, limit):
     """
     import duckdb
 
-    con = Store(store_dir).duckdb(job)
+    store = existing_store(store_dir)
+    if job is not None and check_job_name(job) not in store.jobs():
+        raise UsageError(f"--job {job!r}: not in the store (jobs: {store.jobs()})")
+    con = store.duckdb(job)
     try:
         cur = con.execute(query)
     except duckdb.Error as e:

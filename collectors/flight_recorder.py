@@ -33,7 +33,7 @@ import polars as pl
 
 from rankscope.collectors import safe_pickle
 from rankscope.collectors.errors import InputFormatError
-from rankscope.collectors.formats import ImportBatch, ImportOptions
+from rankscope.collectors.formats import ImportBatch, ImportOptions, rows_frame
 from rankscope.collectors.kineto_comm import parse_ranks
 from rankscope.collectors.kineto_reader import read_bytes
 from rankscope.collectors.vocab import dtype_name, dtype_size, normalise_op
@@ -50,7 +50,7 @@ def _rank(path: Path, opts: ImportOptions) -> int:
         except (TypeError, ValueError):
             pass
     m = _RANK.search(path.name)
-    if m:
+    if m and int(m.group(1)) < 2**31:
         return int(m.group(1))
     raise InputFormatError(path, None, "the rank at the end of the file name (rank3.pkl) or --opt rank=N",
                            got=path.name)
@@ -218,7 +218,7 @@ def _salvage_json(text: str) -> tuple[list, dict]:
                 j += 1
             try:
                 dump[key] = dec.raw_decode(text, j)[0]
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 pass
     i = text.find('"entries"')
     if i >= 0:
@@ -228,7 +228,7 @@ def _salvage_json(text: str) -> tuple[list, dict]:
                 pos += 1
             try:
                 obj, pos = dec.raw_decode(text, pos)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 break
             entries.append(obj)
     return entries, dump
@@ -247,16 +247,17 @@ def read_dump(path: Path, opts: ImportOptions) -> ImportBatch:
             if not isinstance(e, dict):
                 raise TypeError(f"entry is a {type(e).__name__}, not an object")
             r = entry_row(e, groups, done)
-        except (KeyError, TypeError, ValueError, IndexError) as err:
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError, AttributeError) as err:
             batch.reject("malformed flight recorder entry", f"entry {i}: {type(err).__name__}: {err}")
             continue
         no_time += r.pop("_no_time")
         rows.append(r)
     if rows:
-        df = pl.DataFrame(rows, infer_schema_length=None, schema_overrides={
+        df = rows_frame(rows, {
             "group_ranks": pl.List(pl.Int32), "start_ns": pl.Int64, "end_ns": pl.Int64, "launch_ns": pl.Int64,
             "size_bytes": pl.Int64, "out_size_bytes": pl.Int64, "num_elements": pl.Int64, "peer": pl.Int32,
-            "seq": pl.Int64})
+            "seq": pl.Int64, "op": pl.String, "name": pl.String, "group_id": pl.String, "dtype": pl.String,
+            "state": pl.String}, batch, "flight recorder entry")
         batch.add("comm_op", df.with_columns(pl.lit(rank, pl.Int32).alias("rank")))
     batch.notes.update(rank=rank, version=str(dump.get("version")), entries=len(entries),
                        completed_without_time=no_time, groups=sorted(groups))
@@ -266,6 +267,8 @@ def read_dump(path: Path, opts: ImportOptions) -> ImportBatch:
 class _FlightRecorder:
     name = "flight_recorder"
     source = "flight_recorder"
+    same_records_any_form = True
+    """torch writes one dump as a pickle or as JSON; ingest stores the records of either once."""
 
     def sniff(self, path: Path, head: bytes) -> bool:
         if head[:1] == b"\x80":

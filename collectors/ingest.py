@@ -1,14 +1,17 @@
 """The ingest engine: files in, validated record kinds into the store, once.
 
 For each file: hash it, skip it when the manifest already holds that hash for
-the same job, detect its format, let the importer decode it, validate every
-table against its record kind, write the good rows and record counts and
-rejects in the manifest. A file that fails as a whole is reported with its
-reason and never stops the others.
+the same job, detect its format, let the importer decode it (within the
+limits of :class:`formats.Limits`), validate every table against its record
+kind, then in one store transaction write the good rows and commit the
+manifest entry with counts and rejects. A file that fails as a whole (an
+error, or every record rejected) is reported with its reason, leaves no rows
+and never stops the others; any exception is caught at the file boundary.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -40,6 +43,8 @@ class FileResult:
     records: dict[str, int] = field(default_factory=dict)
     rejects: Counter = field(default_factory=Counter)
     error: str | None = None
+    unexpected: bool = False
+    """The error was not one rankscope raises on purpose (a decoder bug: what the fuzzer counts)."""
 
 
 @dataclass
@@ -90,75 +95,150 @@ def _fill_job_source(table: pa.Table | pl.DataFrame, kind: str, job: str | None,
     return df
 
 
+def default_job_for_format(name: str) -> str:
+    """The job records of a format land in without --job (flow formats: ``fabric``)."""
+    return "fabric" if ".flows." in formats.IMPORTERS.get(name, "") else "default"
+
+
+def source_keys(sha: str, name: str, job: str | None) -> tuple[str, list[str]]:
+    """(the key to record, every key that means 'this source is already in the store').
+
+    The key is the content hash + format + job, with the default job spelled one way
+    (no --job and ``--job default`` are the same ingest); older stores keyed a missing
+    --job as an empty name, so that spelling is looked up too.
+    """
+    dflt = default_job_for_format(name)
+    key = Store.manifest_key(sha, (job or dflt) + "\0" + name)
+    legacy = [Store.manifest_key(sha, (job or "") + "\0" + name)]
+    if job == dflt:
+        legacy.append(Store.manifest_key(sha, "\0" + name))
+    return key, [key, *legacy]
+
+
+FINGERPRINT_MAX_ROWS = 2_000_000
+"""Above this many rows a source is not fingerprinted (the sort would cost more than a duplicate)."""
+
+
+def rows_digest(valid: list[tuple[str, pa.Table]]) -> str | None:
+    """A hash of decoded records that ignores row order and the ``source`` column."""
+    if sum(t.num_rows for _, t in valid) > FINGERPRINT_MAX_ROWS:
+        return None
+    h = hashlib.sha256()
+    for kind, t in sorted(valid, key=lambda kt: kt[0]):
+        df = pl.from_arrow(t).drop("source", strict=False)
+        df = df.with_columns(pl.col(c).cast(pl.List(pl.String)).list.join(",") for c, d in df.schema.items()
+                             if isinstance(d, pl.List))
+        h.update(kind.encode() + b"\0" + df.sort(df.columns, nulls_last=True).write_csv().encode())
+    return h.hexdigest()
+
+
+def _fingerprint(imp, valid: list[tuple[str, pa.Table]], job_key: str) -> str | None:
+    """A key for the decoded records, for formats in which one source can be written several ways
+    (a flight recorder dump as pickle or as JSON): the second form adds nothing."""
+    if not getattr(imp, "same_records_any_form", False):
+        return None
+    digest = rows_digest(valid)
+    return None if digest is None else "rows-" + Store.manifest_key(digest, job_key + "\0" + imp.name)
+
+
 def ingest_file(store: Store, path: Path, fmt: str = "auto",
-                opts: formats.ImportOptions | None = None) -> FileResult:
-    """Ingest one file; never raises for bad input (the result says what happened)."""
+                opts: formats.ImportOptions | None = None,
+                lim: formats.Limits | None = None) -> FileResult:
+    """Ingest one file; never raises for bad input (the result says what happened).
+
+    The file's rows become visible only when its manifest entry is written (one
+    transaction under the store's writer lock); a failed file leaves no rows.
+    """
     opts = opts or formats.ImportOptions()
     res = FileResult(str(path), "failed")
     try:
-        if not path.is_file():
-            raise InputFormatError(path, None, "an existing regular file", got="missing")
-        name = formats.detect(path) if fmt == "auto" else fmt
-        if name is None:
-            res.status = "unknown"
-            res.error = f"{path}: no importer recognises this file (use --format; known: {formats.names()})"
-            return res
-        res.format = name
-        sha = file_sha256(path)
-        key = Store.manifest_key(sha, (opts.job or "") + "\0" + name)
-        if store.has_source(key):
-            res.status = "skipped"
-            return res
-        remove_partial(store, key)
-        imp = formats.importer(name)
-        total = formats.ImportBatch()
-        for b in formats.as_batches(imp.read(path, opts)):
-            total.merge(b)
-        entry = ManifestEntry(key=key, source=str(path.resolve()), format=name,
-                              job=opts.job or "", sha256=sha, relative_time=total.relative_time,
-                              notes=total.notes)
-        res.rejects.update(total.rejects)
-        entry.samples.update(total.samples)
-        jobs = set()
-        for kind, tables in total.tables.items():
-            for t in tables:
-                df = _fill_job_source(t, kind, opts.job, getattr(imp, "source", name))
-                v = validate(df, kind)
-                res.rejects.update(v.rejects)
-                for reason, idx in v.samples.items():
-                    entry.samples.setdefault(reason, f"{kind} row {idx}")
-                if v.table.num_rows:
-                    store.write(kind, v.table, prefix=f"part-{key[:16]}")
-                    res.records[kind] = res.records.get(kind, 0) + v.table.num_rows
-                    jobs.update(v.table.column("job").unique().to_pylist())
-        entry.records = dict(res.records)
-        entry.rejects = dict(res.rejects)
-        entry.job = opts.job or ",".join(sorted(jobs))
-        store.add_manifest(entry)
-        res.status = "ingested"
+        with formats.limits(lim or formats.Limits()):
+            _ingest_file(store, path, fmt, opts, res)
     except RankscopeError as e:
-        res.error = str(e)
+        res.status, res.error = "failed", str(e)
         res.rejects[f"file: {type(e).__name__}"] += 1
-    except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError) as e:
-        # Decoders are written to raise InputFormatError; anything else is still one bad file.
-        res.error = f"{path}: {type(e).__name__}: {e}"
+    except RecursionError:
+        res.unexpected = True
+        res.status, res.error = "failed", f"{path}: expected nesting of a sane depth, got deeper (RecursionError)"
+        res.rejects["file: nesting too deep"] += 1
+    except MemoryError:
+        res.unexpected = True
+        res.status, res.error = "failed", f"{path}: ran out of memory decoding it (use --max-bytes to bound input)"
+        res.rejects["file: out of memory"] += 1
+    except Exception as e:  # noqa: BLE001 - the file boundary: one bad file never stops the rest
+        res.unexpected = True
+        res.status, res.error = "failed", f"{path}: could not be decoded: {type(e).__name__}: {str(e)[:300]}"
         res.rejects[f"file: {type(e).__name__}"] += 1
+    if res.status == "failed":
+        res.records.clear()  # the transaction was rolled back: nothing of this file is stored
     return res
 
 
-def remove_partial(store: Store, key: str) -> int:
-    """Remove parts left by an earlier ingest of this source that crashed before its manifest entry."""
-    removed = 0
-    if store.root.is_dir():
-        for p in store.root.glob(f"*/job=*/part-{key[:16]}-*.parquet"):
-            p.unlink()
-            removed += 1
-    return removed
+def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions, res: FileResult) -> None:
+    if not path.is_file():
+        raise InputFormatError(path, None, "an existing regular file", got="missing")
+    name = formats.detect(path) if fmt == "auto" else fmt
+    if name is None:
+        res.status = "unknown"
+        res.error = f"{path}: no importer recognises this file (use --format; known: {formats.names()})"
+        return
+    res.format = name
+    sha = file_sha256(path)
+    key, known = source_keys(sha, name, opts.job)
+    if any(store.has_source(k) for k in known):
+        res.status = "skipped"
+        return
+    imp = formats.importer(name)
+    total = formats.ImportBatch()
+    for b in formats.as_batches(imp.read(path, opts)):
+        total.merge(b)
+    entry = ManifestEntry(key=key, source=str(path.resolve()), format=name,
+                          job=opts.job or "", sha256=sha, relative_time=total.relative_time,
+                          notes=total.notes)
+    res.rejects.update(total.rejects)
+    entry.samples.update(total.samples)
+    valid: list[tuple[str, pa.Table]] = []
+    for kind, tables in total.tables.items():
+        for t in tables:
+            df = _fill_job_source(t, kind, opts.job, getattr(imp, "source", name))
+            v = validate(df, kind)
+            res.rejects.update(v.rejects)
+            for reason, idx in v.samples.items():
+                entry.samples.setdefault(reason, f"{kind} row {idx}")
+            if v.table.num_rows:
+                valid.append((kind, v.table))
+    del total.tables
+    if not valid and res.rejects:
+        top, n = res.rejects.most_common(1)[0]
+        raise InputFormatError(path, None, "at least one record that decodes and fits its record kind",
+                               got=f"all {sum(res.rejects.values()):,} rejected, most for {top!r} ({n:,})")
+    rows_key = _fingerprint(imp, valid, opts.job or default_job_for_format(name))
+    with store.transaction(key) as tx:
+        # Re-check under the lock: a concurrent ingest of the same source may have committed.
+        if any(store.has_source(k) for k in known) or (rows_key and store.has_alias(rows_key)):
+            res.status = "skipped"
+            res.rejects.clear()
+            return
+        jobs = set()
+        for kind, table in valid:
+            tx.write(kind, table)
+            res.records[kind] = res.records.get(kind, 0) + table.num_rows
+            jobs.update(table.column("job").unique().to_pylist())
+        entry.records = dict(res.records)
+        entry.rejects = dict(res.rejects)
+        entry.job = opts.job or ",".join(sorted(jobs))
+        if rows_key:
+            entry.notes["rows_key"] = rows_key
+        tx.commit(entry)
+        if rows_key:
+            store.add_alias(rows_key, key)
+    res.status = "ingested"
 
 
 def ingest(store: Store, paths: Iterable[str | os.PathLike], fmt: str = "auto",
            opts: formats.ImportOptions | None = None,
-           progress: Callable[[Iterable[Path]], Iterable[Path]] | None = None) -> IngestSummary:
+           progress: Callable[[Iterable[Path]], Iterable[Path]] | None = None,
+           lim: formats.Limits | None = None) -> IngestSummary:
     """Ingest files and directories; companion files (read by another importer) are skipped."""
     opts = opts or formats.ImportOptions()
     if opts.job is not None:
@@ -166,5 +246,5 @@ def ingest(store: Store, paths: Iterable[str | os.PathLike], fmt: str = "auto",
     files = [p for p in expand_paths(paths) if fmt != "auto" or not formats.is_companion(p)]
     summary = IngestSummary()
     for path in (progress(files) if progress else files):
-        summary.files.append(ingest_file(store, path, fmt, opts))
+        summary.files.append(ingest_file(store, path, fmt, opts, lim))
     return summary

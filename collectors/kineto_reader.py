@@ -14,7 +14,6 @@ are stored from the trace's first event (``relative_time``).
 from __future__ import annotations
 
 import re
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import orjson
 import polars as pl
 
 from rankscope.collectors.errors import InputFormatError
+from rankscope.collectors.formats import read_limited
 
 _MAX_REPAIR_TRIES = 64
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
@@ -90,8 +90,26 @@ def _parse(path: Path, data: bytes) -> tuple[dict, bool]:
                                got=f"invalid JSON: {first}") from None
 
 
+MAX_US = 4e15
+"""|ts| and dur beyond this many microseconds (year 2096 as epoch time) cannot be times."""
+
+
 def _num_column(values: list, dtype) -> pl.Series:
-    return pl.Series(values, dtype=dtype, strict=False)
+    """Values as one typed column; a value of another type or out of range becomes null
+    (and the event is rejected downstream), never an exception."""
+    try:
+        return pl.Series(values, dtype=dtype, strict=False)
+    except Exception:  # noqa: BLE001 - mixed lists/ints/huge ints; sort them out one by one below
+        pass
+    if dtype == pl.String:
+        ok = [v if isinstance(v, str) else None for v in values]
+    elif dtype == pl.Int64:
+        ok = [v if isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63 else None
+              for v in values]
+    else:
+        ok = [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e300 else None
+              for v in values]
+    return pl.Series(ok, dtype=dtype)
 
 
 def _rank(path: Path, info: dict) -> int:
@@ -106,16 +124,8 @@ def _rank(path: Path, info: dict) -> int:
 
 
 def read_bytes(path: Path) -> tuple[bytes, bool]:
-    """The file's bytes, gunzipped; the flag says a gzip stream ended early (what came before is kept)."""
-    raw = path.read_bytes()
-    if raw[:2] != b"\x1f\x8b":
-        return raw, False
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        data = d.decompress(raw)
-    except zlib.error as e:
-        raise InputFormatError(path, None, "a readable gzip stream", got=str(e)) from e
-    return data, not d.eof
+    """The file's bytes, gunzipped within the ingest limits; the flag says a gzip stream ended early."""
+    return read_limited(path)
 
 
 def load(path: Path) -> KinetoTrace:
@@ -142,7 +152,7 @@ def load(path: Path) -> KinetoTrace:
         "dur": _num_column([get(i).get("dur", 0) for i in xs], pl.Float64),
     })
     base = doc.get("baseTimeNanoseconds")
-    base = base if isinstance(base, int) and not isinstance(base, bool) else None
+    base = base if isinstance(base, int) and not isinstance(base, bool) and 0 <= base < 4 * 10**18 else None
     tr = KinetoTrace(path=path, events=events, frame=frame, rank=rank,
                      world_size=info.get("world_size") if isinstance(info.get("world_size"), int) else None,
                      host=doc.get("host_name") if isinstance(doc.get("host_name"), str) else None,
@@ -153,7 +163,7 @@ def load(path: Path) -> KinetoTrace:
     if n_bad:
         tr.reject("event is not a JSON object", f"{n_bad} events")
     bad = frame.filter(pl.col("ts").is_null() | pl.col("dur").is_null() | pl.col("name").is_null()
-                       | (pl.col("dur") < 0))
+                       | (pl.col("dur") < 0) | ~(pl.col("ts").abs() < MAX_US) | ~(pl.col("dur") < MAX_US))
     if bad.height:
         tr.reject("event without name, numeric ts or dur >= 0", f"event {int(bad['idx'][0])}", bad.height)
         frame = frame.join(bad.select("idx"), on="idx", how="anti")

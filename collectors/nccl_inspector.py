@@ -22,7 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from rankscope.collectors.errors import InputFormatError
-from rankscope.collectors.formats import ImportBatch, ImportOptions
+from rankscope.collectors.formats import ImportBatch, ImportOptions, rows_frame
 from rankscope.collectors.kineto_reader import read_bytes
 from rankscope.collectors.vocab import normalise_op
 
@@ -38,7 +38,7 @@ def _objects(text: str, batch: ImportBatch) -> list:
         try:
             obj, pos = dec.raw_decode(text, pos)
             out.append(obj)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             nxt = text.find("\n{", pos + 1)
             batch.reject("undecodable JSON object", f"offset {pos}: {text[pos:pos + 100]!r}")
             if nxt < 0:
@@ -86,7 +86,7 @@ def read_inspector(path: Path, opts: ImportOptions) -> ImportBatch:
     for i, o in enumerate(objs):
         try:
             r, p = _row(o)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
             batch.reject("malformed inspector record", f"record {i}: {type(e).__name__}: {e}")
             continue
         placed += p
@@ -94,9 +94,10 @@ def read_inspector(path: Path, opts: ImportOptions) -> ImportBatch:
     if not rows:
         raise InputFormatError(path, None, "NCCL Inspector records with header and coll_perf",
                                got=f"{len(objs)} objects, none usable")
-    df = pl.DataFrame(rows, infer_schema_length=None, schema_overrides={
+    df = rows_frame(rows, {
         "rank": pl.Int32, "seq": pl.Int64, "size_bytes": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
-        "pid": pl.Int64})
+        "pid": pl.Int64, "op": pl.String, "name": pl.String, "group_id": pl.String, "host": pl.String},
+        batch, "inspector record")
     batch.add("comm_op", df)
     batch.notes.update(records=len(rows), placed_at_dump=placed)
     return batch

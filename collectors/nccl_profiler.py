@@ -23,7 +23,7 @@ import orjson
 import polars as pl
 
 from rankscope.collectors.errors import InputFormatError
-from rankscope.collectors.formats import ImportBatch, ImportOptions
+from rankscope.collectors.formats import ImportBatch, ImportOptions, rows_frame
 from rankscope.collectors.kineto_reader import read_bytes
 from rankscope.collectors.vocab import dtype_name, dtype_size, normalise_op
 
@@ -56,16 +56,33 @@ def _events(path: Path, text: bytes, batch: ImportBatch) -> list[dict]:
     return out
 
 
+MAX_TS_US = 1e15
+"""|ts| beyond this (31 years in microseconds) cannot be a time: the record is rejected."""
+
+
+def _key(v):
+    return v if v is None or isinstance(v, (int, float, str)) else repr(v)[:64]
+
+
+def _args(ev: dict) -> dict:
+    a = ev.get("args")
+    return a if isinstance(a, dict) else {}
+
+
+def _time(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < MAX_TS_US
+
+
 def _pairs(events: list[dict]) -> tuple[list[tuple[dict, float | None]], Counter]:
     """COLL/P2P begin events with their end time (None when the end never came)."""
     ends: dict[tuple, list] = {}
     begins, other = [], Counter()
     for ev in events:
         cat = ev.get("cat")
-        if cat not in ("COLL", "P2P"):
+        if cat not in ("COLL", "P2P") or not isinstance(cat, str):
             other[str(cat)] += 1
             continue
-        key = (cat, ev.get("id"), ev.get("pid"), ev.get("tid"))
+        key = (cat, _key(ev.get("id")), _key(ev.get("pid")), _key(ev.get("tid")))
         if ev.get("ph") == "b":
             begins.append((key, ev))
         elif ev.get("ph") == "e":
@@ -82,7 +99,10 @@ def _pairs(events: list[dict]) -> tuple[list[tuple[dict, float | None]], Counter
 
 def _rank(path: Path, opts: ImportOptions, ranks: set) -> int | None:
     if "rank" in opts.extra:
-        return int(opts.extra["rank"])
+        try:
+            return int(opts.extra["rank"])
+        except ValueError:
+            raise InputFormatError(path, None, "--opt rank=N with an integer N", got=opts.extra["rank"]) from None
     m = _RANK_IN_NAME.search(path.name)
     if m:
         return int(m.group(1))
@@ -101,15 +121,18 @@ def read_profile(path: Path, opts: ImportOptions) -> ImportBatch:
         raise InputFormatError(path, None, "NCCL profiler plugin events (one JSON object per line)",
                                got=f"{sum(batch.rejects.values())} undecodable lines")
     pairs, other = _pairs(events)
-    comm_ranks = {(ev.get("args") or {}).get("Rank") for ev, _ in pairs} - {None}
+    comm_ranks = {r for ev, _ in pairs if isinstance(r := _args(ev).get("Rank"), int) and not isinstance(r, bool)}
     rank = _rank(path, opts, comm_ranks)
     rows = []
     for ev, end in pairs:
-        a = ev.get("args") if isinstance(ev.get("args"), dict) else {}
-        op = normalise_op(ev.get("name"))
+        a = _args(ev)
+        op = normalise_op(ev.get("name")) if isinstance(ev.get("name"), str) else None
         ts = ev.get("ts")
-        if op is None or not isinstance(ts, (int, float)):
+        if op is None or not _time(ts):
             batch.reject("COLL/P2P event without a known op or numeric ts", str(ev)[:200])
+            continue
+        if end is not None and not _time(end):
+            batch.reject("COLL/P2P end event without a numeric ts", str(ev)[:200])
             continue
         dtype, es = nccl_dtype(a.get("Datatype"))
         count = a.get("Count") if isinstance(a.get("Count"), int) else None
@@ -122,10 +145,14 @@ def read_profile(path: Path, opts: ImportOptions) -> ImportBatch:
             "dtype": dtype, "algorithm": "/".join(str(a[k]) for k in ("Algorithm", "Protocol") if a.get(k)) or None,
             "start_ns": ts, "end_ns": end, "pid": ev.get("pid"),
         })
+    df = None
     if rows:
-        df = pl.DataFrame(rows, infer_schema_length=None, schema_overrides={
+        df = rows_frame(rows, {
             "start_ns": pl.Float64, "end_ns": pl.Float64, "rank": pl.Int32, "peer": pl.Int32, "seq": pl.Int64,
-            "num_elements": pl.Int64, "size_bytes": pl.Int64, "pid": pl.Int64})
+            "num_elements": pl.Int64, "size_bytes": pl.Int64, "pid": pl.Int64, "name": pl.String,
+            "group_id": pl.String, "op": pl.String, "dtype": pl.String, "algorithm": pl.String},
+            batch, "profiler event")
+    if rows and df.height:
         origin = df["start_ns"].min()
         df = df.with_columns(((pl.col(c) - origin) * 1000).round(0).cast(pl.Int64).alias(c)
                              for c in ("start_ns", "end_ns"))

@@ -10,6 +10,15 @@ into place, so a crash never leaves a half file under a ``part-*`` name.
 The manifest makes ingest idempotent: a source whose content hash is already
 recorded for the same job is skipped.
 
+Ingest is a transaction (:meth:`Store.transaction`): it holds the store's
+writer lock (``fcntl.flock`` on ``<store>/.writer.lock``), writes its parts
+under ``part-<key16>-...`` names and commits by writing its manifest entry.
+Readers list only committed ingest parts (a part whose key has no manifest
+entry is invisible), so a crash between the first part and the manifest leaves
+nothing a reader sees; the next writer removes such orphans and stale temp
+files when it takes the lock. Live writers (hooks, the collector, the
+simulator) use other part names and stay visible as they write.
+
 Read side: :meth:`Store.scan` gives polars LazyFrames over one kind (all
 parts unified to the declared schema, so parts written before a column was
 added still read), and :meth:`Store.duckdb` a DuckDB connection with one view
@@ -18,13 +27,15 @@ per record kind (empty views for kinds the store does not hold).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -37,13 +48,21 @@ from rankscope.collectors.errors import StoreError, UsageError
 from rankscope.collectors.schema import SCHEMAS, empty, schema
 
 MANIFEST_DIR = "_manifest"
-_JOB_RE = re.compile(r"^[A-Za-z0-9_.:+-]{1,128}$")
+LOCK_FILE = ".writer.lock"
+JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""Job names become directory names: a letter or digit first (so never ``.`` or ``..``), then up to
+127 of letters, digits and ``._-``; matched with fullmatch (a trailing newline does not pass)."""
+_INGEST_PART = re.compile(r"part-([0-9a-f]{16})-\d{20}-")
+"""Parts written by an ingest transaction; visible only once their manifest entry exists."""
+STALE_TMP_S = 900.0
+"""A temp file of a live writer (which holds no lock) older than this is debris from a crash."""
 
 
-def check_job_name(job: str) -> str:
-    """Job names become directory names; keep them to a safe alphabet."""
-    if not isinstance(job, str) or not _JOB_RE.match(job):
-        raise UsageError(f"job name {job!r} is not allowed; expected 1-128 of letters, digits and _.:+-")
+def check_job_name(job: object) -> str:
+    """The one job-name rule, applied on every write and every read path."""
+    if not isinstance(job, str) or JOB_NAME_RE.fullmatch(job) is None:
+        raise UsageError(f"job name {job!r} is not allowed; expected a letter or digit, then up to 127 "
+                         "letters, digits, '.', '_' or '-'")
     return job
 
 
@@ -96,6 +115,96 @@ class Store:
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
+        self._cleaned = False
+
+    def require(self) -> Store:
+        """This store, or UsageError when its directory does not exist (for read-only commands)."""
+        if not self.root.is_dir():
+            raise UsageError(f"store {self.root} does not exist or is not a directory; "
+                             "expected a store written by rankscope ingest/collect/simulate")
+        return self
+
+    # ------------------------------------------------------------ transactions
+    @contextlib.contextmanager
+    def writer_lock(self, timeout_s: float = 600.0) -> Iterator[None]:
+        """Hold the store's exclusive writer lock; cleans up after crashed writers once per Store."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise StoreError(f"cannot open store {self.root} for writing: {e.strerror or e}") from e
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StoreError(f"store {self.root} is locked by another writer for "
+                                         f"{timeout_s:.0f} s; expected it to finish") from None
+                    time.sleep(0.05)
+            if not self._cleaned:
+                self.clean_orphans()
+                self._cleaned = True
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
+
+    @contextlib.contextmanager
+    def transaction(self, key: str) -> Iterator[Transaction]:
+        """Write parts and then the manifest entry (the commit) under the writer lock.
+
+        Leaving the block by an exception removes every part written so far.
+        """
+        with self.writer_lock():
+            # Parts under this key without its manifest entry are a crashed earlier try.
+            for p in self.root.glob(f"*/job=*/part-{key[:16]}-*.parquet"):
+                if not self.has_source(key):
+                    p.unlink(missing_ok=True)
+            tx = Transaction(self, key)
+            try:
+                yield tx
+            except BaseException:
+                tx.rollback()
+                raise
+
+    def committed_keys(self) -> set[str]:
+        """The 16-character prefixes of every manifest key (names only, no file is read)."""
+        try:
+            return {n[:16] for n in os.listdir(self.manifest_dir()) if n.endswith(".json")}
+        except OSError:
+            return set()
+
+    def clean_orphans(self) -> dict[str, int]:
+        """Remove ingest parts that never got a manifest entry and temp files left by crashes.
+
+        Call with the writer lock held: no ingest is then between its first part and its commit.
+        """
+        removed = {"parts": 0, "tmp": 0}
+        if not self.root.is_dir():
+            return removed
+        keys, now = self.committed_keys(), time.time()
+        for d in [*self.root.glob("*/job=*"), self.manifest_dir()]:
+            try:
+                names = os.listdir(d)
+            except OSError:
+                continue
+            for name in names:
+                p = d / name
+                m = _INGEST_PART.match(name)
+                try:
+                    if m and m.group(1) not in keys:
+                        p.unlink()
+                        removed["parts"] += 1
+                    elif name.startswith(".") and name.endswith(".tmp"):
+                        inner = _INGEST_PART.match(name[1:])
+                        if (inner and inner.group(1) not in keys) or now - p.stat().st_mtime > STALE_TMP_S:
+                            p.unlink()
+                            removed["tmp"] += 1
+                except OSError:
+                    continue
+        return removed
 
     # ---------------------------------------------------------------- write
     def write(self, kind: str, table: pa.Table, job: str | None = None, *, prefix: str = "part") -> Path | None:
@@ -119,14 +228,14 @@ class Store:
             check_job_name(j)
             part = table if len(jobs) == 1 else table.filter(pa.compute.equal(table.column("job"), j))
             d = self.root / kind / f"job={j}"
-            d.mkdir(parents=True, exist_ok=True)
             path = d / f"{prefix}-{time.time_ns():020d}-{uuid.uuid4().hex[:12]}.parquet"
             tmp = d / f".{path.name}.tmp"
             try:
+                d.mkdir(parents=True, exist_ok=True)
                 pq.write_table(part.replace_schema_metadata(None).cast(sch), tmp, compression="zstd")
                 os.replace(tmp, path)
             except OSError as e:
-                raise StoreError(f"could not write {path}: {e}") from e
+                raise StoreError(f"could not write {path}: {type(e).__name__}: {e.strerror or e}") from e
             finally:
                 if tmp.exists():
                     tmp.unlink()
@@ -146,8 +255,22 @@ class Store:
 
     def add_manifest(self, entry: ManifestEntry) -> None:
         d = self.manifest_dir()
-        d.mkdir(parents=True, exist_ok=True)
-        _atomic_write_bytes(d / f"{entry.key}.json", json.dumps(asdict(entry), indent=1, default=str).encode())
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            _atomic_write_bytes(d / f"{entry.key}.json", json.dumps(asdict(entry), indent=1, default=str).encode())
+        except OSError as e:
+            raise StoreError(f"could not write the manifest entry in {d}: {e.strerror or e}") from e
+
+    def has_alias(self, name: str) -> bool:
+        """True when decoded records with this fingerprint are already stored (see ingest)."""
+        return (self.manifest_dir() / f"{name}.alias").exists()
+
+    def add_alias(self, name: str, key: str) -> None:
+        """Record that a source's decoded records (fingerprint ``name``) were committed under ``key``."""
+        try:
+            _atomic_write_bytes(self.manifest_dir() / f"{name}.alias", key.encode())
+        except OSError as e:
+            raise StoreError(f"could not write {name}.alias in {self.manifest_dir()}: {e.strerror or e}") from e
 
     def manifest(self) -> list[ManifestEntry]:
         d = self.manifest_dir()
@@ -166,21 +289,46 @@ class Store:
         return {m.job for m in self.manifest() if m.relative_time}
 
     # ----------------------------------------------------------------- read
+    def _visible(self, names: Iterable[str], keys: set[str]) -> list[str]:
+        out = []
+        for n in names:
+            if not (n.startswith("part") and n.endswith(".parquet")):
+                continue
+            m = _INGEST_PART.match(n)
+            if m is None or m.group(1) in keys:
+                out.append(n)
+        return out
+
     def parts(self, kind: str, job: str | None = None) -> list[Path]:
+        """Committed part files of one kind (and job). The job name is checked like on write."""
         schema(kind)
+        if job is not None:
+            check_job_name(job)
         base = self.root / kind
         if not base.is_dir():
             return []
-        pattern = f"job={job}/*.parquet" if job is not None else "job=*/*.parquet"
-        return sorted(p for p in base.glob(pattern) if p.name.startswith("part"))
+        keys = self.committed_keys()
+        dirs = [base / f"job={job}"] if job is not None else sorted(base.glob("job=*"))
+        out = []
+        for d in dirs:
+            if d.name[4:] and JOB_NAME_RE.fullmatch(d.name[4:]) and d.is_dir() and not d.is_symlink():
+                out.extend(d / n for n in self._visible(os.listdir(d), keys))
+        return sorted(out)
 
     def jobs(self, kind: str | None = None) -> list[str]:
+        """Jobs with at least one committed part (of one kind, or of any)."""
         kinds = [kind] if kind else list(SCHEMAS)
         out = set()
+        keys = self.committed_keys()
         for k in kinds:
             base = self.root / k
-            if base.is_dir():
-                out.update(p.name[4:] for p in base.glob("job=*") if any(p.glob("part*.parquet")))
+            if not base.is_dir():
+                continue
+            for d in base.glob("job=*"):
+                j = d.name[4:]
+                if JOB_NAME_RE.fullmatch(j) and d.is_dir() and not d.is_symlink() \
+                        and self._visible(os.listdir(d), keys):
+                    out.add(j)
         return sorted(out)
 
     def dataset(self, kind: str, job: str | None = None) -> pads.Dataset | None:
@@ -227,3 +375,29 @@ class Store:
                 con.register(f"_ds_{kind}", ds)
                 con.execute(f'CREATE VIEW "{kind}" AS SELECT * FROM "_ds_{kind}"')
         return con
+
+
+class Transaction:
+    """Parts written for one source under the writer lock; :meth:`commit` writes the manifest entry."""
+
+    def __init__(self, store: Store, key: str):
+        self.store, self.key = store, key
+        self.written: list[Path] = []
+        self.committed = False
+
+    def write(self, kind: str, table: pa.Table) -> None:
+        p = self.store.write(kind, table, prefix=f"part-{self.key[:16]}")
+        if p is not None:
+            # write() returns the last part only; a multi-job table leaves others with the same prefix
+            self.written.extend(self.store.root.glob(f"{kind}/job=*/part-{self.key[:16]}-*.parquet"))
+
+    def commit(self, entry: ManifestEntry) -> None:
+        self.store.add_manifest(entry)
+        self.committed = True
+
+    def rollback(self) -> None:
+        if self.committed:
+            return
+        for p in set(self.written):
+            with contextlib.suppress(OSError):
+                p.unlink()

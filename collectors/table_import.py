@@ -90,24 +90,60 @@ class _Csv:
         if not data.strip():
             raise InputFormatError(path, None, "a CSV header line and rows", got="empty file")
         text = data.decode("utf-8", "replace")
+        del data
         sep = "\t" if path.name.endswith(".tsv") else ","
-        header = next(csv.reader(io.StringIO(text.split("\n", 1)[0]), delimiter=sep))
+        # One reader over the whole text: a quoted field may hold the separator or a newline.
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter=sep)
+        header = _next_row(reader, path, batch=None)
+        if not header:
+            raise InputFormatError(path, "line 1", "a CSV header line", got=text[:80])
         kind = _kind(path, header, opts)
         batch = ImportBatch()
         # Every column is read as text; validation casts and counts what does not convert.
-        lines = text.splitlines()
-        good_lines = [lines[0]]
-        for i, line in enumerate(lines[1:], start=2):
-            if not line.strip():
+        cols: list[list[str | None]] = [[] for _ in header]
+        while True:
+            line = reader.line_num + 1
+            row = _next_row(reader, path, batch)
+            if row is None:
+                break
+            if not row or (len(row) == 1 and not row[0].strip()):
                 continue
-            if len(next(csv.reader([line], delimiter=sep), [])) != len(header):
-                batch.reject("wrong number of fields", f"line {i}: {line[:120]}")
+            if len(row) != len(header):
+                batch.reject("wrong number of fields", f"line {line}: {sep.join(row)[:120]}")
                 continue
-            good_lines.append(line)
-        df = pl.read_csv(io.StringIO("\n".join(good_lines)), separator=sep, infer_schema=False,
-                         null_values=["", "null", "NULL", "None", "NaN"])
+            for c, v in zip(cols, row):
+                c.append(None if v in _NULLS else v)
+        names = _unique(header)
+        df = pl.DataFrame({n: pl.Series(n, c, dtype=pl.String) for n, c in zip(names, cols)})
         batch.add(kind, df)
         return batch
+
+
+_NULLS = {"", "null", "NULL", "None", "NaN"}
+
+
+def _unique(header: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for h in header:
+        n = seen.get(h, 0)
+        seen[h] = n + 1
+        out.append(h if n == 0 else f"{h}_{n}")
+    return out
+
+
+def _next_row(reader, path: Path, batch: ImportBatch | None) -> list[str] | None:
+    """The next row; a row the csv module cannot read (a field over its size limit, a NUL) is
+    counted and skipped. None at the end."""
+    while True:
+        try:
+            return next(reader)
+        except StopIteration:
+            return None
+        except csv.Error as e:
+            if batch is None:
+                raise InputFormatError(path, f"line {reader.line_num}", "a readable CSV header", got=str(e)) from None
+            batch.reject("unreadable CSV row", f"line {reader.line_num}: {e}")
 
 
 PARQUET = _Parquet()

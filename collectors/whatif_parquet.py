@@ -27,6 +27,28 @@ from rankscope.collectors.formats import ImportBatch, ImportOptions
 
 REQUIRED = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id", "mc", "mb_id")
 
+MAX_SECONDS = 1e9
+"""Relative times beyond this (31 years) cannot be real and would overflow int64 nanoseconds."""
+_TYPES = {"dp_rank": pl.Int32, "stage": pl.Int32, "rank": pl.Int32, "step": pl.Int64, "seq_id": pl.Int64,
+          "mc": pl.Int64, "mb_id": pl.Int32, "start_ts": pl.Float64, "duration": pl.Float64, "optype": pl.String}
+
+
+def _typed(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+    """Required columns in their working types, and a mask of rows where a value did not convert
+    (text in a number column, 2**64 in a rank): those rows are rejected, not fatal."""
+    wrong = np.zeros(df.height, dtype=bool)
+    cols = []
+    for c, t in _TYPES.items():
+        src = df[c]
+        try:
+            cast = src.cast(t, strict=False)
+        except Exception:  # noqa: BLE001 - polars raises several types for impossible casts
+            cast = pl.Series(c, [None] * df.height, dtype=t)
+        wrong |= (src.is_not_null() & cast.is_null()).to_numpy()
+        cols.append(cast.alias(c))
+    return df.with_columns(cols), wrong
+
+
 COMPUTE_OPTYPES = {
     "forward-compute": "forward",
     "backward-compute": "backward",
@@ -118,10 +140,9 @@ class _WhatifParquet:
         batch.notes["layout"] = layout
         batch.notes["meta"] = str(meta) if meta is not None else None
         layout = {k: v for k, v in layout.items() if v is not None}
-        df = df.with_row_index("_row").with_columns(
-            pl.col("optype").cast(pl.String),
-            pl.col("start_ts").cast(pl.Float64), pl.col("duration").cast(pl.Float64))
-        bad = self._bad_rows(df)
+        df, wrong = _typed(df)
+        df = df.with_row_index("_row")
+        bad = {"whatif_parquet: value of the wrong type or out of range": wrong, **self._bad_rows(df)}
         for reason, mask in bad.items():
             n = int(mask.sum())
             if n:
@@ -157,6 +178,8 @@ class _WhatifParquet:
             "whatif_parquet: null field": pl.any_horizontal([pl.col(c).is_null() for c in REQUIRED]),
             "whatif_parquet: negative duration": pl.col("duration") < 0,
             "whatif_parquet: non-finite time": ~(pl.col("start_ts").is_finite() & pl.col("duration").is_finite()),
+            "whatif_parquet: time beyond 1e9 s": (pl.col("start_ts").abs() > MAX_SECONDS)
+            | (pl.col("duration").abs() > MAX_SECONDS),
             "whatif_parquet: negative rank": (pl.col("rank") < 0) | (pl.col("dp_rank") < 0) | (pl.col("stage") < 0),
         }
         res = df.select([e.fill_null(True).alias(k) for k, e in rules.items()])

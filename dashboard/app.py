@@ -21,6 +21,7 @@ from rankscope.collectors.job_frames import KINDS_FOR_ANALYSIS, JobFrames
 from rankscope.collectors.store import MANIFEST_DIR, Store
 from rankscope.dashboard.figures import all_figures
 from rankscope.dashboard.report_html import key_numbers
+from rankscope.dashboard.security import Access, checked_job, public_error
 from rankscope.dashboard.table_figures import diff_figure, empty_figure
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def analysis_tables(frames: JobFrames, tables: dict, baseline: JobFrames | None 
         try:
             tables["diff"] = diff_runs(baseline, frames).rows
         except RankscopeError as e:
-            tables.setdefault("errors", {})["diff"] = str(e)
+            tables.setdefault("errors", {})["diff"] = public_error("run diff failed", e)
     return tables
 
 
@@ -164,7 +165,7 @@ def strategy_summary(d: Diagnosis, max_groups: int = 8) -> str:
     return " | ".join(parts)
 
 
-def build_layout(store_dir: str, interval_s: float, baseline_dir: str | None):
+def build_layout(store_dir: str, interval_s: float, baseline_dir: str | None, access: Access | None = None):
     from dash import dcc, html
 
     card_style = {"display": "flex", "flexWrap": "wrap", "gap": "8px", "margin": "8px 0"}
@@ -177,11 +178,15 @@ def build_layout(store_dir: str, interval_s: float, baseline_dir: str | None):
                     children=[
         html.H2("rankscope", style={"margin": "8px 0"}),
         html.Div(style={"display": "flex", "gap": "10px", "flexWrap": "wrap", "alignItems": "center"}, children=[
-            html.Label("store"), dcc.Input(id="store", value=str(store_dir), debounce=True, style={"width": "28em"}),
+            # hardstore: the page chooses only among the stores given at start (dashboard/security.py)
+            html.Label("store"), dcc.Dropdown(id="store", options=list(access.stores) if access else [store_dir],
+                                              value=access.stores[0] if access else str(store_dir),
+                                              clearable=False, style={"width": "28em"}),
             html.Label("job"), dcc.Dropdown(id="job", clearable=False, style={"width": "18em"}),
-            html.Label("baseline store"), dcc.Input(id="baseline-store", value=baseline_dir or "", debounce=True,
-                                                    placeholder="optional, for the run diff",
-                                                    style={"width": "20em"}),
+            html.Label("baseline store"), dcc.Dropdown(
+                id="baseline-store", options=list(access.baselines + access.stores) if access else [],
+                value=(access.baselines[0] if access and access.baselines else None),
+                placeholder="optional, for the run diff", style={"width": "20em"}),
             html.Label("baseline job"), dcc.Dropdown(id="baseline-job", style={"width": "14em"}),
         ]),
         html.Div(id="status", style={"color": "#666", "fontSize": "12px", "margin": "4px 0"}),
@@ -229,7 +234,7 @@ def page_content(views: JobViews, store: str | None, job: str | None, baseline_s
     try:
         d, tables, version = views.get_versioned(store, job, baseline_store or None, baseline_job)
     except Exception as e:  # noqa: BLE001 - one failing analyzer must not take the page down; say why
-        return ["", f"could not analyse job {job}: {type(e).__name__}: {e}", "", []] + blank()
+        return ["", public_error(f"could not analyse job {job}", e), "", []] + blank()
     if version == shown:
         return None
     figs = all_figures(d, tables)
@@ -237,32 +242,33 @@ def page_content(views: JobViews, store: str | None, job: str | None, baseline_s
         figs["diff"] = diff_figure(None)
     status = f"store {store} | job {job} | sources: {', '.join(d.sources) or 'none'}"
     if tables.get("errors"):
-        status += " | table errors: " + "; ".join(f"{k}: {v}" for k, v in tables["errors"].items())
+        status += f" | not computed: {', '.join(tables['errors'])} (details in the server log)"
     for fig in figs.values():
         fig.update_layout(uirevision=job)  # keep the user's zoom across refreshes
     return [version, status, strategy_summary(d), _cards(d)] + [figs[g] for g in GRAPHS]
 
 
-def create_app(store_dir: str, interval_s: float = 15.0, baseline_dir: str | None = None):
-    """The Dash app over one store (changeable in the page). ``interval_s``: how often the page re-reads it."""
+def create_app(store_dir: str | list[str], interval_s: float = 15.0, baseline_dir: str | list[str] | None = None):
+    """The Dash app over the stores given (the page picks among them). ``interval_s``: how often it re-reads."""
     import dash
     from dash import Input, Output, State
 
     views = JobViews()
+    access = Access.of(store_dir, baseline_dir)
     app = dash.Dash(__name__, title="rankscope", update_title=None)
-    app.layout = build_layout(store_dir, interval_s, baseline_dir)
+    app.layout = build_layout(access.stores[0], interval_s, None, access)
 
     @app.callback(Output("job", "options"), Output("job", "value"),
                   Input("store", "value"), Input("tick", "n_intervals"), State("job", "value"))
     def _jobs(store, _tick, current):
-        jobs = _job_options(views, store)
+        jobs = _job_options(views, access.store(store))
         value = current if current in jobs else (jobs[0] if jobs else None)
         return jobs, dash.no_update if value == current else value
 
     @app.callback(Output("baseline-job", "options"), Output("baseline-job", "value"),
                   Input("baseline-store", "value"), State("baseline-job", "value"), State("job", "value"))
     def _baseline_jobs(store, current, job):
-        jobs = _job_options(views, store)
+        jobs = _job_options(views, access.baseline(store))
         if current in jobs:
             return jobs, current
         return jobs, job if job in jobs else (jobs[0] if jobs else None)
@@ -273,6 +279,10 @@ def create_app(store_dir: str, interval_s: float = 15.0, baseline_dir: str | Non
     @app.callback(outputs, Input("job", "value"), Input("tick", "n_intervals"), Input("baseline-job", "value"),
                   State("store", "value"), State("baseline-store", "value"), State("shown", "data"))
     def _render(job, _tick, baseline_job, store, baseline_store, shown):
+        # hardstore: only stores given at start, only jobs those stores list (a crafted request gets nothing)
+        store, baseline_store = access.store(store), access.baseline(baseline_store)
+        job = checked_job(job, _job_options(views, store))
+        baseline_job = checked_job(baseline_job, _job_options(views, baseline_store)) if baseline_store else None
         content = page_content(views, store, job, baseline_store, baseline_job, shown)
         # an unchanged store sends nothing back: no re-download of figures every tick
         return [dash.no_update] * len(outputs) if content is None else content
@@ -280,12 +290,16 @@ def create_app(store_dir: str, interval_s: float = 15.0, baseline_dir: str | Non
     return app
 
 
-def serve(store_dir: str, host: str = "127.0.0.1", port: int = 8050, interval_s: float = 15.0,
-          baseline_dir: str | None = None) -> None:
+def serve(store_dir: str | list[str], host: str = "127.0.0.1", port: int = 8050, interval_s: float = 15.0,
+          baseline_dir: str | list[str] | None = None, auth: tuple[str, str] | None = None) -> None:
     """Run the app in this process until interrupted."""
     import importlib
 
+    from rankscope.dashboard.security import check_bind, install
+
+    check_bind(host, auth)
     app = create_app(store_dir, interval_s, baseline_dir)
+    install(app.server, host, port, auth)
     # the analysis imports (polars plans, scipy, scikit-learn) load while the server already answers
     threading.Thread(target=lambda: [importlib.import_module(m) for m in ANALYSIS_MODULES], daemon=True,
                      name="rankscope-warm-up").start()

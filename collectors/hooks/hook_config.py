@@ -17,7 +17,7 @@ ENV_PREFIX = "RANKSCOPE_HOOK_"
 ENV_SWITCH = "RANKSCOPE_HOOK"
 """``1`` activates the bootstrap in any process, ``0`` never; unset: only in torch.distributed ranks."""
 
-JOB_NAME_RE = re.compile(r"^[A-Za-z0-9_.:+-]{1,128}$")
+JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 """The store's rule for job names (store.check_job_name), repeated here so that starting the
 hook in a rank does not import pyarrow on the job's thread; a unit test keeps the two equal."""
 

@@ -83,7 +83,7 @@ def test_capture_is_split_into_named_jobs(fabric_store, tmp_path, report_schema)
 def test_exit_codes(job_store, tmp_path):
     store, _ = job_store
     assert main(["analyze", "--store", str(store), "--job", "nosuch", "--out-dir", str(tmp_path / "x")]) == 2
-    assert main(["analyze", "--store", str(tmp_path / "missing"), "--out-dir", str(tmp_path / "y")]) == 1
+    assert main(["analyze", "--store", str(tmp_path / "missing"), "--out-dir", str(tmp_path / "y")]) == 2  # a missing store is a usage error in every command
     (tmp_path / "empty").mkdir()
     assert main(["analyze", "--store", str(tmp_path / "empty"), "--out-dir", str(tmp_path / "z")]) == 1
     assert main(["analyze", "--out-dir", str(tmp_path / "z")]) == 2
