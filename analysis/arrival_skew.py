@@ -92,7 +92,11 @@ def _transfer_excess(comm: pl.DataFrame, steps: list[int]) -> tuple[float, dict]
     per = inst.filter(pl.col("step").is_in(steps)).explode("rank").group_by("rank").agg(pl.col("x").sum())
     ratio = (inst["own"] / inst["typ"]).filter(inst["typ"] > 0)
     gain = float(per["x"].max()) / len(steps) if per.height else 0.0  # x is per group already typical
-    return gain, {"collectives": int(inst.height),
+    worst = inst.with_columns((pl.col("own") / pl.col("typ")).alias("r")).filter(pl.col("typ") > 0).sort(
+        "r", descending=True).head(1)
+    slow = ({"group_id": worst["group_id"][0], "ranks": sorted(int(r) for r in worst["rank"][0]),
+             "transfer_ratio": float(worst["r"][0])} if worst.height else None)
+    return gain, {"collectives": int(inst.height), "slowest_group": slow,
                   "max_group_transfer_vs_typical": float(ratio.max()) if ratio.len() else None}
 
 

@@ -22,6 +22,7 @@ from rankscope.analysis.clock_align import (
     rank_clock_offsets,
 )
 from rankscope.analysis.diagnosis import Diagnosis, Steps, Strategy
+from rankscope.analysis.findings import build_findings
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.hangs import hang_section
 from rankscope.analysis.regressions import RegressionConfig, regression_section
@@ -156,6 +157,7 @@ def analyze_job(frames: JobFrames, config: DiagnoseConfig | None = None,
     d.stragglers = straggler_section(frames, d.strategy, config.stragglers)
     d.regressions = regression_section(frames, baseline, config.regressions)
     d.hangs = hang_section(frames)
+    d.extra["findings"] = build_findings(d.stragglers, d.regressions)
     durs = d.steps.extra.get("durations_ns") or []
     tables["steps"] = pl.DataFrame({"step": list(range(len(durs))), "duration_ns": durs},
                                    schema={"step": pl.Int64, "duration_ns": pl.Int64})

@@ -178,6 +178,10 @@ def _settle_ambiguity(s: Stragglers, graph: WhatIfGraph, actual: np.ndarray, m: 
         return
     call = work_or_hardware(graph, actual, rank)
     s.extra["worker_or_stage"] = {"rank": rank, "stage": stage, **call}
+    cul = s.extra["culprits"].get("worker")
+    if cul is not None and isinstance(call.get("passes"), float):
+        # no stage peers to compare with: the factor is against the other stages, and says so
+        cul.update(factor=call["passes"], factor_vs="other stages (no stage peers)")
     if call["call"] == "ambiguous":
         s.extra["ambiguous"] = {"between": ["worker", "stage_imbalance"], "rank": rank, "stage": stage,
                                 "why": call["why"]}
@@ -210,7 +214,8 @@ def _arrival_section(frames: JobFrames, config: StragglerConfig, layout) -> Stra
                "step_slowdown": r["step_slowdown"],
                "culprits": {"worker": {"rank": top[0]["endpoint"], "stage": top[0]["stage"],
                                        "dp_rank": top[0]["dp_rank"], "factor": top[0]["compute_vs_stage_peers"]},
-                            "stage_imbalance": {"stage": stage} if stage is not None else None},
+                            "stage_imbalance": {"stage": stage} if stage is not None else None,
+                            "communication": r["communication"].get("slowest_group")},
                "evidence": {"arrival_skew": {k: v for k, v in r.items() if k not in ("evaluated",)},
                             "slow_ranks": [{"rank": x["rank"], "dp_rank": place.get(x["rank"], {}).get("dp_rank"),
                                             "stage": place.get(x["rank"], {}).get("stage"),
