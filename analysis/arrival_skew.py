@@ -28,6 +28,8 @@ import polars as pl
 
 BLOCKING_EXCLUDE = ("send",)
 """Ops whose span is not time the rank waited (asynchronous sends)."""
+SLOW_AT = 1.2
+"""a step where a rank's own work is this times its peers' counts as a slow step of that rank."""
 WARMUP_FACTOR = 2.0
 """The first step is warm-up when its span is over this times the median of the others."""
 
@@ -60,13 +62,16 @@ def _peers(comm: pl.DataFrame, ranks: list[int], layout: pl.DataFrame | None) ->
             return peers, "stage peers (layout)"
     groups = comm.filter(~pl.col("op").is_in(["send", "recv"]) & pl.col("group_ranks").is_not_null()
                          & (pl.col("group_ranks").list.len() >= 2)).select("group_ranks").unique()
-    peers = {r: set() for r in ranks}
+    # each rank's smallest collective group: its data-parallel (or tensor-parallel) peers, which
+    # share its stage; a world-wide group (a barrier, the loss all-reduce) would mix the stages
+    best: dict[int, list[int]] = {}
     for (members,) in groups.iter_rows():
         for r in members:
-            if r in peers:
-                peers[r].update(int(p) for p in members if p != r and p in peers)
+            if r in ranks and (r not in best or len(members) < len(best[r]) + 1):
+                best[int(r)] = [int(p) for p in members if p != r and p in ranks]
+    peers = {r: sorted(best.get(r, [])) for r in ranks}
     if any(peers.values()):
-        return {r: sorted(p) for r, p in peers.items()}, "collective group members"
+        return peers, "smallest collective group (no layout)"
     return {r: [p for p in ranks if p != r] for r in ranks}, "all ranks (no groups, no layout)"
 
 
@@ -158,11 +163,14 @@ def arrival_skew(comm_op: pl.DataFrame, step_mark: pl.DataFrame | None = None,
     T_ideal = T - total
     gap = T - T_ideal
     share = (lambda g: g / gap if gap > 0 else 0.0)  # noqa: E731
-    rank_rows = [{"rank": r, "own_work_ns": float(mat[:, col[r]].mean()),
-                  "peer_own_work_ns": float(np.nanmean(peer_w[:, col[r]])) if peers[r] else None,
-                  "own_vs_peers": (float(mat[:, col[r]].mean() / np.nanmean(peer_w[:, col[r]]))
-                                   if peers[r] and np.nanmean(peer_w[:, col[r]]) > 0 else None),
+    rank_rows = [{"rank": r, "own_work_ns": float(np.median(mat[:, col[r]])),
+                  "peer_own_work_ns": float(np.nanmedian(peer_w[:, col[r]])) if peers[r] else None,
+                  # per-step ratio, then the median: the same steps and statistic as the excess
+                  "own_vs_peers": (float(np.median(mat[:, col[r]] / np.maximum(peer_w[:, col[r]], 1.0)))
+                                   if peers[r] else None),
                   "excess_ns": float(mean_excess[col[r]]),
+                  "slow_steps": [int(used[k]) for k in range(len(used)) if peers[r] and peer_w[k, col[r]] > 0
+                                 and mat[k, col[r]] >= SLOW_AT * peer_w[k, col[r]]],
                   "last_arrival_share": None} for r in ranks]
     _last_arrivals(comm, used, rank_rows)
     rank_rows.sort(key=lambda x: -x["excess_ns"])

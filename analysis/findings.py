@@ -29,6 +29,10 @@ def _worker(row: dict, basis: str) -> dict:
     ev = {"basis": basis, "compute_vs_stage_peers": row.get("factor")}
     if row.get("by_optype"):
         ev["by_optype"] = row["by_optype"]
+    if row.get("with_stalls"):
+        ev["compute_vs_stage_peers"] = None
+        ev["own_time_with_stalls_vs_stage_peers"] = row.get("factor")
+        ev["stall_ns_per_step"] = row.get("stall_ns_per_step")
     return {"kind": "slow_worker", "culprit": culprit, "factor": row.get("factor"), "steps": row.get("steps", []),
             "evidence": ev}
 
@@ -144,6 +148,9 @@ def describe(f: dict) -> str:
     fac = f.get("factor")
     x = f"{fac:.2f}x" if isinstance(fac, (int, float)) and fac == fac else "?x"
     kind, who = f["kind"], _where(f.get("culprit", {}))
+    stall = f.get("evidence", {}).get("stall_ns_per_step")
+    if kind == "slow_worker" and f.get("evidence", {}).get("own_time_with_stalls_vs_stage_peers") is not None:
+        return f"{who} takes {x} its stage peers' compute time, with stalls (gc, data) of {stall / 1e6:.0f} ms per step"
     if kind == "slow_worker" and f.get("factor_vs", "stage peers") != "stage peers":
         return f"{who} computes {x} the {f['factor_vs']}"
     if kind == "slow_worker":

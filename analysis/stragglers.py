@@ -219,10 +219,12 @@ def _arrival_section(frames: JobFrames, config: StragglerConfig, layout) -> Stra
                "evidence": {"arrival_skew": {k: v for k, v in r.items() if k not in ("evaluated",)},
                             "slow_ranks": [{"rank": x["rank"], "dp_rank": place.get(x["rank"], {}).get("dp_rank"),
                                             "stage": place.get(x["rank"], {}).get("stage"),
-                                            "factor": x["own_vs_peers"], "steps": r["steps"],
+                                            "factor": x["own_vs_peers"], "steps": x["slow_steps"],
                                             "basis": "own work between blocking collectives vs peers"}
                                            for x in r["ranks"] if (x["own_vs_peers"] or 0) >= config.slow_worker_at
-                                           and x["excess_ns"] > r["noise_floor_ns"]]},
+                                           and x["excess_ns"] > r["noise_floor_ns"]
+                                           # slow in most steps: one descheduled step on a busy host is not a slow GPU
+                                           and 2 * len(x["slow_steps"]) > len(r["steps"])]},
                "why_no_compute": "no compute_op records: S and the verdict come from collective arrival skew"}
     return s
 

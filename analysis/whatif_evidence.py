@@ -13,6 +13,11 @@ import polars as pl
 from rankscope.analysis.whatif_graph import BWD, FWD, WhatIfGraph
 from rankscope.analysis.whatif_metrics import STALL_TYPES, WhatIfMetrics
 
+OUTLIER_SIGMAS = 8.0
+"""below the finding threshold, a rank is still a finding when its factor sits this many robust standard
+deviations (1.4826 x MAD over all ranks) above the ranks' median: a small slowdown far outside the noise."""
+OUTLIER_FLOOR = 1.05
+"""... and at least this factor (a 1% effect is not worth a page, however clean the data)."""
 PASSES = (FWD, BWD)
 """Op types that scale with the layers a stage holds (more work), unlike the optimizer step's fixed share."""
 
@@ -48,11 +53,12 @@ def slow_ranks(graph: WhatIfGraph, actual: np.ndarray, at_least: float) -> list[
     """Ranks whose compute is >= at_least x their stage peers', with the steps where it is."""
     comp = _compute(graph, actual).filter(~pl.col("optype").is_in(list(STALL_TYPES)))
     speed = rank_speed(graph, actual)
-    slow = [r for r, v in speed.items() if v is not None and v >= at_least]
+    slow = _flagged(speed, at_least)
+    stalled = _stalled_ranks(graph, actual, at_least, exclude=slow)
     if not slow:
-        return []
+        return stalled
     per_step = _weighted(_peer_ratio(comp, ["rank", "stage", "optype", "step"], ["stage", "optype", "step"]),
-                         ["rank", "step"]).filter(pl.col("rank").is_in(slow) & (pl.col("r") >= at_least))
+                         ["rank", "step"]).filter(pl.col("rank").is_in(slow) & (pl.col("r") >= min(at_least, OUTLIER_FLOOR)))
     steps = {r: sorted(s) for r, s in per_step.group_by("rank").agg(pl.col("step")).iter_rows()}
     place = dict(((r, (d, s)) for r, d, s in comp.group_by("rank").agg(
         pl.col("dp_rank").first(), pl.col("stage").first()).iter_rows()))
@@ -60,9 +66,58 @@ def slow_ranks(graph: WhatIfGraph, actual: np.ndarray, at_least: float) -> list[
     types = {}
     for r, o, x in by_type.select("rank", "optype", "ratio").iter_rows():
         types.setdefault(r, {})[o] = float(x)
+    sigma = _robust_sigma(speed)
     out = [{"rank": int(r), "dp_rank": int(place[r][0]), "stage": int(place[r][1]), "factor": float(speed[r]),
+            "sigmas_above_median": (float((speed[r] - np.median(list(speed.values()))) / sigma) if sigma > 0 else None),
             "steps": [int(s) for s in steps.get(r, [])], "by_optype": types.get(r, {})} for r in slow]
-    return sorted(out, key=lambda x: -x["factor"])
+    return sorted(out + stalled, key=lambda x: -x["factor"])
+
+
+def _robust_sigma(values: dict) -> float:
+    v = np.array([x for x in values.values() if x is not None and np.isfinite(x)])
+    return float(1.4826 * np.median(np.abs(v - np.median(v)))) if v.size >= 3 else 0.0
+
+
+def _flagged(factor: dict, at_least: float) -> list:
+    """Ranks at or above the threshold, or clear outliers above OUTLIER_FLOOR (see OUTLIER_SIGMAS)."""
+    sigma = _robust_sigma(factor)
+    med = float(np.median([x for x in factor.values() if x is not None])) if factor else 1.0
+    return [r for r, v in factor.items() if v is not None and (
+        v >= at_least or (v >= OUTLIER_FLOOR and sigma > 0 and (v - med) / sigma >= OUTLIER_SIGMAS))]
+
+
+def _stalled_ranks(graph: WhatIfGraph, actual: np.ndarray, at_least: float, exclude: list) -> list[dict]:
+    """Ranks whose own time with stalls (gc, data loading) is >= at_least x their stage peers', per step."""
+    comp = _compute(graph, actual)
+    stall = comp.filter(pl.col("optype").is_in(list(STALL_TYPES)))
+    if stall.height == 0:
+        return []
+    per = comp.group_by("rank", "stage", "dp_rank", "step").agg(pl.col("a").sum().alias("s")).with_columns(
+        ((pl.col("s").sum().over("stage", "step") - pl.col("s"))
+         / (pl.len().over("stage", "step") - 1)).alias("peer")).filter(pl.col("peer") > 0).with_columns(
+        (pl.col("s") / pl.col("peer")).alias("r"))
+    agg = per.group_by("rank", "stage", "dp_rank").agg(
+        (pl.col("s").sum() / pl.col("peer").sum()).alias("factor"),
+        pl.col("step").filter(pl.col("r") >= min(at_least, OUTLIER_FLOOR)).sort().alias("steps"))
+    stalls = dict(stall.group_by("rank").agg(pl.col("a").sum()).iter_rows())
+    factor = dict(agg.select("rank", "factor").iter_rows())
+    # a stall is a recorded event, not a speed estimate: a rank that stalls where its stage peers do
+    # not (twice their median, and 1% of its own time) is a finding however little it costs
+    own = dict(per.group_by("rank").agg(pl.col("s").sum()).iter_rows())
+    stage_of = dict(agg.select("rank", "stage").iter_rows())
+    peer_stall = {}
+    for r, st in stage_of.items():
+        others = [stalls.get(p, 0.0) for p, s2 in stage_of.items() if s2 == st and p != r]
+        peer_stall[r] = float(np.median(others)) if others else 0.0
+    stalling = [r for r in factor if stalls.get(r, 0.0) >= max(2 * peer_stall[r], 0.01 * own.get(r, 0.0))
+                and stalls.get(r, 0.0) > 0]
+    n_steps = max(1, len(graph.steps))
+    return [{"rank": int(r["rank"]), "dp_rank": int(r["dp_rank"]), "stage": int(r["stage"]),
+             "factor": float(r["factor"]), "steps": [int(x) for x in r["steps"]], "by_optype": {},
+             "stall_ns_per_step": float(stalls.get(r["rank"], 0.0)) / n_steps, "with_stalls": True}
+            for r in agg.filter(pl.col("rank").is_in(sorted(set(_flagged(factor, at_least)) | set(stalling)))
+                                & ~pl.col("rank").is_in(exclude)).to_dicts()
+            if stalls.get(r["rank"], 0.0) > 0]
 
 
 def worker_evidence(graph: WhatIfGraph, actual: np.ndarray, m: WhatIfMetrics, n: int) -> list[dict]:
