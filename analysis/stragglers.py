@@ -266,14 +266,38 @@ def _comm_only(frames: JobFrames) -> bool:
     return not has_compute and frames.comm_op.height > 0
 
 
+def layout_from_strategy(strategy: Strategy | None) -> pl.DataFrame | None:
+    """rank, stage, dp_rank, tp_rank, pipeline from an inferred strategy (white-box pipelines are ordered
+    upstream first), for when the job model gives no layout. None when the strategy has no int ranks."""
+    if strategy is None or not strategy.pp_groups:
+        return None
+    rows: dict[int, dict] = {}
+    try:
+        for p, members in enumerate(strategy.pp_groups):
+            for stage, r in enumerate(members):
+                rows[int(r)] = {"rank": int(r), "stage": stage, "pipeline": p, "dp_rank": None, "tp_rank": None}
+        for groups, key in ((strategy.dp_groups, "dp_rank"), (strategy.tp_groups or [], "tp_rank")):
+            for members in groups:
+                for i, r in enumerate(sorted(int(m) for m in members)):
+                    if r in rows:
+                        rows[r][key] = i
+    except (TypeError, ValueError):
+        return None  # flow-only strategies name endpoints by address, not rank
+    return pl.DataFrame(list(rows.values()), schema={"rank": pl.Int64, "stage": pl.Int64, "pipeline": pl.Int64,
+                                                     "dp_rank": pl.Int64, "tp_rank": pl.Int64})
+
+
 def straggler_section(frames: JobFrames, strategy: Strategy | None, config=None,
                       layout: pl.DataFrame | None = None) -> Stragglers:
     """What-if attribution of one job (see module docstring).
 
     Needs comm_op and, for the compute basis, compute_op (any source); batch_meta when the job
     wrote sequence lengths; ``layout`` as :func:`analyze_stragglers`. Jobs without replayable
-    records get an unevaluated section that says why.
+    records get an unevaluated section that says why. Without ``layout``, hook records alone
+    take their placement from the inferred strategy (the record columns cannot give it).
     """
+    if layout is None and _comm_only(frames):
+        layout = layout_from_strategy(strategy)
     if isinstance(config, (int, float)):
         config = StragglerConfig(none_below=float(config))
     elif config is not None and not isinstance(config, StragglerConfig):

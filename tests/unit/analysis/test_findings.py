@@ -93,3 +93,17 @@ def test_s_below_one_is_noise_not_negative_waste():
     s = _honest(Stragglers(slowdown=0.92, waste_fraction=1 - 1 / 0.92))
     assert s.extra["noise"] is True and s.waste_fraction == 0.0
     assert "noise" in summary_text(Diagnosis(job="j", stragglers=s))
+
+
+def test_hook_records_take_their_placement_from_the_strategy():
+    from rankscope.analysis.diagnosis import Strategy
+    from rankscope.analysis.stragglers import layout_from_strategy, straggler_section
+
+    st = Strategy(world_size=8, dp=4, pp=2, dp_groups=[[0, 1, 2, 3], [4, 5, 6, 7]],
+                  pp_groups=[[0, 4], [1, 5], [2, 6], [3, 7]])
+    lay = layout_from_strategy(st)
+    assert lay.filter(pl.col("rank") == 5).select("stage", "dp_rank", "pipeline").row(0) == (1, 1, 1)
+    assert layout_from_strategy(Strategy(pp_groups=[["10.0.0.1", "10.0.0.2"]])) is None
+    frames = sim_frames(sim.Fault("slow-worker", {"rank": 5, "factor": 1.6}), kinds=("comm_op", "step_mark"))
+    s = straggler_section(frames, st)
+    assert (s.top_workers[0]["endpoint"], s.top_workers[0]["stage"], s.top_workers[0]["dp_rank"]) == (5, 1, 1)
