@@ -46,11 +46,15 @@ def straggler_findings(st: Stragglers) -> list[dict]:
     basis = x.get("basis", "compute")
     steps = x.get("steps", [])
     out = [_worker(r, basis) for r in ev.get("slow_ranks", [])]
-    stage_vs = ev.get("stage_imbalance", {}).get("stage_vs_others", {}) or {}
+    sev = ev.get("stage_imbalance", {})
+    stage_vs = sev.get("stage_vs_others", {}) or {}
+    every = set(sev.get("slower_in_every_step", []))
     for stage, f in stage_vs.items():
-        if f is not None and f >= 1.2:
+        # >= 1.2x, or any consistent excess: slower than the other stages in every step
+        if f is not None and (f >= 1.2 or int(stage) in every):
             out.append({"kind": "slow_stage", "culprit": {"stage": int(stage)}, "factor": float(f), "steps": steps,
-                        "evidence": {"basis": basis, "forward_backward_vs_other_stages": float(f)}})
+                        "evidence": {"basis": basis, "forward_backward_vs_other_stages": float(f),
+                                     "min_over_steps": (sev.get("stage_vs_others_min_over_steps") or {}).get(stage)}})
     for link in ev.get("slow_links", []):
         out.append({"kind": "slow_link", "culprit": {"rank": link["rank"]}, "factor": link["factor"],
                     "steps": link["steps"], "evidence": {

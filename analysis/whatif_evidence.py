@@ -148,8 +148,16 @@ def stage_evidence(graph: WhatIfGraph, actual: np.ndarray) -> dict:
     tot = m.sum()
     vs = {str(s): float(x / ((tot - x) / (len(m) - 1))) if len(m) > 1 and tot > x else None
           for s, x in zip(per["stage"].to_list(), m, strict=True)}
+    # per step, each stage over the others: an imbalance under the finding threshold still counts when
+    # it holds in every step (a partition is fixed; noise is not)
+    ps = comp.group_by("stage", "step").agg(pl.col("a").mean().alias("m")).with_columns(
+        ((pl.col("m").sum().over("step") - pl.col("m")) / (pl.len().over("step") - 1)).alias("o")).filter(
+        pl.col("o") > 0).with_columns((pl.col("m") / pl.col("o")).alias("r"))
+    lo = {str(s): float(x) for s, x in ps.group_by("stage").agg(pl.col("r").min()).iter_rows()} if len(m) > 1 else {}
+    consistent = [int(s) for s, x in lo.items() if x >= OUTLIER_FLOOR]
     return {"compute_mean_by_stage": dict(zip(per["stage"].to_list(), m.tolist(), strict=True)),
-            "stage_vs_others": vs, "last_stage_vs_others": vs[str(per["stage"][-1])]}
+            "stage_vs_others": vs, "last_stage_vs_others": vs[str(per["stage"][-1])],
+            "stage_vs_others_min_over_steps": lo, "slower_in_every_step": sorted(consistent)}
 
 
 def work_or_hardware(graph: WhatIfGraph, actual: np.ndarray, rank: int, tolerance: float = 0.1) -> dict:
