@@ -203,6 +203,8 @@ def _fault_params(kind: str, rng, world: int, pp: int) -> dict:
 def findings_target(n: int) -> None:
     """Issue 12: verdict kind + culprit from analyze alone where the fault costs >= 5%; a finding otherwise."""
     from rankscope.analysis.findings import build_findings
+    from rankscope.analysis.stragglers import straggler_section
+    from rankscope.analysis.strategy_whitebox import infer_whitebox
     from rankscope.datasets.simulator import Fault, SimConfig, simulate
 
     rng = np.random.default_rng(12)
@@ -230,9 +232,15 @@ def findings_target(n: int) -> None:
         # found: the verdict names it, or (verdict none: S under the threshold) the summary line's finding does
         first_ok = verdict_ok or (top_ok and s.verdict == "none")
         listed = any(_culprit_ok(kind, params, f) for f in found)
+        # the same job seen through hooks alone (comm_op + step_mark): arrival-skew basis, placement from
+        # the strategy inferred from those records
+        hooks = JobFrames.from_frames("j", comm_op=frames.comm_op, step_mark=frames.step_mark)
+        hs = straggler_section(hooks, infer_whitebox(hooks.comm_op))
+        hf = build_findings(hs)
+        hooks_ok = bool(hf) and _culprit_ok(kind, params, hf[0]) and hs.verdict in (truth["kind"], "none")
         rows.append({"kind": kind, "cost": cost, "costly": cost >= 0.05, "verdict": verdict_ok, "found": first_ok,
                      "listed": listed, "S": s.slowdown, "got": f"{s.verdict}:{found[0]['kind'] if found else '-'}",
-                     "params": json.dumps(params)})
+                     "params": json.dumps(params), "hooks_found": hooks_ok})
     df = pl.DataFrame(rows)
     print(f"\nissue 12 target, simulated jobs (share the what-if replay engine; reported apart from real jobs "
           f"and reference traces): {n} jobs, one fault each, no baseline")
@@ -242,6 +250,7 @@ def findings_target(n: int) -> None:
             pl.col("verdict").filter(pl.col("costly")).mean().alias("verdict+culprit (cost>=5%)"),
             pl.col("found").filter(pl.col("costly")).mean().alias("found (cost>=5%)"),
             pl.col("listed").filter(~pl.col("costly")).mean().alias("listed as finding (cost<5%)"),
+            pl.col("hooks_found").filter(pl.col("costly")).mean().alias("hooks alone found (cost>=5%)"),
             pl.col("got").filter(pl.col("costly") & ~pl.col("found")).unique().alias("misses")))
     costly = df.filter(pl.col("costly"))
     cheap = df.filter(~pl.col("costly"))
@@ -250,6 +259,8 @@ def findings_target(n: int) -> None:
         print(f"  miss: {r['kind']} {r['params']} cost {r['cost']:.1%} S {r['S']:.3f} got {r['got']}")
     print("found = the verdict names the fault's kind and culprit, or, with verdict none (S < 1.05), the "
           "finding the summary line names does")
+    print(f"hooks alone (comm_op + step_mark, basis arrival_skew), cost >= 5%: found "
+          f"{costly['hooks_found'].mean():.1%} (no target; seq-skew needs compute spans)")
     print(f"cost >= 5%: {costly.height} jobs, verdict kind + culprit {costly['verdict'].mean():.1%}, found "
           f"{costly['found'].mean():.1%} (target >= 95%); "
           f"cost < 5%: {cheap.height} jobs, listed as a finding {cheap['listed'].mean() if cheap.height else float('nan'):.1%}")
