@@ -107,3 +107,11 @@ def test_hook_records_take_their_placement_from_the_strategy():
     frames = sim_frames(sim.Fault("slow-worker", {"rank": 5, "factor": 1.6}), kinds=("comm_op", "step_mark"))
     s = straggler_section(frames, st)
     assert (s.top_workers[0]["endpoint"], s.top_workers[0]["stage"], s.top_workers[0]["dp_rank"]) == (5, 1, 1)
+
+
+def test_no_private_keys_cross_module_boundaries():
+    d = diag(sim_frames(sim.Fault("seq-skew", {"sigma": 0.5})))
+    ev = d.stragglers.extra["evidence"]
+    assert not [k for part in ev.values() if isinstance(part, dict) for k in part if k.startswith("_")]
+    seq = [f for f in d.extra["findings"] if f["kind"] == "sequence_imbalance"]
+    assert seq and seq[0]["factor"] > 1.0
