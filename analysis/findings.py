@@ -67,6 +67,10 @@ def straggler_findings(st: Stragglers) -> list[dict]:
                     "factor": float(x["T_ns"] / seq["t_balanced"]), "steps": steps,
                     "evidence": {"basis": basis, "method": seq.get("method"), "pearson": seq.get("pearson"),
                                  "share": seq.get("share")}})
+    for f in out:
+        # how consistent: the share of the analysed steps in which the culprit was slow (evidence, not a guess)
+        if steps and f["steps"] is not steps:
+            f["evidence"]["share_of_steps"] = len(f["steps"]) / len(steps)
     amb = x.get("ambiguous")
     if amb:
         for f in out:
