@@ -260,6 +260,11 @@ def analyze_stragglers(frames: JobFrames, config: StragglerConfig | None = None,
     return _honest(s), inter
 
 
+def _lacks_placement(frames: JobFrames) -> bool:
+    comp = frames.compute_op
+    return "stage" not in comp.columns or comp["stage"].null_count() == comp.height
+
+
 def _comm_only(frames: JobFrames) -> bool:
     comp = frames.compute_op
     has_compute = comp.height > 0 and comp["step"].drop_nulls().len() > 0
@@ -293,10 +298,10 @@ def straggler_section(frames: JobFrames, strategy: Strategy | None, config=None,
 
     Needs comm_op and, for the compute basis, compute_op (any source); batch_meta when the job
     wrote sequence lengths; ``layout`` as :func:`analyze_stragglers`. Jobs without replayable
-    records get an unevaluated section that says why. Without ``layout``, hook records alone
-    take their placement from the inferred strategy (the record columns cannot give it).
+    records get an unevaluated section that says why. Without ``layout``, records that carry no
+    stage (hooks, Kineto) take their placement from the inferred strategy.
     """
-    if layout is None and _comm_only(frames):
+    if layout is None and _lacks_placement(frames):
         layout = layout_from_strategy(strategy)
     if isinstance(config, (int, float)):
         config = StragglerConfig(none_below=float(config))
