@@ -18,6 +18,7 @@ import polars as pl
 from rankscope.analysis.clock_align import ClockConfig, apply_exporter_offsets, exporter_clock_offsets
 from rankscope.analysis.coverage import rank_coverage
 from rankscope.analysis.diagnosis import Diagnosis, Steps, Strategy
+from rankscope.analysis.findings import build_findings
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.hangs import hang_section
 from rankscope.analysis.job_model import JobModel, build_job_model
@@ -184,6 +185,7 @@ def analyze_job(frames: JobFrames, config: DiagnoseConfig | None = None,
     d.stragglers = _stragglers(model, d.strategy, config)
     d.regressions = regression_section(model.frames, baseline, config.regressions)
     d.hangs = _hangs(model, d.data_quality.get("missing_ranks") or [])
+    d.extra["findings"] = build_findings(d.stragglers, d.regressions)
     tables["steps"] = steps_frame(model.steps) if not model.steps.is_empty() else _flow_steps(d)
     return d, tables
 

@@ -17,10 +17,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from rankscope.analysis.arrival_skew import arrival_skew
 from rankscope.analysis.diagnosis import Stragglers, Strategy
 from rankscope.analysis.whatif_batch import Scenarios, step_times
+from rankscope.analysis.whatif_causes import CAUSES, cause_shares
 from rankscope.analysis.whatif_comm import comm_whatif
-from rankscope.analysis.whatif_graph import BWD, FWD, WhatIfGraph, WhatIfInputError, build_graph
+from rankscope.analysis.whatif_evidence import (
+    link_evidence,
+    slow_ranks,
+    stage_evidence,
+    work_or_hardware,
+    worker_evidence,
+)
+from rankscope.analysis.whatif_graph import WhatIfGraph, WhatIfInputError, build_graph
 from rankscope.analysis.whatif_metrics import (
     STALL_TYPES,
     MetricsConfig,
@@ -28,12 +37,11 @@ from rankscope.analysis.whatif_metrics import (
     compute_metrics,
     ideal_durations,
 )
-from rankscope.analysis.whatif_sequence import SequenceConfig, sequence_whatif
+from rankscope.analysis.whatif_sequence import SequenceConfig, balanced_sequences
 from rankscope.collectors.errors import ConfigError, RankscopeError
 from rankscope.collectors.job_frames import JobFrames
 
-CAUSES = ("worker", "communication", "sequence_imbalance", "stage_imbalance")
-"""the verdict's causes, most specific first (a worker, a link, the batches, a whole stage)."""
+__all__ = ["CAUSES", "StragglerConfig", "analyze_stragglers", "straggler_section", "verdict"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,12 @@ class StragglerConfig:
     """shares this close to the largest are a tie, broken towards the more specific cause."""
     top_workers: int = 5
     """how many workers by S_w the report lists."""
+    slow_worker_at: float = 1.2
+    """a GPU whose compute is at least this times its stage peers' is a finding (issue 12)."""
+    slow_link_at: float = 1.5
+    """a rank whose transfers run at least this times their op type's typical is a finding."""
+    slow_stage_at: float = 1.2
+    """a stage whose forward/backward compute is at least this times the other stages' is a finding."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     sequence: SequenceConfig = field(default_factory=SequenceConfig)
 
@@ -77,49 +91,6 @@ def verdict(S: float, shares: dict[str, float], config: StragglerConfig) -> str:
     return next(c for c in CAUSES if capped[c] >= best - config.tie_margin)
 
 
-def _worker_evidence(graph: WhatIfGraph, actual: np.ndarray, m: WhatIfMetrics, n: int) -> list[dict]:
-    """Top workers by S_w, each with its compute speed relative to its stage peers."""
-    comp = graph.ops.with_columns(pl.Series("a", actual)).filter(~pl.col("comm")).with_columns(
-        pl.col("stage").fill_null(0))
-    # per op type: this rank's mean over the mean of the other ranks of its stage
-    per = comp.group_by("rank", "stage", "optype").agg(pl.col("a").sum().alias("s"), pl.len().alias("n"))
-    per = per.with_columns(
-        ((pl.col("s").sum().over("stage", "optype") - pl.col("s"))
-         / (pl.col("n").sum().over("stage", "optype") - pl.col("n"))).alias("peer"),
-        (pl.col("s") / pl.col("n")).alias("own"))
-    per = per.filter(pl.col("peer") > 0).with_columns((pl.col("own") / pl.col("peer")).alias("ratio"))
-    main = per.filter(pl.col("optype").is_in([FWD, BWD]))
-    main = main if main.height else per
-    speed = dict(main.group_by("rank").agg(
-        ((pl.col("ratio") * pl.col("s")).sum() / pl.col("s").sum()).alias("r")).iter_rows())
-    stalls = {r: (tot, n) for r, tot, n in comp.filter(pl.col("optype").is_in(list(STALL_TYPES))).group_by(
-        "rank").agg(pl.col("a").sum(), pl.len()).iter_rows()}
-    n_steps = max(1, len(m.steps))
-    out = []
-    for rank in m.worker_order[:n]:
-        dp, st = m.worker_place[rank]
-        out.append({"endpoint": int(rank), "slowdown": float(m.worker_S[rank]), "dp_rank": dp, "stage": st,
-                    "S_dp_rank": m.by_dp_rank[dp], "S_stage": m.by_stage[st],
-                    "compute_vs_stage_peers": float(speed.get(rank, float("nan"))),
-                    "stall_ns_per_step": float(stalls.get(rank, (0.0, 1))[0]) / n_steps,
-                    "stall_ns_mean": float(stalls[rank][0] / stalls[rank][1]) if rank in stalls else 0.0})
-    return out
-
-
-def _stage_evidence(graph: WhatIfGraph, actual: np.ndarray) -> dict:
-    comp = graph.ops.with_columns(pl.Series("a", actual)).filter(
-        pl.col("optype").is_in([FWD, BWD])).with_columns(pl.col("stage").fill_null(0))
-    if comp.height == 0:
-        return {}
-    per = comp.group_by("stage").agg(pl.col("a").mean().alias("m")).sort("stage")
-    m = per["m"].to_numpy()
-    tot = m.sum()
-    vs = {str(s): float(x / ((tot - x) / (len(m) - 1))) if len(m) > 1 and tot > x else None
-          for s, x in zip(per["stage"].to_list(), m, strict=True)}
-    return {"compute_mean_by_stage": dict(zip(per["stage"].to_list(), m.tolist(), strict=True)),
-            "stage_vs_others": vs, "last_stage_vs_others": vs[str(per["stage"][-1])]}
-
-
 def _residual_stage_share(graph: WhatIfGraph, balanced: np.ndarray, ideal: np.ndarray, t_bal: float,
                           m: WhatIfMetrics, stage_id: int) -> float:
     work = graph.ops.select((pl.col("stage").fill_null(0) == stage_id) & ~pl.col("comm")
@@ -146,65 +117,198 @@ def _launch_delay_effect(graph: WhatIfGraph, actual: np.ndarray, m: WhatIfMetric
             "replay_vs_recorded_max_rel_err": float(err.max()) if err.size else None}
 
 
-def analyze_stragglers(frames: JobFrames, config: StragglerConfig | None = None) -> tuple[Stragglers, dict]:
-    """The straggler section and the intermediate results (graph, metrics, ideal) for exports."""
-    config = config or StragglerConfig()
-    t0 = time.perf_counter()
-    graph = build_graph(frames)
+def _section_from_graph(frames: JobFrames, config: StragglerConfig, layout) -> tuple[Stragglers, dict]:
+    graph = build_graph(frames, layout)
     actual = graph.actual
     ideal = ideal_durations(graph)
     m = compute_metrics(graph, config.metrics, ideal=ideal)
     comm = comm_whatif(graph, actual, ideal, m.T, m.T_ideal)
     bm = frames.batch_meta if frames.batch_meta.height else None
-    seq = sequence_whatif(graph, actual, m.T, m.T_ideal, batch_meta=bm, config=config.sequence)
+    seq, balanced = balanced_sequences(graph, actual, m.T, m.T_ideal, batch_meta=bm, config=config.sequence)
     launch = _launch_delay_effect(graph, actual, m)
-    balanced = seq.pop("_balanced", None)
     shares = {"worker": float(m.M_W["rem"]), "stage_imbalance": float(m.M_S["rem"]),
               "sequence_imbalance": float(seq["share"]), "communication": float(comm["share"])}
-    vshares = dict(shares)
+    results = dict(shares)
     # M_S fixes the last stage only (OSDI'25); an imbalance can sit on any stage, so the verdict
     # weighs the stage whose fixing removes the most
     worst = max(m.stage_fix, key=lambda k: m.stage_fix[k]) if m.stage_fix else None
     if worst is not None:
-        vshares["stage_imbalance"] = max(shares["stage_imbalance"], m.stage_fix[worst])
+        results["stage_imbalance"] = max(shares["stage_imbalance"], m.stage_fix[worst])
     if seq.get("detected") and balanced is not None and worst is not None:
         # heavy microbatches hit the last stage hardest, so M_S counts sequence imbalance too: for
         # the verdict, stage imbalance is what fixing that stage still removes once sequences are balanced
-        vshares["stage_imbalance"] = _residual_stage_share(graph, balanced, ideal, seq["t_balanced"], m, worst)
-    s = Stragglers(
-        slowdown=float(m.S), verdict=verdict(m.S, vshares, config), by_cause=shares,
-        top_workers=_worker_evidence(graph, actual, m, config.top_workers),
-        waste_fraction=float(m.waste), by_optype=dict(m.by_optype))
+        results["stage_imbalance"] = _residual_stage_share(graph, balanced, ideal, seq["t_balanced"], m, worst)
+    vshares = cause_shares(results)
+    stage_ev = stage_evidence(graph, actual)
+    top = worker_evidence(graph, actual, m, config.top_workers)
+    s = Stragglers(slowdown=float(m.S), verdict=verdict(m.S, vshares, config), by_cause=shares,
+                   top_workers=top, waste_fraction=float(m.waste), by_optype=dict(m.by_optype))
+    culprits = {"worker": {"rank": top[0]["endpoint"], "stage": top[0]["stage"], "dp_rank": top[0]["dp_rank"],
+                           "factor": top[0]["compute_vs_stage_peers"]} if top else None,
+                "stage_imbalance": {"stage": worst} if worst is not None else None,
+                "communication": (comm["ranks"][0] if comm["ranks"] else None)}
     s.extra = {
-        "evaluated": True, "model": graph.model, "verdict_shares": vshares, "T_ns": m.T, "T_ideal_ns": m.T_ideal,
+        "evaluated": True, "basis": "compute", "model": graph.model, "verdict_shares": vshares,
+        "verdict_stage": worst, "T_ns": m.T, "T_ideal_ns": m.T_ideal,
         "steps": m.steps, "step_slowdown": m.step_S,
         "by_dp_rank": {str(k): v for k, v in m.by_dp_rank.items()},
         "by_stage": {str(k): v for k, v in m.by_stage.items()},
         "stage_fix_share": {str(k): v for k, v in m.stage_fix.items()},
-        "evidence": {"worker": m.M_W, "stage_imbalance": {**m.M_S, **_stage_evidence(graph, actual)},
-                     "sequence_imbalance": seq, "communication": comm},
+        "evidence": {"worker": m.M_W, "stage_imbalance": {**m.M_S, **stage_ev},
+                     "sequence_imbalance": seq, "communication": comm,
+                     "slow_ranks": slow_ranks(graph, actual, config.slow_worker_at),
+                     "slow_links": link_evidence(graph, actual, ideal, config.slow_link_at)},
+        "culprits": culprits,
         "per_step": {k: {str(a): b for a, b in v.items()} for k, v in m.per_step.items()},
         "heatmap": m.heatmap,
         "launch_delay": launch,
         "graph": {k: v for k, v in graph.notes.items() if not k.startswith("_")},
-        "seconds": time.perf_counter() - t0,
     }
+    _settle_ambiguity(s, graph, actual, m)
     return s, {"graph": graph, "metrics": m, "ideal": ideal}
 
 
-def straggler_section(frames: JobFrames, strategy: Strategy, config=None) -> Stragglers:
+def _settle_ambiguity(s: Stragglers, graph: WhatIfGraph, actual: np.ndarray, m: WhatIfMetrics) -> None:
+    """A worker with no stage peers (dp = 1, no TP) is also its whole stage: the op classes decide."""
+    if s.verdict not in ("worker", "stage_imbalance") or not s.top_workers:
+        return
+    rank = s.top_workers[0]["endpoint"]
+    stage = s.top_workers[0]["stage"]
+    if sum(1 for r, (_, st) in m.worker_place.items() if st == stage) > 1:
+        return
+    call = work_or_hardware(graph, actual, rank)
+    s.extra["worker_or_stage"] = {"rank": rank, "stage": stage, **call}
+    cul = s.extra["culprits"].get("worker")
+    if cul is not None and isinstance(call.get("passes"), float):
+        # no stage peers to compare with: the factor is against the other stages, and says so
+        cul.update(factor=call["passes"], factor_vs="other stages (no stage peers)")
+    if call["call"] == "ambiguous":
+        s.extra["ambiguous"] = {"between": ["worker", "stage_imbalance"], "rank": rank, "stage": stage,
+                                "why": call["why"]}
+    elif call["call"] != s.verdict:
+        s.extra["verdict_before_op_class_check"] = s.verdict
+        s.verdict = call["call"]
+    if s.verdict == "stage_imbalance":
+        s.extra["verdict_stage"] = stage
+
+
+def _arrival_section(frames: JobFrames, config: StragglerConfig, layout) -> Stragglers:
+    r = arrival_skew(frames.comm_op, frames.step_mark if frames.step_mark.height else None, layout)
+    if not r["evaluated"]:
+        return Stragglers(extra={"evaluated": False, "basis": "arrival_skew", "why": r["why"]})
+    place = {}
+    if layout is not None and layout.height:
+        place = {int(row["rank"]): row for row in layout.to_dicts()}
+    T = r["T_ns"]
+    top = [{"endpoint": x["rank"], "slowdown": T / max(T - max(x["excess_ns"], 0.0), 1e-9),
+            "dp_rank": place.get(x["rank"], {}).get("dp_rank"), "stage": place.get(x["rank"], {}).get("stage"),
+            "compute_vs_stage_peers": x["own_vs_peers"], "own_work_ns": x["own_work_ns"],
+            "last_arrival_share": x["last_arrival_share"]} for x in r["ranks"][:config.top_workers]]
+    S = float(r["S"])
+    vshares = cause_shares(r["shares"])
+    s = Stragglers(slowdown=S, verdict=verdict(S, vshares, config), by_cause=dict(vshares), top_workers=top,
+                   waste_fraction=1 - 1 / S if S > 0 else 0.0)
+    stage = r["stage"].get("worst_stage")
+    s.extra = {"evaluated": True, "basis": "arrival_skew", "model": "arrival_skew", "verdict_shares": vshares,
+               "verdict_stage": stage, "T_ns": T, "T_ideal_ns": r["T_ideal_ns"], "steps": r["steps"],
+               "step_slowdown": r["step_slowdown"],
+               "culprits": {"worker": {"rank": top[0]["endpoint"], "stage": top[0]["stage"],
+                                       "dp_rank": top[0]["dp_rank"], "factor": top[0]["compute_vs_stage_peers"]},
+                            "stage_imbalance": {"stage": stage} if stage is not None else None,
+                            "communication": r["communication"].get("slowest_group")},
+               "evidence": {"arrival_skew": {k: v for k, v in r.items() if k not in ("evaluated",)},
+                            "slow_ranks": [{"rank": x["rank"], "dp_rank": place.get(x["rank"], {}).get("dp_rank"),
+                                            "stage": place.get(x["rank"], {}).get("stage"),
+                                            "factor": x["own_vs_peers"], "steps": x["slow_steps"],
+                                            "basis": "own work between blocking collectives vs peers"}
+                                           for x in r["ranks"] if (x["own_vs_peers"] or 0) >= config.slow_worker_at
+                                           and x["excess_ns"] > r["noise_floor_ns"]
+                                           # slow in most steps: one descheduled step on a busy host is not a slow GPU
+                                           and 2 * len(x["slow_steps"]) > len(r["steps"])]},
+               "why_no_compute": "no compute_op records: S and the verdict come from collective arrival skew"}
+    return s
+
+
+def _honest(s: Stragglers) -> Stragglers:
+    """S below 1 is measurement noise (the replay of recorded durations ran longer than the record),
+    never negative waste."""
+    if s.slowdown < 1.0:
+        s.extra["noise"] = True
+        s.extra["slowdown_measured"] = s.slowdown
+        s.extra["why_noise"] = "S < 1: the ideal replay is no faster than the record; within measurement noise"
+        s.waste_fraction = 0.0
+    else:
+        s.extra["noise"] = False
+    return s
+
+
+def analyze_stragglers(frames: JobFrames, config: StragglerConfig | None = None,
+                       layout: pl.DataFrame | None = None) -> tuple[Stragglers, dict]:
+    """The straggler section and the intermediate results (graph, metrics, ideal) for exports.
+
+    ``layout`` (rank, stage, dp_rank, tp_rank, pipeline: the job model's) places ranks; without it
+    placement is read from the records. Hook records alone (comm_op, no compute_op) are judged by
+    collective arrival skew (basis ``arrival_skew``); the intermediate results are then empty.
+    """
+    config = config or StragglerConfig()
+    t0 = time.perf_counter()
+    if _comm_only(frames):
+        s, inter = _arrival_section(frames, config, layout), {}
+    else:
+        s, inter = _section_from_graph(frames, config, layout)
+    s.extra["seconds"] = time.perf_counter() - t0
+    return _honest(s), inter
+
+
+def _lacks_placement(frames: JobFrames) -> bool:
+    comp = frames.compute_op
+    return "stage" not in comp.columns or comp["stage"].null_count() == comp.height
+
+
+def _comm_only(frames: JobFrames) -> bool:
+    comp = frames.compute_op
+    has_compute = comp.height > 0 and comp["step"].drop_nulls().len() > 0
+    return not has_compute and frames.comm_op.height > 0
+
+
+def layout_from_strategy(strategy: Strategy | None) -> pl.DataFrame | None:
+    """rank, stage, dp_rank, tp_rank, pipeline from an inferred strategy (white-box pipelines are ordered
+    upstream first), for when the job model gives no layout. None when the strategy has no int ranks."""
+    if strategy is None or not strategy.pp_groups:
+        return None
+    rows: dict[int, dict] = {}
+    try:
+        for p, members in enumerate(strategy.pp_groups):
+            for stage, r in enumerate(members):
+                rows[int(r)] = {"rank": int(r), "stage": stage, "pipeline": p, "dp_rank": None, "tp_rank": None}
+        for groups, key in ((strategy.dp_groups, "dp_rank"), (strategy.tp_groups or [], "tp_rank")):
+            for members in groups:
+                for i, r in enumerate(sorted(int(m) for m in members)):
+                    if r in rows:
+                        rows[r][key] = i
+    except (TypeError, ValueError):
+        return None  # flow-only strategies name endpoints by address, not rank
+    return pl.DataFrame(list(rows.values()), schema={"rank": pl.Int64, "stage": pl.Int64, "pipeline": pl.Int64,
+                                                     "dp_rank": pl.Int64, "tp_rank": pl.Int64})
+
+
+def straggler_section(frames: JobFrames, strategy: Strategy | None, config=None,
+                      layout: pl.DataFrame | None = None) -> Stragglers:
     """What-if attribution of one job (see module docstring).
 
-    Needs compute_op and comm_op (any source); batch_meta when the job wrote
-    sequence lengths. Jobs without replayable records get an unevaluated
-    section that says why.
+    Needs comm_op and, for the compute basis, compute_op (any source); batch_meta when the job
+    wrote sequence lengths; ``layout`` as :func:`analyze_stragglers`. Jobs without replayable
+    records get an unevaluated section that says why. Without ``layout``, records that carry no
+    stage (hooks, Kineto) take their placement from the inferred strategy.
     """
+    if layout is None and _lacks_placement(frames):
+        layout = layout_from_strategy(strategy)
     if isinstance(config, (int, float)):
         config = StragglerConfig(none_below=float(config))
     elif config is not None and not isinstance(config, StragglerConfig):
         config = StragglerConfig(none_below=getattr(config, "none_below", 1.05))
     try:
-        return analyze_stragglers(frames, config)[0]
+        return analyze_stragglers(frames, config, layout)[0]
     except WhatIfInputError as e:
         return Stragglers(extra={"evaluated": False, "why": str(e)})
     except (RankscopeError, ValueError, IndexError) as e:

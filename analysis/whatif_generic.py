@@ -50,8 +50,14 @@ def _compute(frames: JobFrames) -> pl.DataFrame:
         pl.lit(None, dtype=pl.Int64).alias("size_bytes"))
 
 
-def _layout(frames: JobFrames) -> tuple[dict, dict]:
-    """rank -> stage (from compute_op) and rank -> dp rank (index in its dp group)."""
+def _layout(frames: JobFrames, layout: pl.DataFrame | None = None) -> tuple[dict, dict]:
+    """rank -> stage and rank -> dp rank: the job model's layout where given, else guessed from the
+    records (stage from compute_op, dp rank = index in its dp group)."""
+    if layout is not None and layout.height:
+        stage = {int(r): int(s) for r, s in layout.select("rank", "stage").iter_rows() if s is not None}
+        dp = {int(r): int(d) for r, d in layout.select("rank", "dp_rank").iter_rows() if d is not None}
+        if stage or dp:
+            return stage, dp
     st = frames.compute_op.filter(pl.col("stage").is_not_null()).group_by("rank").agg(pl.col("stage").min())
     stage = dict(st.iter_rows())
     dp_rank: dict[int, int] = {}
@@ -65,9 +71,9 @@ def _layout(frames: JobFrames) -> tuple[dict, dict]:
     return stage, dp_rank
 
 
-def generic_graph(frames: JobFrames) -> WhatIfGraph:
-    """Dependency model of hook/Kineto/simulator records (see module docstring)."""
-    stage_of, dp_of = _layout(frames)
+def generic_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> WhatIfGraph:
+    """Dependency model of hook/Kineto/simulator records (see module docstring); ``layout`` as build_graph's."""
+    stage_of, dp_of = _layout(frames, layout)
     comp = _compute(frames)
     cm = frames.comm_op.filter(pl.col("step").is_not_null() & pl.col("end_ns").is_not_null())
     stream = pl.col("stream").fill_null(pl.col("op"))

@@ -158,11 +158,12 @@ class WhatIfGraph:
         return out
 
 
-def build_graph(frames: JobFrames) -> WhatIfGraph:
+def build_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> WhatIfGraph:
     """The what-if dependency model of a job.
 
     Needs compute_op and comm_op with rank, start_ns, end_ns, step; the OSDI
     model also optype, seq, stage, dp_rank (from the whatif_parquet importer).
+    ``layout`` (rank, stage, dp_rank, ...: the job model's) places the generic model's ranks.
     Raises WhatIfInputError when there is nothing to replay.
     """
     comp, comm = frames.compute_op, frames.comm_op
@@ -173,7 +174,7 @@ def build_graph(frames: JobFrames) -> WhatIfGraph:
         return _osdi_graph(_osdi_ops(comp, comm))
     from rankscope.analysis.whatif_generic import generic_graph
 
-    return generic_graph(frames)
+    return generic_graph(frames, layout)
 
 
 def _osdi_ops(comp: pl.DataFrame, comm: pl.DataFrame) -> pl.DataFrame:

@@ -148,17 +148,24 @@ def _fit_cols(X: np.ndarray, d: np.ndarray) -> tuple[float, float, float]:
 
 def sequence_whatif(graph: WhatIfGraph, actual: np.ndarray, T: float, T_ideal: float,
                     batch_meta: pl.DataFrame | None = None, config: SequenceConfig | None = None) -> dict:
+    """Share of the slowdown explained by sequence-length imbalance (see :func:`balanced_sequences`)."""
+    return balanced_sequences(graph, actual, T, T_ideal, batch_meta, config)[0]
+
+
+def balanced_sequences(graph: WhatIfGraph, actual: np.ndarray, T: float, T_ideal: float,
+                       batch_meta: pl.DataFrame | None = None,
+                       config: SequenceConfig | None = None) -> tuple[dict, np.ndarray | None]:
     """Share of the slowdown explained by sequence-length imbalance.
 
     Needs graph.ops with forward/backward compute (optype forward-compute /
     backward-compute, microbatch set); batch_meta (rank, step, microbatch,
-    seq_len) when the job wrote it. Returns {share, detected, method,
-    pearson, t_balanced, ...}.
+    seq_len) when the job wrote it. Returns ({share, detected, method,
+    pearson, t_balanced, ...}, per-op durations of the balanced job or None).
     """
     config = config or SequenceConfig()
     cops = _compute_ops(graph, actual)
     if cops.height == 0:
-        return {"share": 0.0, "detected": False, "method": None, "evaluated": False}
+        return {"share": 0.0, "detected": False, "method": None, "evaluated": False}, None
     r = fwd_bwd_pearson(cops)
     out = {"pearson": r}
     if batch_meta is not None and batch_meta.height:
@@ -182,5 +189,4 @@ def sequence_whatif(graph: WhatIfGraph, actual: np.ndarray, T: float, T_ideal: f
     raw = (T - t_bal) / gap if gap > 0 else 0.0
     out.update(t_balanced=t_bal, raw_share=float(raw), detected=detected, share=float(raw) if detected else 0.0,
                evaluated=True)
-    out["_balanced"] = new
-    return out
+    return out, new

@@ -321,8 +321,32 @@ def optype_figure(stragglers: Stragglers) -> go.Figure:
 
 
 def cause_figure(stragglers: Stragglers) -> go.Figure:
-    """The what-if share of the slowdown per cause (worker M_W, stage M_S, sequence, communication)."""
-    return _bars(stragglers.by_cause, f"What-if by cause (verdict: {stragglers.verdict})", "what-if metric", None)
+    """The shares of the slowdown the verdict weighed, per cause, beside the paper's M_W and M_S.
+
+    The verdict's bars (``verdict_shares``) are the numbers the verdict was chosen from; OSDI'25's
+    M_W and M_S (``by_cause``) keep their own labelled bars, since M_S fixes the last stage only.
+    """
+    x = stragglers.extra
+    vs = x.get("verdict_shares") or {}
+    title = f"What-if by cause (verdict: {stragglers.verdict}"
+    if stragglers.verdict == "stage_imbalance" and x.get("verdict_stage") is not None:
+        title += f", stage {x['verdict_stage']}"
+    title += ")"
+    if not vs:
+        return _bars(stragglers.by_cause, title, "share of the slowdown", None)
+    causes = list(vs)
+    fig = go.Figure(go.Bar(name="share the verdict used", x=causes, y=[float(vs[c]) for c in causes],
+                           marker_color=["#E45756" if c == stragglers.verdict else "#4C78A8" for c in causes],
+                           text=[f"{float(vs[c]):.3f}" for c in causes], textposition="outside"))
+    if x.get("basis", "compute") == "compute":
+        paper = {"M_W (OSDI'25, top 3% workers)": stragglers.by_cause.get("worker"),
+                 "M_S (OSDI'25, last stage)": stragglers.by_cause.get("stage_imbalance")}
+        paper = {k: v for k, v in paper.items() if v is not None}
+        fig.add_trace(go.Bar(name="OSDI'25 metric", x=list(paper), y=[float(v) for v in paper.values()],
+                             marker_color="#9D9D9D", text=[f"{float(v):.3f}" for v in paper.values()],
+                             textposition="outside"))
+    fig.update_layout(title=title, yaxis_title="share of the slowdown removed", **LAYOUT)
+    return fig
 
 
 def all_figures(diagnosis: Diagnosis, tables: dict | None = None) -> dict[str, go.Figure]:
