@@ -171,7 +171,7 @@ def analyze_job(frames: JobFrames, config: DiagnoseConfig | None = None,
         else:
             d.steps = Steps(extra={"evaluated": False, "why": "no step boundaries found"})
     d.data_quality["layout"] = {"source": model.layout["source"][0] if model.layout.height else "unknown",
-                                "filled": model.filled}
+                                "filled": model.filled, "notes": model.notes}
     d.stragglers = _stragglers(model, d.strategy, config)
     d.regressions = regression_section(model.frames, baseline, config.regressions)
     d.hangs = hang_section(model.frames)

@@ -75,20 +75,23 @@ class Diagnosis:
             d[key] = value
         top_extra = d.pop("extra")
         d.update(top_extra)
-        return _jsonable(d)
+        return jsonable(d)
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
 
-def _jsonable(x):
+def jsonable(x):
     """Plain JSON types: numpy scalars to Python, NaN/inf to None."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if hasattr(x, "item") and not isinstance(x, (str, bytes)):
         x = x.item()
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return x
+
+
+_jsonable = jsonable  # the old private name, for callers not yet moved

@@ -17,8 +17,10 @@
   same order, so the k-th forward (backward) span of a (rank, step) is
   microbatch k when the rank has as many forwards as backwards; kernels take
   the id of the forward/backward span that encloses them; the k-th send
-  (recv) to (from) one peer in a step carries microbatch k when that count
-  equals the rank's forwards;
+  (recv) to (from) one peer in a step carries microbatch k. Both only when
+  the schedule is not interleaved (:func:`regular_pipeline`); otherwise
+  stage and microbatch stay unknown and ``notes`` says why (a virtual stage
+  is not the rank's pipeline position);
 - ``aligned``: comm_op, compute_op and step_mark of the completed frames on
   one clock (relative-time traces are left as recorded: every step has its
   own origin, so there is no clock to fit);
@@ -65,6 +67,8 @@ class JobModel:
     steps_source: str
     filled: dict
     """how many nulls the model filled, per frame and column."""
+    notes: list[str]
+    """what the model could not fill, and why."""
 
     def layout_columns(self) -> pl.DataFrame:
         """The layout in the straggler contract's columns: rank, stage, dp_rank, tp_rank, pipeline."""
@@ -85,14 +89,22 @@ def build_job_model(frames: JobFrames, clock: ClockConfig | None = None) -> JobM
     comp_a = apply_rank_offsets(frames.compute_op, offsets)
     windows = rank_step_windows(mark, comm_a, comp_a)
     source = "step_mark" if not frames.step_mark.is_empty() else "step column"
-    filled: dict = {}
-    comp = complete_compute(frames.compute_op, comp_a, layout, windows, filled)
-    comm = complete_comm(frames.comm_op, comm_a, comp, windows, filled)
+    notes: list[str] = []
+    # on relative time every window of a rank starts at 0: only a record's own label can place it in a step
+    step_windows = windows if not frames.relative_time else windows.head(0)
+    comp = _stepped(frames.compute_op, comp_a, step_windows)
+    comm = _stepped(frames.comm_op, comm_a, step_windows)
+    regular, why = regular_pipeline(comm, comp, strategy)
+    if not regular:
+        notes.append(f"stage and microbatch not filled from the layout and span order: {why}")
+    comp = complete_compute(comp, layout if regular else layout.head(0), regular)
+    comm = complete_comm(comm, comp, regular)
+    filled = _filled({"compute_op": (frames.compute_op, comp), "comm_op": (frames.comm_op, comm)})
     done = replace(frames, compute_op=comp, comm_op=comm)
     return JobModel(frames=done, aligned_comm=_with_labels(comm_a, comm), aligned_compute=_with_labels(comp_a, comp),
                     aligned_step_mark=mark, rank_offsets=offsets, strategy=strategy, layout=layout,
                     rank_steps=windows, steps=job_steps(windows, frames.relative_time), steps_source=source,
-                    filled=filled)
+                    filled=filled, notes=notes)
 
 
 def _with_labels(aligned: pl.DataFrame, completed: pl.DataFrame) -> pl.DataFrame:
@@ -157,10 +169,17 @@ def rank_layout(frames: JobFrames, strategy: Strategy | None) -> pl.DataFrame:
     return out.with_columns(pl.lit(why).alias("source")).select(list(LAYOUT_SCHEMA)).sort("rank")
 
 
-def _count(filled: dict, kind: str, col: str, before: pl.DataFrame, after: pl.DataFrame) -> None:
-    n = before[col].null_count() - after[col].null_count()
-    if n:
-        filled.setdefault(kind, {})[col] = int(n)
+def _filled(pairs: dict) -> dict:
+    """Nulls filled per frame and label column (a column the records lacked counts every row)."""
+    out: dict = {}
+    for kind, (before, after) in pairs.items():
+        for col in ("step", "stage", "microbatch"):
+            if before.is_empty() or col not in after.columns:
+                continue
+            n = (before[col].null_count() if col in before.columns else before.height) - after[col].null_count()
+            if n:
+                out.setdefault(kind, {})[col] = int(n)
+    return out
 
 
 def _step_from_windows(df: pl.DataFrame, aligned: pl.DataFrame, windows: pl.DataFrame) -> pl.Series:
@@ -175,22 +194,65 @@ def _step_from_windows(df: pl.DataFrame, aligned: pl.DataFrame, windows: pl.Data
     return df["step"].fill_null(j["w_step"].cast(df["step"].dtype))
 
 
-def complete_compute(comp: pl.DataFrame, aligned: pl.DataFrame, layout: pl.DataFrame, windows: pl.DataFrame,
-                     filled: dict) -> pl.DataFrame:
-    """compute_op with step, stage and microbatch filled where null (see module docstring)."""
+def _stepped(df: pl.DataFrame, aligned: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """The frame with its label columns present and step filled from the rank's step windows."""
+    if df.is_empty():
+        return df
+    df = _ensure(df, ("step", "stage", "microbatch"))
+    aligned = aligned if aligned.height == df.height else df
+    return df.with_columns(_step_from_windows(df, aligned, windows).alias("step"))
+
+
+def regular_pipeline(comm: pl.DataFrame, comp: pl.DataFrame, strategy: Strategy | None) -> tuple[bool, str]:
+    """Whether span order gives microbatch ids: a non-interleaved schedule (1F1B, GPipe).
+
+    There, in each step, a rank sends to (receives from) each pipeline peer
+    once per microbatch, as often as it runs forwards. Interleaved schedules
+    break this where the pipeline wraps around (the last rank sends
+    activations to the first), so their ids (and virtual stages) stay unknown.
+    """
+    if strategy is not None and strategy.extra.get("interleaved"):
+        return False, "the strategy is an interleaved pipeline"
+    if comm.is_empty() or comp.is_empty() or "category" not in comp.columns or "peer" not in comm.columns:
+        return True, ""
+    nf = (comp.filter((pl.col("category") == "forward") & pl.col("step").is_not_null())
+          .group_by(pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64)).agg(_nf=pl.len()))
+    p2p = (comm.filter(pl.col("op").is_in(P2P) & pl.col("step").is_not_null() & pl.col("peer").is_not_null())
+           .group_by(pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64), "op", "peer").agg(_n=pl.len()))
+    if p2p.is_empty() or nf.is_empty():
+        return True, ""
+    j = p2p.join(nf, on=["rank", "step"], how="left")
+    bad = j.filter(pl.col("_nf").is_null() | (pl.col("_n") != pl.col("_nf")))
+    if bad.height:
+        r = bad.row(0, named=True)
+        return False, (f"rank {r['rank']} step {r['step']}: {r['_n']} {r['op']} with peer {r['peer']} but "
+                       f"{r['_nf'] or 0} forward spans (an interleaved or irregular schedule)")
+    return True, ""
+
+
+def complete_compute(comp: pl.DataFrame, layout: pl.DataFrame, by_order: bool) -> pl.DataFrame:
+    """compute_op (steps filled) with stage from the layout and microbatch from span order where null."""
     if comp.is_empty():
         return comp
-    comp = _ensure(comp, ("step", "stage", "microbatch"))
-    aligned = aligned if aligned.height == comp.height else comp
-    out = comp.with_columns(_step_from_windows(comp, aligned, windows).alias("step"))
+    out = comp
     if not layout.is_empty() and layout["stage"].null_count() < layout.height:
         st = layout.select(pl.col("rank").cast(out.schema["rank"]), pl.col("stage").alias("_st"))
         out = out.join(st, on="rank", how="left", maintain_order="left").with_columns(
             pl.col("stage").fill_null(pl.col("_st").cast(out.schema["stage"]))).drop("_st")
-    out = _microbatch_by_order(out)
-    for col in ("step", "stage", "microbatch"):
-        _count(filled, "compute_op", col, comp, out)
-    return out
+    return _microbatch_by_order(out) if by_order else out
+
+
+def complete_comm(comm: pl.DataFrame, comp: pl.DataFrame, by_order: bool) -> pl.DataFrame:
+    """comm_op (steps filled) with the microbatch of p2p transfers from their order where null."""
+    if comm.is_empty() or not by_order or not {"op", "peer"} <= set(comm.columns):
+        return comm
+    if comm["microbatch"].null_count() == 0 or comp.is_empty() or "category" not in comp.columns:
+        return comm
+    c = comm.with_row_index("_i")
+    p2p = (c.filter(pl.col("op").is_in(P2P) & pl.col("step").is_not_null() & pl.col("peer").is_not_null())
+           .sort("start_ns").with_columns(_k=pl.col("_i").cum_count().over("rank", "step", "op", "peer") - 1))
+    c = c.join(p2p.select("_i", _mb=pl.col("_k").cast(comm.schema["microbatch"])), on="_i", how="left")
+    return c.sort("_i").with_columns(pl.coalesce("microbatch", "_mb").alias("microbatch")).drop("_i", "_mb")
 
 
 def _ensure(df: pl.DataFrame, cols: tuple[str, ...]) -> pl.DataFrame:
@@ -227,32 +289,3 @@ def _microbatch_by_order(comp: pl.DataFrame) -> pl.DataFrame:
         c = c.with_columns(pl.lit(None, dtype=dt).alias("_emb"))
     return c.sort("_i").with_columns(pl.coalesce("microbatch", "_mb", "_emb").alias("microbatch")).drop(
         "_i", "_mb", "_emb")
-
-
-def complete_comm(comm: pl.DataFrame, aligned: pl.DataFrame, comp: pl.DataFrame, windows: pl.DataFrame,
-                  filled: dict) -> pl.DataFrame:
-    """comm_op with step and (p2p) microbatch filled where null (see module docstring)."""
-    if comm.is_empty():
-        return comm
-    comm = _ensure(comm, ("step", "microbatch"))
-    aligned = aligned if aligned.height == comm.height else comm
-    out = comm.with_columns(_step_from_windows(comm, aligned, windows).alias("step"))
-    if not {"op", "peer"} <= set(out.columns):
-        _count(filled, "comm_op", "step", comm, out)
-        return out
-    if out["microbatch"].null_count() and not comp.is_empty() and "category" in comp.columns:
-        nf = (comp.filter((pl.col("category") == "forward") & pl.col("step").is_not_null())
-              .group_by(pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64)).agg(_nf=pl.len()))
-        c = out.with_row_index("_i")
-        p2p = (c.filter(pl.col("op").is_in(P2P) & pl.col("step").is_not_null() & pl.col("peer").is_not_null())
-               .sort("start_ns")
-               .with_columns(_k=pl.col("_i").cum_count().over("rank", "step", "op", "peer") - 1,
-                             _n=pl.len().over("rank", "step", "op", "peer"),
-                             _r=pl.col("rank").cast(pl.Int64), _s=pl.col("step").cast(pl.Int64))
-               .join(nf, left_on=["_r", "_s"], right_on=["rank", "step"], how="inner")
-               .filter(pl.col("_n") == pl.col("_nf")))
-        c = c.join(p2p.select("_i", _mb=pl.col("_k").cast(out.schema["microbatch"])), on="_i", how="left")
-        out = c.sort("_i").with_columns(pl.coalesce("microbatch", "_mb").alias("microbatch")).drop("_i", "_mb")
-    for col in ("step", "microbatch"):
-        _count(filled, "comm_op", col, comm, out)
-    return out

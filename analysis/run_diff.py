@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from rankscope.analysis.diagnosis import jsonable
 from rankscope.analysis.gemm_alignment import alignment_findings
 from rankscope.analysis.gemm_throughput import class_throughput
 from rankscope.analysis.regressions import RegressionConfig, regression_section
@@ -54,9 +55,9 @@ class RunDiff:
         return [r for r in self.rows if r["change"] == "regression"]
 
     def to_dict(self) -> dict:
-        return {"baseline_job": self.baseline_job, "job": self.job, "threshold": self.threshold,
-                "num_regressions": len(self.regressions), "rows": self.rows,
-                "kernel_findings": self.kernel_findings}
+        return jsonable({"baseline_job": self.baseline_job, "job": self.job, "threshold": self.threshold,
+                         "num_regressions": len(self.regressions), "rows": self.rows,
+                         "kernel_findings": self.kernel_findings})
 
 
 def diff_runs(baseline: JobFrames, current: JobFrames, config: DiffConfig | None = None) -> RunDiff:
@@ -66,9 +67,14 @@ def diff_runs(baseline: JobFrames, current: JobFrames, config: DiffConfig | None
     compute_op (``rank, name, category, start_ns, end_ns, step`` and GEMM ``m, n, k, dtype``), comm_op
     (``rank, op, group_ranks, peer, size_bytes, start_ns, end_ns, state, step``). Returns a RunDiff.
     """
+    from rankscope.analysis.job_model import build_job_model
+
     cfg = config or DiffConfig()
+    # both runs through the one job model: the same steps analyze reports, labels filled where records lack them
+    ma, mb = build_job_model(baseline), build_job_model(current)
+    baseline, current = ma.frames, mb.frames
     rows: list[dict] = []
-    rows += _step_rows(baseline, current)
+    rows += _step_rows(_step_frame(ma.steps), _step_frame(mb.steps))
     rows += _phase_rows(baseline, current)
     rows += _class_rows(baseline, current)
     rows += _alignment_rows(baseline, current, cfg)
@@ -107,8 +113,11 @@ def step_durations(frames: JobFrames) -> pl.DataFrame:
     """
     from rankscope.analysis.job_model import build_job_model
 
-    t = build_job_model(frames).steps
-    return t.select("step", "start_ns", "end_ns", pl.col("duration_ns").alias("dur_ns"), "warmup")
+    return _step_frame(build_job_model(frames).steps)
+
+
+def _step_frame(steps: pl.DataFrame) -> pl.DataFrame:
+    return steps.select("step", "start_ns", "end_ns", pl.col("duration_ns").alias("dur_ns"), "warmup")
 
 
 def _steady_median(t: pl.DataFrame) -> tuple[float, int]:
@@ -117,8 +126,7 @@ def _steady_median(t: pl.DataFrame) -> tuple[float, int]:
     return float(steady["dur_ns"].median()), steady.height
 
 
-def _step_rows(a: JobFrames, b: JobFrames) -> list[dict]:
-    da, db = step_durations(a), step_durations(b)
+def _step_rows(da: pl.DataFrame, db: pl.DataFrame) -> list[dict]:
     if da.height == 0 or db.height == 0:
         return []
     (ma, na), (mb, nb) = _steady_median(da), _steady_median(db)

@@ -93,8 +93,6 @@ def diff(baseline_dir, store_dir, job, baseline_job, json_out, threshold):
     for line in render(d):
         click.echo(line)
     if json_out:
-        from rankscope.analysis.diagnosis import _jsonable
-
-        Path(json_out).write_text(json.dumps(_jsonable(d.to_dict()), indent=1, allow_nan=False))
+        Path(json_out).write_text(json.dumps(d.to_dict(), indent=1, allow_nan=False))
         click.echo(f"wrote {json_out}")
     return 0

@@ -98,3 +98,31 @@ def test_stragglers_get_the_completed_frames_and_the_layout(monkeypatch):
     monkeypatch.setattr(diagnose_mod, "straggler_section", old)
     diagnose_mod.analyze_job(_stripped(t))
     assert seen["old"]
+
+
+@pytest.mark.parametrize("fault,verdict", [("stage-imbalance:stage=1,factor=2.0", "stage_imbalance"),
+                                           ("slow-worker:rank=5,factor=1.5", "worker")])
+def test_records_without_labels_get_the_labelled_diagnosis(fault, verdict):
+    """Kineto/NCCL-like records (no step, stage or microbatch on the ops, step marks only) are diagnosed
+    as the same job with labels: the straggler section reads the completed frames."""
+    from rankscope.datasets.sim_config import parse_fault
+
+    t = _sim_tables(steps=4, gemm_records=False, faults=(parse_fault(fault),))
+    full, _ = diagnose_mod.analyze_job(JobFrames.from_frames("j", **t))
+    bare, _ = diagnose_mod.analyze_job(_stripped(t))
+    assert full.stragglers.verdict == bare.stragglers.verdict == verdict
+    assert bare.stragglers.slowdown == pytest.approx(full.stragglers.slowdown, rel=1e-9)
+    top = lambda d: {k: d.stragglers.top_workers[0][k] for k in ("endpoint", "stage", "dp_rank")}  # noqa: E731
+    assert top(bare) == top(full)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_interleaved_schedule_leaves_stage_and_microbatch_unknown(pp):
+    """Span order does not give microbatch ids (nor virtual stages) under interleaving: unknown, not wrong."""
+    t = _sim_tables(schedule="interleaved", virtual_stages=2, pp=pp, microbatches=4, gemm_records=False)
+    m = build_job_model(_stripped(t))
+    comp = m.frames.compute_op
+    assert comp["stage"].null_count() == comp.height and comp["microbatch"].null_count() == comp.height
+    assert _agree(t["compute_op"], comp, "step") == 1.0
+    assert m.notes and "interleaved" in m.notes[0]
+    assert m.layout["stage"].null_count() == 0  # the rank's pipeline position is still known
