@@ -22,7 +22,7 @@ sysdeps:
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,torch]'
+	$(BIN)/pip install -q -e '.[dev,torch,ray]'
 	touch $(STAMP)
 
 setup: $(STAMP) sysdeps

@@ -24,6 +24,23 @@ def _summary(d) -> str:
             f"(confidence {s.confidence:.2f}{order}); {step}; verdict {d.stragglers.verdict}")
 
 
+def _results(store, plan, config, engine: str, address: str | None):
+    """(planned job, Diagnosis, tables) per planned job, from the chosen engine."""
+    if engine == "ray":
+        from rankscope.analysis.ray_engine import analyse_with_ray
+
+        yield from analyse_with_ray(str(store.root), plan, config, address)
+        return
+    from rankscope.analysis.diagnose import analyze_job
+    from rankscope.analysis.jobs import load_planned
+
+    for planned in plan:
+        frames, dq = load_planned(store, planned)
+        d, tables = analyze_job(frames, config)
+        d.data_quality.update(dq)
+        yield planned, d, tables
+
+
 @click.command()
 @click.option("--store", "store_dir", required=True, type=click.Path(file_okay=False),
               help="trace store directory")
@@ -37,7 +54,11 @@ def _summary(d) -> str:
               help="straggler verdict is 'none' when the what-if slowdown S is below this")
 @click.option("--regression-threshold", type=float, default=0.9, show_default=True,
               help="flag a GEMM whose throughput ratio (vs peers or baseline) is below this")
-def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_threshold):
+@click.option("--engine", type=click.Choice(["embedded", "ray"]), default="embedded", show_default=True,
+              help="where the jobs are analysed: in this process, or one Ray task per job")
+@click.option("--address", default=None, help="Ray cluster to use with --engine ray (default: start a local "
+                                              "one on 127.0.0.1 for this run)")
+def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_threshold, engine, address):
     """Diagnose every job of a store: strategy, steps, stragglers, regressions, hangs.
 
     Writes OUT/<job>.json (the report contract) and OUT/<job>.html per job.
@@ -48,8 +69,9 @@ def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_t
     Example:
       rankscope analyze --store st --out-dir reports
       rankscope analyze --store st --job fabric --out-dir reports
+      rankscope analyze --store st --out-dir reports --engine ray --address 10.0.0.5:6379
     """
-    from rankscope.analysis.diagnose import DiagnoseConfig, analyze_job
+    from rankscope.analysis.diagnose import DiagnoseConfig
 
     store = existing_store(store_dir)  # hardstore: missing store is a usage error (2) everywhere
     if not store.jobs():
@@ -63,7 +85,7 @@ def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_t
     config = DiagnoseConfig(
         stragglers=StragglerConfig(none_below=none_below),
         regressions=RegressionConfig(throughput=ThroughputConfig(threshold=regression_threshold)))
-    from rankscope.analysis.jobs import load_planned, plan_jobs
+    from rankscope.analysis.jobs import plan_jobs
 
     plan = plan_jobs(store, job, flow_job, config.flow)
     if not plan:
@@ -76,11 +98,10 @@ def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_t
             from rankscope.dashboard.report_html import render_report as render
         except ImportError:
             click.echo("note: HTML report unavailable (rankscope.dashboard.report_html missing)", err=True)
-    for planned in plan:
+    if address is not None and engine != "ray":
+        raise UsageError("--address names a Ray cluster: use it with --engine ray")
+    for planned, d, tables in _results(store, plan, config, engine, address):
         name = planned.name
-        frames, dq = load_planned(store, planned)
-        d, tables = analyze_job(frames, config)
-        d.data_quality.update(dq)
         (out / f"{name}.json").write_text(d.to_json())
         if render is not None:
             (out / f"{name}.html").write_text(render(d, tables))

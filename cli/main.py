@@ -26,6 +26,7 @@ COMMANDS = {
     "simulate": "rankscope.cli.cmd_simulate:simulate",
     "sql": "rankscope.cli.cmd_sql:sql",
     "attach": "rankscope.cli.cmd_attach:attach",
+    "metrics": "rankscope.cli.cmd_metrics:metrics",
 }
 
 
