@@ -20,8 +20,10 @@ def _summary(d) -> str:
         step += f" ({len(warm)} warm-up left out of the median)"
     if d.steps.extra.get("ambiguous"):
         step += " (ambiguous: may be a multiple of the step)"
+    from rankscope.analysis.findings import summary_text
+
     return (f"{d.job}: {s.world_size} endpoints, dp={s.dp} pp={s.pp} tp={s.tp} "
-            f"(confidence {s.confidence:.2f}{order}); {step}; verdict {d.stragglers.verdict}")
+            f"(confidence {s.confidence:.2f}{order}); {step}; {summary_text(d)}")
 
 
 def _results(store, plan, config, engine: str, address: str | None):
