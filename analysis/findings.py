@@ -116,6 +116,24 @@ def _verdict_finding(st: Stragglers, found: list[dict]) -> dict | None:
     return None
 
 
+def kernel_findings(regressions: Iterable[dict]) -> list[dict]:
+    """One finding per (kind, culprit): a throttled rank is slow on every GEMM shape, and each shape is a
+    regression of its own, but it is one anomaly; the shapes stay in the evidence."""
+    grouped: dict[tuple, dict] = {}
+    for r in regressions:
+        if not (isinstance(r, dict) and r.get("kind") in KERNEL_KINDS and "culprit" in r):
+            continue
+        key = (r["kind"], repr(r["culprit"]))
+        g = grouped.get(key)
+        if g is None:
+            g = grouped[key] = {**r, "evidence": {**(r.get("evidence") or {}), "kernels": []}}
+        g["evidence"]["kernels"].append({"kernel": r.get("kernel"), "shape": r.get("shape"),
+                                         "factor": r.get("factor")})
+        g["factor"] = max(g.get("factor") or 0.0, r.get("factor") or 0.0)
+        g["steps"] = sorted(set(g.get("steps") or []) | set(r.get("steps") or []))
+    return list(grouped.values())
+
+
 def build_findings(stragglers: Stragglers, regressions: Iterable[dict] = (), extra: Iterable[dict] = ()) -> list[dict]:
     """All findings of one job: the verdict's culprit first, then the rest by factor (largest first).
 
@@ -124,8 +142,7 @@ def build_findings(stragglers: Stragglers, regressions: Iterable[dict] = (), ext
     findings of other analyses (flows) as they are.
     """
     found = straggler_findings(stragglers)
-    found += [dict(r) for r in regressions if isinstance(r, dict) and r.get("kind") in KERNEL_KINDS
-              and "culprit" in r]
+    found += kernel_findings(regressions)
     found += [dict(f) for f in extra]
     first = _verdict_finding(stragglers, found)
     rest = [f for f in found if f is not first]
@@ -140,7 +157,16 @@ def build_findings(stragglers: Stragglers, regressions: Iterable[dict] = (), ext
     return rest
 
 
-def _where(c: dict) -> str:
+def _where(c) -> str:
+    # kernel findings name a rank (int), several ranks (list) or a kernel class (str)
+    if isinstance(c, bool) or not isinstance(c, (dict, list, int, str)):
+        return str(c)
+    if isinstance(c, int):
+        return f"rank {c}"
+    if isinstance(c, list):
+        return f"ranks {', '.join(map(str, c))}"
+    if isinstance(c, str):
+        return c
     if "rank" in c and c["rank"] is not None:
         place = [f"{k.replace('dp_rank', 'dp')} {c[k]}" for k in ("stage", "dp_rank") if c.get(k) is not None]
         return f"rank {c['rank']}" + (f" ({', '.join(place)})" if place else "")
@@ -170,6 +196,11 @@ def describe(f: dict) -> str:
         return f"transfers of {who} run {x} their typical"
     if kind == "sequence_imbalance":
         return f"sequence-length imbalance: balanced microbatches would run {x} faster"
+    if kind in KERNEL_KINDS:
+        kernels = f.get("evidence", {}).get("kernels") or [f]
+        what = kernels[0].get("kernel") if len(kernels) == 1 else f"{len(kernels)} GEMM shapes"
+        why = "slower: misaligned for tensor cores" if kind == "misaligned_gemm" else "slower than elsewhere in the run"
+        return f"{what} {x} {why}" if what == who else f"{who}: {what} {x} {why}"
     return f"{kind}: {who} {x}"
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from rankscope.cli.paths import existing_store, output_dir
 from rankscope.collectors.errors import StoreError, UsageError
-from rankscope.collectors.store import Store
 
 
 def _summary(d) -> str:
@@ -60,7 +61,9 @@ def _results(store, plan, config, engine: str, address: str | None):
               help="where the jobs are analysed: in this process, or one Ray task per job")
 @click.option("--address", default=None, help="Ray cluster to use with --engine ray (default: start a local "
                                               "one on 127.0.0.1 for this run)")
-def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_threshold, engine, address):
+@click.option("--format", "fmt", type=click.Choice(["summary", "text"]), default="summary", show_default=True,
+              help="what to print per job: one summary line, or the report's key sections as text")
+def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_threshold, engine, address, fmt):
     """Diagnose every job of a store: strategy, steps, stragglers, regressions, hangs.
 
     Writes OUT/<job>.json (the report contract) and OUT/<job>.html per job.
@@ -70,6 +73,7 @@ def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_t
     \b
     Example:
       rankscope analyze --store st --out-dir reports
+      rankscope analyze --store st --out-dir reports --format text
       rankscope analyze --store st --job fabric --out-dir reports
       rankscope analyze --store st --out-dir reports --engine ray --address 10.0.0.5:6379
     """
@@ -102,9 +106,17 @@ def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_t
             click.echo("note: HTML report unavailable (rankscope.dashboard.report_html missing)", err=True)
     if address is not None and engine != "ray":
         raise UsageError("--address names a Ray cluster: use it with --engine ray")
-    for planned, d, tables in _results(store, plan, config, engine, address):
-        name = planned.name
-        (out / f"{name}.json").write_text(d.to_json())
-        if render is not None:
-            (out / f"{name}.html").write_text(render(d, tables))
-        click.echo(_summary(d))
+    from tqdm import tqdm
+
+    from rankscope.dashboard.report_text import render_text
+
+    # a bar only on a terminal: scripts and CI read the summary lines alone
+    with tqdm(total=len(plan), desc="analyse", unit="job", disable=not sys.stderr.isatty(), leave=False) as bar:
+        for planned, d, tables in _results(store, plan, config, engine, address):
+            name = planned.name
+            (out / f"{name}.json").write_text(d.to_json())
+            if render is not None:
+                (out / f"{name}.html").write_text(render(d, tables))
+            bar.update(1)
+            bar.clear()
+            click.echo(render_text(d) if fmt == "text" else _summary(d))

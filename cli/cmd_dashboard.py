@@ -8,7 +8,8 @@ import click
 @click.command()
 @click.option("--store", "store_dirs", required=True, multiple=True, type=click.Path(exists=True, file_okay=False),
               help="trace store to show (repeat for several; the page chooses only among these)")
-@click.option("--port", default=8050, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--port", default=8050, show_default=True, type=click.IntRange(1, 65535),
+              help="HTTP port of the dashboard")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="address to listen on (beyond loopback needs --auth)")
 @click.option("--baseline", "baseline_dirs", multiple=True, type=click.Path(exists=True, file_okay=False),

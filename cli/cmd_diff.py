@@ -7,24 +7,8 @@ from pathlib import Path
 
 import click
 
-from rankscope.cli.paths import output_file
-from rankscope.collectors.errors import RankscopeError, UsageError
-
-
-def pick_job(store, job: str | None, what: str) -> str:
-    """The job to read: the one named, else ``default``, else the store's only job."""
-    jobs = store.jobs()
-    if job is not None:
-        if job not in jobs:
-            raise UsageError(f"{what}: job {job!r} not in store {store.root}; it holds {jobs}")
-        return job
-    if "default" in jobs:
-        return "default"
-    if len(jobs) == 1:
-        return jobs[0]
-    if not jobs:
-        raise RankscopeError(f"{what}: store {store.root} holds no records")
-    raise UsageError(f"{what}: store {store.root} holds jobs {jobs}; name one with --job/--baseline-job")
+from rankscope.cli.paths import output_file, pick_job
+from rankscope.collectors.errors import RankscopeError
 
 
 def _fmt(v) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from rankscope.cli.paths import output_file
+from rankscope.cli.paths import output_file, pick_job
 from rankscope.collectors.errors import UsageError
 
 
@@ -25,7 +25,7 @@ def export():
 
 @export.command()
 @click.option("--store", "store_dir", required=True, type=click.Path(file_okay=False), help="trace store directory")
-@click.option("--job", default="default", show_default=True, help="job to export")
+@click.option("--job", default=None, help="job to export (default: 'default' or the store's only job)")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False),
               help="output file: .json, or .json.gz to compress")
 def perfetto(store_dir: str, job: str, out: str):
@@ -44,8 +44,7 @@ def perfetto(store_dir: str, job: str, out: str):
         raise UsageError(f"--store {store_dir!r}: no such store directory")
     store = Store(store_dir)
     output_file(out, "--out")  # hardstore: checked before the work; exit 1 naming the path
-    if job not in store.jobs():
-        raise UsageError(f"--job {job!r}: not in the store (jobs: {sorted(store.jobs())})")
+    job = pick_job(store, job, "--store")
     # the job model's completed frames: stage, step and microbatch filled where the records lack them
     graph = build_graph(build_job_model(load_job(store, job)).frames)
     events = perfetto_events(graph, ideal_durations(graph))

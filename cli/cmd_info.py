@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from datetime import UTC, datetime
 
 import click
 
@@ -39,8 +40,29 @@ def store_summary(store: Store) -> dict:
     return out
 
 
+def time_text(ns: int, relative: bool) -> str:
+    """A record time for people: a UTC date, or the offset from the start for relative-time sources."""
+    if relative:
+        return f"t+{duration_text(ns)}"
+    when = datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC)
+    return f"{when:%Y-%m-%d %H:%M:%S}.{ns % 1_000_000_000 // 1_000_000:03d} UTC"
+
+
+def duration_text(ns: int) -> str:
+    """5 h 03 min, 2 min 07.5 s, 3.250 s, 12.5 ms."""
+    s = ns / 1e9
+    if s < 1:
+        return f"{ns / 1e6:,.1f} ms"
+    if s < 60:
+        return f"{s:.3f} s"
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{int(h)} h {int(m):02d} min" if h else f"{int(m)} min {sec:04.1f} s"
+
+
 @click.command()
-@click.option("--store", "store_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--store", "store_dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="trace store directory")
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
 def info(store_dir, as_json):
     """Summarise a trace store: jobs, record kinds, counts, time range, rejects.
@@ -60,7 +82,7 @@ def info(store_dir, as_json):
         for kind, e in kinds.items():
             span = ""
             if e.get("first_ns") is not None:
-                span = f"  span {(e['last_ns'] - e['first_ns']) / 1e9:,.3f} s from {e['first_ns']}"
+                span = f"  {duration_text(e['last_ns'] - e['first_ns'])} from {time_text(e['first_ns'], bool(rel))}"
             click.echo(f"  {kind:<18}{e['rows']:>12,} rows{span}")
     if s["rejects"]:
         click.echo(f"rejected records: {sum(s['rejects'].values()):,}")

@@ -14,7 +14,8 @@ from rankscope.collectors.store import check_job_name
 
 @click.command()
 @click.argument("query")
-@click.option("--store", "store_dir", required=True, type=click.Path(file_okay=False))
+@click.option("--store", "store_dir", required=True, type=click.Path(file_okay=False),
+              help="trace store directory")
 @click.option("--job", default=None, help="restrict every view to one job")
 @click.option("--csv", "as_csv", is_flag=True, help="print a header line and rows as CSV, nothing else")
 @click.option("--limit", default=50, show_default=True, help="rows shown in table mode")

@@ -62,3 +62,18 @@ def writing(path: str | os.PathLike, option: str) -> Iterator[Path]:
         yield Path(path)
     except OSError as e:
         raise OutputPathError(f"{option} {str(path)!r}: could not write ({_reason(e)})") from None
+
+def pick_job(store, job: str | None, what: str) -> str:
+    """The job to read: the one named, else ``default``, else the store's only job."""
+    jobs = store.jobs()
+    if job is not None:
+        if job not in jobs:
+            raise UsageError(f"{what}: job {job!r} not in store {store.root}; it holds {jobs}")
+        return job
+    if "default" in jobs:
+        return "default"
+    if len(jobs) == 1:
+        return jobs[0]
+    if not jobs:
+        raise RankscopeError(f"{what}: store {store.root} holds no records")
+    raise UsageError(f"{what}: store {store.root} holds jobs {jobs}; name one with --job/--baseline-job")

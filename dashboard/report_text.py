@@ -1,0 +1,59 @@
+"""The report's key sections as plain text, for a terminal (``rankscope analyze --format text``)."""
+
+from __future__ import annotations
+
+from rankscope.analysis.diagnosis import Diagnosis
+from rankscope.analysis.findings import describe, summary_text
+
+MAX_ROWS = 8
+"""rows per list section; the JSON report holds them all."""
+
+
+def _groups(groups: list, n: int = 4, sep: str = ", ") -> str:
+    shown = "; ".join(sep.join(map(str, g)) if len(g) <= 8 else f"{g[0]} ... {g[-1]} ({len(g)})"
+                      for g in groups[:n])
+    return shown + (f"; ... {len(groups) - n} more" if len(groups) > n else "")
+
+
+def render_text(d: Diagnosis) -> str:
+    """Strategy, steps, straggler verdict with its evidence, findings, regressions, hangs, data quality."""
+    lines = [f"== {d.job}  (sources: {', '.join(d.sources) or 'none'})"]
+    s = d.strategy
+    if s.extra.get("evaluated", True):
+        lines.append(f"strategy     dp={s.dp} pp={s.pp} tp={s.tp} on {s.world_size} endpoints, "
+                     f"confidence {s.confidence:.2f}")
+        if s.pp > 1:
+            lines.append(f"  pipelines  {_groups(s.pp_groups, sep=' > ')}")
+        if s.dp > 1:
+            lines.append(f"  DP groups  {_groups(s.dp_groups)}")
+    else:
+        lines.append(f"strategy     not evaluated: {s.extra.get('why', '?')}")
+    st = d.steps
+    if st.count:
+        warm = st.extra.get("warmup") or []
+        lines.append(f"steps        {st.count}, median {st.median_ns / 1e6:,.1f} ms"
+                     + (f"; warm-up left out: {', '.join(str(w.get('step')) for w in warm)}" if warm else "")
+                     + (" (ambiguous: may be a multiple of the step)" if st.extra.get("ambiguous") else ""))
+    else:
+        lines.append(f"steps        unknown: {st.extra.get('why', 'no step boundaries')}")
+    sg = d.stragglers
+    lines.append(f"stragglers   {summary_text(d)}")
+    if sg.extra.get("evaluated", False):
+        shares = sg.extra.get("verdict_shares") or sg.by_cause
+        lines.append("  shares     " + ", ".join(f"{k} {v:.2f}" for k, v in shares.items())
+                     + f"  (waste {sg.waste_fraction:.1%}; M_W {sg.by_cause.get('worker', 0):.3f}, "
+                       f"M_S {sg.by_cause.get('stage_imbalance', 0):.3f})")
+    findings = d.extra.get("findings") or []
+    lines.append(f"findings     {len(findings)}")
+    lines += [f"  {f['kind']:<18} {describe(f)}" for f in findings[:MAX_ROWS]]
+    lines.append(f"regressions  {len(d.regressions)}")
+    lines += [f"  {r.get('kernel')} {r.get('shape')} ratio {r.get('ratio', float('nan')):.2f}: {r.get('reason')}"
+              for r in d.regressions[:MAX_ROWS]]
+    lines.append(f"hangs        {len(d.hangs)}")
+    lines += [f"  group {h.get('group')} seq {h.get('seq')} {h.get('op')}: missing {h.get('missing')}"
+              for h in d.hangs[:MAX_ROWS]]
+    dq = d.data_quality
+    missing = dq.get("missing_ranks") or []
+    lines.append(f"data quality {dq.get('num_rejected', 0):,} records rejected"
+                 + (f"; missing ranks {missing[:16]}{' ...' if len(missing) > 16 else ''}" if missing else ""))
+    return "\n".join(lines)
