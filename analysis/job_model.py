@@ -21,9 +21,10 @@
   the schedule is not interleaved (:func:`regular_pipeline`); otherwise
   stage and microbatch stay unknown and ``notes`` says why (a virtual stage
   is not the rank's pipeline position);
-- ``aligned``: comm_op, compute_op and step_mark of the completed frames on
-  one clock (relative-time traces are left as recorded: every step has its
-  own origin, so there is no clock to fit);
+- ``aligned_comm``, ``aligned_compute``, ``aligned_step_mark``: the records
+  on one clock (``rank_offsets``), with the completed labels (relative-time
+  traces are left as recorded: every step has its own origin, so there is
+  no clock to fit);
 - ``rank_steps`` and ``steps``: the one step definition of :mod:`steps`.
 """
 

@@ -49,3 +49,30 @@ def test_osdi_reference_stores(reference_dir, tmp_path, job):
     ingest(st, [reference_dir / "stragglers-osdi25" / f"trace-{job}.parquet"])
     a, d = _analyze_and_diff(st.root, job, tmp_path)
     assert a == pytest.approx(d, rel=1e-12) and a > 1000
+
+
+@pytest.mark.torchjob
+def test_real_job_step_time_is_the_jobs_own(tmp_path):
+    """A real gloo DP2 x PP2 job's Kineto traces: analyze (= diff) gives the job's own step time, without
+    its start-up step, even when it ran only 2 steps."""
+    import statistics
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    job = REPO / "tests" / "jobs" / "train_dp_pp.py"
+    if not torchrun.exists() or not job.is_file():
+        pytest.skip("torchrun or the shared job script missing")
+    out, prof = tmp_path / "out", tmp_path / "prof"
+    subprocess.run([str(torchrun), "--nproc_per_node=4", "--standalone", str(job), "--steps", "2", "--hidden", "64",
+                    "--out", str(out), "--profile", str(prof)], check=True, capture_output=True, timeout=600)
+    st = Store(tmp_path / "st")
+    ingest(st, [prof])
+    a, d = _analyze_and_diff(st.root, "default", tmp_path)
+    assert a == pytest.approx(d, rel=1e-12)
+    own = [json.loads((out / f"rank{r}.json").read_text())["step_times_s"] for r in range(4)]
+    last = statistics.median(s[-1] for s in own) * 1e3
+    both = statistics.median(statistics.mean(s) for s in own) * 1e3
+    # the job's own last step (per-rank median), not a mix with the start-up step
+    assert a == pytest.approx(last, rel=0.05), (a, last, both)
