@@ -45,6 +45,8 @@ class FileResult:
     error: str | None = None
     unexpected: bool = False
     """The error was not one rankscope raises on purpose (a decoder bug: what the fuzzer counts)."""
+    warnings: list[str] = field(default_factory=list)
+    """What was assumed to read the file (also kept in its manifest entry's notes)."""
 
 
 @dataclass
@@ -174,13 +176,17 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
     return res
 
 
+ASSUMPTION_NOTES = ("rank_assumed",)
+"""Manifest notes that say an importer had to assume something the file did not tell."""
+
+
 def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions, res: FileResult) -> None:
     if not path.is_file():
         raise InputFormatError(path, None, "an existing regular file", got="missing")
     name = formats.detect(path) if fmt == "auto" else fmt
     if name is None:
         res.status = "unknown"
-        res.error = f"{path}: no importer recognises this file (use --format; known: {formats.names()})"
+        res.error = f"{path}: no importer recognises this file"
         return
     res.format = name
     sha = file_sha256(path)
@@ -196,6 +202,7 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions
                           job=opts.job or "", sha256=sha, relative_time=total.relative_time,
                           notes=total.notes)
     res.rejects.update(total.rejects)
+    res.warnings.extend(str(total.notes[k]) for k in ASSUMPTION_NOTES if total.notes.get(k))
     entry.samples.update(total.samples)
     valid: list[tuple[str, pa.Table]] = []
     for kind, tables in total.tables.items():
