@@ -68,15 +68,32 @@ def _nearest(ta: np.ndarray, tb: np.ndarray) -> np.ndarray:
     return np.where(np.abs(ta - lo) <= np.abs(ta - hi), ta - lo, ta - hi)
 
 
-def _lockstep(sa, sb, ea, eb, config: FlowConfig) -> bool:
+def timestamp_resolution_ns(times: np.ndarray) -> int:
+    """The coarsest power-of-ten tick (1 us .. 1 s) that nearly all times (or durations) fall on:
+    exporters that write flowStartMilliseconds give 1 ms, nfdump CSV 1 s, our simulator 1 us (finer
+    ticks are not told apart: clock alignment works in float64, exact to ~256 ns at epoch times)."""
+    t = np.asarray(times, dtype=np.int64)
+    t = t[t != 0]
+    if t.size == 0:
+        return 1000
+    for tick in (10**k for k in range(9, 3, -1)):
+        r = t % tick
+        if np.mean(np.minimum(r, tick - r) <= max(tick // 100, 1024)) >= 0.99:
+            return tick
+    return 1000
+
+
+def _lockstep(sa, sb, ea, eb, config: FlowConfig, resolution_ns: int = 1) -> bool:
     """Two traffic graphs run in lockstep: after one clock offset (their exporters may disagree by up
-    to ``max_exporter_skew_ns``), most record starts and ends coincide within ``sync_tolerance_ns``."""
+    to ``max_exporter_skew_ns``), most record starts and ends coincide within the sync tolerance:
+    ``sync_tolerance_ns``, widened to two ticks of the timestamps (two records of one instant can sit
+    a tick apart on either side of it)."""
     if len(sa) < 2 or len(sb) < 2:
         return False
     off = float(np.median(_nearest(sa, sb)))
     if abs(off) > config.max_exporter_skew_ns:
         return False
-    tol = config.sync_tolerance_ns
+    tol = max(config.sync_tolerance_ns, 2 * resolution_ns)
     rs = np.abs(_nearest(sa - off, sb))
     re = np.abs(_nearest(ea - off, eb))
     return bool(np.mean(rs <= tol) > 0.5 and np.mean(re <= tol) > 0.5)
@@ -121,6 +138,8 @@ def merge_components(nodes: list[str], lab: np.ndarray, flows: pl.DataFrame, con
     ends = {c: np.sort(g["end_ns"].to_numpy()) for c, g in groups.items()}
     volume = {c: float(g["est_bytes"].sum()) for c, g in groups.items()}
     size = np.bincount(lab, minlength=ncomp)
+    # durations keep the exporter's tick after clock alignment shifted the times themselves
+    resolution = timestamp_resolution_ns((f["end_ns"] - f["start_ns"]).to_numpy()) if f.height else 1
     by_size: dict[int, list[int]] = {}
     for c in range(ncomp):
         if size[c] >= 2 and c in starts:
@@ -130,7 +149,7 @@ def merge_components(nodes: list[str], lab: np.ndarray, flows: pl.DataFrame, con
             for b in comps[i + 1:]:
                 if find(a) == find(b) or abs(volume[a] - volume[b]) > 0.25 * max(volume[a], volume[b]):
                     continue
-                if _lockstep(starts[a], starts[b], ends[a], ends[b], config):
+                if _lockstep(starts[a], starts[b], ends[a], ends[b], config, resolution):
                     parent[find(b)] = find(a)
     return np.array([find(c) for c in lab.tolist()], dtype=np.int64)
 
