@@ -20,8 +20,10 @@ that grid:
   lagged vote PP.
 
 Stage order: the direction that starts first on a pipeline edge points
-downstream; votes are summed over all pipelines between the same two DP
-groups (same pair of stages), so one late-sampled record cannot flip it.
+downstream, and so does the direction whose bytes move earlier on average
+(activations before gradients in every step); votes are summed over all
+pipelines between the same two DP groups (same pair of stages), so one
+late-sampled record cannot flip it.
 """
 
 from __future__ import annotations
@@ -257,6 +259,16 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame) -> tuple[list[list[str]],
         s = 1.0 if fa < fb else -1.0  # a's traffic to b started first: a is upstream
         votes[(stage_key[a], stage_key[b])] += s
         votes[(stage_key[b], stage_key[a])] -= s
+    # Within every step activations go downstream before gradients come back, so the bytes of the
+    # downstream direction move earlier on average (byte-weighted record midpoints): this holds in
+    # every step, whether or not the capture saw the job start, and with millisecond timestamps.
+    if "mid_ab" in pe.columns:
+        for a, b, ma, mb in pe.select("a", "b", "mid_ab", "mid_ba").iter_rows():
+            if ma is None or mb is None or ma == mb:
+                continue
+            s = 1.0 if ma < mb else -1.0
+            votes[(stage_key[a], stage_key[b])] += s
+            votes[(stage_key[b], stage_key[a])] -= s
     first = {}
     for a, b, fa, fb in pe.select("a", "b", "first_ab", "first_ba").iter_rows():
         first[(a, b)], first[(b, a)] = fa, fb
