@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from rankscope.collectors import formats
 from rankscope.collectors.errors import InputFormatError, RankscopeError
+from rankscope.collectors.flows import template_state
 from rankscope.collectors.schema import validate
 from rankscope.collectors.store import ManifestEntry, Store, check_job_name, file_sha256
 
@@ -252,6 +253,8 @@ def ingest(store: Store, paths: Iterable[str | os.PathLike], fmt: str = "auto",
         check_job_name(opts.job)
     files = [p for p in expand_paths(paths) if fmt != "auto" or not formats.is_companion(p)]
     summary = IngestSummary()
-    for path in (progress(files) if progress else files):
-        summary.files.append(ingest_file(store, path, fmt, opts, lim))
+    # flow templates and options outlive each file (and this command: they are kept in the store)
+    with template_state.kept_in(store.root):
+        for path in (progress(files) if progress else files):
+            summary.files.append(ingest_file(store, path, fmt, opts, lim))
     return summary

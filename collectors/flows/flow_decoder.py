@@ -20,10 +20,12 @@ import pyarrow as pa
 from rankscope.collectors.flows import ipfix, netflow5, netflow9, sflow
 from rankscope.collectors.flows.ipfix_elements import SAMPLING, SELECTOR, SYSTEM_INIT_MS
 from rankscope.collectors.flows.packet_columns import (
+    Field,
     Layout,
     Pending,
     decode_variable,
     flow_columns,
+    layout_for,
     variable_columns,
 )
 
@@ -178,16 +180,60 @@ class FlowDecoder:
             else:
                 self.rates[exporter] = int(rate[i])
 
+    # ------------------------------------------------------- state kept across files
+    def snapshot(self) -> dict:
+        """Templates, options and held data sets, JSON-able, keyed by exporter name (not index)."""
+        name = self.exporters.__getitem__
+        return {
+            "templates": [[proto, name(e), tid, [[f.element, f.length] for f in lay.fields], lay.template_id,
+                           lay.scope_count] for (proto, e, tid), lay in self.templates.items()],
+            "rates": [[name(e), r] for e, r in self.rates.items()],
+            "selector_rates": [[name(e), sel, r] for (e, sel), r in self.selector_rates.items()],
+            "system_init_ms": [[name(e), ms] for e, ms in self.system_init_ms.items()],
+            "waiting": [[proto, name(e), tid, body.hex(), export_s, base_ms]
+                        for (proto, e, tid), sets in self.waiting.items() for body, export_s, base_ms in sets],
+        }
+
+    def restore(self, state: dict) -> None:
+        """Start from a :meth:`snapshot` (of earlier files); entries of the wrong shape are skipped and
+        counted, never raised: the state file lives in a store a user can edit."""
+        idx = self.exporter_index
+        for kind, rows in state.items():
+            if kind in ("version",) or not isinstance(rows, list):
+                continue
+            for row in rows:
+                try:
+                    if kind == "templates":
+                        proto, e, tid, fields, template_id, scope = row
+                        self.templates[(str(proto), idx(str(e)), int(tid))] = layout_for(
+                            [Field(int(a), int(b)) for a, b in fields], int(template_id), int(scope))
+                    elif kind == "rates":
+                        self.rates[idx(str(row[0]))] = int(row[1])
+                    elif kind == "selector_rates":
+                        self.selector_rates[(idx(str(row[0])), int(row[1]))] = int(row[2])
+                    elif kind == "system_init_ms":
+                        self.system_init_ms[idx(str(row[0]))] = int(row[1])
+                    elif kind == "waiting":
+                        proto, e, tid, body, export_s, base_ms = row
+                        body = bytes.fromhex(body)
+                        if self.waiting_bytes + len(body) <= self.max_waiting_bytes:
+                            self.waiting.setdefault((str(proto), idx(str(e)), int(tid)), []).append(
+                                (body, int(export_s), int(base_ms)))
+                            self.waiting_bytes += len(body)
+                except (TypeError, ValueError):
+                    self.reject(f"template state: malformed {kind} entry")
+
     # -------------------------------------------------------------- output
     @property
     def buffered_records(self) -> int:
         return self.pending.records + len(self.sflow_rows) + len(self.counter_rows)
 
-    def flush(self, final: bool = False) -> dict[str, pa.Table]:
+    def flush(self, final: bool = False, hold: bool = False) -> dict[str, pa.Table]:
         """Tables of every record decoded since the last flush (kind -> table).
 
         With ``final``, data sets still waiting for a template are counted as
-        rejects (they can no longer be decoded).
+        rejects (they can no longer be decoded), unless ``hold`` keeps them for
+        the next file (see template_state).
         """
         out: dict[str, list[pa.Table]] = {}
         for _layout, cols, n, ctx in self.pending.drain():
@@ -200,7 +246,7 @@ class FlowDecoder:
         if self.counter_rows:
             out.setdefault("interface_counter", []).append(sflow.counter_table(self.counter_rows))
             self.counter_rows = []
-        if final:
+        if final and not hold:
             for (proto, _, _), sets in self.waiting.items():
                 self.reject(f"{proto}: data set for an unknown template", count=len(sets))
             self.waiting, self.waiting_bytes = {}, 0

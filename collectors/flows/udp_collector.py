@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.flows.flow_decoder import FlowDecoder
+from rankscope.collectors.flows.template_state import TemplateState
 from rankscope.collectors.schema import validate
 from rankscope.collectors.store import ManifestEntry, Store, check_job_name
 
@@ -121,6 +122,10 @@ class FlowCollector:
         self.config = config
         self.store = Store(config.store)
         self.decoder = FlowDecoder()
+        # templates and options learnt by earlier ingests or collector runs into this store
+        self.templates = TemplateState(self.store.root)
+        if self.templates.data:
+            self.decoder.restore(self.templates.data)
         self.stats = CollectorStats()
         self.sockets: list[socket.socket] = []
         self.key = f"collector-{uuid.uuid4().hex[:16]}"
@@ -232,7 +237,11 @@ class FlowCollector:
         drops = [d for d in map(kernel_drops, self.sockets) if d is not None]
         if drops:
             self.stats.kernel_drops = sum(drops)
-        tables = self.decoder.flush(final=final)
+        tables = self.decoder.flush(final=final, hold=final)
+        if final:
+            # the next run (or ingest) into this store starts from what this one learnt and held
+            self.templates.data = self.decoder.snapshot()
+            self.templates.save()
         if tables or final:
             self._queue.put(tables)
         if final:

@@ -119,3 +119,29 @@ def test_bind_failure_is_a_clear_error(tmp_path):
         coll = FlowCollector(CollectorConfig(listen=(("127.0.0.1", port),), store=str(tmp_path)))
         with pytest.raises(ConfigError, match=f"127.0.0.1:{port}"):
             coll.open()
+
+
+def _until(cond, timeout=20.0):
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.02)
+    return cond()
+
+
+def test_templates_outlive_a_collector_restart(tmp_path):
+    """A restarted collector decodes data whose template the previous run received (kept in the store)."""
+    msgs = _messages(4)  # the template rides in the first message only
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    coll, th, port = _run_in_thread(tmp_path, roll_seconds=0.2)
+    s.sendto(msgs[0], ("127.0.0.1", port))
+    assert _until(lambda: coll.stats.datagrams >= 1)
+    coll.stop()
+    th.join(10)
+    coll, th, port = _run_in_thread(tmp_path, roll_seconds=0.2)
+    for m in msgs[1:]:
+        s.sendto(m, ("127.0.0.1", port))
+    assert _until(lambda: coll.stats.datagrams >= 3)
+    coll.stop()
+    th.join(10)
+    assert not coll.all_rejects, coll.all_rejects
+    assert Store(tmp_path / "st").count("flow", "fabric") == 4 * 20
