@@ -134,6 +134,7 @@ class FlowCollector:
         self._queue: queue.Queue = queue.Queue(maxsize=4)
         self._writer: threading.Thread | None = None
         self._write_error: Exception | None = None
+        self._old_handlers: dict | None = None
 
     # ------------------------------------------------------------- sockets
     def open(self) -> list[tuple[str, int]]:
@@ -171,14 +172,19 @@ class FlowCollector:
         self._stop.set()
 
     # ----------------------------------------------------------------- run
+    def handle_signals(self) -> None:
+        """Make SIGTERM/SIGINT stop :meth:`run` (drain and write) from now on; call it before telling
+        anyone the collector listens, or a signal in between kills it with what it received."""
+        if self._old_handlers is None and threading.current_thread() is threading.main_thread():
+            self._old_handlers = {sig: signal.signal(sig, lambda *_: self._stop.set())
+                                  for sig in (signal.SIGTERM, signal.SIGINT)}
+
     def run(self) -> CollectorStats:
-        """Receive until stopped; install SIGTERM/SIGINT handlers when on the main thread."""
+        """Receive until stopped; SIGTERM/SIGINT stop it when on the main thread."""
         if not self.sockets:
             self.open()
-        old = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                old[sig] = signal.signal(sig, lambda *_: self._stop.set())
+        self.handle_signals()
+        old, self._old_handlers = self._old_handlers or {}, None
         sel = selectors.DefaultSelector()
         for s in self.sockets:
             sel.register(s, selectors.EVENT_READ)

@@ -99,6 +99,22 @@ def test_sigterm_flushes_everything_received(tmp_path):
     assert drops == 0, f"kernel dropped {drops} datagrams of a 500-datagram burst"
 
 
+def test_sigterm_right_after_listening_is_handled(tmp_path):
+    """The handlers are in place before the collector says it listens: a SIGTERM sent the moment
+    that line appears stops it cleanly (exit 0, manifest written), never kills it."""
+    for i in range(5):
+        store_dir = tmp_path / f"st{i}"
+        proc = subprocess.Popen([sys.executable, "-m", "rankscope.cli.main", "collect", "flows", "--listen",
+                                 "127.0.0.1:0", "--store", str(store_dir)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = proc.stdout.readline()
+        assert "listening on udp" in line, line
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 0, (proc.returncode, out)
+        assert [m for m in Store(store_dir).manifest() if m.format == "collect-flows"], out
+
+
 def test_config_validation():
     with pytest.raises(ConfigError):
         CollectorConfig(listen=(), store="x")
