@@ -243,6 +243,21 @@ class FlowDecoder:
                 self.rates[exporter] = int(rate[i])
 
     # -------------------------------------------------------------- output
+    def _late_context(self, ctx: dict[str, np.ndarray]) -> None:
+        """Fill a time base or sampling rate that was unknown when a data set arrived but is known now.
+
+        Data sets held for their template, or sent before the options data in the
+        same message or file, would otherwise lose their sysUpTime-based times.
+        """
+        for col, known in (("base_ms", self.system_init_ms), ("rate", self.rates)):
+            unknown = ctx[col] < 0 if col == "base_ms" else ctx[col] == 0
+            if not known or not unknown.any():
+                continue
+            for e in np.unique(ctx["exporter"][unknown]):
+                value = known.get(int(e))
+                if value is not None:
+                    ctx[col][unknown & (ctx["exporter"] == e)] = value
+
     @property
     def held_sets(self) -> int:
         return sum(len(v) for v in self.waiting.values())
@@ -260,6 +275,7 @@ class FlowDecoder:
         """
         out: dict[str, list[pa.Table]] = {}
         for _layout, cols, n, ctx in self.pending.drain():
+            self._late_context(ctx)
             t = flow_columns(cols, n, ctx, self.exporters, SOURCES, self.selector_rates, self.rejects)
             if t is not None and t.num_rows:
                 out.setdefault("flow", []).append(t)

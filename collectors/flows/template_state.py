@@ -129,10 +129,9 @@ class _Session:
             return {}
 
     def _recover(self) -> None:
-        committed = self.store.committed_keys()
         for p in sorted(self.dir.glob("staged-*.json")):
             key = p.name[len("staged-"):-len(".json")]
-            if key in committed:
+            if self.store.has_source(key):
                 os.replace(p, self.dir / STATE_FILE)
             else:
                 p.unlink(missing_ok=True)
