@@ -51,3 +51,44 @@ def test_sflow_capture_decodes_every_flow_sample(tmp_path):
     assert icmp.height == 1 and icmp["sampling_rate"][0] == 2048 and icmp["vlan"][0] == 32
     tcp = df.filter(df["protocol"] == 6)
     assert tcp.height == 5 and set(tcp["sampling_rate"]) == {16383}
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _split(src: Path, out: Path, groups: list[list[int]]) -> list[Path]:
+    import dpkt
+
+    with open(src, "rb") as f:
+        packets = list(dpkt.pcap.Reader(f))
+    paths = []
+    for k, idx in enumerate(groups):
+        p = out / f"part{k}.pcap"
+        with open(p, "wb") as f:
+            w = dpkt.pcap.Writer(f)
+            for i in idx:
+                w.writepkt(packets[i][1], ts=packets[i][0])
+        paths.append(p)
+    return paths
+
+
+@pytest.mark.parametrize("name", ["softflowd_ipfix.pcap", "softflowd_nf9.pcap"])
+@pytest.mark.parametrize("separate", [False, True])
+def test_real_softflowd_capture_split_across_files_decodes_like_the_whole(tmp_path, name, separate):
+    """softflowd sends its templates in the first datagram only: files after it hold data sets only."""
+    whole = Store(tmp_path / "whole")
+    ingest(whole, [FIXTURES / name])
+    want = whole.read("flow").drop("source").sort("start_ns", "src_addr", "dst_addr", "src_port")
+    assert want.height > 0
+    d = tmp_path / "split"
+    d.mkdir()
+    data_only, with_templates = _split(FIXTURES / name, d, [[1, 2], [0]])
+    store = Store(tmp_path / "st")
+    if separate:  # the data file is ingested (and held) before the template file even exists in the store
+        s1, s2 = ingest(store, [data_only]), ingest(store, [with_templates])
+        assert s1.count("failed") == s2.count("failed") == 0
+    else:
+        assert ingest(store, [data_only, with_templates]).count("failed") == 0
+    got = store.read("flow").drop("source").sort("start_ns", "src_addr", "dst_addr", "src_port")
+    assert got.height == want.height
+    assert got.equals(want)
