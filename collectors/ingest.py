@@ -153,7 +153,7 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
     opts = opts or formats.ImportOptions()
     res = FileResult(str(path), "failed")
     try:
-        with formats.limits(lim or formats.Limits()), template_state.session(store):
+        with formats.limits(lim or formats.Limits()), template_state.session(store, opts.job):
             _ingest_file(store, path, fmt, opts, res)
     except RankscopeError as e:
         res.status, res.error = "failed", str(e)

@@ -3,7 +3,8 @@
 Collectors rotate their files every few minutes while exporters refresh their
 IPFIX / NetFlow v9 templates (and options templates: sampling, time base) on
 their own schedule, so most data files hold no template. ``rankscope ingest``
-therefore keeps, per store, in ``<store>/_flow_templates/state.json``:
+therefore keeps, per store and capture (the flow ``--job``, default ``fabric``),
+in ``<store>/_flow_templates/job=<job>/state.json``:
 
 - every template and options template, per (protocol, exporter address /
   observation domain or source id, template id);
@@ -110,9 +111,9 @@ def _rows(state: dict, key: str, width: int):
 class _Session:
     """One file's ingest: the store's state loaded under the lock, and what that file leaves."""
 
-    def __init__(self, store):
+    def __init__(self, store, job: str):
         self.store = store
-        self.dir = Path(store.root) / STATE_DIR
+        self.dir = Path(store.root) / STATE_DIR / f"job={job}"
         self._lock_fd: int | None = None
         self.result: dict | None = None
 
@@ -143,9 +144,9 @@ class _Session:
 
 
 @contextlib.contextmanager
-def session(store) -> Iterator[None]:
-    """Let flow importers inside this block share the store's template state."""
-    s = _Session(store)
+def session(store, job: str | None = None) -> Iterator[None]:
+    """Let flow importers inside this block share the template state of the store's capture ``job``."""
+    s = _Session(store, job or "fabric")
     token = _SESSION.set(s)
     try:
         yield

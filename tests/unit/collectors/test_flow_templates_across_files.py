@@ -128,7 +128,7 @@ def test_rotated_captures_in_separate_ingests_decode_every_record(tmp_path, prot
         s = ingest(store, [p])
         assert s.count("failed") == 0, [f.error for f in s.files]
     _check(Store(tmp_path / "st"), n, True)
-    state = json.loads((tmp_path / "st" / template_state.STATE_DIR / template_state.STATE_FILE).read_text())
+    state = json.loads((tmp_path / "st" / template_state.STATE_DIR / "job=fabric" / template_state.STATE_FILE).read_text())
     assert state["held"] == []  # everything held was decoded by a later file
     assert {t[2] for t in state["templates"]} >= {256 if proto == "ipfix" else 300}
 
@@ -146,7 +146,7 @@ def test_data_file_before_its_template_file_across_ingests_and_reingest_is_skipp
 
 def test_staged_state_is_adopted_only_when_its_entry_committed(tmp_path):
     store = Store(tmp_path / "st")
-    d = tmp_path / "st" / template_state.STATE_DIR
+    d = tmp_path / "st" / template_state.STATE_DIR / "job=fabric"
     d.mkdir(parents=True)
     (d / template_state.STATE_FILE).write_text(json.dumps({"version": 1, "templates": [], "held": []}))
     dec = FlowDecoder()
@@ -177,7 +177,7 @@ def test_held_data_is_bounded_per_store_and_overflow_is_counted(tmp_path):
     store = Store(tmp_path / "st")
     summary = ingest(store, [tmp_path / "d0.pcap", tmp_path / "d1.pcap"])
     full = summary.rejects["ipfix: data set for an unknown template (waiting buffer full)"]
-    state = json.loads((tmp_path / "st" / template_state.STATE_DIR / template_state.STATE_FILE).read_text())
+    state = json.loads((tmp_path / "st" / template_state.STATE_DIR / "job=fabric" / template_state.STATE_FILE).read_text())
     held = len(state["held"])
     assert held + full == sets
     assert held * held_cost(b"x" * (len(rec) + 0)) <= template_state.MAX_HELD_BYTES
@@ -191,6 +191,19 @@ def test_empty_data_sets_count_against_the_bound():
         dec.feed(empty, EXPORTER, 0)
     assert dec.waiting_bytes <= 10_000
     assert dec.rejects["ipfix: data set for an unknown template (waiting buffer full)"] == 5000 - dec.held_sets
+
+
+def test_held_data_stays_with_its_capture(tmp_path):
+    """A template ingested into another --job (another capture) does not decode this capture's held data."""
+    data_dir = Path(__file__).parents[2] / "data" / "goflow2"
+    store = Store(tmp_path / "st")
+    from rankscope.collectors.formats import ImportOptions
+
+    ingest(store, [data_dir / "nf9-data.pcap"], opts=ImportOptions(job="capA"))
+    ingest(store, [data_dir / "nf9-template.pcap"], opts=ImportOptions(job="capB"))
+    assert store.count("flow") == 0
+    ingest(store, [data_dir / "nf9-template.pcap"], opts=ImportOptions(job="capA"))
+    assert store.count("flow", "capA") == 21 and store.count("flow", "capB") == 0
 
 
 def test_capture_order_sorts_flow_captures_in_their_slots(tmp_path):
