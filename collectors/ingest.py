@@ -155,7 +155,7 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
     opts = opts or formats.ImportOptions()
     res = FileResult(str(path), "failed")
     try:
-        with formats.limits(lim or formats.Limits()):
+        with formats.limits(lim or formats.Limits()), template_state.session(store, opts.job):
             _ingest_file(store, path, fmt, opts, res)
     except RankscopeError as e:
         res.status, res.error = "failed", str(e)
@@ -216,7 +216,7 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions
             if v.table.num_rows:
                 valid.append((kind, v.table))
     del total.tables
-    if not valid and res.rejects:
+    if not valid and res.rejects and not total.notes.get("flow_sets_held_for_template"):
         top, n = res.rejects.most_common(1)[0]
         raise InputFormatError(path, None, "at least one record that decodes and fits its record kind",
                                got=f"all {sum(res.rejects.values()):,} rejected, most for {top!r} ({n:,})")
@@ -237,7 +237,9 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions
         entry.job = opts.job or ",".join(sorted(jobs))
         if rows_key:
             entry.notes["rows_key"] = rows_key
+        template_state.stage(key)  # flow template state left by this file: adopted iff the entry commits
         tx.commit(entry)
+        template_state.promote(key)
         if rows_key:
             store.add_alias(rows_key, key)
     res.status = "ingested"
@@ -252,9 +254,8 @@ def ingest(store: Store, paths: Iterable[str | os.PathLike], fmt: str = "auto",
     if opts.job is not None:
         check_job_name(opts.job)
     files = [p for p in expand_paths(paths) if fmt != "auto" or not formats.is_companion(p)]
+    files = template_state.capture_order(files)  # flow captures: templates before the data they describe
     summary = IngestSummary()
-    # flow templates and options outlive each file (and this command: they are kept in the store)
-    with template_state.kept_in(store.root):
-        for path in (progress(files) if progress else files):
-            summary.files.append(ingest_file(store, path, fmt, opts, lim))
+    for path in (progress(files) if progress else files):
+        summary.files.append(ingest_file(store, path, fmt, opts, lim))
     return summary

@@ -139,7 +139,7 @@ KINDS: dict[str, tuple[Col, ...]] = {
         _i64("est_num_packets", "", "num_packets scaled by the sampling rate"),
         _i64("dst_qp", "", "RoCEv2 destination queue pair (sFlow raw headers)"),
         _i32("ib_opcode", "", "InfiniBand BTH opcode (sFlow raw headers)"),
-        _i32("vlan", "", "VLAN id"),
+        _i64("vlan", "", "VLAN id (int64: sFlow's 32-bit field may be 0xFFFFFFFF, 'unknown')"),
         _i64("input_if", "", "ingress interface index"),
         _i64("output_if", "", "egress interface index"),
     ),

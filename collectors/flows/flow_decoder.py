@@ -12,8 +12,7 @@ The live collector and every file format share it.
 
 from __future__ import annotations
 
-import time
-from collections import Counter
+from collections import Counter, OrderedDict
 
 import numpy as np
 import pyarrow as pa
@@ -21,12 +20,10 @@ import pyarrow as pa
 from rankscope.collectors.flows import ipfix, netflow5, netflow9, sflow
 from rankscope.collectors.flows.ipfix_elements import SAMPLING, SELECTOR, SYSTEM_INIT_MS
 from rankscope.collectors.flows.packet_columns import (
-    Field,
     Layout,
     Pending,
     decode_variable,
     flow_columns,
-    layout_for,
     variable_columns,
 )
 
@@ -35,37 +32,38 @@ SAMPLES_PER_REASON = 3
 SAMPLE_BYTES = 96
 MAX_RATE = 1 << 32
 MAX_EPOCH_MS = 16_725_225_600_000  # year 2500: anything later is a corrupt time base
-HELD_SET_OVERHEAD = 128
-"""Bytes one held data set costs beyond its body: the set header and the Python objects that keep it
-(an empty data set costs this much, so a flood of them cannot hold memory for free)."""
-MAX_EXPORTERS = 16_384
-"""Per-exporter state (templates, options, held data) is kept for at most this many (address, domain)
-pairs; exporters idle longer than ``EXPORTER_TTL_S`` are dropped when the table fills."""
-EXPORTER_TTL_S = 1800.0
-
-
-class ExporterTableFull(ValueError):
-    """A new exporter arrived while every slot of the table is held by an active one."""
+SET_HEADER_BYTES = 4
+HELD_SET_OVERHEAD = 96
+"""Bytes of bookkeeping (tuple, list slot, bytes object) one held data set costs beyond its payload."""
 
 
 def held_cost(body) -> int:
-    return len(body) + HELD_SET_OVERHEAD
+    """What one data set waiting for its template counts against the bound: every set costs
+    its payload, its 4-byte set header and its bookkeeping, so empty sets cannot bypass it."""
+    return len(body) + SET_HEADER_BYTES + HELD_SET_OVERHEAD
 
 
 class FlowDecoder:
-    """Datagrams in, flow tables out; state per exporter and observation domain."""
+    """Datagrams in, flow tables out; state per exporter and observation domain.
 
-    def __init__(self, max_waiting_bytes: int = 4 << 20, max_exporters: int = MAX_EXPORTERS,
-                 exporter_ttl_s: float = EXPORTER_TTL_S):
-        self.max_exporters = max_exporters
-        self.exporter_ttl_s = exporter_ttl_s
-        self.last_seen: list[float] = []
-        self.now = time.monotonic()
+    Per-exporter state (templates, rates, time bases, held data) lives in an
+    LRU table of at most ``max_exporters`` (address, domain) pairs: when a new
+    pair would exceed it, the least recently seen eighth is forgotten (counted
+    as ``exporter state evicted``). At most ``max_templates`` templates are
+    kept in all; data sets waiting for a template cost :func:`held_cost` each,
+    at most ``max_waiting_bytes`` in all.
+    """
+
+    def __init__(self, max_waiting_bytes: int = 4 << 20, max_exporters: int = 4096, max_templates: int = 16384):
         self.pending = Pending()
         self.templates: dict[tuple[str, int, int], Layout] = {}
         self.exporters: list[str] = []
         self._exporter_ids: dict[str, int] = {}
-        self._pair_ids: dict[tuple[str, int], int] = {}
+        self._pair_ids: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self.max_exporters = max_exporters
+        self.max_templates = max_templates
+        self.hold_waiting = False
+        """When True (file ingest with a store), data still waiting at the final flush is kept, not rejected."""
         self.rates: dict[int, int] = {}
         self.selector_rates: dict[tuple[int, int], int] = {}
         self.system_init_ms: dict[int, int] = {}
@@ -83,7 +81,6 @@ class FlowDecoder:
     def feed(self, data: bytes, addr: str, recv_ns: int = 0) -> None:
         """Decode one datagram (or one message of a file) from exporter address ``addr``."""
         self.datagrams += 1
-        self.now = time.monotonic()
         if len(data) < 4:
             self.reject("datagram shorter than 4 bytes", data)
             return
@@ -99,9 +96,6 @@ class FlowDecoder:
                 sflow.parse_datagram(self, data, addr, recv_ns)
             else:
                 self.reject("unknown export protocol version", data)
-        except ExporterTableFull:
-            self.reject(f"exporter table full ({self.max_exporters} exporters active within "
-                        f"{self.exporter_ttl_s:g} s)", data)
         except (ValueError, IndexError, OverflowError, TypeError) as e:  # struct.error is a ValueError
             # Decoders check lengths before reading; this is the last line for what slipped through.
             self.reject(f"undecodable datagram ({type(e).__name__})", data)
@@ -116,43 +110,55 @@ class FlowDecoder:
     def exporter_index(self, name: str) -> int:
         idx = self._exporter_ids.get(name)
         if idx is None:
-            if len(self.exporters) >= self.max_exporters:
-                raise ExporterTableFull(name)
             idx = self._exporter_ids[name] = len(self.exporters)
             self.exporters.append(name)
-            self.last_seen.append(0.0)
-        self.last_seen[idx] = self.now
         return idx
 
     def exporter_id(self, addr: str, domain: int) -> int:
         """exporter_index of 'addr/domain', cached on the pair (no string built per datagram)."""
-        idx = self._pair_ids.get((addr, domain))
+        pair = (addr, domain)
+        idx = self._pair_ids.get(pair)
         if idx is None:
-            idx = self._pair_ids[(addr, domain)] = self.exporter_index(f"{addr}/{domain}")
+            if len(self._pair_ids) >= self.max_exporters:
+                self._evict(max(1, self.max_exporters // 8))
+            idx = self._pair_ids[pair] = self.exporter_index(f"{addr}/{domain}")
         else:
-            self.last_seen[idx] = self.now
+            self._pair_ids.move_to_end(pair)
         return idx
 
-    def _compact_exporters(self) -> None:
-        """Drop the state of exporters idle for ``EXPORTER_TTL_S`` (only between flushes: pending
-        records refer to exporters by index)."""
-        keep = [i for i, t in enumerate(self.last_seen) if self.now - t < self.exporter_ttl_s]
-        if len(keep) == len(self.exporters):
-            return
-        new = {old: k for k, old in enumerate(keep)}
-        self.exporters = [self.exporters[i] for i in keep]
-        self.last_seen = [self.last_seen[i] for i in keep]
-        self._exporter_ids = {n: k for k, n in enumerate(self.exporters)}
-        self._pair_ids = {p: new[i] for p, i in self._pair_ids.items() if i in new}
-        self.templates = {(pr, new[e], t): v for (pr, e, t), v in self.templates.items() if e in new}
-        self.rates = {new[e]: r for e, r in self.rates.items() if e in new}
-        self.selector_rates = {(new[e], sel): r for (e, sel), r in self.selector_rates.items() if e in new}
-        self.system_init_ms = {new[e]: v for e, v in self.system_init_ms.items() if e in new}
-        dropped = sum(len(v) for (_, e, _), v in self.waiting.items() if e not in new)
-        if dropped:
-            self.reject("data set for an unknown template (its exporter went idle)", count=dropped)
-        self.waiting = {(pr, new[e], t): v for (pr, e, t), v in self.waiting.items() if e in new}
-        self.waiting_bytes = sum(held_cost(b) for v in self.waiting.values() for b, _, _ in v)
+    def _evict(self, count: int) -> None:
+        """Forget the state of the ``count`` least recently seen exporters (one pass over each table)."""
+        gone = set()
+        for _ in range(min(count, len(self._pair_ids))):
+            gone.add(self._pair_ids.popitem(last=False)[1])
+        self.rejects["exporter state evicted (LRU table full)"] += len(gone)
+        self.templates = {k: v for k, v in self.templates.items() if k[1] not in gone}
+        for key in [k for k in self.waiting if k[1] in gone]:
+            sets = self.waiting.pop(key)
+            self.waiting_bytes -= sum(held_cost(b) for b, _, _ in sets)
+            self.reject(f"{key[0]}: data set for an unknown template (exporter evicted)", count=len(sets))
+        self.rates = {e: r for e, r in self.rates.items() if e not in gone}
+        self.selector_rates = {k: r for k, r in self.selector_rates.items() if k[0] not in gone}
+        self.system_init_ms = {e: v for e, v in self.system_init_ms.items() if e not in gone}
+
+    @property
+    def needs_compaction(self) -> bool:
+        """The exporter name table has outgrown the live exporters (call :meth:`flush` to compact it)."""
+        return len(self.exporters) > 2 * self.max_exporters + 1024
+
+    def _compact(self) -> None:
+        """Renumber exporters so only live ones keep a name; call only with nothing pending."""
+        live = sorted(set(self._pair_ids.values()) | {k[1] for k in self.templates} | {k[1] for k in self.waiting}
+                      | set(self.rates) | {k[0] for k in self.selector_rates} | set(self.system_init_ms))
+        new = {old: i for i, old in enumerate(live)}
+        self.exporters = [self.exporters[i] for i in live]
+        self._exporter_ids = {name: i for i, name in enumerate(self.exporters)}
+        self._pair_ids = OrderedDict((p, new[i]) for p, i in self._pair_ids.items())
+        self.templates = {(p, new[e], t): v for (p, e, t), v in self.templates.items()}
+        self.waiting = {(p, new[e], t): v for (p, e, t), v in self.waiting.items()}
+        self.rates = {new[e]: r for e, r in self.rates.items()}
+        self.selector_rates = {(new[e], s): r for (e, s), r in self.selector_rates.items()}
+        self.system_init_ms = {new[e]: v for e, v in self.system_init_ms.items()}
 
     def base_ms(self, exporter: int) -> int:
         return self.system_init_ms.get(exporter, -1)
@@ -166,6 +172,9 @@ class FlowDecoder:
         old = self.templates.get(key)
         if old is not None and old.fields == layout.fields and old.scope_count == layout.scope_count:
             layout = old  # a periodic refresh: keep one layout so its records decode in one batch
+        elif old is None and len(self.templates) >= self.max_templates:
+            self.reject(f"{proto}: template table full ({self.max_templates} templates)")
+            return
         self.templates[key] = layout
         for body, export_s, base_ms in self.waiting.pop(key, []):
             self.waiting_bytes -= held_cost(body)
@@ -179,12 +188,13 @@ class FlowDecoder:
     def data_set(self, proto: str, exporter: int, tid: int, body, export_s: int, base_ms: int) -> None:
         layout = self.templates.get((proto, exporter, tid))
         if layout is None:
-            if self.waiting_bytes + held_cost(body) > self.max_waiting_bytes:
+            cost = held_cost(body)
+            if self.waiting_bytes + cost > self.max_waiting_bytes:
                 self.reject(f"{proto}: data set for an unknown template (waiting buffer full)")
                 return
             # UDP exporters may send data before the template; keep it until the template comes.
             self.waiting.setdefault((proto, exporter, tid), []).append((bytes(body), export_s, base_ms))
-            self.waiting_bytes += held_cost(body)
+            self.waiting_bytes += cost
             return
         if layout.scope_count:
             self._options(exporter, layout, body)
@@ -232,63 +242,40 @@ class FlowDecoder:
             else:
                 self.rates[exporter] = int(rate[i])
 
-    # ------------------------------------------------------- state kept across files
-    def snapshot(self) -> dict:
-        """Templates, options and held data sets, JSON-able, keyed by exporter name (not index)."""
-        name = self.exporters.__getitem__
-        return {
-            "templates": [[proto, name(e), tid, [[f.element, f.length] for f in lay.fields], lay.template_id,
-                           lay.scope_count] for (proto, e, tid), lay in self.templates.items()],
-            "rates": [[name(e), r] for e, r in self.rates.items()],
-            "selector_rates": [[name(e), sel, r] for (e, sel), r in self.selector_rates.items()],
-            "system_init_ms": [[name(e), ms] for e, ms in self.system_init_ms.items()],
-            "waiting": [[proto, name(e), tid, body.hex(), export_s, base_ms]
-                        for (proto, e, tid), sets in self.waiting.items() for body, export_s, base_ms in sets],
-        }
-
-    def restore(self, state: dict) -> None:
-        """Start from a :meth:`snapshot` (of earlier files); entries of the wrong shape are skipped and
-        counted, never raised: the state file lives in a store a user can edit."""
-        idx = self.exporter_index
-        for kind, rows in state.items():
-            if kind in ("version",) or not isinstance(rows, list):
-                continue
-            for row in rows:
-                try:
-                    if kind == "templates":
-                        proto, e, tid, fields, template_id, scope = row
-                        self.templates[(str(proto), idx(str(e)), int(tid))] = layout_for(
-                            [Field(int(a), int(b)) for a, b in fields], int(template_id), int(scope))
-                    elif kind == "rates":
-                        self.rates[idx(str(row[0]))] = int(row[1])
-                    elif kind == "selector_rates":
-                        self.selector_rates[(idx(str(row[0])), int(row[1]))] = int(row[2])
-                    elif kind == "system_init_ms":
-                        self.system_init_ms[idx(str(row[0]))] = int(row[1])
-                    elif kind == "waiting":
-                        proto, e, tid, body, export_s, base_ms = row
-                        body = bytes.fromhex(body)
-                        if self.waiting_bytes + held_cost(body) <= self.max_waiting_bytes:
-                            self.waiting.setdefault((str(proto), idx(str(e)), int(tid)), []).append(
-                                (body, int(export_s), int(base_ms)))
-                            self.waiting_bytes += held_cost(body)
-                except (TypeError, ValueError):
-                    self.reject(f"template state: malformed {kind} entry")
-
     # -------------------------------------------------------------- output
+    def _late_context(self, ctx: dict[str, np.ndarray]) -> None:
+        """Fill a time base or sampling rate that was unknown when a data set arrived but is known now.
+
+        Data sets held for their template, or sent before the options data in the
+        same message or file, would otherwise lose their sysUpTime-based times.
+        """
+        for col, known in (("base_ms", self.system_init_ms), ("rate", self.rates)):
+            unknown = ctx[col] < 0 if col == "base_ms" else ctx[col] == 0
+            if not known or not unknown.any():
+                continue
+            for e in np.unique(ctx["exporter"][unknown]):
+                value = known.get(int(e))
+                if value is not None:
+                    ctx[col][unknown & (ctx["exporter"] == e)] = value
+
+    @property
+    def held_sets(self) -> int:
+        return sum(len(v) for v in self.waiting.values())
+
     @property
     def buffered_records(self) -> int:
         return self.pending.records + len(self.sflow_rows) + len(self.counter_rows)
 
-    def flush(self, final: bool = False, hold: bool = False) -> dict[str, pa.Table]:
+    def flush(self, final: bool = False) -> dict[str, pa.Table]:
         """Tables of every record decoded since the last flush (kind -> table).
 
         With ``final``, data sets still waiting for a template are counted as
-        rejects (they can no longer be decoded), unless ``hold`` keeps them for
-        the next file (see template_state).
+        rejects (they can no longer be decoded), unless :attr:`hold_waiting`
+        keeps them for the next file (see :mod:`template_state`).
         """
         out: dict[str, list[pa.Table]] = {}
         for _layout, cols, n, ctx in self.pending.drain():
+            self._late_context(ctx)
             t = flow_columns(cols, n, ctx, self.exporters, SOURCES, self.selector_rates, self.rejects)
             if t is not None and t.num_rows:
                 out.setdefault("flow", []).append(t)
@@ -298,12 +285,12 @@ class FlowDecoder:
         if self.counter_rows:
             out.setdefault("interface_counter", []).append(sflow.counter_table(self.counter_rows))
             self.counter_rows = []
-        if final and not hold:
+        if final and not self.hold_waiting:
             for (proto, _, _), sets in self.waiting.items():
                 self.reject(f"{proto}: data set for an unknown template", count=len(sets))
             self.waiting, self.waiting_bytes = {}, 0
-        if len(self.exporters) >= self.max_exporters // 2:
-            self._compact_exporters()  # pending is drained: exporter indexes can change now
+        if self.needs_compaction:
+            self._compact()
         tables = {k: pa.concat_tables(v, promote_options="permissive") for k, v in out.items()}
         self.records_out += sum(t.num_rows for t in tables.values())
         return tables

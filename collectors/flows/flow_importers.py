@@ -20,15 +20,8 @@ CHUNK_RECORDS = 500_000
 
 def _batch(dec: FlowDecoder, final: bool, reported: dict) -> ImportBatch:
     batch = ImportBatch()
-    state = template_state.current()
-    for kind, table in dec.flush(final=final, hold=state is not None).items():
+    for kind, table in dec.flush(final=final).items():
         batch.add(kind, table)
-    if final and state is not None:
-        # what this file taught (templates, options) and what still waits for a template go on
-        state.data = dec.snapshot()
-        held = sum(len(v) for v in dec.waiting.values())
-        if held:
-            batch.notes["data_sets_held_for_template"] = held
     for reason, n in dec.rejects.items():
         new = n - reported.get(reason, 0)
         if new:
@@ -37,22 +30,19 @@ def _batch(dec: FlowDecoder, final: bool, reported: dict) -> ImportBatch:
     return batch
 
 
-def _decoder() -> FlowDecoder:
-    """A decoder that starts from the templates, options and held data of the files before this one."""
-    dec = FlowDecoder()
-    state = template_state.current()
-    if state is not None and state.data:
-        dec.restore(state.data)
-    return dec
-
-
 def _decode(datagrams, dec: FlowDecoder):
     reported: dict = {}
     for payload, addr, ts in datagrams:
         dec.feed(payload, addr, ts)
         if dec.buffered_records >= CHUNK_RECORDS:
             yield _batch(dec, False, reported)
-    yield _batch(dec, True, reported)
+    last = _batch(dec, True, reported)
+    if dec.hold_waiting:
+        # Data sets whose template has not come yet stay in the store's template state
+        # (decoded by the file that brings it); noted, not rejected.
+        last.notes["flow_sets_held_for_template"] = dec.held_sets
+        template_state.remember(dec)
+    yield last
 
 
 class _IpfixFile:
@@ -65,7 +55,7 @@ class _IpfixFile:
     def read(self, path: Path, opts: ImportOptions):
         with open_maybe_gzip(path) as f:
             data = f.read()
-        dec = _decoder()
+        dec = template_state.new_decoder()
         return _decode(flow_files.ipfix_file_messages(data, dec), dec)
 
 
@@ -77,7 +67,7 @@ class _FlowCapture:
         return head[:4] in flow_files.PCAP_MAGICS or head[:4] == flow_files.PCAPNG_MAGIC
 
     def read(self, path: Path, opts: ImportOptions):
-        dec = _decoder()
+        dec = template_state.new_decoder()
         return _decode(flow_files.capture_datagrams(path, dec), dec)
 
 

@@ -72,6 +72,36 @@ class NetnsJobResult:
     """the job's own rank<r>.json outputs."""
     collector_output: str = ""
     job_seconds: float = 0.0
+    softflowd_stats: dict = field(default_factory=dict)
+    """softflowd's own figures (softflowctl statistics after expire-all): packets received / dropped by
+    libpcap and by the interface, flows and records exported, export packets and failures."""
+    mtu: int = 1500
+    """MTU of the namespaces' veths (TCP segments on the wire are at most this many IP bytes)."""
+    tcp_timestamps: bool = True
+    """whether the namespaces' TCP uses timestamps (12 more header bytes per segment)."""
+
+
+def parse_softflowd_stats(text: str) -> dict:
+    """The figures of ``softflowctl statistics`` this test needs, as integers (missing ones absent)."""
+    import re
+
+    pats = {
+        "packets_processed": r"Packets processed: (\d+)",
+        "libpcap_received": r"Packets received by libpcap: (\d+)",
+        "libpcap_dropped": r"Packets dropped by libpcap: (\d+)",
+        "interface_dropped": r"Packets dropped by interface: (\d+)",
+        "ignored": r"Ignored packets: (\d+)",
+        "flows_exported": r"Flows exported: (\d+)",
+        "records_exported": r"Flows exported: \d+ \((\d+) records\)",
+        "export_packets": r"records\) in (\d+) packets",
+        "export_failures": r"packets \((\d+) failures\)",
+    }
+    out = {}
+    for k, pat in pats.items():
+        m = re.search(pat, text)
+        if m:
+            out[k] = int(m.group(1))
+    return out
 
 
 def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -132,8 +162,13 @@ def _stop(proc: subprocess.Popen | None, sig=signal.SIGTERM, timeout: float = 20
 
 
 def run_netns_job(workdir: Path, nodes: int = 4, steps: int = 4, hidden: int = 256, microbatch_size: int = 32,
-                  job_args: tuple[str, ...] = (), timeout_s: float = 240.0) -> NetnsJobResult:
-    """Run the job on ``nodes`` namespaces (one rank each, DP x PP with --pp 2) and collect its flows."""
+                  job_args: tuple[str, ...] = (), timeout_s: float = 240.0,
+                  softflowd_buffer_bytes: int = 64 << 20) -> NetnsJobResult:
+    """Run the job on ``nodes`` namespaces (one rank each, DP x PP with --pp 2) and collect its flows.
+
+    softflowd gets a ``softflowd_buffer_bytes`` libpcap buffer (``-B``) so that its own capture keeps
+    up on a loaded machine; what it still drops is read back from its statistics, apart from ours.
+    """
     workdir = Path(workdir)
     store, out, logs = workdir / "store", workdir / "job", workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -152,7 +187,8 @@ def run_netns_job(workdir: Path, nodes: int = 4, steps: int = 4, hidden: int = 2
             ctl = workdir / "softflowd.ctl"
             softflowd = subprocess.Popen(
                 ["softflowd", "-d", "-i", fab.bridge, "-v", "10", "-A", "milli", "-n", f"127.0.0.1:{flow_port}",
-                 "-t", "maxlife=2", "-t", "expint=1", "-c", str(ctl), "-p", str(workdir / "softflowd.pid")],
+                 "-t", "maxlife=2", "-t", "expint=1", "-c", str(ctl), "-p", str(workdir / "softflowd.pid"),
+                 "-B", str(softflowd_buffer_bytes)],
                 stdout=open(logs / "softflowd.log", "w"), stderr=subprocess.STDOUT)
             time.sleep(1.0)  # softflowd opens its capture before the job's first packet
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -178,6 +214,13 @@ def run_netns_job(workdir: Path, nodes: int = 4, steps: int = 4, hidden: int = 2
             # Expire every flow softflowd still holds and give the export a moment to arrive.
             subprocess.run(["softflowctl", "-c", str(ctl), "expire-all"], capture_output=True, timeout=10)
             time.sleep(1.5)
+            stats = subprocess.run(["softflowctl", "-c", str(ctl), "statistics"], capture_output=True, text=True,
+                                   timeout=10).stdout
+            (logs / "softflowd.stats").write_text(stats)
+            mtu = int(_sh("ip", "netns", "exec", fab.namespaces[0], "cat",
+                          f"/sys/class/net/{fab.ns_ends[0]}/mtu").stdout)
+            tcp_ts = _sh("ip", "netns", "exec", fab.namespaces[0], "cat",
+                         "/proc/sys/net/ipv4/tcp_timestamps").stdout.strip() != "0"
             _stop(softflowd)
             time.sleep(0.5)
             _stop(collector)
@@ -195,7 +238,8 @@ def run_netns_job(workdir: Path, nodes: int = 4, steps: int = 4, hidden: int = 2
     return NetnsJobResult(store=store, flow_job="fabric", comm=comm,
                           endpoints={addr: k for k, addr in enumerate(fab.addresses)},
                           master_addr=fab.addresses[0], master_port=master_port, ranks=ranks,
-                          collector_output=collector_output, job_seconds=job_seconds)
+                          collector_output=collector_output, job_seconds=job_seconds,
+                          softflowd_stats=parse_softflowd_stats(stats), mtu=mtu, tcp_timestamps=tcp_ts)
 
 
 _CACHE: dict[str, NetnsJobResult] = {}
