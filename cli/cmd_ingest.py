@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import click
-from tqdm import tqdm
 
+from rankscope.cli.lazy_help import LazyHelpOption
 from rankscope.cli.paths import output_dir
-from rankscope.collectors import formats
 from rankscope.collectors.errors import UsageError
-from rankscope.collectors.ingest import ingest as run_ingest
-from rankscope.collectors.store import Store, check_job_name
+
+# The importers pull in polars and pyarrow; they load when ingest runs, not when `rankscope --help` lists it.
 
 
 def echo_rejects(rejects) -> None:
@@ -30,6 +29,21 @@ def parse_opts(items: tuple[str, ...]) -> dict:
     return out
 
 
+def _list_formats(ctx, _param, value) -> None:
+    if value:
+        from rankscope.collectors import formats
+
+        click.echo("\n".join(formats.names()))
+        ctx.exit()
+
+
+def _max_bytes_help() -> str:
+    from rankscope.collectors import formats
+
+    return ("most bytes one file may hold after decompression (default: a compressed file may "
+            f"expand {formats.MAX_RATIO:g}x, at least {formats.MIN_EXPANDED_BYTES >> 20} MiB)")
+
+
 @click.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--store", "store_dir", required=True, type=click.Path(file_okay=False),
@@ -39,12 +53,9 @@ def parse_opts(items: tuple[str, ...]) -> dict:
               help="input format; 'auto' detects each file (see `rankscope ingest --list-formats`)")
 @click.option("--kind", default=None, help="record kind for generic CSV/Parquet whose name does not tell")
 @click.option("--opt", "opts", multiple=True, help="importer option key=value (repeatable)")
-@click.option("--list-formats", is_flag=True, is_eager=True, expose_value=False,
-              callback=lambda ctx, _p, v: (click.echo("\n".join(formats.names())), ctx.exit()) if v else None,
+@click.option("--list-formats", is_flag=True, is_eager=True, expose_value=False, callback=_list_formats,
               help="print the known formats and exit")
-@click.option("--max-bytes", type=click.IntRange(min=1), default=None,
-              help="most bytes one file may hold after decompression (default: a compressed file may "
-                   f"expand {formats.MAX_RATIO:g}x, at least {formats.MIN_EXPANDED_BYTES >> 20} MiB)")
+@click.option("--max-bytes", type=click.IntRange(min=1), default=None, cls=LazyHelpOption, help_text=_max_bytes_help)
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
     """Import trace files (and directories of them) into a trace store.
@@ -58,6 +69,12 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
     Example:
       rankscope ingest rank0.json.gz rank1.json.gz --store st --job llama
     """
+    from tqdm import tqdm
+
+    from rankscope.collectors import formats
+    from rankscope.collectors.ingest import ingest as run_ingest
+    from rankscope.collectors.store import Store, check_job_name
+
     if fmt != "auto" and fmt not in formats.names():
         raise UsageError(f"--format {fmt!r}: expected auto or one of {formats.names()}")
     if job is not None:
