@@ -133,6 +133,39 @@ class WhatIfGraph:
         end = np.where(synced, r.end[np.where(synced, tail, 0)], r.end[:n])
         return r.ready[:n], end
 
+    def replay_many(self, duration: np.ndarray, launch_delay: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`replay`'s end per op for K duration sets at once: ``duration`` (n, K) -> end (n, K)."""
+        from rankscope.analysis.replay_batch import plan_replay, replay_many
+
+        src, dst, group, tail = self.replay_nodes()
+        plan = self.notes.get("_replay_plan")
+        if plan is None:
+            plan = self.notes["_replay_plan"] = plan_replay(len(group), src, dst, group)
+        synced = tail >= 0
+        dur = np.concatenate([np.where(synced[:, None], 0.0, duration), duration[synced]])
+        delay = None
+        if launch_delay is not None:
+            delay = np.concatenate([launch_delay, np.zeros(int(synced.sum()))])
+        end = replay_many(plan, dur, delay)
+        del dur
+        n = self.ops.height
+        return np.where(synced[:, None], end[np.where(synced, tail, 0)], end[:n])
+
+    def step_times_many(self, duration: np.ndarray, launch_delay: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`step_times` for K duration sets at once: ``duration`` (n, K) -> (n_steps, K)."""
+        end = self.replay_many(duration, launch_delay)
+        order = self.notes.get("_step_order")
+        if order is None:
+            order = np.argsort(self.step_index, kind="stable")
+            si = self.step_index[order]
+            first = np.flatnonzero(np.r_[True, si[1:] != si[:-1]]) if si.size else np.zeros(0, np.int64)
+            order = self.notes["_step_order"] = (order, first, si[first])
+        idx, first, present = order
+        out = np.full((len(self.steps), end.shape[1]), -np.inf)
+        if idx.size:
+            out[present] = np.maximum.reduceat(end[idx], first, axis=0)
+        return out
+
     def launch_delays(self) -> np.ndarray:
         """Per op: recorded start minus the latest recorded end of its dependencies (untraced CPU work).
 
