@@ -43,3 +43,10 @@ def test_ingest_help_still_names_the_expansion_limits():
 
     out = CliRunner().invoke(cli, ["ingest", "--help"]).output
     assert f"expand {formats.MAX_RATIO:g}x" in out and f"{formats.MIN_EXPANDED_BYTES >> 20} MiB" in out
+
+
+def test_command_help_loads_no_data_library():
+    code = ("import contextlib, io\nfrom rankscope.cli.main import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    for c in " + repr(COMMANDS) + ":\n        assert main([c, '--help']) == 0, c")
+    assert _heavy_after(code) == []
