@@ -73,8 +73,13 @@ def _idx(a: np.ndarray, n: int) -> np.ndarray:
     return a.astype(np.int32 if n < 2**31 - 1 else np.int64, copy=False)
 
 
-def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray | None = None) -> ReplayPlan:
-    """Waves of a graph of ``n`` ops with edges ``src -> dst`` and sync groups (-1: alone), as ``replay``."""
+def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray | None = None,
+                block: np.ndarray | None = None) -> ReplayPlan:
+    """Waves of a graph of ``n`` ops with edges ``src -> dst`` and sync groups (-1: alone), as ``replay``.
+
+    ``block`` (optional, per op, e.g. the step): independent components, replayed one after another
+    for memory locality; ignored when an edge or a sync group joins two blocks.
+    """
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
     if sync_group is None:
@@ -100,19 +105,16 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
     m_off = np.zeros(n_super + 1, dtype=np.int64)
     m_off[1:] = np.cumsum(np.bincount(node, minlength=n_super))
 
-    # first pass: the waves in original ids
-    fronts, op_lists, seg_lists, edge_lists = [], [], [], []
+    # first pass: the wave of every super-node
+    wave_of = np.empty(n_super, dtype=np.int64)
     frontier = np.flatnonzero(indeg == 0)
     stamp = np.empty(n_super, dtype=np.int64)
-    processed = 0
+    processed = wave_no = 0
     while frontier.size:
         processed += frontier.size
-        fronts.append(frontier)
-        op_lists.append(members[_gather(m_off, frontier)])
-        counts = m_off[frontier + 1] - m_off[frontier]
-        seg_lists.append(np.r_[0, np.cumsum(counts)[:-1]])
+        wave_of[frontier] = wave_no
+        wave_no += 1
         eidx = _gather(offsets, frontier)
-        edge_lists.append(eidx)
         if eidx.size == 0:
             break
         tgt = e_dst[eidx]
@@ -124,48 +126,57 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
     if processed != n_super:
         raise CycleError(f"{n_super - processed} of {n_super} op groups are on a dependency cycle")
 
-    # renumber: super-nodes and ops in wave order
-    super_order = np.concatenate(fronts) if fronts else np.zeros(0, np.int64)
+    # renumber super-nodes by (block, wave) and ops with them: each block's waves touch one small,
+    # contiguous, cache-resident range instead of the whole job's arrays
+    s_block = np.zeros(n_super, dtype=np.int64)
+    if block is not None:
+        b = np.asarray(block, dtype=np.int64)
+        s_block[node] = b
+        if np.any(s_block[node] != b) or np.any(b[src] != b[dst]):
+            s_block[:] = 0  # blocks that share groups or edges are no independent components
+    super_order = np.lexsort((wave_of, s_block))
     new_super = np.empty(n_super, dtype=np.int64)
     new_super[super_order] = np.arange(n_super)
-    op_order = np.concatenate(op_lists) if op_lists else np.zeros(0, np.int64)
+    op_order = members[_gather(m_off, super_order)] if n_super else np.zeros(0, np.int64)
     new_op = np.empty(n, dtype=np.int64)
     new_op[op_order] = np.arange(n)
+    m_counts = m_off[super_order + 1] - m_off[super_order]
+    op_start = np.r_[0, np.cumsum(m_counts)] if n_super else np.zeros(1, np.int64)
+    key = s_block[super_order] * (wave_no + 1) + wave_of[super_order]
+    cuts = np.r_[np.flatnonzero(np.r_[True, key[1:] != key[:-1]]), n_super] if n_super else np.zeros(1, np.int64)
     waves = []
-    lo = op_lo = 0
-    for frontier, ops, seg, eidx in zip(fronts, op_lists, seg_lists, edge_lists, strict=True):
+    for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+        frontier = super_order[lo:hi]
+        seg = op_start[lo:hi] - op_start[lo]
+        eidx = _gather(offsets, frontier)
         tgt_ops = new_op[e_dst_op[eidx]]
         by_tgt = np.argsort(tgt_ops, kind="stable")
         tgt_sorted = tgt_ops[by_tgt]
         first = np.flatnonzero(np.r_[True, tgt_sorted[1:] != tgt_sorted[:-1]]) if tgt_sorted.size else \
             np.zeros(0, dtype=np.int64)
-        waves.append(Wave(lo, lo + frontier.size, op_lo, op_lo + ops.size, _idx(seg, n),
+        waves.append(Wave(lo, hi, int(op_start[lo]), int(op_start[hi]), _idx(seg, n),
                           _idx(tgt_sorted[first], n), _idx(new_super[e_src[eidx][by_tgt]], n), _idx(first, n)))
-        lo += frontier.size
-        op_lo += ops.size
-    m_counts = m_off[super_order + 1] - m_off[super_order]
-    m_seg = np.r_[0, np.cumsum(m_counts)[:-1]] if n_super else np.zeros(0, np.int64)
+    m_seg = op_start[:-1]
     return ReplayPlan(n, n_super, _idx(op_order, n), _idx(new_super[node], n), _idx(m_seg, n),
                       _idx(new_op[np.flatnonzero(~has_pred)], n), tuple(waves))
 
 
-def replay_many(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarray | None = None) -> np.ndarray:
-    """End time of every op (n, K) for K duration sets ``duration`` (n, K); roots are released at 0.
+def replay_waves(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarray | None = None) -> np.ndarray:
+    """End time of every super-node, ``duration`` and ``launch_delay`` already in the plan's op order.
 
-    ``launch_delay`` (n,) is the same in every scenario. Equal to ``replay(...).end`` column by column.
+    1-D (n,) or 2-D (n, K) durations; the result has the matching shape (n_super[, K]). Roots start at 0.
     """
     dur = np.asarray(duration, dtype=np.float64)
-    k = dur.shape[1]
+    shape = (plan.n_super,) + dur.shape[1:]
     if plan.n == 0:
-        return np.zeros((0, k))
-    s_dur = np.maximum.reduceat(dur[plan.op_order], plan.m_seg, axis=0)
-    del dur
-    delay = None
-    if launch_delay is not None:
-        delay = np.asarray(launch_delay, dtype=np.float64)[plan.op_order][:, None]
-    pred_end = np.full((plan.n, k), -np.inf)
+        return np.zeros(shape)
+    s_dur = np.maximum.reduceat(dur, plan.m_seg, axis=0)
+    delay = launch_delay
+    if delay is not None and dur.ndim == 2:
+        delay = delay[:, None]
+    pred_end = np.full(dur.shape, -np.inf)
     pred_end[plan.roots] = 0.0
-    s_end = np.empty((plan.n_super, k))
+    s_end = np.empty(shape)
     for w in plan.waves:
         ready = pred_end[w.op_lo:w.op_hi]
         if delay is not None:
@@ -174,5 +185,14 @@ def replay_many(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarray
         if w.tgt.size:
             upd = np.maximum.reduceat(s_end[w.edge_src], w.tgt_seg, axis=0)
             pred_end[w.tgt] = np.maximum(pred_end[w.tgt], upd)
-    del pred_end, s_dur
-    return s_end[plan.super_of_op]
+    return s_end
+
+
+def replay_many(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarray | None = None) -> np.ndarray:
+    """End time of every op (n, K) for K duration sets ``duration`` (n, K); roots are released at 0.
+
+    ``launch_delay`` (n,) is the same in every scenario. Equal to ``replay(...).end`` column by column.
+    """
+    dur = np.asarray(duration, dtype=np.float64)
+    delay = None if launch_delay is None else np.asarray(launch_delay, dtype=np.float64)[plan.op_order]
+    return replay_waves(plan, dur[plan.op_order], delay)[plan.super_of_op]

@@ -80,3 +80,23 @@ def test_graph_step_times_many_equals_step_times():
     many = graph.step_times_many(np.stack([actual, ideal, mix], axis=1), delay)
     for k, d in enumerate((actual, ideal, mix)):
         np.testing.assert_array_equal(many[:, k], graph.step_times(d, delay))
+
+
+@pytest.mark.parametrize("joined", [False, True])
+def test_blocks_replay_like_one_graph(joined):
+    # two independent copies of a random graph as blocks; joined: an edge across them (blocks ignored)
+    rng = np.random.default_rng(5)
+    src, dst, group = _random_graph(rng, n=200)
+    n = len(group)
+    src2, dst2 = np.r_[src, src + n], np.r_[dst, dst + n]
+    group2 = np.r_[group, np.where(group >= 0, group + group.max() + 1, -1)]
+    if joined:
+        src2, dst2 = np.r_[src2, 0], np.r_[dst2, n + 1]
+    dur = rng.uniform(1, 100, (2 * n, 2))
+    try:
+        expected = replay_many(plan_replay(2 * n, src2, dst2, group2), dur)
+    except CycleError:
+        pytest.skip("random groups formed a cycle")
+    block = np.r_[np.zeros(n, int), np.ones(n, int)]
+    got = replay_many(plan_replay(2 * n, src2, dst2, group2, block=block), dur)
+    np.testing.assert_array_equal(got, expected)
