@@ -157,7 +157,9 @@ class WhatIfGraph:
         order = np.argsort(self.step_index, kind="stable")
         si = self.step_index[order]
         first = np.flatnonzero(np.r_[True, si[1:] != si[:-1]]) if si.size else np.zeros(0, np.int64)
-        cached = self.notes["_replay_plan"] = (plan, in_idx, delay_idx, out_super, out_super[order], first, si[first])
+        i32 = np.int32 if len(group) < 2**31 - 1 else np.int64  # index maps: half the memory on big jobs
+        cached = self.notes["_replay_plan"] = (plan, in_idx.astype(i32), delay_idx.astype(i32), out_super,
+                                               out_super[order], first, si[first])
         return cached
 
     def step_replayer(self, launch_delay: np.ndarray | None = None):
