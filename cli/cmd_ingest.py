@@ -49,7 +49,7 @@ def _list_formats(ctx, _param, value) -> None:
               help="print the known formats and exit")
 @click.option("--max-bytes", type=click.IntRange(min=1), default=None,
               # formats.MAX_RATIO and MIN_EXPANDED_BYTES, written out so that `ingest --help` loads no importer;
-              # tests/unit/cli/test_cli_imports.py fails if they drift apart
+              # tests/unit/cli/test_cli_startup_imports.py fails if they drift apart
               help="most bytes one file may hold after decompression (default: a compressed file may "
                    "expand 50x, at least 64 MiB)")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
