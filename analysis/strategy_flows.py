@@ -17,7 +17,7 @@ from rankscope.analysis.diagnosis import Steps, Strategy
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_features import heavy_edges, pair_traffic, undirected_edges
 from rankscope.analysis.flow_groups import fit_grid, order_pipelines
-from rankscope.analysis.flow_jobs import address_key, components, merge_components
+from rankscope.analysis.flow_jobs import address_key, burst_starts, components, merge_components
 from rankscope.analysis.timelines import period_steps, step_period
 
 
@@ -77,13 +77,7 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
         f = flows.filter(key.is_in([f"{a}|{b}" for a, b in dp_pairs]))
     if f.height < 3:
         return Steps(extra={"evaluated": False, "why": "too few flow records to find steps", "source": "flows"})
-    key = pl.concat_str(["src_addr", "dst_addr", "src_port", "dst_port"], separator="|", ignore_nulls=True)
-    f = f.with_columns(key=key.cast(pl.Categorical).to_physical()).sort(["key", "start_ns"])
-    # a burst starts after an idle gap; records that follow their predecessor closely are the same
-    # burst cut by the active timeout, and their starts carry no step phase
-    gap = pl.col("start_ns") - pl.col("end_ns").shift(1).over("key")
-    f = f.with_columns(gap=gap).with_columns(big=pl.col("gap").max().over("key"))
-    bursts = f.filter(pl.col("gap").is_null() | (pl.col("gap") > 0.2 * pl.col("big")))
+    bursts = burst_starts(f)
     t = bursts["start_ns"].to_numpy()
     period = step_period(bursts["key"].to_numpy(), t)
     if period is None:

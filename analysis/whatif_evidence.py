@@ -188,6 +188,10 @@ def work_or_hardware(graph: WhatIfGraph, actual: np.ndarray, rank: int, toleranc
     return {"call": call, "passes": p, "others": rest, "why": why}
 
 
+MIN_LINK_RANKS = 3
+"""Ranks with transfers needed before a slow link is named at one of them."""
+
+
 def link_evidence(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, at_least: float) -> list[dict]:
     """Ranks whose transfers run >= at_least x their op type's typical, most slowed ops first.
 
@@ -196,6 +200,10 @@ def link_evidence(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, at_
     """
     comm = graph.ops["comm"].to_numpy()
     if not comm.any():
+        return []
+    # With fewer than 3 ranks every transfer crosses the same link(s) both ends share: a slow
+    # one cannot be pinned on either end (HTA's 2-rank sample flagged both ranks).
+    if graph.ops.filter(pl.Series(comm))["rank"].n_unique() < MIN_LINK_RANKS:
         return []
     df = pl.DataFrame({"rank": graph.ops["rank"], "step": graph.ops["step"], "a": actual, "i": ideal,
                        "comm": comm}).filter(pl.col("comm") & (pl.col("i") > 0)).with_columns(

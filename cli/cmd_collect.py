@@ -51,6 +51,7 @@ def flows(listen, store_dir, job, roll_seconds, roll_records, max_seconds, rcvbu
     output_dir(store_dir, "--store")  # hardstore: a bad store path exits 1 naming it
     coll = FlowCollector(config)
     bound = coll.open()
+    coll.handle_signals()  # before "listening": a SIGTERM right after that line must still write
     for (addr, port), granted in zip(bound, coll.stats.rcvbuf_bytes.values()):
         click.echo(f"listening on udp {addr}:{port} (receive buffer {granted:,} bytes)")
     click.echo(f"writing to {store_dir} as job {job!r}; SIGTERM/SIGINT to stop", nl=True)

@@ -82,12 +82,21 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
         return tqdm(files, desc="ingest", unit="file", disable=quiet or None, leave=False)
 
     summary = run_ingest(store, paths, fmt, opt, progress=progress, lim=formats.Limits(max_bytes=max_bytes))
+    unknown = [f.path for f in summary.files if f.status == "unknown"]
     for f in summary.files:
-        if f.status in ("failed", "unknown"):
-            click.echo(f"  {f.status}: {f.error}", err=True)
+        if f.status == "failed":
+            click.echo(f"  failed: {f.error}", err=True)
+        for w in f.warnings:
+            click.echo(f"  note: {f.path}: {w}", err=True)
+    if unknown:
+        # One line for a folder of unrelated files, not the format list once per file.
+        shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3:,} more" if len(unknown) > 3 else "")
+        click.echo(f"  unknown: {len(unknown):,} file(s) no importer recognises ({shown}); name one with "
+                   f"--format, known: {', '.join(formats.names())}", err=True)
     recs = ", ".join(f"{k} {v:,}" for k, v in sorted(summary.records.items())) or "no records"
     click.echo(f"ingested {summary.count('ingested')} file(s), skipped {summary.count('skipped')} "
-               f"already in the store, {summary.count('failed') + summary.count('unknown')} failed: {recs}")
+               f"already in the store, {summary.count('failed')} failed"
+               + (f", {summary.count('unknown'):,} not recognised" if summary.count("unknown") else "") + f": {recs}")
     echo_rejects(summary.rejects)
     if summary.count("failed") or (summary.files and all(f.status == "unknown" for f in summary.files)):
         raise click.exceptions.Exit(1)

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from rankscope.collectors import formats
 from rankscope.collectors.errors import InputFormatError, RankscopeError
+from rankscope.collectors.flows import template_state
 from rankscope.collectors.schema import validate
 from rankscope.collectors.store import ManifestEntry, Store, check_job_name, file_sha256
 
@@ -45,6 +46,8 @@ class FileResult:
     error: str | None = None
     unexpected: bool = False
     """The error was not one rankscope raises on purpose (a decoder bug: what the fuzzer counts)."""
+    warnings: list[str] = field(default_factory=list)
+    """What was assumed to read the file (also kept in its manifest entry's notes)."""
 
 
 @dataclass
@@ -174,13 +177,17 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
     return res
 
 
+ASSUMPTION_NOTES = ("rank_assumed",)
+"""Manifest notes that say an importer had to assume something the file did not tell."""
+
+
 def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions, res: FileResult) -> None:
     if not path.is_file():
         raise InputFormatError(path, None, "an existing regular file", got="missing")
     name = formats.detect(path) if fmt == "auto" else fmt
     if name is None:
         res.status = "unknown"
-        res.error = f"{path}: no importer recognises this file (use --format; known: {formats.names()})"
+        res.error = f"{path}: no importer recognises this file"
         return
     res.format = name
     sha = file_sha256(path)
@@ -196,6 +203,7 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions
                           job=opts.job or "", sha256=sha, relative_time=total.relative_time,
                           notes=total.notes)
     res.rejects.update(total.rejects)
+    res.warnings.extend(str(total.notes[k]) for k in ASSUMPTION_NOTES if total.notes.get(k))
     entry.samples.update(total.samples)
     valid: list[tuple[str, pa.Table]] = []
     for kind, tables in total.tables.items():
@@ -245,6 +253,8 @@ def ingest(store: Store, paths: Iterable[str | os.PathLike], fmt: str = "auto",
         check_job_name(opts.job)
     files = [p for p in expand_paths(paths) if fmt != "auto" or not formats.is_companion(p)]
     summary = IngestSummary()
-    for path in (progress(files) if progress else files):
-        summary.files.append(ingest_file(store, path, fmt, opts, lim))
+    # flow templates and options outlive each file (and this command: they are kept in the store)
+    with template_state.kept_in(store.root):
+        for path in (progress(files) if progress else files):
+            summary.files.append(ingest_file(store, path, fmt, opts, lim))
     return summary

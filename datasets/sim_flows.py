@@ -3,9 +3,10 @@
 Collectives become per-peer transfers the way NCCL runs them: ring all_reduce
 sends ``2(n-1)/n * size`` to the next member, ring reduce_scatter
 ``(n-1)/n * size``, ring all_gather ``(n-1) * shard``, all_to_all ``size/n``
-to every other member, tree all_reduce ``size`` up to the parent and down to
-each child, send ``size`` to its peer. Only transfers between hosts reach a
-switch (NVLink traffic never does). Each transfer is spread evenly over its
+to every other member, tree all_reduce (NCCL's double binary tree) half of
+``size`` up to the parent and down to each child in each of its two trees,
+send ``size`` to its peer. Only transfers between hosts reach a switch
+(NVLink traffic never does). Each transfer is spread evenly over its
 queue pairs (one UDP source port each, RoCEv2 destination port 4791) and
 over the time its collective ran.
 
@@ -66,12 +67,24 @@ def collective_transfers(op, rank, pos, n, members, size, t0, t1, algorithm: str
         ii, jj = np.repeat(a2a, n[a2a] - 1), np.concatenate([j[: k - 1] for k in n[a2a]])
         emit(ii, members[ii, (pos[ii] + jj) % n[ii]], size[ii] // n[ii])
     if algorithm == "tree":
+        # NCCL's double binary tree: two complementary trees, each carrying half of the buffer up
+        # and down; the second is the first shifted by one rank (even sizes) or mirrored (odd).
         tr = np.flatnonzero((op == OP["all_reduce"]) & (n > 1))
-        up = tr[pos[tr] > 0]
-        emit(up, members[up, (pos[up] - 1) // 2], size[up])
-        for child in (1, 2):
-            dn = tr[2 * pos[tr] + child < n[tr]]
-            emit(dn, members[dn, 2 * pos[dn] + child], size[dn])
+        nt = n[tr]
+        for tree in (0, 1):
+            # tree position of each op's rank, and the member at a tree position
+            tpos = pos[tr] if tree == 0 else np.where(nt % 2 == 0, (pos[tr] - 1) % nt, nt - 1 - pos[tr])
+
+            def member(t, _nt=nt, _tree=tree):
+                idx = t if _tree == 0 else np.where(_nt % 2 == 0, (t + 1) % _nt, _nt - 1 - t)
+                return members[tr, idx]
+
+            half = size[tr] // 2
+            up = tpos > 0
+            emit(tr[up], member((tpos - 1) // 2)[up], half[up])
+            for child in (1, 2):
+                dn = 2 * tpos + child < nt
+                emit(tr[dn], member(np.minimum(2 * tpos + child, nt - 1))[dn], half[dn])
     res = {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in out.items()}
     res["t0"], res["t1"] = t0[res["i"]], t1[res["i"]]
     return res

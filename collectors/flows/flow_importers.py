@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rankscope.collectors.flows import flow_files
+from rankscope.collectors.flows import flow_files, template_state
 from rankscope.collectors.flows.flow_decoder import FlowDecoder
 from rankscope.collectors.formats import ImportBatch, ImportOptions, open_maybe_gzip
 
@@ -20,14 +20,30 @@ CHUNK_RECORDS = 500_000
 
 def _batch(dec: FlowDecoder, final: bool, reported: dict) -> ImportBatch:
     batch = ImportBatch()
-    for kind, table in dec.flush(final=final).items():
+    state = template_state.current()
+    for kind, table in dec.flush(final=final, hold=state is not None).items():
         batch.add(kind, table)
+    if final and state is not None:
+        # what this file taught (templates, options) and what still waits for a template go on
+        state.data = dec.snapshot()
+        held = sum(len(v) for v in dec.waiting.values())
+        if held:
+            batch.notes["data_sets_held_for_template"] = held
     for reason, n in dec.rejects.items():
         new = n - reported.get(reason, 0)
         if new:
             batch.reject(reason, dec.samples.get(reason, [None])[0], count=new)
             reported[reason] = n
     return batch
+
+
+def _decoder() -> FlowDecoder:
+    """A decoder that starts from the templates, options and held data of the files before this one."""
+    dec = FlowDecoder()
+    state = template_state.current()
+    if state is not None and state.data:
+        dec.restore(state.data)
+    return dec
 
 
 def _decode(datagrams, dec: FlowDecoder):
@@ -49,7 +65,7 @@ class _IpfixFile:
     def read(self, path: Path, opts: ImportOptions):
         with open_maybe_gzip(path) as f:
             data = f.read()
-        dec = FlowDecoder()
+        dec = _decoder()
         return _decode(flow_files.ipfix_file_messages(data, dec), dec)
 
 
@@ -61,7 +77,7 @@ class _FlowCapture:
         return head[:4] in flow_files.PCAP_MAGICS or head[:4] == flow_files.PCAPNG_MAGIC
 
     def read(self, path: Path, opts: ImportOptions):
-        dec = FlowDecoder()
+        dec = _decoder()
         return _decode(flow_files.capture_datagrams(path, dec), dec)
 
 

@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.flows.flow_decoder import FlowDecoder
+from rankscope.collectors.flows.template_state import TemplateState
 from rankscope.collectors.schema import validate
 from rankscope.collectors.store import ManifestEntry, Store, check_job_name
 
@@ -121,6 +122,10 @@ class FlowCollector:
         self.config = config
         self.store = Store(config.store)
         self.decoder = FlowDecoder()
+        # templates and options learnt by earlier ingests or collector runs into this store
+        self.templates = TemplateState(self.store.root)
+        if self.templates.data:
+            self.decoder.restore(self.templates.data)
         self.stats = CollectorStats()
         self.sockets: list[socket.socket] = []
         self.key = f"collector-{uuid.uuid4().hex[:16]}"
@@ -129,6 +134,7 @@ class FlowCollector:
         self._queue: queue.Queue = queue.Queue(maxsize=4)
         self._writer: threading.Thread | None = None
         self._write_error: Exception | None = None
+        self._old_handlers: dict | None = None
 
     # ------------------------------------------------------------- sockets
     def open(self) -> list[tuple[str, int]]:
@@ -166,14 +172,19 @@ class FlowCollector:
         self._stop.set()
 
     # ----------------------------------------------------------------- run
+    def handle_signals(self) -> None:
+        """Make SIGTERM/SIGINT stop :meth:`run` (drain and write) from now on; call it before telling
+        anyone the collector listens, or a signal in between kills it with what it received."""
+        if self._old_handlers is None and threading.current_thread() is threading.main_thread():
+            self._old_handlers = {sig: signal.signal(sig, lambda *_: self._stop.set())
+                                  for sig in (signal.SIGTERM, signal.SIGINT)}
+
     def run(self) -> CollectorStats:
-        """Receive until stopped; install SIGTERM/SIGINT handlers when on the main thread."""
+        """Receive until stopped; SIGTERM/SIGINT stop it when on the main thread."""
         if not self.sockets:
             self.open()
-        old = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                old[sig] = signal.signal(sig, lambda *_: self._stop.set())
+        self.handle_signals()
+        old, self._old_handlers = self._old_handlers or {}, None
         sel = selectors.DefaultSelector()
         for s in self.sockets:
             sel.register(s, selectors.EVENT_READ)
@@ -232,7 +243,11 @@ class FlowCollector:
         drops = [d for d in map(kernel_drops, self.sockets) if d is not None]
         if drops:
             self.stats.kernel_drops = sum(drops)
-        tables = self.decoder.flush(final=final)
+        tables = self.decoder.flush(final=final, hold=final)
+        if final:
+            # the next run (or ingest) into this store starts from what this one learnt and held
+            self.templates.data = self.decoder.snapshot()
+            self.templates.save()
         if tables or final:
             self._queue.put(tables)
         if final:
