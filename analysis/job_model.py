@@ -216,6 +216,7 @@ def regular_pipeline(comm: pl.DataFrame, comp: pl.DataFrame, strategy: Strategy 
         return False, "the strategy is an interleaved pipeline"
     if comm.is_empty() or comp.is_empty() or "category" not in comp.columns or "peer" not in comm.columns:
         return True, ""
+    comp, comm = comp.select("rank", "step", "category"), comm.select("rank", "step", "op", "peer")  # no copies
     nf = (comp.filter((pl.col("category") == "forward") & pl.col("step").is_not_null())
           .group_by(pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64)).agg(_nf=pl.len()))
     p2p = (comm.filter(pl.col("op").is_in(P2P) & pl.col("step").is_not_null() & pl.col("peer").is_not_null())
@@ -249,11 +250,13 @@ def complete_comm(comm: pl.DataFrame, comp: pl.DataFrame, by_order: bool) -> pl.
         return comm
     if comm["microbatch"].null_count() == 0 or comp.is_empty() or "category" not in comp.columns:
         return comm
-    c = comm.with_row_index("_i")
+    # only the key columns travel through the join (the member lists would be copied otherwise)
+    c = comm.select("rank", "step", "op", "peer", "start_ns").with_row_index("_i")
     p2p = (c.filter(pl.col("op").is_in(P2P) & pl.col("step").is_not_null() & pl.col("peer").is_not_null())
            .sort("start_ns").with_columns(_k=pl.col("_i").cum_count().over("rank", "step", "op", "peer") - 1))
-    c = c.join(p2p.select("_i", _mb=pl.col("_k").cast(comm.schema["microbatch"])), on="_i", how="left")
-    return c.sort("_i").with_columns(pl.coalesce("microbatch", "_mb").alias("microbatch")).drop("_i", "_mb")
+    mb = (c.select("_i").join(p2p.select("_i", _mb=pl.col("_k").cast(comm.schema["microbatch"])), on="_i",
+                              how="left").sort("_i")["_mb"])
+    return comm.with_columns(pl.coalesce(pl.col("microbatch"), mb).alias("microbatch"))
 
 
 def _ensure(df: pl.DataFrame, cols: tuple[str, ...]) -> pl.DataFrame:
