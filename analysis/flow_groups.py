@@ -35,6 +35,7 @@ import polars as pl
 
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_jobs import address_key, components
+from rankscope.analysis.flow_link_evidence import SHAPE_TIE_BREAK, neutral_unresolved_lag, single_tree_groups
 
 
 @dataclass
@@ -148,7 +149,9 @@ def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, li
     if len(da):
         dm = pl.DataFrame({"c": dp_lab[da], "m": modes[~is_pp]}).group_by("c").agg(k=pl.col("m").n_unique())
         mixed = int((dm["k"] - 1).sum())
-    score = agree + (1e6 if valid else 0.0) - 1e3 * mixed
+    # ties in the traffic evidence go to the labelling with the collective shapes libraries use
+    trees = single_tree_groups(n, da, db, dp_lab)
+    score = agree + (1e6 if valid else 0.0) - 1e3 * mixed - SHAPE_TIE_BREAK * trees
     dp_groups = _groups(nodes, dp_lab)
     pipes = _groups(nodes, pl_lab)
     return GridFit(dp_groups, pipes, is_pp, valid, score, notes)
@@ -170,7 +173,7 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
     idx = {x: i for i, x in enumerate(nodes)}
     ai = np.array([idx[x] for x in edges["a"].to_list()], dtype=np.int64)
     bi = np.array([idx[x] for x in edges["b"].to_list()], dtype=np.int64)
-    like = pp_likeness(edges)
+    like = neutral_unresolved_lag(edges, pp_likeness(edges))
     modes = byte_modes(edges["bytes"].to_numpy().astype(float), cfg.mode_gap, cfg.max_modes)
     k = int(modes.max()) + 1 if len(modes) else 0
     cands = [np.isin(modes, s) for r in range(k + 1) for s in itertools.combinations(range(k), r)]

@@ -1,0 +1,66 @@
+"""What a link's traffic can and cannot say about being pipeline or collective traffic.
+
+Two corrections to the grid fit (flow_groups), each a statement about the
+traffic model rather than a threshold:
+
+- *A lag within one clock tick is no evidence.* The direction lag (forward
+  activations long before backward gradients) marks pipeline links. Over TCP
+  both directions of a connection open together (SYN, SYN-ACK, the receiver's
+  ACKs and recv-ready messages), and RoCE answers data with ACK flows, so the
+  first records of the two directions coincide on pipeline links too. A
+  symmetric link whose directions start within one tick of the exporter's
+  clock is therefore *unknown* (0.5), not data-parallel (0): absence of a lag
+  must not vote for all-DP.
+- *Collectives of three or more members give every member two links.* Ring,
+  bidirectional ring, double binary tree, recursive halving-doubling and
+  all-to-all all do; only a single binary tree (or a chain) leaves members with
+  one link, an open path, which is what a pipeline looks like. When the traffic
+  evidence ties, the labelling that needs fewer single-tree collectives wins.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+# strictly below one unit of evidence: it only orders labellings the traffic scores the same
+SHAPE_TIE_BREAK = 1e-3
+
+
+def clock_tick_ns(times_ns: np.ndarray) -> int:
+    """The exporter clock's resolution: the largest power of ten (up to 1 s) dividing every timestamp."""
+    t = np.asarray(times_ns, dtype=np.float64)
+    t = t[np.isfinite(t)].astype(np.int64)
+    if t.size == 0:
+        return 1
+    tick = 1
+    while tick < 1_000_000_000 and np.all(t % (tick * 10) == 0):
+        tick *= 10
+    return tick
+
+
+def neutral_unresolved_lag(edges: pl.DataFrame, like: np.ndarray) -> np.ndarray:
+    """``like`` with 0.5 where a two-way link's directions start within one clock tick.
+
+    Needs edges first_ab, first_ba, symmetry. Links with one-way traffic (a
+    ring's links carry data one way, ACKs the other) keep their score.
+    """
+    fa = edges["first_ab"].to_numpy().astype(float)
+    fb = edges["first_ba"].to_numpy().astype(float)
+    sym = edges["symmetry"].fill_null(0.0).fill_nan(0.0).to_numpy()
+    tick = clock_tick_ns(np.r_[fa, fb])
+    both = np.isfinite(fa) & np.isfinite(fb)
+    unresolved = both & (np.abs(np.nan_to_num(fa - fb)) <= tick) & (sym >= 0.5)
+    out = np.asarray(like, dtype=float).copy()
+    out[unresolved] = 0.5
+    return out
+
+
+def single_tree_groups(n: int, da: np.ndarray, db: np.ndarray, dp_lab: np.ndarray) -> int:
+    """How many data-parallel groups of three or more have a member with fewer than two in-group links."""
+    if n == 0:
+        return 0
+    deg = np.bincount(np.r_[da, db], minlength=n)
+    size = np.bincount(dp_lab)
+    weak = (deg < 2) & (size[dp_lab] >= 3)
+    return int(len(set(dp_lab[weak].tolist())))
