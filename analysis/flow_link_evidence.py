@@ -29,8 +29,7 @@ SHAPE_TIE_BREAK = 1e-3
 
 def clock_tick_ns(times_ns: np.ndarray) -> int:
     """The exporter clock's resolution: the largest power of ten (up to 1 s) dividing every timestamp."""
-    t = np.asarray(times_ns, dtype=np.float64)
-    t = t[np.isfinite(t)].astype(np.int64)
+    t = np.asarray(times_ns, dtype=np.int64)  # never via float64: epoch nanoseconds lose their last digits
     if t.size == 0:
         return 1
     tick = 1
@@ -45,12 +44,11 @@ def neutral_unresolved_lag(edges: pl.DataFrame, like: np.ndarray) -> np.ndarray:
     Needs edges first_ab, first_ba, symmetry. Links with one-way traffic (a
     ring's links carry data one way, ACKs the other) keep their score.
     """
-    fa = edges["first_ab"].to_numpy().astype(float)
-    fb = edges["first_ba"].to_numpy().astype(float)
+    firsts = pl.concat([edges["first_ab"], edges["first_ba"]]).drop_nulls().cast(pl.Int64).to_numpy()
+    tick = clock_tick_ns(firsts)
+    lag = (edges["first_ab"].cast(pl.Int64) - edges["first_ba"].cast(pl.Int64)).abs()
     sym = edges["symmetry"].fill_null(0.0).fill_nan(0.0).to_numpy()
-    tick = clock_tick_ns(np.r_[fa, fb])
-    both = np.isfinite(fa) & np.isfinite(fb)
-    unresolved = both & (np.abs(np.nan_to_num(fa - fb)) <= tick) & (sym >= 0.5)
+    unresolved = (lag <= tick).fill_null(False).to_numpy() & (sym >= 0.5)
     out = np.asarray(like, dtype=float).copy()
     out[unresolved] = 0.5
     return out

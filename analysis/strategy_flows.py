@@ -156,11 +156,15 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     conf = 0.9 if fit.valid else 0.3
     if pp > 1:
         conf *= 0.5 + 0.5 * order_share
+        if order_share == 0:  # no link voted (a vote makes the share at least one half)
+            notes.append("stage order unknown: no pipeline link shows which direction started first "
+                         "(over TCP or with ACK flows both open together); pipelines listed from an end")
     dp_pairs = {(a, b) for (a, b), pp_edge in zip(heavy.select("a", "b").iter_rows(), fit.is_pp) if not pp_edge}
     steps = flow_steps(job_flows, dp_pairs)
     strat = Strategy(world_size=world, dp=dp, pp=pp, tp=tp, dp_groups=fit.dp_groups, pp_groups=pipes,
                      confidence=float(round(conf, 4)), ep=None, cp=None, tp_groups=tp_groups,
                      extra={"method": "flows", "evaluated": True, "grid_valid": fit.valid,
-                            "stage_order_agreement": round(order_share, 4), "notes": notes,
+                            "stage_order_agreement": round(order_share, 4),
+                            "stage_order_known": bool(pp == 1 or order_share > 0), "notes": notes,
                             "ranks_per_address": rpa.as_dict()})
     return FlowInference(strat, steps, quality)
