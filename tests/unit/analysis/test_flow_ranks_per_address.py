@@ -109,3 +109,26 @@ def test_empty_inputs_and_bad_config():
     with pytest.raises(ConfigError, match="setup_gap_ratio"):
         RanksPerAddressConfig(setup_gap_ratio=0.5)
     assert isinstance(ranks_per_address(rows(grid_conns(1)), PAIRS), RanksPerAddress)
+
+
+def test_infer_flows_reports_tp_from_ranks_per_address():
+    from rankscope.analysis.strategy_flows import infer_flows
+
+    # A,B hold stage 0 and C,D stage 1 (DP pairs A-B, C-D carry gradients; PP pairs A-C, B-D activations);
+    # two ranks per address, each with its own connection to its peer; TCP, millisecond clock
+    t0, ms = 1_764_000_000_000_000_000, 1_000_000
+    out = []
+    for i, (x, y) in enumerate(PAIRS):
+        size = 40_000_000 if i < 2 else 2_000_000
+        for r in range(2):
+            for step in range(5):
+                for s, sp, d, dp_ in ((x, 40000 + 10 * i + r, y, 50000 + 10 * i + r),
+                                      (y, 50000 + 10 * i + r, x, 40000 + 10 * i + r)):
+                    out.append(dict(exporter="sw/0", src_addr=s, dst_addr=d, src_port=sp, dst_port=dp_, protocol=6,
+                                    size_bytes=size, num_packets=size // 1448, sampling_rate=1,
+                                    start_ns=t0 + step * 500 * ms, end_ns=t0 + (step * 500 + 200) * ms))
+    f = pl.DataFrame(out, schema_overrides={"src_port": pl.Int32, "dst_port": pl.Int32, "protocol": pl.Int32})
+    s = infer_flows(f).strategy
+    assert (s.dp, s.pp, s.tp, s.world_size) == (2, 2, 2, 8)
+    assert s.extra["ranks_per_address"]["ranks"] == 2
+    assert sorted(map(sorted, s.dp_groups)) == [[A, B], [C, D]]
