@@ -35,7 +35,13 @@ import polars as pl
 
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_jobs import address_key, components
-from rankscope.analysis.flow_link_evidence import SHAPE_TIE_BREAK, neutral_unresolved_lag, single_tree_groups
+from rankscope.analysis.flow_link_evidence import (
+    SHAPE_TIE_BREAK,
+    equally_good,
+    mixed_pipelines,
+    neutral_unresolved_lag,
+    single_tree_groups,
+)
 
 
 @dataclass
@@ -46,6 +52,8 @@ class GridFit:
     valid: bool
     score: float
     notes: list[str] = field(default_factory=list)
+    alternatives: list[dict] = field(default_factory=list)
+    """other valid labellings the traffic scores exactly as well (dp_groups, pp_groups)."""
 
 
 def byte_modes(bytes_: np.ndarray, gap: float, max_modes: int) -> np.ndarray:
@@ -149,8 +157,9 @@ def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, li
     if len(da):
         dm = pl.DataFrame({"c": dp_lab[da], "m": modes[~is_pp]}).group_by("c").agg(k=pl.col("m").n_unique())
         mixed = int((dm["k"] - 1).sum())
-    # ties in the traffic evidence go to the labelling with the collective shapes libraries use
-    trees = single_tree_groups(n, da, db, dp_lab)
+    # ties in the traffic evidence go to the labelling with the collective shapes libraries use;
+    # links of one pipeline in several byte modes count as weakly as a mixed DP group
+    trees = single_tree_groups(n, da, db, dp_lab) + mixed_pipelines(pl_lab[pa], modes[is_pp])
     score = agree + (1e6 if valid else 0.0) - 1e3 * mixed - SHAPE_TIE_BREAK * trees
     dp_groups = _groups(nodes, dp_lab)
     pipes = _groups(nodes, pl_lab)
@@ -183,11 +192,13 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
         cands.append(early > 0.5)
         cands.extend(np.isin(modes, s) & (early > 0.5) for r in range(1, k + 1)
                      for s in itertools.combinations(range(k), r))
-    best = None
+    best, fits = None, []
     for c in cands:
         f = _fit(nodes, ai, bi, c, like, modes)
+        fits.append(f)
         if best is None or f.score > best.score:
             best = f
+    best.alternatives = equally_good(fits, best)
     if not best.valid:
         best.notes.append("no labeling of the traffic forms a dp x pp grid; best effort shown")
     return best

@@ -62,3 +62,46 @@ def single_tree_groups(n: int, da: np.ndarray, db: np.ndarray, dp_lab: np.ndarra
     size = np.bincount(dp_lab)
     weak = (deg < 2) & (size[dp_lab] >= 3)
     return int(len(set(dp_lab[weak].tolist())))
+
+
+def equally_good(fits: list, best) -> list[dict]:
+    """Other valid labellings that the traffic scores exactly as well as ``best``, as alternatives.
+
+    ``fits`` are flow_groups.GridFit. Two labellings tie when no evidence
+    separates them (e.g. a 2 x 2 address grid over TCP: every link two-way, no
+    lag, so DP and PP can swap); the fit then keeps the first candidate tried,
+    and the report must say that another answer explains the traffic as well.
+    """
+    if best is None or not best.valid:
+        return []
+    key = _grouping(best)
+    out, seen = [], {key}
+    for f in fits:
+        if f is best or not f.valid or abs(f.score - best.score) > 1e-9:
+            continue
+        k = _grouping(f)
+        if k not in seen:
+            seen.add(k)
+            out.append({"dp_groups": f.dp_groups, "pp_groups": f.pipelines})
+    return out
+
+
+def _grouping(f) -> tuple:
+    return (frozenset(frozenset(g) for g in f.dp_groups), frozenset(frozenset(g) for g in f.pipelines))
+
+
+def mixed_pipelines(pipe_of_link: np.ndarray, mode_of_link: np.ndarray) -> int:
+    """How many pipelines have links in more than one byte mode.
+
+    Every microbatch's activations cross every link of its pipeline, so one
+    pipeline's links carry about the same bytes; a 'pipeline' whose links fall
+    into several modes is two kinds of traffic joined (a 2 x 2 grid read as a
+    four-stage ring). Only a tie-break: interleaved schedules' wrap links and
+    sampling can legitimately shift a link into a neighbouring mode.
+    """
+    if len(pipe_of_link) == 0:
+        return 0
+    modes_per_pipe: dict[int, set] = {}
+    for p, m in zip(pipe_of_link.tolist(), mode_of_link.tolist()):
+        modes_per_pipe.setdefault(p, set()).add(m)
+    return sum(1 for ms in modes_per_pipe.values() if len(ms) > 1)

@@ -159,6 +159,9 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
         if order_share == 0:  # no link voted (a vote makes the share at least one half)
             notes.append("stage order unknown: no pipeline link shows which direction started first "
                          "(over TCP or with ACK flows both open together); pipelines listed from an end")
+    if fit.alternatives:  # the traffic cannot tell these apart: one of 1 + n answers
+        conf = min(conf, 1.0 / (1 + len(fit.alternatives)))
+        notes.append(f"ambiguous: {len(fit.alternatives)} other labelling(s) explain the traffic equally well")
     dp_pairs = {(a, b) for (a, b), pp_edge in zip(heavy.select("a", "b").iter_rows(), fit.is_pp) if not pp_edge}
     steps = flow_steps(job_flows, dp_pairs)
     strat = Strategy(world_size=world, dp=dp, pp=pp, tp=tp, dp_groups=fit.dp_groups, pp_groups=pipes,
@@ -166,5 +169,6 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
                      extra={"method": "flows", "evaluated": True, "grid_valid": fit.valid,
                             "stage_order_agreement": round(order_share, 4),
                             "stage_order_known": bool(pp == 1 or order_share > 0), "notes": notes,
+                            "ambiguous": bool(fit.alternatives), "alternatives": fit.alternatives,
                             "ranks_per_address": rpa.as_dict()})
     return FlowInference(strat, steps, quality)

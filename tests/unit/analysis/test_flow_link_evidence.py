@@ -4,7 +4,12 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.flow_groups import fit_grid, pp_likeness
-from rankscope.analysis.flow_link_evidence import clock_tick_ns, neutral_unresolved_lag, single_tree_groups
+from rankscope.analysis.flow_link_evidence import (
+    clock_tick_ns,
+    mixed_pipelines,
+    neutral_unresolved_lag,
+    single_tree_groups,
+)
 
 MS = 1_000_000
 T0 = 1_764_000_000_000 * MS  # a millisecond-resolution exporter clock
@@ -61,3 +66,27 @@ def test_bidirectional_ring_over_tcp_stays_one_dp_group():
     ring = [("10.0.0.1", "10.0.0.2"), ("10.0.0.2", "10.0.0.3"), ("10.0.0.3", "10.0.0.4"), ("10.0.0.1", "10.0.0.4")]
     fit = fit_grid(sorted({x for link in ring for x in link}), edges(ring))
     assert [len(g) for g in fit.dp_groups] == [4]
+
+
+def test_two_by_two_grid_over_tcp_is_reported_ambiguous_with_the_swap():
+    # DP links (gradients) heavier than PP links (activations); all two-way, no lag: nothing says which is which
+    dp = edges([("10.0.0.1", "10.0.0.2"), ("10.0.0.3", "10.0.0.4")], nbytes=4e7)
+    pp = edges([("10.0.0.1", "10.0.0.3"), ("10.0.0.2", "10.0.0.4")], nbytes=2e6)
+    fit = fit_grid(["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"], pl.concat([dp, pp]))
+    assert fit.valid and len(fit.alternatives) == 1
+    alt = fit.alternatives[0]
+    assert sorted(map(sorted, alt["dp_groups"])) == sorted(map(sorted, fit.pipelines))
+    assert sorted(map(sorted, alt["pp_groups"])) == sorted(map(sorted, fit.dp_groups))
+
+
+def test_a_lagged_grid_is_not_ambiguous():
+    dp = edges([("10.0.0.1", "10.0.0.2"), ("10.0.0.3", "10.0.0.4")], nbytes=4e7, sym=0.03)
+    pp = edges([("10.0.0.1", "10.0.0.3"), ("10.0.0.2", "10.0.0.4")], nbytes=2e6, lag_ns=30 * MS)
+    fit = fit_grid(["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"], pl.concat([dp, pp]))
+    assert fit.alternatives == []
+    assert sorted(map(sorted, fit.dp_groups)) == [["10.0.0.1", "10.0.0.2"], ["10.0.0.3", "10.0.0.4"]]
+
+
+def test_mixed_pipelines_counts_pipelines_with_links_in_two_modes():
+    assert mixed_pipelines(np.array([0, 0, 1, 1]), np.array([1, 1, 0, 1])) == 1
+    assert mixed_pipelines(np.array([], dtype=int), np.array([], dtype=int)) == 0
