@@ -37,6 +37,13 @@ import polars as pl
 
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_jobs import address_key, components
+from rankscope.analysis.flow_link_evidence import (
+    SHAPE_TIE_BREAK,
+    equally_good,
+    mixed_pipelines,
+    neutral_unresolved_lag,
+    single_tree_groups,
+)
 
 
 @dataclass
@@ -47,6 +54,8 @@ class GridFit:
     valid: bool
     score: float
     notes: list[str] = field(default_factory=list)
+    alternatives: list[dict] = field(default_factory=list)
+    """other valid labellings the traffic scores exactly as well (dp_groups, pp_groups)."""
 
 
 def byte_modes(bytes_: np.ndarray, gap: float, max_modes: int) -> np.ndarray:
@@ -186,7 +195,10 @@ def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, li
             rb = pl.DataFrame({"c": dp_lab[da][ring], "b": bytes_[~is_pp][ring]}).with_columns(
                 med=pl.col("b").median().over("c"))
             odd = int(((rb["b"] - rb["med"]).abs() > SAME_COLLECTIVE_BYTES * rb["med"]).sum())
-    score = agree + (1e6 if valid else 0.0) - 1e3 * (mixed + odd)
+    # ties in the traffic evidence go to the labelling with the collective shapes libraries use;
+    # links of one pipeline in several byte modes count as weakly as a mixed DP group
+    trees = single_tree_groups(n, da, db, dp_lab) + mixed_pipelines(pl_lab[pa], modes[is_pp])
+    score = agree + (1e6 if valid else 0.0) - 1e3 * (mixed + odd) - SHAPE_TIE_BREAK * trees
     dp_groups = _groups(nodes, dp_lab)
     pipes = _groups(nodes, pl_lab)
     return GridFit(dp_groups, pipes, is_pp, valid, score, notes)
@@ -208,7 +220,7 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
     idx = {x: i for i, x in enumerate(nodes)}
     ai = np.array([idx[x] for x in edges["a"].to_list()], dtype=np.int64)
     bi = np.array([idx[x] for x in edges["b"].to_list()], dtype=np.int64)
-    like = pp_likeness(edges)
+    like = neutral_unresolved_lag(edges, pp_likeness(edges))
     modes = byte_modes(edges["bytes"].to_numpy().astype(float), cfg.mode_gap, cfg.max_modes)
     k = int(modes.max()) + 1 if len(modes) else 0
     cands = [np.isin(modes, s) for r in range(k + 1) for s in itertools.combinations(range(k), r)]
@@ -223,12 +235,14 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
         cands.append(early > 0.5)
         cands.extend(np.isin(modes, s) & (early > 0.5) for r in range(1, k + 1)
                      for s in itertools.combinations(range(k), r))
-    best = None
+    best, fits = None, []
     b = edges["bytes"].to_numpy().astype(float)
     for c in cands:
         f = _fit(nodes, ai, bi, c, like, modes, sym, b)
+        fits.append(f)
         if best is None or f.score > best.score:
             best = f
+    best.alternatives = equally_good(fits, best)
     if not best.valid:
         best.notes.append("no labeling of the traffic forms a dp x pp grid; best effort shown")
     return best

@@ -46,6 +46,9 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=2, help="blocks per stage")
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--order", choices=["dp-first", "pp-first"], default="dp-first")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel degree: tp consecutive ranks replicate one stage and all-reduce "
+                        "its activations and input gradients (traffic only; the maths is unchanged)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--profile", type=Path, default=None, help="write torch.profiler traces here")
     p.add_argument("--skip-collective", default=None, metavar="RANK:STEP",
@@ -130,25 +133,37 @@ def one_f_one_b(stage, pp, m):
 
 def run(args):
     rank, world = dist.get_rank(), dist.get_world_size()
-    pp = args.pp
-    if world % pp:
-        sys.exit(f"world size {world} is not a multiple of --pp {pp}")
-    dp = world // pp
+    pp, tp = args.pp, args.tp
+    if tp < 1 or world % (pp * tp):
+        sys.exit(f"world size {world} is not a multiple of --pp {pp} x --tp {tp}")
+    dp = world // (pp * tp)
+    # tp varies fastest (Megatron): consecutive ranks, hence one host, form a TP group
+    tp_rank, base = rank % tp, rank // tp
 
-    def rank_of(stage, dp_rank):
-        return stage * dp + dp_rank if args.order == "dp-first" else dp_rank * pp + stage
+    def rank_of(stage, dp_rank, t=tp_rank):
+        return (stage * dp + dp_rank if args.order == "dp-first" else dp_rank * pp + stage) * tp + t
 
-    stage = rank // dp if args.order == "dp-first" else rank % pp
-    dp_rank = rank % dp if args.order == "dp-first" else rank // pp
-    dp_groups = [[rank_of(s, d) for d in range(dp)] for s in range(pp)]
-    pp_groups = [[rank_of(s, d) for s in range(pp)] for d in range(dp)]
-    my_dp, my_dp_ranks = None, None
+    stage = base // dp if args.order == "dp-first" else base % pp
+    dp_rank = base % dp if args.order == "dp-first" else base // pp
+    dp_groups = [[rank_of(s, d, t) for d in range(dp)] for s in range(pp) for t in range(tp)]
+    pp_groups = [[rank_of(s, d, t) for s in range(pp)] for d in range(dp) for t in range(tp)]
+    tp_groups = [[rank_of(s, d, t) for t in range(tp)] for s in range(pp) for d in range(dp)]
+    my_dp, my_dp_ranks, my_tp, my_tp_ranks = None, None, None, None
     for g in dp_groups:  # every rank creates every group, in the same order
         pg = dist.new_group(g, timeout=timedelta(seconds=args.pg_timeout_s))
         if rank in g:
             my_dp, my_dp_ranks = pg, g
+    for g in tp_groups if tp > 1 else []:
+        pg = dist.new_group(g, timeout=timedelta(seconds=args.pg_timeout_s))
+        if rank in g:
+            my_tp, my_tp_ranks = pg, g
     prev_rank = rank_of(stage - 1, dp_rank) if stage > 0 else None
     next_rank = rank_of(stage + 1, dp_rank) if stage < pp - 1 else None
+
+    def tp_exchange(t):
+        # every TP rank holds the whole stage, so the sum is discarded: the call is there for its traffic
+        if my_tp is not None:
+            comm.all_reduce(t.detach().clone(), my_tp, my_tp_ranks)
 
     ffn = args.ffn or 2 * args.hidden
     model = build_stage(stage, pp, args.hidden, ffn, args.layers)
@@ -193,6 +208,7 @@ def run(args):
                     if slow and slow[0] == rank:
                         time.sleep(slow[1] / 1000)
                     y = model(x)
+                    tp_exchange(y)
                     if next_rank is None:
                         y = nn.functional.mse_loss(y, target) / m
                         step_loss += y.detach()
@@ -210,6 +226,7 @@ def run(args):
                         comm.recv(grad, next_rank, world)
                         y.backward(grad)
                     if prev_rank is not None:
+                        tp_exchange(x.grad)
                         g = x.grad.contiguous()
                         pending.append((comm.isend(g, prev_rank, world), g))
         for work, _keep in pending:
@@ -242,6 +259,7 @@ def run(args):
         comm.barrier(world)
     result = {"rank": rank, "stage": stage, "dp_rank": dp_rank, "world": world, "dp": dp, "pp": pp,
               "order": args.order, "dp_groups": dp_groups, "pp_groups": pp_groups,
+              "tp": tp, "tp_rank": tp_rank, "tp_groups": tp_groups,
               "final_loss": losses[-1].hex() if losses and next_rank is None else None,
               "losses": [v.hex() for v in losses], "step_times_s": step_times,
               "issued": comm.issued, "skipped": skipped}
