@@ -29,7 +29,6 @@ import time
 import traceback
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -141,6 +140,10 @@ def calibration(df: pl.DataFrame) -> list[tuple[str, int, float, float]]:
     return out
 
 
+def _share(d: pl.DataFrame) -> str:
+    return f"{d['ok'].mean():6.1%} of {d.height:<4}" if d.height else "   -          "
+
+
 def report(df: pl.DataFrame, secs: float, errors: int) -> None:
     n = df.height
     print(f"{'figure':<60}{'value':>12}{'target':>10}")
@@ -173,8 +176,7 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
     for feat in ("tcp", "reverse", "ms_clock", "pods", "exporter_offsets", "rail_jitter", "shared_address",
                  "tree", "wild_background", "pure_pp", "pure_dp", "sampled"):
         on, off = df.filter(pl.col(feat)), df.filter(~pl.col(feat))
-        f = (lambda d: f"{d['ok'].mean():6.1%} of {d.height:<4}" if d.height else "   -          ")
-        print(f"  {feat:<20}{f(on)}  /  {f(off)}")
+        print(f"  {feat:<20}{_share(on)}  /  {_share(off)}")
     for r in df.filter(~pl.col("ok")).head(10).iter_rows(named=True):
         print(f"  miss: {r['cfg']}")
 

@@ -97,7 +97,7 @@ def wild_background(results, epoch_ns: int, rng: np.random.Generator, *, first_f
         t_end = max(t_end, float(step_end[-1]))
         rdzv_port = _port(rng)
         clients = []
-        for h, nics in host_nics.items():
+        for nics in host_nics.values():
             nic = nics[int(rng.integers(len(nics)))]
             clients.append(nic)
             srv = storage[int(rng.integers(n_srv))]
@@ -106,7 +106,7 @@ def wild_background(results, epoch_ns: int, rng: np.random.Generator, *, first_f
             per = rng.lognormal(np.log(32 * 2**20), 0.6)
             for k, s in enumerate(step_start):
                 t0 = s + (k * drift * period / 3) % period
-                for j in range(streams):
+                for _ in range(streams):
                     out.stream(srv, nic, t0 + rng.uniform(0, 2e5), per / streams, rng.uniform(10, 50),
                                fs_port, 40000 + int(rng.integers(20000)))
             if nic != master:
@@ -117,7 +117,7 @@ def wild_background(results, epoch_ns: int, rng: np.random.Generator, *, first_f
         ck_steps = sorted(set(rng.integers(0, len(step_end), size=int(rng.integers(1, 3))).tolist()))
         shard = rng.lognormal(np.log(1.5 * 2**30), 0.4)
         for k in ck_steps:
-            for h, nics in host_nics.items():
+            for nics in host_nics.values():
                 par = int(rng.integers(4, 9))
                 for j in range(par):
                     out.stream(nics[j % len(nics)], storage[int(rng.integers(n_srv))],

@@ -15,8 +15,8 @@ from rankscope.datasets.sim_config import SimConfig
 from rankscope.datasets.sim_flows import ROCE_PORT, collective_transfers
 from rankscope.datasets.sim_graph import Graph, Templates
 from rankscope.datasets.sim_template import STREAMS
-from rankscope.datasets.sim_transport import rank_exporters
 from rankscope.datasets.sim_topology import Topology
+from rankscope.datasets.sim_transport import rank_exporters
 
 
 def source_port(src: np.ndarray, dst: np.ndarray, conn: np.ndarray, qps: int) -> np.ndarray:

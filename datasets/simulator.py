@@ -32,8 +32,8 @@ from rankscope.collectors.store import ManifestEntry, Store
 from rankscope.datasets.sim_config import Fault, SimConfig, parse_fault
 from rankscope.datasets.sim_flows import flow_records
 from rankscope.datasets.sim_graph import build_graph, build_templates, ops_per_step, sequence_lengths
-from rankscope.datasets.sim_records import batch_table, comm_table, compute_table, endpoint_table, step_table
 from rankscope.datasets.sim_realism import Realism, exporter_offsets, strip_layout, truncate_times
+from rankscope.datasets.sim_records import batch_table, comm_table, compute_table, endpoint_table, step_table
 from rankscope.datasets.sim_topology import build_topology, rail_exporter
 from rankscope.datasets.sim_traffic import job_transfers
 from rankscope.datasets.sim_transport import apply_transport, rank_exporters
