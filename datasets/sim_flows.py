@@ -170,6 +170,11 @@ def flow_records(tr: pl.DataFrame, *, capture: str, epoch_ns: int, active_timeou
     tr = tr.with_columns(key=pl.struct("src_addr", "dst_addr", "conn", "sport", "dport").rank("dense")
                          .cast(pl.Int64) - 1)
     tr = tr.sort("key", "t0")
+    # traffic before the epoch (TCP connects at init): move the epoch back rather than go negative
+    early = min(int(tr["t0"].min()), 0)
+    if early:
+        tr = tr.with_columns(pl.col("t0") - early, pl.col("t1") - early)
+        epoch_ns += early
     key, a, b = (tr[c].to_numpy().astype(np.int64) for c in ("key", "t0", "t1"))
     b = np.maximum(a, b)
     packets = tr["pkts"].to_numpy()

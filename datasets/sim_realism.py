@@ -70,6 +70,8 @@ class Realism:
     """white-box records without layout columns, and no endpoint_map."""
     mtu: int = 0
     """payload bytes per packet; 0 = the SimConfig's (TCP usually runs with MSS 8948 or 1448)."""
+    connect_lead_s: float = 2.0
+    """TCP: the job's connections open this long (+- 50%) before its first data (process-group set-up)."""
     dst_qp: bool = False
     """RoCE: records carry the destination QP number (sFlow raw headers do; IPFIX usually not)."""
 
@@ -84,7 +86,7 @@ class Realism:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"realism.{name}={v!r}: expected an integer >= 0")
-        for name in ("exporter_offset_ms", "rail_jitter_us"):
+        for name in ("exporter_offset_ms", "rail_jitter_us", "connect_lead_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
                 raise ConfigError(f"realism.{name}={v!r}: expected a number >= 0")

@@ -13,7 +13,9 @@ optional destination QPs, plus the traffic a real transport adds:
   listening port per rank and group, unique on its address), the other
   connects from an ephemeral port. Both directions share the 5-tuple, the
   receiver sends a delayed ACK per two segments, and a SYN / SYN-ACK / ACK
-  handshake opens both directions together before the first data.
+  handshake opens both directions together when the process groups are set
+  up, ``connect_lead_s`` before the first data (a record of its own when the
+  exporter's idle timeout is shorter than that).
 
 All column-wise; ports and QP numbers come from integer hashes so the same
 job always gets the same ones.
@@ -123,8 +125,11 @@ def _tcp(tr: pl.DataFrame, cfg: SimConfig, topo: Topology, exporters: pl.Series)
     lo_, hi_, cc = (first[k].to_numpy() for k in ("lo", "hi", "conn"))
     lp = listen_port(lo_, cc, topo, r.ranks_per_address)
     ep = EPHEMERAL_BASE + (_hash(lo_, hi_, cc) % np.uint64(EPHEMERAL_SPAN)).astype(np.int64)
-    t_syn = np.maximum(first["t0"].to_numpy() - 3 * RTT_NS, 0)
+    # process groups connect at set-up, seconds before the first data; each connection a little apart
     m = len(lo_)
+    rng = np.random.default_rng([cfg.seed, 53])
+    init = int(first["t0"].min()) - int(r.connect_lead_s * 1e9 * rng.uniform(0.5, 1.5))
+    t_syn = init + np.rint(rng.exponential(2e6, m)).astype(np.int64)
     hs_common = {"conn": cc, "qps": np.ones(m, dtype=np.int64), "protocol": np.full(m, 6),
                  "bytes": np.zeros(m, dtype=np.int64), "hdr": np.full(m, TCP_HEADER_BYTES + 8)}
     syn = pl.DataFrame({"src_addr": topo.addr_int[hi_], "dst_addr": topo.addr_int[lo_], "t0": t_syn,
