@@ -123,7 +123,7 @@ def test_several_ranks_per_address_tcp_ports_tell_them_apart():
     pairs = heavy.group_by("src_addr", "dst_addr").agg(pl.struct("src_port", "dst_port").n_unique().alias("n"))
     assert (pairs["n"] >= 2).all()
     # truth stays exact: ranks of one address are TP peers on one host
-    for r, a in t["endpoints"].items():
+    for a in t["endpoints"].values():
         peers = [q for q, b in t["endpoints"].items() if b == a]
         assert any(sorted(map(str, g)) == sorted(peers) for g in t["tp_groups"])
 
@@ -141,10 +141,14 @@ def test_double_tree_halves_the_bytes_over_two_trees():
     kw = dict(dp=8, pp=1, tp=1, gpus_per_host=1, steps=2, layers=8, seed=2, algorithm="tree", gemm_records=False)
     single = pl.from_arrow(simulate(SimConfig(**kw)).tables["flow"])
     double = pl.from_arrow(simulate(SimConfig(**kw, realism=Realism(double_tree=True))).tables["flow"])
-    pairs = (lambda f: set(zip(f["src_addr"], f["dst_addr"])))
+    def pairs(f):
+        return set(zip(f["src_addr"], f["dst_addr"]))
+
+    def payload(f):
+        return (f["size_bytes"] - 44 * f["num_packets"]).sum()
+
     assert pairs(single) < pairs(double)
-    total = (lambda f: (f["size_bytes"] - 44 * f["num_packets"]).sum())
-    assert abs(total(double) / total(single) - 1) < 0.01
+    assert abs(payload(double) / payload(single) - 1) < 0.01
 
 
 def test_wild_background_uses_arbitrary_ports_and_servers_on_the_rails():
