@@ -69,7 +69,7 @@ def _job(rng: np.random.Generator, name: str, max_world: int, fabric: Realism) -
         exporter_offset_ms=fabric.exporter_offset_ms, rail_jitter_us=float(rng.choice([0.0, 20.0, 200.0])),
         ranks_per_address=share, double_tree=algorithm == "tree" and bool(rng.random() < 0.5),
         wild_background=fabric.wild_background, kineto_records=bool(rng.random() < 0.5),
-        mtu=int(rng.choice([1448, 8948])) if tcp else 0, dst_qp=not tcp and bool(rng.random() < 0.3))
+        mtu=int(rng.choice([1448, 8948])) if tcp else 0, tcp_mesh=tcp and bool(rng.random() < 0.5), dst_qp=not tcp and bool(rng.random() < 0.3))
     faults = ()
     if rng.random() < 0.3:
         faults = (Fault("clock-skew", {"max_ms": 3.0, "exporter_max_ms": 0.0}),)

@@ -72,6 +72,8 @@ class Realism:
     """payload bytes per packet; 0 = the SimConfig's (TCP usually runs with MSS 8948 or 1448)."""
     connect_lead_s: float = 2.0
     """TCP: the job's connections open this long (+- 50%) before its first data (process-group set-up)."""
+    tcp_mesh: bool = False
+    """TCP: every pair of a process group connects (gloo's full mesh); most of these carry nothing else."""
     dst_qp: bool = False
     """RoCE: records carry the destination QP number (sFlow raw headers do; IPFIX usually not)."""
 

@@ -15,7 +15,8 @@ optional destination QPs, plus the traffic a real transport adds:
   receiver sends a delayed ACK per two segments, and a SYN / SYN-ACK / ACK
   handshake opens both directions together when the process groups are set
   up, ``connect_lead_s`` before the first data (a record of its own when the
-  exporter's idle timeout is shorter than that).
+  exporter's idle timeout is shorter than that). With ``tcp_mesh`` (gloo)
+  every pair of a group connects, not only the pairs that carry data.
 
 All column-wise; ports and QP numbers come from integer hashes so the same
 job always gets the same ones.
@@ -29,6 +30,7 @@ import polars as pl
 from rankscope.datasets.sim_config import SimConfig
 from rankscope.datasets.sim_flows import HEADER_BYTES, ROCE_PORT
 from rankscope.datasets.sim_realism import exporter_name
+from rankscope.datasets.sim_template import STREAMS
 from rankscope.datasets.sim_topology import Topology
 
 TCP_HEADER_BYTES = 52
@@ -122,6 +124,9 @@ def _tcp(tr: pl.DataFrame, cfg: SimConfig, topo: Topology, exporters: pl.Series)
                                                         pl.col("dport").first())
     first = first.with_columns(lo=pl.min_horizontal("srank", "drank"), hi=pl.max_horizontal("srank", "drank"))
     first = first.sort("t0").unique(["lo", "hi", "conn"], keep="first", maintain_order=True)
+    if r.tcp_mesh:
+        first = pl.concat([first.select("lo", "hi", "conn", "t0"), _mesh(first, topo)]).sort("t0").unique(
+            ["lo", "hi", "conn"], keep="first", maintain_order=True)
     lo_, hi_, cc = (first[k].to_numpy() for k in ("lo", "hi", "conn"))
     lp = listen_port(lo_, cc, topo, r.ranks_per_address)
     ep = EPHEMERAL_BASE + (_hash(lo_, hi_, cc) % np.uint64(EPHEMERAL_SPAN)).astype(np.int64)
@@ -140,6 +145,20 @@ def _tcp(tr: pl.DataFrame, cfg: SimConfig, topo: Topology, exporters: pl.Series)
                            "sport": lp, "dport": ep, "exporter": exporters.gather(lo_), "srank": lo_,
                            "drank": hi_, **hs_common})
     return pl.concat([data, acks, syn, synack], how="diagonal_relaxed")
+
+
+def _mesh(first: pl.DataFrame, topo: Topology) -> pl.DataFrame:
+    """Every pair of every group that carried data, on different addresses (gloo connects a full mesh)."""
+    rows = []
+    for conn, t0 in first.group_by("conn").agg(pl.col("t0").min()).iter_rows():
+        code, row = (conn % (1 << 32)) >> 24, conn % (1 << 24)
+        members = topo.groups[STREAMS[code]][row]
+        i, j = np.triu_indices(len(members), 1)
+        a, b = members[i], members[j]
+        keep = topo.addr_int[a] != topo.addr_int[b]
+        rows.append(pl.DataFrame({"lo": np.minimum(a, b)[keep], "hi": np.maximum(a, b)[keep],
+                                  "conn": np.full(int(keep.sum()), conn), "t0": np.full(int(keep.sum()), t0)}))
+    return pl.concat(rows) if rows else first.select("lo", "hi", "conn", "t0").clear()
 
 
 def apply_transport(tr: pl.DataFrame, cfg: SimConfig, topo: Topology) -> pl.DataFrame:

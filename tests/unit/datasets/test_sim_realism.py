@@ -75,6 +75,20 @@ def test_tcp_opens_both_directions_together_with_small_handshakes():
     assert (first["start_ns"] < truth["start_ns"]).all()  # set-up precedes the job's first step
 
 
+def test_tcp_mesh_connects_every_pair_of_a_group():
+    kw = dict(BASE, dp=8, pp=1, tp=1, gpus_per_host=1, idle_timeout_s=0.1)
+    ring = pl.from_arrow(simulate(SimConfig(**kw, realism=Realism(transport="tcp"))).tables["flow"])
+    mesh = pl.from_arrow(simulate(SimConfig(**kw, realism=Realism(transport="tcp", tcp_mesh=True))).tables["flow"])
+
+    def pairs(f):
+        return set(zip(f["src_addr"], f["dst_addr"]))
+
+    assert len(pairs(ring)) == 2 * 8 and len(pairs(mesh)) == 8 * 7
+    extra = mesh.filter(~pl.struct("src_addr", "dst_addr").is_in(ring.select(pl.struct("src_addr", "dst_addr"))
+                                                                  .to_series().implode()))
+    assert extra.height and (extra["size_bytes"] <= 200).all()
+
+
 def test_millisecond_timestamps():
     f, truth = _flows(timestamp_ns=1_000_000)
     assert f.height and (f["start_ns"] % 1_000_000 == 0).all() and (f["end_ns"] % 1_000_000 == 0).all()
