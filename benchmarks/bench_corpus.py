@@ -111,10 +111,12 @@ def keep_only(r: Realism, fields: tuple[str, ...] | None) -> Realism:
     return Realism(**{f: getattr(r, f) for f in fields})
 
 
-def run(n_jobs: int, max_world: int, seed: int, only: tuple[str, ...] | None = None
+def run(n_jobs: int, max_world: int, seed: int, only: tuple[str, ...] | None = None, save: str | None = None
         ) -> tuple[pl.DataFrame, float, int]:
     rows, t0, errors = [], time.perf_counter(), 0
     for fab_spec in corpus_fabrics(seed, n_jobs, max_world):
+        if save and rows:  # per-job rows so far, so that a long run cut short still reports
+            pl.DataFrame(rows, infer_schema_length=None).write_parquet(save)
         try:
             cfgs = [dataclasses.replace(c, realism=keep_only(c.realism, only)) for c in fab_spec.configs]
             fab = simulate_fabric(cfgs, background=True, realism=keep_only(fab_spec.realism, only))
@@ -189,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=int(os.environ.get("BENCH_CORPUS_SEED", CORPUS_SEED)),
                     help="corpus seed (default: the unseen one)")
     ap.add_argument("--ideal", action="store_true", help="control: the same jobs with every realism option off")
+    ap.add_argument("--save", help="write the per-job rows to this Parquet file after every fabric")
+    ap.add_argument("--report", help="only print the report of rows saved earlier with --save")
     ap.add_argument("--only", help="ablation: keep only these Realism fields (comma-separated), e.g. transport,mtu")
     a = ap.parse_args(argv)
     only = () if a.ideal else tuple(x.strip() for x in a.only.split(",") if x.strip()) if a.only else None
@@ -197,10 +201,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--only: unknown Realism field(s) {sorted(bad)}")
     if a.jobs < 1 or a.max_world < 8:
         ap.error("--jobs must be >= 1 and --max-world >= 8")
+    if a.report:
+        df = pl.read_parquet(a.report)
+        print(f"report of saved rows {a.report} ({df.height} jobs; the run may have been cut short)")
+        report(df, float("nan"), 0)
+        return 0
     kind = "IDEALISED control" if only == () else f"ablation ({', '.join(only)} only)" if only else "de-idealised"
     print(f"{kind} corpus: {a.jobs} jobs, 8..{a.max_world} GPUs, "
           f"seed {a.seed}{' (unseen)' if a.seed == CORPUS_SEED else ' (not the unseen seed)'}")
-    df, secs, errors = run(a.jobs, a.max_world, a.seed, only)
+    df, secs, errors = run(a.jobs, a.max_world, a.seed, only, a.save)
+    if a.save:
+        df.write_parquet(a.save)
     report(df, secs, errors)
     return 0
 
