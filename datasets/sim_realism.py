@@ -31,7 +31,7 @@ options model what production fabrics and exporters do instead:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pyarrow as pa
@@ -97,6 +97,38 @@ class Realism:
 IDEAL = Realism()
 
 
+def realism_from(value) -> Realism:
+    """A Realism from a mapping (config file) or ``k=v,k=v`` text (the --realism flag)."""
+    if isinstance(value, Realism):
+        return value
+    if isinstance(value, str):
+        items = {}
+        for item in filter(None, (x.strip() for x in value.split(","))):
+            k, eq, v = item.partition("=")
+            if not eq:
+                raise ConfigError(f"realism {value!r}: {item!r} is not key=value")
+            items[k.strip()] = _scalar(v.strip())
+        value = items
+    if not isinstance(value, dict):
+        raise ConfigError(f"realism: expected a mapping or 'key=value,...', got {value!r}")
+    known = {f.name for f in fields(Realism)}
+    bad = sorted(set(value) - known)
+    if bad:
+        raise ConfigError(f"realism: unknown option(s) {bad}; expected some of {sorted(known)}")
+    return Realism(**value)
+
+
+def _scalar(text: str):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
+
+
 def exporter_name(rail: int, host: int, hosts_per_pod: int) -> str:
     """The leaf that exports a host port's ingress traffic: one per rail, or one per (pod, rail)."""
     if hosts_per_pod <= 0:
@@ -120,9 +152,9 @@ def truncate_times(flow: pa.Table, resolution_ns: int) -> pa.Table:
     if resolution_ns <= 1 or flow.num_rows == 0:
         return flow
     for c in ("start_ns", "end_ns"):
+        i = flow.schema.get_field_index(c)
         v = flow.column(c).to_numpy()
-        flow = flow.set_column(flow.schema.get_field_index(c), c,
-                               pa.array(v - np.mod(v, resolution_ns), pa.int64()))
+        flow = flow.set_column(i, flow.schema.field(i), pa.array(v - np.mod(v, resolution_ns), pa.int64()))
     return flow
 
 

@@ -218,3 +218,15 @@ def test_bad_realism_is_a_config_error():
     with pytest.raises(ConfigError, match="ranks_per_address"):
         SimConfig(**dict(BASE, gpus_per_host=2), realism=Realism(ranks_per_address=4))
     assert dataclasses.replace(Realism(), timestamp_ns=1000).timestamp_ns == 1000
+
+
+def test_everything_on_writes_a_valid_store(tmp_path):
+    from rankscope.collectors.store import Store
+    from rankscope.datasets.simulator import write_store
+
+    r = Realism(transport="tcp", timestamp_ns=1_000_000, hosts_per_pod=2, exporter_offset_ms=2.0,
+                rail_jitter_us=20.0, ranks_per_address=2, wild_background=True, kineto_records=True, tcp_mesh=True)
+    fab = simulate_fabric([SimConfig(job="a", **BASE, realism=r)])
+    assert not validate(fab.flow, "flow").rejects
+    write_store(fab, tmp_path / "s")
+    assert Store(tmp_path / "s").count("flow", "fabric") == fab.flow.num_rows
