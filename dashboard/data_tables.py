@@ -67,17 +67,22 @@ def table_rows(rows: Any, max_rows: int = 200, first: tuple[str, ...] = ()) -> t
     for r, d in zip(shown, data):
         tip = {}
         for c in cols:
-            full = fmt_value(r.get(c)) if not isinstance(r.get(c), (list, tuple)) else _full_list(r.get(c))
+            full = full_text(r.get(c))
             if full != d[c]:
                 tip[c] = {"value": full[:TOOLTIP_CHARS], "type": "text"}
         tips.append(tip)
     return cols, data, tips, len(dicts)
 
 
-def _full_list(v: list | tuple) -> str:
-    if v and all(isinstance(x, (list, tuple)) for x in v):
-        return "\n".join("[" + ", ".join(map(str, g)) + "]" for g in v)
-    return ", ".join(fmt_value(x) for x in v)
+def full_text(v: Any) -> str:
+    """The whole value for a tooltip, keeping the structure: groups as [..] [..], dicts as key: value lines."""
+    if isinstance(v, (list, tuple)):
+        if v and all(isinstance(x, (list, tuple)) for x in v):
+            return " ".join("[" + ", ".join(map(str, g)) + "]" for g in v)
+        return ", ".join(full_text(x) for x in v)
+    if isinstance(v, dict):
+        return "\n".join(f"{k}: {full_text(x)}" for k, x in v.items())
+    return fmt_value(v)
 
 
 def data_table(table_id: str, rows: Any, title: str, empty_text: str, first: tuple[str, ...] = (),

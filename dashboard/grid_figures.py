@@ -91,15 +91,19 @@ def rank_scores(heat: Any) -> dict[str, float]:
     return {w: float(v) for w, v in zip(m[0], means) if np.isfinite(v)}
 
 
-def centred_range(z: np.ndarray) -> tuple[float, float, float] | None:
-    """(zmin, zmid, zmax) centred on the median; the half-width is the 99th percentile of the deviation, so
-    a stage-wide shift sets the scale and a single extreme rank saturates instead of washing out the rest."""
+def centred_range(z: np.ndarray, floor: float = 0.01) -> tuple[float, float, float] | None:
+    """(zmin, zmid, zmax) centred on the median cell. The half-width is the 90th percentile of the rows'
+    (median) deviation from it, so a stage-wide shift sets the scale while a few extreme ranks saturate
+    instead of washing the rest out; it is never under ``floor`` x the median (differences below ~1 % are
+    noise and should not look like blotches)."""
     vals = z[np.isfinite(z)]
     if not vals.size:
         return None
     mid = float(np.median(vals))
-    dev = np.abs(vals - mid)
-    half = float(np.percentile(dev, 99)) or float(dev.max()) or 1e-3
+    with np.errstate(all="ignore"):
+        rows = np.nanmedian(z, axis=1) if z.ndim == 2 else z
+    rows = rows[np.isfinite(rows)]
+    half = max(float(np.percentile(np.abs(rows - mid), 90)), floor * abs(mid), 1e-9)
     return mid - half, mid, mid + half
 
 
@@ -143,7 +147,7 @@ def strategy_figure(strategy: Strategy, heat: Any = None, max_rows: int = 64, ma
     if scores:
         z = np.full((nb, ncol), np.nan)
         z[rows, cols] = cells["score"].fill_null(np.nan).to_numpy()
-        rng = centred_range(z)
+        rng = centred_range(z.ravel())
     else:
         z = np.full((nb, ncol), np.nan)
         z[rows, cols] = (cells["col"] % 2).to_numpy().astype(float)
