@@ -8,13 +8,14 @@ the manifest changed, so a live store shows fresh data without re-analysing an
 idle one on every tick.
 
 Never a stale page: every render carries the (store, job) it was computed for
-(``rendered``); a browser-side gate shows the content only while that matches
-the boxes, and a loading banner naming the job otherwise. A late answer for a
-job no longer selected is dropped (hidden) and the selection asked for again.
+(``rendered``); a gate in the page (GATE_JS) shows the content only while that
+matches the boxes, and a loading banner naming the job otherwise. A late answer
+for a job no longer selected stays hidden and the selection is asked for again.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,28 +48,46 @@ TABLES = {"findings": ("Findings (the verdict's culprit first)", "no findings: n
           "diff": ("Run diff (baseline -> this run)", "no baseline to compare with: choose a baseline store",
                    ("change", "aspect", "item", "ratio", "baseline", "current", "unit"))}
 TEXT_OUTPUTS = ("status", "summary-band", "strategy-summary", "cards")
-OUTPUTS = (["shown.data", "rendered.data"] + [f"{t}.children" for t in TEXT_OUTPUTS]
+OUTPUTS = (["shown.data", "rendered.data", "rendered-tag.children"] + [f"{t}.children" for t in TEXT_OUTPUTS]
            + [f"fig-{g}.figure" for g in GRAPHS] + [f"table-{t}.children" for t in TABLES])
 """what one render sets, in this order (``page_content``'s keys)."""
 
-# The gate runs in the browser, so a new selection hides the old job's content before any request leaves.
+# The gate: a MutationObserver runs after every DOM change and before the next paint, so the frame that
+# shows a new value in the job or store box already hides content rendered for another selection.
+# React never touches <body>'s class or the loading text (a span rendered without children).
 GATE_JS = """
-function(store, job, rendered, retry) {
-    const nu = window.dash_clientside.no_update;
-    const trig = (window.dash_clientside.callback_context.triggered || []).map(t => t.prop_id);
-    const want = {store: store || null, job: job || null};
-    const ok = !!rendered && rendered.store === want.store && rendered.job === want.job;
-    if (ok) { return [{display: 'block'}, {display: 'none'}, '', nu]; }
-    const what = want.job ? 'job ' + want.job : 'store ' + (want.store || '');
-    const text = 'Loading ' + what + ': analysing (the first view of a store version can take a while '
-        + 'for thousands of ranks; later views come from the cache)';
-    // an answer for another selection arrived late: drop it (stays hidden) and ask for this one again
-    const late = !!rendered && trig.indexOf('rendered.data') >= 0;
-    return [{display: 'none'}, {display: 'flex'}, text, late ? (retry || 0) + 1 : nu];
+(function () {
+  function text(id) { const e = document.getElementById(id); return e ? e.textContent.trim() : ''; }
+  function sync() {
+    const job = text('job-value'), store = text('store-value');
+    let tag = null;
+    try { tag = JSON.parse(text('rendered-tag') || 'null'); } catch (e) { tag = null; }
+    const ok = !!tag && (tag.store || '') === store && (tag.job || '') === job;
+    if (document.body.classList.contains('rs-current') !== ok) document.body.classList.toggle('rs-current', ok);
+    const lt = document.getElementById('loading-text');
+    const want = 'Loading ' + (job ? 'job ' + job : 'store ' + store) + ': analysing (the first view of a '
+      + 'store version can take minutes for thousands of ranks; later views come from the cache)';
+    if (!ok && lt && lt.textContent !== want) lt.textContent = want;
+  }
+  new MutationObserver(sync).observe(document.documentElement, {subtree: true, childList: true,
+                                                                characterData: true});
+})();
+"""
+
+# An answer for a selection no longer in the boxes arrived after the current one was asked for (or
+# instead of it): ask again, so the page never waits forever behind a dropped answer.
+RETRY_JS = """
+function(rendered, store, job, retry) {
+    const ok = !!rendered && (rendered.store || null) === (store || null) && (rendered.job || null) === (job || null);
+    return ok || !rendered ? window.dash_clientside.no_update : (retry || 0) + 1;
 }
 """
 
-SPINNER_CSS = "@keyframes rs-spin{to{transform:rotate(360deg)}}"
+PAGE_CSS = """
+@keyframes rs-spin{to{transform:rotate(360deg)}}
+#content{display:none} body.rs-current #content{display:block}
+#loading{display:flex;align-items:center;margin:10px 0} body.rs-current #loading{display:none}
+"""
 
 
 def strategy_summary(d: Diagnosis, max_groups: int = 8) -> str:
@@ -119,10 +138,10 @@ def build_layout(access: Access, interval_s: float):
                 placeholder="optional, for the run diff", style={"width": "20em"}),
             html.Label("baseline job"), dcc.Dropdown(id="baseline-job", style={"width": "14em"}),
         ]),
-        html.Div(id="loading", role="status", className="loading-banner",
-                 style={"display": "flex", "alignItems": "center", "margin": "10px 0"}, children=[
-            spinner, html.Span(id="loading-text", children="Loading", style={"fontSize": "15px", "marginLeft": "10px"})]),
-        html.Div(id="content", style={"display": "none"}, children=[
+        html.Div(id="loading", role="status", className="loading-banner", children=[
+            spinner, html.Span(id="loading-text", style={"fontSize": "15px", "marginLeft": "10px"})]),
+        html.Div(id="content", children=[
+            html.Span(id="rendered-tag", style={"display": "none"}),
             html.Div(id="status", style={"color": "#666", "fontSize": "12px", "margin": "4px 0"}),
             html.Div(id="summary-band", style={**section, "borderLeft": "5px solid #2c6fbb", "padding": "8px 14px"}),
             html.Div(id="strategy-summary", style={"fontSize": "13px", "fontWeight": 600, "color": "#334"}),
@@ -179,6 +198,7 @@ def _tables(d: Diagnosis | None, tables: dict | None) -> dict:
 
 def _message_page(store: str | None, job: str | None, status: str, version: str = "") -> dict:
     page = {"shown.data": version, "rendered.data": {"store": store, "job": job},
+            "rendered-tag.children": json.dumps({"store": store, "job": job}),
             "status.children": status, "summary-band.children": status, "strategy-summary.children": "",
             "cards.children": []}
     page.update({f"fig-{g}.figure": empty_figure(TITLES[g], status) for g in GRAPHS})
@@ -207,7 +227,8 @@ def page_content(views: JobViews, store: str | None, job: str | None, baseline_s
         status += f" | not computed: {', '.join(tables['errors'])} (details in the server log)"
     for fig in figs.values():
         fig.update_layout(uirevision=job)  # keep the user's zoom across refreshes
-    page = {"shown.data": a.version, "rendered.data": {"store": store, "job": job}, "status.children": status,
+    page = {"shown.data": a.version, "rendered.data": {"store": store, "job": job},
+            "rendered-tag.children": json.dumps({"store": store, "job": job}), "status.children": status,
             "summary-band.children": summary_band(d), "strategy-summary.children": strategy_summary(d),
             "cards.children": _cards(d)}
     page.update({f"fig-{g}.figure": figs[g] for g in GRAPHS})
@@ -223,7 +244,8 @@ def create_app(store_dir: str | list[str], interval_s: float = 15.0, baseline_di
     views = JobViews()
     access = Access.of(store_dir, baseline_dir)
     app = dash.Dash(__name__, title="rankscope", update_title=None)
-    app.index_string = app.index_string.replace("</head>", f"<style>{SPINNER_CSS}</style></head>")
+    app.index_string = (app.index_string.replace("</head>", f"<style>{PAGE_CSS}</style></head>")
+                        .replace("{%renderer%}", "{%renderer%}<script>" + GATE_JS + "</script>"))
     app.layout = build_layout(access, interval_s)
 
     @app.callback(Output("job", "options"), Output("job", "value"),
@@ -241,10 +263,8 @@ def create_app(store_dir: str | list[str], interval_s: float = 15.0, baseline_di
             return jobs, current
         return jobs, job if job in jobs else (jobs[0] if jobs else None)
 
-    app.clientside_callback(GATE_JS, Output("content", "style"), Output("loading", "style"),
-                            Output("loading-text", "children"), Output("retry", "data"),
-                            Input("store", "value"), Input("job", "value"), Input("rendered", "data"),
-                            State("retry", "data"))
+    app.clientside_callback(RETRY_JS, Output("retry", "data"), Input("rendered", "data"), State("store", "value"),
+                            State("job", "value"), State("retry", "data"))
 
     outputs = [Output(*o.split(".")) for o in OUTPUTS]
 
@@ -264,6 +284,7 @@ def create_app(store_dir: str | list[str], interval_s: float = 15.0, baseline_di
             return [dash.no_update] * len(outputs)
         # tag the answer with the selection as the browser sent it, so the gate can match it
         content["rendered.data"] = {"store": store_value, "job": job_value}
+        content["rendered-tag.children"] = json.dumps(content["rendered.data"])
         return [content[o] for o in OUTPUTS]
 
     return app
