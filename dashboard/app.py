@@ -65,8 +65,9 @@ GATE_JS = """
     const ok = !!tag && (tag.store || '') === store && (tag.job || '') === job;
     if (document.body.classList.contains('rs-current') !== ok) document.body.classList.toggle('rs-current', ok);
     const lt = document.getElementById('loading-text');
-    const want = 'Loading ' + (job ? 'job ' + job : 'store ' + store) + ': analysing (the first view of a '
-      + 'store version can take minutes for thousands of ranks; later views come from the cache)';
+    const what = job ? 'job ' + job : (store ? 'store ' + store : '');
+    const want = what ? 'Loading ' + what + ': analysing (the first view of a store version can take '
+      + 'minutes for thousands of ranks; later views come from the cache)' : 'Loading';
     if (!ok && lt && lt.textContent !== want) lt.textContent = want;
   }
   new MutationObserver(sync).observe(document.documentElement, {subtree: true, childList: true,
@@ -290,9 +291,28 @@ def create_app(store_dir: str | list[str], interval_s: float = 15.0, baseline_di
     return app
 
 
+def warm_up(stores: list[str]) -> None:
+    """Import the analysis and analyse each store's first job, so the first page view comes from the cache."""
+    import importlib
+    import logging
+
+    for m in ANALYSIS_MODULES:
+        importlib.import_module(m)
+    views = JobViews()
+    for store in stores:
+        try:
+            jobs = _job_options(views, store)
+            if jobs:
+                views.get(store, jobs[0])
+        except Exception as e:  # noqa: BLE001 - a failing warm-up only costs the first viewer a wait
+            logging.getLogger("rankscope.dashboard").warning("warm-up of %s failed: %s", store, e)
+
+
 def serve(store_dir: str | list[str], host: str = "127.0.0.1", port: int = 8050, interval_s: float = 15.0,
-          baseline_dir: str | list[str] | None = None, auth: tuple[str, str] | None = None) -> None:
-    """Run the app in this process until interrupted."""
+          baseline_dir: str | list[str] | None = None, auth: tuple[str, str] | None = None,
+          warm: bool = True) -> None:
+    """Run the app in this process until interrupted. ``warm``: analyse each store's first job at start
+    (in the background; the server answers at once and shows the loading banner meanwhile)."""
     import importlib
 
     from rankscope.dashboard.security import check_bind, install
@@ -300,7 +320,9 @@ def serve(store_dir: str | list[str], host: str = "127.0.0.1", port: int = 8050,
     check_bind(host, auth)
     app = create_app(store_dir, interval_s, baseline_dir)
     install(app.server, host, port, auth)
+    stores = list(Access.of(store_dir).stores)
     # the analysis imports (polars plans, scipy, scikit-learn) load while the server already answers
-    threading.Thread(target=lambda: [importlib.import_module(m) for m in ANALYSIS_MODULES], daemon=True,
-                     name="rankscope-warm-up").start()
+    target = (lambda: warm_up(stores)) if warm else (
+        lambda: [importlib.import_module(m) for m in ANALYSIS_MODULES])
+    threading.Thread(target=target, daemon=True, name="rankscope-warm-up").start()
     app.run(host=host, port=port, debug=False)
