@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -207,6 +208,12 @@ def _message_page(store: str | None, job: str | None, status: str, version: str 
     return page
 
 
+PAGE_CACHE_SIZE = 8
+_pages: OrderedDict[str, dict] = OrderedDict()
+"""built pages by analysis version: a cached analysis is drawn once, not on every page load."""
+_pages_lock = threading.Lock()
+
+
 def page_content(views: JobViews, store: str | None, job: str | None, baseline_store: str | None = None,
                  baseline_job: str | None = None, shown: str | None = None) -> dict | None:
     """What the page shows for one job, keyed by :data:`OUTPUTS`; None when ``shown`` (the version on the
@@ -218,9 +225,22 @@ def page_content(views: JobViews, store: str | None, job: str | None, baseline_s
         version = views.version(store, job, baseline_store or None, baseline_job)
         if version == shown:
             return None
+        with _pages_lock:
+            hit = _pages.get(version)
+        if hit is not None:
+            return dict(hit)
         a = views.get(store, job, baseline_store or None, baseline_job)
     except Exception as e:  # noqa: BLE001 - one failing analyzer must not take the page down; say why
         return _message_page(store, job, public_error(f"could not analyse job {job}", e))
+    page = _built_page(store, job, a)
+    with _pages_lock:
+        _pages[a.version] = page
+        while len(_pages) > PAGE_CACHE_SIZE:
+            _pages.popitem(last=False)
+    return dict(page)
+
+
+def _built_page(store: str, job: str, a) -> dict:
     d, tables = a.diagnosis, a.tables
     figs = all_figures(d, tables)
     status = f"store {store} | job {job} | sources: {', '.join(d.sources) or 'none'}"
@@ -303,7 +323,7 @@ def warm_up(stores: list[str]) -> None:
         try:
             jobs = _job_options(views, store)
             if jobs:
-                views.get(store, jobs[0])
+                page_content(views, store, jobs[0])  # analysis and figures, both cached
         except Exception as e:  # noqa: BLE001 - a failing warm-up only costs the first viewer a wait
             logging.getLogger("rankscope.dashboard").warning("warm-up of %s failed: %s", store, e)
 

@@ -89,6 +89,7 @@ def test_errors_are_generic_in_the_page(stores, monkeypatch, caplog):
         raise ValueError("secret /etc/shadow detail")
 
     monkeypatch.setattr(app_mod.JobViews, "get", boom)
+    monkeypatch.setattr(app_mod, "_pages", type(app_mod._pages)())  # no page built by an earlier test
     c = app_mod.page_content(app_mod.JobViews(), str(inside), "handjob")["status.children"]
     assert "secret" not in c and "server log" in c
     assert "secret /etc/shadow detail" in caplog.text
