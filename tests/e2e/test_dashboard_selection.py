@@ -74,3 +74,24 @@ def test_missing_store_says_so_in_the_page(browser, tmp_path):
             lambda b: "no records yet" in b.find_element(By.ID, "summary-band").text)
         assert "rankscope ingest" in browser.find_element(By.ID, "summary-band").text
         assert "step_series" not in browser.find_element(By.ID, "content").text
+
+
+def test_live_refresh_shows_new_steps_without_a_loading_flash(browser, tmp_path):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.unit.dashboard.hand_store import write_hand_store
+
+    store = tmp_path / "live"
+    write_hand_store(store, steps=2)
+    points = ("const gd = document.querySelector('#fig-step_series .js-plotly-plot');"
+              "return gd && gd.calcdata ? gd.calcdata[0].length : 0;")
+    with serve_dashboard(store, refresh_s=1) as url:
+        browser.get(url)
+        wait = WebDriverWait(browser, 300, poll_frequency=0.05)
+        install_monitor(browser)
+        wait.until(lambda b: showing(b, "handjob") and b.execute_script(points) == 2)
+        browser.execute_script("window.__rs.loading = [];")
+        write_hand_store(store, steps=1, first_step=2)  # a live writer adds a step
+        wait.until(lambda b: b.execute_script(points) == 3)
+        m = monitor(browser)
+        assert not m["stale"] and m["loading"] == [], m  # same job, newer data: no loading banner
