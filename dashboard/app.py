@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rankscope.collectors.store import Store
-from rankscope.dashboard.analysis_source import JobViews, store_problem
+from rankscope.dashboard.analysis_source import JobViews, load_planned, store_problem
 from rankscope.dashboard.data_tables import data_table, findings_rows
 from rankscope.dashboard.figures import all_figures
 from rankscope.dashboard.report_html import key_numbers
@@ -33,7 +33,7 @@ from rankscope.dashboard.table_figures import empty_figure
 if TYPE_CHECKING:
     from rankscope.analysis.diagnosis import Diagnosis
 
-__all__ = ["GRAPHS", "TABLES", "JobViews", "create_app", "page_content", "serve", "strategy_summary"]
+__all__ = ["GRAPHS", "TABLES", "JobViews", "create_app", "load_planned", "page_content", "serve", "strategy_summary"]
 
 ANALYSIS_MODULES = ("rankscope.analysis.diagnose", "rankscope.analysis.run_diff")
 """imported on first use (or by :func:`serve`'s warm-up thread), so the server answers at once."""
