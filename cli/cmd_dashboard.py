@@ -18,7 +18,9 @@ import click
               help="seconds between re-reads of the store (a live store shows fresh data)")
 @click.option("--auth", default=None, envvar="RANKSCOPE_DASHBOARD_AUTH", metavar="USER:PASSWORD",
               help="require HTTP basic auth (env RANKSCOPE_DASHBOARD_AUTH); needed with a non-loopback --host")
-def dashboard(store_dirs, port, host, baseline_dirs, refresh_s, auth):
+@click.option("--warm/--no-warm", default=True, show_default=True,
+              help="analyse each store's first job at start, so the first page view comes from the cache")
+def dashboard(store_dirs, port, host, baseline_dirs, refresh_s, auth, warm):
     """Serve the rankscope dashboard: strategy, timelines, stragglers, regressions, hangs, run diff.
 
     \b
@@ -34,4 +36,4 @@ def dashboard(store_dirs, port, host, baseline_dirs, refresh_s, auth):
     shown = ", ".join(store_dirs)
     click.echo(f"rankscope dashboard on http://{host}:{port} (store {shown}); Ctrl-C to stop", err=True)
     serve(list(store_dirs), host=host, port=port, interval_s=refresh_s, baseline_dir=list(baseline_dirs),
-          auth=creds)
+          auth=creds, warm=warm)

@@ -1,147 +1,95 @@
-"""The Dash app for SREs: pick a store and a job, see its strategy, timelines, stragglers,
-regressions, hangs and a diff against a baseline run.
+"""The Dash app for SREs: pick a store and a job, see the verdict and its culprit first, then the
+strategy, timelines, stragglers, findings, regressions, hangs and a diff against a baseline run.
 
-It reads the store (collectors.job_frames.load_job) and the analysis API
-(analysis.diagnose.analyze_job: the Diagnosis and its tables; analysis.run_diff
-for the diff; analysis.flow_jobs for the jobs of a flow capture) and computes
-nothing of its own. An interval re-reads the store; a job is re-diagnosed only
-when its part files or the manifest changed, so a live store shows fresh data
-without re-analysing an idle one on every tick.
+It reads the store and the analysis API through dashboard/analysis_source.py
+(one cached analysis per store version) and computes nothing of its own. An
+interval re-reads the store; a job is re-diagnosed only when its part files or
+the manifest changed, so a live store shows fresh data without re-analysing an
+idle one on every tick.
+
+Never a stale page: every render carries the (store, job) it was computed for
+(``rendered``); a gate in the page (GATE_JS) shows the content only while that
+matches the boxes, and a loading banner naming the job otherwise. A late answer
+for a job no longer selected stays hidden and the selection is asked for again.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rankscope.collectors.errors import RankscopeError
-from rankscope.collectors.job_frames import KINDS_FOR_ANALYSIS, JobFrames
-from rankscope.collectors.store import MANIFEST_DIR, Store
+from rankscope.collectors.store import Store
+from rankscope.dashboard.analysis_source import JobViews, load_planned, store_problem
+from rankscope.dashboard.data_tables import data_table, findings_rows
 from rankscope.dashboard.figures import all_figures
 from rankscope.dashboard.report_html import key_numbers
 from rankscope.dashboard.security import Access, checked_job, public_error
-from rankscope.dashboard.table_figures import diff_figure, empty_figure
+from rankscope.dashboard.summary_band import summary_band
+from rankscope.dashboard.table_figures import empty_figure
 
 if TYPE_CHECKING:
     from rankscope.analysis.diagnosis import Diagnosis
-    from rankscope.analysis.jobs import PlannedJob
+
+__all__ = ["GRAPHS", "TABLES", "JobViews", "create_app", "load_planned", "page_content", "serve", "strategy_summary"]
 
 ANALYSIS_MODULES = ("rankscope.analysis.diagnose", "rankscope.analysis.run_diff")
 """imported on first use (or by :func:`serve`'s warm-up thread), so the server answers at once."""
 
-GRAPHS = ("strategy", "step_series", "timeline", "heatmap", "optype", "cause", "regressions", "hangs", "diff")
-_CACHE_SIZE = 8
+GRAPHS = ("strategy", "step_series", "timeline", "heatmap", "optype", "cause")
+TITLES = {"strategy": "Strategy", "step_series": "Step time", "timeline": "Per-rank step timeline",
+          "heatmap": "Straggler heatmap", "optype": "Slowdown by op type", "cause": "What-if by cause"}
+TABLES = {"findings": ("Findings (the verdict's culprit first)", "no findings: nothing stands out",
+                       ("finding", "kind", "factor")),
+          "regressions": ("Kernel regressions", "no kernel regressions found",
+                          ("kernel", "ratio", "reason", "ranks", "shape", "dtype")),
+          "hangs": ("Hangs (collectives some rank never joined)", "no hangs found", ("group", "seq", "missing", "op")),
+          "diff": ("Run diff (baseline -> this run)", "no baseline to compare with: choose a baseline store",
+                   ("change", "aspect", "item", "ratio", "baseline", "current", "unit"))}
+TEXT_OUTPUTS = ("status", "summary-band", "strategy-summary", "cards")
+OUTPUTS = (["shown.data", "rendered.data", "rendered-tag.children"] + [f"{t}.children" for t in TEXT_OUTPUTS]
+           + [f"fig-{g}.figure" for g in GRAPHS] + [f"table-{t}.children" for t in TABLES])
+"""what one render sets, in this order (``page_content``'s keys)."""
 
+# The gate: a MutationObserver runs after every DOM change and before the next paint, so the frame that
+# shows a new value in the job or store box already hides content rendered for another selection.
+# React never touches <body>'s class or the loading text (a span rendered without children).
+GATE_JS = """
+(function () {
+  function text(id) { const e = document.getElementById(id); return e ? e.textContent.trim() : ''; }
+  function sync() {
+    const job = text('job-value'), store = text('store-value');
+    let tag = null;
+    try { tag = JSON.parse(text('rendered-tag') || 'null'); } catch (e) { tag = null; }
+    const ok = !!tag && (tag.store || '') === store && (tag.job || '') === job;
+    if (document.body.classList.contains('rs-current') !== ok) document.body.classList.toggle('rs-current', ok);
+    const lt = document.getElementById('loading-text');
+    const what = job ? 'job ' + job : (store ? 'store ' + store : '');
+    const want = what ? 'Loading ' + what + ': analysing (the first view of a store version can take '
+      + 'minutes for thousands of ranks; later views come from the cache)' : 'Loading';
+    if (!ok && lt && lt.textContent !== want) lt.textContent = want;
+  }
+  new MutationObserver(sync).observe(document.documentElement, {subtree: true, childList: true,
+                                                                characterData: true});
+})();
+"""
 
-def store_signature(store: Store, job: str | None) -> tuple:
-    """What changes when a live store gets new data for a job (None: any job): its part files and the
-    manifest entries."""
-    sig = []
-    for kind in KINDS_FOR_ANALYSIS:
-        for p in store.parts(kind, job):
-            sig.append((p.name, p.stat().st_size))
-    man = store.root / MANIFEST_DIR
-    if man.is_dir():
-        sig.append(tuple(sorted((p.name, p.stat().st_mtime_ns) for p in man.glob("*.json"))))
-    return tuple(sig)
+# An answer for a selection no longer in the boxes arrived after the current one was asked for (or
+# instead of it): ask again, so the page never waits forever behind a dropped answer.
+RETRY_JS = """
+function(rendered, store, job, retry) {
+    const ok = !!rendered && (rendered.store || null) === (store || null) && (rendered.job || null) === (job || null);
+    return ok || !rendered ? window.dash_clientside.no_update : (retry || 0) + 1;
+}
+"""
 
-
-def job_plan(store: Store) -> dict[str, PlannedJob]:
-    """Job name -> how to load it: the one job plan of ``rankscope analyze`` (analysis.jobs.plan_jobs)."""
-    from rankscope.analysis.jobs import plan_jobs
-
-    return {p.name: p for p in plan_jobs(store)}
-
-
-def load_planned(store: Store, name: str, how: PlannedJob) -> JobFrames:
-    """The frames of one planned job (analysis.jobs.load_planned), named ``name``."""
-    from rankscope.analysis.jobs import load_planned as load
-
-    frames = load(store, how)[0]
-    frames.job = name
-    return frames
-
-
-def analysis_tables(frames: JobFrames, tables: dict, baseline: JobFrames | None = None) -> dict:
-    """The figures' tables: those analysis.diagnose.analyze_job returned, plus the run diff with a baseline."""
-    from rankscope.analysis.run_diff import diff_runs
-
-    tables = dict(tables)
-    if baseline is not None:
-        try:
-            tables["diff"] = diff_runs(baseline, frames).rows
-        except RankscopeError as e:
-            tables.setdefault("errors", {})["diff"] = public_error("run diff failed", e)
-    return tables
-
-
-def _version(key: tuple, sig: tuple) -> str:
-    import hashlib
-
-    return hashlib.sha1(repr((key, sig)).encode()).hexdigest()[:16]
-
-
-class JobViews:
-    """Small LRUs of job plans per store and of (Diagnosis, tables) per (store, job, baseline),
-    invalidated by the store signature."""
-
-    def __init__(self, size: int = _CACHE_SIZE):
-        self._size = size
-        self._cache: OrderedDict[tuple, tuple[tuple, Diagnosis, dict]] = OrderedDict()
-        self._plans: dict[str, tuple[tuple, dict]] = {}
-        self._lock = threading.Lock()
-
-    def plan(self, store_dir: str) -> dict[str, PlannedJob]:
-        """The store's jobs (see :func:`job_plan`), recomputed only when the store changed."""
-        store = Store(store_dir)
-        sig = store_signature(store, None)
-        with self._lock:
-            hit = self._plans.get(str(store_dir))
-            if hit is not None and hit[0] == sig:
-                return hit[1]
-        plan = job_plan(store)
-        with self._lock:
-            self._plans[str(store_dir)] = (sig, plan)
-        return plan
-
-    def _frames(self, store_dir: str, job: str) -> tuple[Store, PlannedJob, tuple]:
-        from rankscope.analysis.jobs import PlannedJob
-
-        how = self.plan(store_dir).get(job) or PlannedJob(job, "job", job)
-        store = Store(store_dir)
-        return store, how, store_signature(store, how.source)
-
-    def get(self, store_dir: str, job: str, baseline_dir: str | None = None,
-            baseline_job: str | None = None) -> tuple[Diagnosis, dict]:
-        d, tables, _ = self.get_versioned(store_dir, job, baseline_dir, baseline_job)
-        return d, tables
-
-    def get_versioned(self, store_dir: str, job: str, baseline_dir: str | None = None,
-                      baseline_job: str | None = None) -> tuple[Diagnosis, dict, str]:
-        """Like :meth:`get`, plus a version string that changes whenever the inputs changed."""
-        store, how, sig_job = self._frames(store_dir, job)
-        bjob = baseline_job or job
-        base = self._frames(baseline_dir, bjob) if baseline_dir else None
-        sig = (how, sig_job, base[1:] if base else None)
-        key = (str(store_dir), job, baseline_dir or "", bjob if base else "")
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None and hit[0] == sig:
-                self._cache.move_to_end(key)
-                return hit[1], hit[2], _version(key, sig)
-        from rankscope.analysis.diagnose import analyze_job
-
-        frames = load_planned(store, job, how)
-        baseline = load_planned(base[0], bjob, base[1]) if base else None
-        diag, tables = analyze_job(frames, baseline=baseline)
-        tables = analysis_tables(frames, tables, baseline)
-        with self._lock:
-            self._cache[key] = (sig, diag, tables)
-            while len(self._cache) > self._size:
-                self._cache.popitem(last=False)
-        return diag, tables, _version(key, sig)
+PAGE_CSS = """
+@keyframes rs-spin{to{transform:rotate(360deg)}}
+#content{display:none} body.rs-current #content{display:block}
+#loading{display:flex;align-items:center;margin:10px 0} body.rs-current #loading{display:none}
+"""
 
 
 def strategy_summary(d: Diagnosis, max_groups: int = 8) -> str:
@@ -165,7 +113,7 @@ def strategy_summary(d: Diagnosis, max_groups: int = 8) -> str:
     return " | ".join(parts)
 
 
-def build_layout(store_dir: str, interval_s: float, baseline_dir: str | None, access: Access | None = None):
+def build_layout(access: Access, interval_s: float):
     from dash import dcc, html
 
     card_style = {"display": "flex", "flexWrap": "wrap", "gap": "8px", "margin": "8px 0"}
@@ -174,30 +122,40 @@ def build_layout(store_dir: str, interval_s: float, baseline_dir: str | None, ac
     half = {**section, "flex": "1 1 560px", "margin": "0"}
     graph = lambda name, style=section: html.Div(  # noqa: E731
         dcc.Graph(id=f"fig-{name}", config={"displaylogo": False}), style=style)
+    table = lambda name: html.Div(id=f"table-{name}", style=section)  # noqa: E731
+    spinner = html.Div(style={"width": "18px", "height": "18px", "border": "3px solid #c8d3e0",
+                              "borderTopColor": "#2c6fbb", "borderRadius": "50%",
+                              "animation": "rs-spin 0.9s linear infinite", "flex": "none"})
     return html.Div(style={"fontFamily": "system-ui, sans-serif", "background": "#f6f7f9", "padding": "0 18px"},
                     children=[
         html.H2("rankscope", style={"margin": "8px 0"}),
         html.Div(style={"display": "flex", "gap": "10px", "flexWrap": "wrap", "alignItems": "center"}, children=[
             # hardstore: the page chooses only among the stores given at start (dashboard/security.py)
-            html.Label("store"), dcc.Dropdown(id="store", options=list(access.stores) if access else [store_dir],
-                                              value=access.stores[0] if access else str(store_dir),
+            html.Label("store"), dcc.Dropdown(id="store", options=list(access.stores), value=access.stores[0],
                                               clearable=False, style={"width": "28em"}),
             html.Label("job"), dcc.Dropdown(id="job", clearable=False, style={"width": "18em"}),
             html.Label("baseline store"), dcc.Dropdown(
-                id="baseline-store", options=list(access.baselines + access.stores) if access else [],
-                value=(access.baselines[0] if access and access.baselines else None),
+                id="baseline-store", options=list(access.baselines + access.stores),
+                value=access.baselines[0] if access.baselines else None,
                 placeholder="optional, for the run diff", style={"width": "20em"}),
             html.Label("baseline job"), dcc.Dropdown(id="baseline-job", style={"width": "14em"}),
         ]),
-        html.Div(id="status", style={"color": "#666", "fontSize": "12px", "margin": "4px 0"}),
-        html.Div(id="strategy-summary", style={"fontSize": "14px", "fontWeight": 600}),
-        html.Div(id="cards", style=card_style),
-        graph("strategy"),
-        html.Div([graph("step_series", half), graph("cause", half)], style={"display": "flex", "gap": "8px",
-                                                                              "flexWrap": "wrap"}),
-        graph("timeline"), graph("heatmap"), graph("optype"),
-        graph("regressions"), graph("hangs"), graph("diff"),
-        dcc.Interval(id="tick", interval=int(interval_s * 1000)), dcc.Store(id="shown"),
+        html.Div(id="loading", role="status", className="loading-banner", children=[
+            spinner, html.Span(id="loading-text", style={"fontSize": "15px", "marginLeft": "10px"})]),
+        html.Div(id="content", children=[
+            html.Span(id="rendered-tag", style={"display": "none"}),
+            html.Div(id="status", style={"color": "#666", "fontSize": "12px", "margin": "4px 0"}),
+            html.Div(id="summary-band", style={**section, "borderLeft": "5px solid #2c6fbb", "padding": "8px 14px"}),
+            html.Div(id="strategy-summary", style={"fontSize": "13px", "fontWeight": 600, "color": "#334"}),
+            html.Div(id="cards", style=card_style),
+            graph("strategy"),
+            html.Div([graph("step_series", half), graph("cause", half)], style={"display": "flex", "gap": "8px",
+                                                                                  "flexWrap": "wrap"}),
+            graph("timeline"), graph("heatmap"), graph("optype"),
+            *[table(t) for t in TABLES],
+        ]),
+        dcc.Interval(id="tick", interval=int(interval_s * 1000)), dcc.Store(id="shown"), dcc.Store(id="rendered"),
+        dcc.Store(id="retry", data=0),
     ])
 
 
@@ -222,30 +180,81 @@ def _job_options(views: JobViews, store_dir: str | None) -> list[str]:
         return Store(store_dir).jobs()
 
 
-def page_content(views: JobViews, store: str | None, job: str | None, baseline_store: str | None = None,
-                 baseline_job: str | None = None, shown: str | None = None) -> list | None:
-    """What the page shows for one job: [version, status, strategy summary, cards, one figure per GRAPHS
-    entry]; None when ``shown`` (the version on the page) is still current."""
-    def blank():
-        return [empty_figure(g, "no job selected") for g in GRAPHS]
+def no_job_message(store: str | None) -> str:
+    """Why there is no job to show: no store chosen, a missing or empty store, or no job recognised."""
+    return store_problem(store) or (f"store {store} has records but no training job was recognised in them "
+                                    "(see `rankscope info --store ...`)")
 
+
+def _tables(d: Diagnosis | None, tables: dict | None) -> dict:
+    tables = tables or {}
+    rows = {"findings": findings_rows(d.extra.get("findings") or []) if d else [],
+            "regressions": d.regressions if d else [], "hangs": d.hangs if d else [],
+            "diff": tables.get("diff") or []}
+    out = {}
+    for t, (title, empty, first) in TABLES.items():
+        why = empty if d is not None else "no job selected"
+        out[f"table-{t}.children"] = data_table(f"dt-{t}", rows[t], title, why, first)
+    return out
+
+
+def _message_page(store: str | None, job: str | None, status: str, version: str = "") -> dict:
+    page = {"shown.data": version, "rendered.data": {"store": store, "job": job},
+            "rendered-tag.children": json.dumps({"store": store, "job": job}),
+            "status.children": status, "summary-band.children": status, "strategy-summary.children": "",
+            "cards.children": []}
+    page.update({f"fig-{g}.figure": empty_figure(TITLES[g], status) for g in GRAPHS})
+    page.update(_tables(None, None))
+    return page
+
+
+PAGE_CACHE_SIZE = 8
+_pages: OrderedDict[str, dict] = OrderedDict()
+"""built pages by analysis version: a cached analysis is drawn once, not on every page load."""
+_pages_lock = threading.Lock()
+
+
+def page_content(views: JobViews, store: str | None, job: str | None, baseline_store: str | None = None,
+                 baseline_job: str | None = None, shown: str | None = None) -> dict | None:
+    """What the page shows for one job, keyed by :data:`OUTPUTS`; None when ``shown`` (the version on the
+    page) is still current. ``rendered.data`` names the (store, job) it was computed for."""
     if not job or not store:
-        return ["", "no job in this store yet" if store else "choose a store", "", []] + blank()
+        listed = bool(store and store_problem(store) is None and _job_options(views, store))
+        return _message_page(store, job, "choose a job" if listed else no_job_message(store))
     try:
-        d, tables, version = views.get_versioned(store, job, baseline_store or None, baseline_job)
+        version = views.version(store, job, baseline_store or None, baseline_job)
+        if version == shown:
+            return None
+        with _pages_lock:
+            hit = _pages.get(version)
+        if hit is not None:
+            return dict(hit)
+        a = views.get(store, job, baseline_store or None, baseline_job)
     except Exception as e:  # noqa: BLE001 - one failing analyzer must not take the page down; say why
-        return ["", public_error(f"could not analyse job {job}", e), "", []] + blank()
-    if version == shown:
-        return None
+        return _message_page(store, job, public_error(f"could not analyse job {job}", e))
+    page = _built_page(store, job, a)
+    with _pages_lock:
+        _pages[a.version] = page
+        while len(_pages) > PAGE_CACHE_SIZE:
+            _pages.popitem(last=False)
+    return dict(page)
+
+
+def _built_page(store: str, job: str, a) -> dict:
+    d, tables = a.diagnosis, a.tables
     figs = all_figures(d, tables)
-    if "diff" not in figs:
-        figs["diff"] = diff_figure(None)
     status = f"store {store} | job {job} | sources: {', '.join(d.sources) or 'none'}"
     if tables.get("errors"):
         status += f" | not computed: {', '.join(tables['errors'])} (details in the server log)"
     for fig in figs.values():
         fig.update_layout(uirevision=job)  # keep the user's zoom across refreshes
-    return [version, status, strategy_summary(d), _cards(d)] + [figs[g] for g in GRAPHS]
+    page = {"shown.data": a.version, "rendered.data": {"store": store, "job": job},
+            "rendered-tag.children": json.dumps({"store": store, "job": job}), "status.children": status,
+            "summary-band.children": summary_band(d), "strategy-summary.children": strategy_summary(d),
+            "cards.children": _cards(d)}
+    page.update({f"fig-{g}.figure": figs[g] for g in GRAPHS})
+    page.update(_tables(d, tables))
+    return page
 
 
 def create_app(store_dir: str | list[str], interval_s: float = 15.0, baseline_dir: str | list[str] | None = None):
@@ -256,7 +265,9 @@ def create_app(store_dir: str | list[str], interval_s: float = 15.0, baseline_di
     views = JobViews()
     access = Access.of(store_dir, baseline_dir)
     app = dash.Dash(__name__, title="rankscope", update_title=None)
-    app.layout = build_layout(access.stores[0], interval_s, None, access)
+    app.index_string = (app.index_string.replace("</head>", f"<style>{PAGE_CSS}</style></head>")
+                        .replace("{%renderer%}", "{%renderer%}<script>" + GATE_JS + "</script>"))
+    app.layout = build_layout(access, interval_s)
 
     @app.callback(Output("job", "options"), Output("job", "value"),
                   Input("store", "value"), Input("tick", "n_intervals"), State("job", "value"))
@@ -273,26 +284,55 @@ def create_app(store_dir: str | list[str], interval_s: float = 15.0, baseline_di
             return jobs, current
         return jobs, job if job in jobs else (jobs[0] if jobs else None)
 
-    outputs = [Output("shown", "data"), Output("status", "children"), Output("strategy-summary", "children"),
-               Output("cards", "children")] + [Output(f"fig-{g}", "figure") for g in GRAPHS]
+    app.clientside_callback(RETRY_JS, Output("retry", "data"), Input("rendered", "data"), State("store", "value"),
+                            State("job", "value"), State("retry", "data"))
 
-    @app.callback(outputs, Input("job", "value"), Input("tick", "n_intervals"), Input("baseline-job", "value"),
-                  State("store", "value"), State("baseline-store", "value"), State("shown", "data"))
-    def _render(job, _tick, baseline_job, store, baseline_store, shown):
+    outputs = [Output(*o.split(".")) for o in OUTPUTS]
+
+    @app.callback(outputs, Input("store", "value"), Input("job", "value"), Input("tick", "n_intervals"),
+                  Input("baseline-job", "value"), Input("retry", "data"),
+                  State("baseline-store", "value"), State("shown", "data"))
+    def _render(store_value, job_value, _tick, baseline_job, _retry, baseline_store, shown):
         # hardstore: only stores given at start, only jobs those stores list (a crafted request gets nothing)
-        store, baseline_store = access.store(store), access.baseline(baseline_store)
-        job = checked_job(job, _job_options(views, store))
+        store, baseline_store = access.store(store_value), access.baseline(baseline_store)
+        job = checked_job(job_value, _job_options(views, store))
         baseline_job = checked_job(baseline_job, _job_options(views, baseline_store)) if baseline_store else None
-        content = page_content(views, store, job, baseline_store, baseline_job, shown)
+        trig = {t["prop_id"] for t in dash.callback_context.triggered or []}
+        content = page_content(views, store, job, baseline_store, baseline_job,
+                               None if "retry.data" in trig else shown)
         # an unchanged store sends nothing back: no re-download of figures every tick
-        return [dash.no_update] * len(outputs) if content is None else content
+        if content is None:
+            return [dash.no_update] * len(outputs)
+        # tag the answer with the selection as the browser sent it, so the gate can match it
+        content["rendered.data"] = {"store": store_value, "job": job_value}
+        content["rendered-tag.children"] = json.dumps(content["rendered.data"])
+        return [content[o] for o in OUTPUTS]
 
     return app
 
 
+def warm_up(stores: list[str]) -> None:
+    """Import the analysis and analyse each store's first job, so the first page view comes from the cache."""
+    import importlib
+    import logging
+
+    for m in ANALYSIS_MODULES:
+        importlib.import_module(m)
+    views = JobViews()
+    for store in stores:
+        try:
+            jobs = _job_options(views, store)
+            if jobs:
+                page_content(views, store, jobs[0])  # analysis and figures, both cached
+        except Exception as e:  # noqa: BLE001 - a failing warm-up only costs the first viewer a wait
+            logging.getLogger("rankscope.dashboard").warning("warm-up of %s failed: %s", store, e)
+
+
 def serve(store_dir: str | list[str], host: str = "127.0.0.1", port: int = 8050, interval_s: float = 15.0,
-          baseline_dir: str | list[str] | None = None, auth: tuple[str, str] | None = None) -> None:
-    """Run the app in this process until interrupted."""
+          baseline_dir: str | list[str] | None = None, auth: tuple[str, str] | None = None,
+          warm: bool = True) -> None:
+    """Run the app in this process until interrupted. ``warm``: analyse each store's first job at start
+    (in the background; the server answers at once and shows the loading banner meanwhile)."""
     import importlib
 
     from rankscope.dashboard.security import check_bind, install
@@ -300,7 +340,9 @@ def serve(store_dir: str | list[str], host: str = "127.0.0.1", port: int = 8050,
     check_bind(host, auth)
     app = create_app(store_dir, interval_s, baseline_dir)
     install(app.server, host, port, auth)
+    stores = list(Access.of(store_dir).stores)
     # the analysis imports (polars plans, scipy, scikit-learn) load while the server already answers
-    threading.Thread(target=lambda: [importlib.import_module(m) for m in ANALYSIS_MODULES], daemon=True,
-                     name="rankscope-warm-up").start()
+    target = (lambda: warm_up(stores)) if warm else (
+        lambda: [importlib.import_module(m) for m in ANALYSIS_MODULES])
+    threading.Thread(target=target, daemon=True, name="rankscope-warm-up").start()
     app.run(host=host, port=port, debug=False)

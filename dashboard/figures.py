@@ -24,14 +24,17 @@ Tables accepted (polars or pandas DataFrames, or lists of dicts):
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import plotly.graph_objects as go
 import polars as pl
-from plotly.subplots import make_subplots
 
+from rankscope.dashboard.grid_figures import (  # noqa: F401  (re-exported: the figures' one front door)
+    heatmap_figure,
+    heatmap_matrix,
+    strategy_figure,
+    strategy_layout,
+)
 from rankscope.dashboard.table_figures import (
     LAYOUT,
     as_frame,
@@ -42,7 +45,7 @@ from rankscope.dashboard.table_figures import (
 )
 
 if TYPE_CHECKING:  # annotations only: the figures read attributes, and the page starts faster without it
-    from rankscope.analysis.diagnosis import Diagnosis, Stragglers, Strategy
+    from rankscope.analysis.diagnosis import Diagnosis, Stragglers
 
 PHASES = (("compute_ns", "compute", "#4C78A8"), ("comm_ns", "exposed communication", "#F58518"),
           ("wait_ns", "idle (waiting)", "#E45756"))
@@ -51,76 +54,6 @@ RANK_COLUMNS = ("rank", "endpoint", "worker")
 
 def _rank_col(df: pl.DataFrame) -> str | None:
     return next((c for c in RANK_COLUMNS if c in df.columns), None)
-
-
-# ---------------------------------------------------------------- strategy
-def strategy_layout(strategy: Strategy) -> pl.DataFrame:
-    """Each endpoint's DP group index, pipeline index and stage, from the report groups.
-
-    Returns columns endpoint (str), dp_group, pipeline, stage (-1 where a group list is missing).
-    """
-    rows: dict[str, list[int]] = {}
-
-    def slot(ep) -> list[int]:
-        return rows.setdefault(str(ep), [-1, -1, -1])
-
-    for g, members in enumerate(strategy.dp_groups or []):
-        for ep in members:
-            slot(ep)[0] = g
-    for p, members in enumerate(strategy.pp_groups or []):
-        for s, ep in enumerate(members):
-            slot(ep)[1], slot(ep)[2] = p, s
-    if not rows:
-        return pl.DataFrame(schema={"endpoint": pl.String, "dp_group": pl.Int64, "pipeline": pl.Int64,
-                                    "stage": pl.Int64})
-    eps = list(rows)
-    vals = list(zip(*rows.values()))
-    return pl.DataFrame({"endpoint": eps, "dp_group": list(vals[0]), "pipeline": list(vals[1]),
-                         "stage": list(vals[2])})
-
-
-def strategy_figure(strategy: Strategy) -> go.Figure:
-    """The ranks as a grid (rows = pipelines, columns = stages when PP > 1), coloured by DP group and by stage."""
-    lay = strategy_layout(strategy)
-    title = (f"Strategy: DP={strategy.dp} PP={strategy.pp} TP={strategy.tp if strategy.tp is not None else '?'}"
-             f" over {strategy.world_size} endpoints (confidence {strategy.confidence:.2f})")
-    if lay.height == 0:
-        return empty_figure(title, "no groups inferred")
-    n = lay.height
-    if strategy.pp > 1 and (lay["pipeline"] >= 0).all():
-        lay = lay.with_columns(row=pl.col("pipeline"), col=pl.col("stage"))
-    else:
-        width = max(1, math.ceil(math.sqrt(n)))
-        lay = lay.with_columns(row=pl.int_range(0, n) // width, col=pl.int_range(0, n) % width)
-    nrow, ncol = int(lay["row"].max()) + 1, int(lay["col"].max()) + 1
-
-    rows, cols = lay["row"].to_numpy(), lay["col"].to_numpy()
-    hover = np.full((nrow, ncol), "", dtype=object)
-    hover[rows, cols] = lay.select(pl.format("endpoint {}<br>DP group {}<br>stage {}", "endpoint", "dp_group",
-                                             "stage")).to_series().to_numpy()
-    label = np.full((nrow, ncol), "", dtype=object)
-    label[rows, cols] = lay["endpoint"].to_numpy()
-
-    def grid(values: str) -> np.ndarray:
-        z = np.full((nrow, ncol), np.nan)
-        v = lay[values].to_numpy().astype(float)
-        z[rows, cols] = np.where(v >= 0, v, np.nan)
-        return z
-
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("coloured by DP group", "coloured by pipeline stage"),
-                        horizontal_spacing=0.08)
-    for i, (col, scale) in enumerate((("dp_group", "Turbo"), ("stage", "Viridis")), start=1):
-        # endpoint labels only while they stay legible; plotly picks a contrasting font colour per cell
-        fig.add_trace(go.Heatmap(z=grid(col), text=label, hovertext=hover, hoverinfo="text", colorscale=scale,
-                                 showscale=False, xgap=1, ygap=1, name=col,
-                                 texttemplate="%{text}" if n <= 256 else None, textfont=dict(size=10)),
-                      row=1, col=i)
-    xt = "stage" if strategy.pp > 1 else "column"
-    fig.update_xaxes(title_text=xt, dtick=1 if ncol <= 32 else None, showgrid=False, zeroline=False)
-    fig.update_yaxes(title_text="pipeline" if strategy.pp > 1 else "row", autorange="reversed",
-                     dtick=1 if nrow <= 32 else None, showgrid=False, zeroline=False)
-    fig.update_layout(title=title, showlegend=False, **{**LAYOUT, "height": min(900, 240 + 12 * nrow)})
-    return fig
 
 
 # ---------------------------------------------------------------- timelines
@@ -183,7 +116,7 @@ def timeline_figure(timeline: Any, max_ranks: int = 48, max_steps: int = 12) -> 
     title = "Per-rank step timeline"
     ph = phase_durations(timeline)
     if ph is None:
-        return empty_figure(title, "no per-rank timeline table")
+        return empty_figure(title, "no per-rank timeline: the store has no compute or comm records per rank")
     steps = sorted(ph["step"].unique().drop_nulls().to_list())[-max_steps:]
     ph = ph.filter(pl.col("step").is_in(steps))
     nranks = ph["rank"].n_unique()
@@ -206,7 +139,8 @@ def timeline_figure(timeline: Any, max_ranks: int = 48, max_steps: int = 12) -> 
     which = "all steps, per-rank totals" if steps == [-1] else f"last {len(steps)} steps"
     fig.update_layout(title=f"{title}: {which}{shown}", barmode="overlay",
                       xaxis_title="ms since first shown step" if timed else "ms (summed over steps)",
-                      yaxis=dict(title="rank", type="category", categoryorder="array", categoryarray=ranks),
+                      yaxis=dict(title="rank (phases stack to its step time)", type="category",
+                                 categoryorder="array", categoryarray=ranks),
                       legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
                       **{**LAYOUT, "height": min(1000, 200 + 16 * len(ranks))})
     return fig
@@ -238,7 +172,7 @@ def step_series_figure(diagnosis: Diagnosis, tables: dict | None = None) -> go.F
     title = "Step time"
     d = step_durations(diagnosis, tables)
     if d is None or d.height == 0:
-        return empty_figure(title, "no step boundaries found")
+        return empty_figure(title, "no step boundaries found (no step marks and no steps in the records)")
     fig = go.Figure(go.Scatter(x=d["step"].to_list(), y=(d["duration_ns"] / 1e6).to_list(), mode="lines+markers",
                                name="step time", hovertemplate="step %{x}: %{y:.3f} ms<extra></extra>"))
     med = diagnosis.steps.median_ns or float(d["duration_ns"].median())
@@ -248,76 +182,32 @@ def step_series_figure(diagnosis: Diagnosis, tables: dict | None = None) -> go.F
         fig.add_trace(go.Scatter(x=list(ex["steps"]), y=list(ex["step_slowdown"]), yaxis="y2", mode="lines",
                                  name="what-if S", line=dict(dash="dash", color="#E45756"),
                                  hovertemplate="step %{x}: S %{y:.3f}<extra></extra>"))
-        fig.update_layout(yaxis2=dict(title="S", overlaying="y", side="right", showgrid=False, tickformat=".3f"))
-    fig.update_layout(title=f"{title} ({d.height} steps)", yaxis_title="ms",
+        fig.update_layout(yaxis2=dict(title="what-if slowdown S (step time / time with no straggler)",
+                                      overlaying="y", side="right", showgrid=False, tickformat=".3f"))
+    fig.update_layout(title=f"{title} ({d.height} steps)", yaxis_title="step time (ms)",
                       xaxis=dict(title="step", dtick=1 if d.height <= 20 else None),
                       legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"), **LAYOUT)
     return fig
 
 
 # ---------------------------------------------------------------- stragglers
-def heatmap_matrix(heat: Any) -> tuple[list, list, list] | None:
-    """(workers, steps, rows of slowdown) from a long table or a wide dict; None when absent."""
-    if isinstance(heat, dict) and ("values" in heat or "slowdown" in heat):
-        vals = heat.get("values", heat.get("slowdown")) or []
-        if not vals:
-            return None
-        workers = [str(w) for w in heat.get("workers", range(len(vals)))]
-        steps = list(heat.get("steps", range(len(vals[0]))))
-        return workers, steps, [list(r) for r in vals]
-    df = as_frame(heat)
-    if df is None or "step" not in df.columns or _rank_col(df) is None:
-        return None
-    val = "slowdown" if "slowdown" in df.columns else next(
-        (c for c in df.columns if c not in (*RANK_COLUMNS, "step") and df[c].dtype.is_numeric()), None)
-    if val is None:
-        return None
-    rc = _rank_col(df)
-    wide = (df.select(pl.col(rc).cast(pl.String).alias("w"), pl.col("step"), pl.col(val).cast(pl.Float64))
-            .pivot(on="step", index="w", values=val, aggregate_function="mean"))
-    steps = sorted(wide.columns[1:], key=lambda s: int(s) if str(s).lstrip("-").isdigit() else str(s))
-    wide = wide.select("w", *steps)
-    return wide["w"].to_list(), steps, wide.drop("w").rows()
-
-
-def heatmap_figure(heat: Any, max_workers: int = 128) -> go.Figure:
-    """Worker x step slowdown heatmap; with more workers than ``max_workers``, the worst ones by mean."""
-    title = "Straggler heatmap (slowdown per worker per step)"
-    m = heatmap_matrix(heat)
-    if m is None:
-        return empty_figure(title, "no worker x step slowdown data")
-    workers, steps, rows = m
-    z = np.array(rows, dtype=float)  # None -> NaN (a worker absent from a step)
-    total = len(workers)
-    if total > max_workers:
-        means = np.nan_to_num(np.nanmean(z, axis=1), nan=-np.inf) if z.size else np.zeros(total)
-        keep = np.sort(np.argsort(-means, kind="stable")[:max_workers])
-        workers, z = [workers[i] for i in keep], z[keep]
-        title += f": worst {max_workers} of {total} workers"
-    fig = go.Figure(go.Heatmap(z=z, x=[str(s) for s in steps], y=workers, colorscale="YlOrRd", zmin=1.0,
-                               colorbar=dict(title="S_w"),
-                               hovertemplate="worker %{y} step %{x}: %{z:.3f}<extra></extra>"))
-    fig.update_layout(title=title, xaxis_title="step", yaxis=dict(title="worker", type="category"),
-                      **{**LAYOUT, "height": min(1000, 220 + 10 * len(workers))})
-    return fig
-
-
-def _bars(values: dict, title: str, axis: str, ref: float | None) -> go.Figure:
+def _bars(values: dict, title: str, axis: str, ref: float | None, xaxis: str) -> go.Figure:
     items = [(str(k), float(v)) for k, v in (values or {}).items() if v is not None]
     if not items:
-        return empty_figure(title, "not evaluated")
+        return empty_figure(title, "not evaluated: no what-if slowdowns for this job")
     items.sort(key=lambda kv: -kv[1])
     fig = go.Figure(go.Bar(x=[k for k, _ in items], y=[v for _, v in items], marker_color="#4C78A8",
                            text=[f"{v:.3f}" for _, v in items], textposition="outside"))
     if ref is not None:
         fig.add_hline(y=ref, line_dash="dot")
-    fig.update_layout(title=title, yaxis_title=axis, **LAYOUT)
+    fig.update_layout(title=title, yaxis_title=axis, xaxis_title=xaxis, **LAYOUT)
     return fig
 
 
 def optype_figure(stragglers: Stragglers) -> go.Figure:
     """S_t per op type: the slowdown left if only that op type were straggling."""
-    return _bars(stragglers.by_optype, "Slowdown by op type (S_t)", "S_t", 1.0)
+    return _bars(stragglers.by_optype, "Slowdown by op type (S_t)",
+                 "S_t: step-time slowdown if only this op type straggled", 1.0, "op type")
 
 
 def cause_figure(stragglers: Stragglers) -> go.Figure:
@@ -333,7 +223,8 @@ def cause_figure(stragglers: Stragglers) -> go.Figure:
         title += f", stage {x['verdict_stage']}"
     title += ")"
     if not vs:
-        return _bars(stragglers.by_cause, title, "share of the slowdown", None)
+        return _bars(stragglers.by_cause, title, "share of the slowdown removed by fixing the cause", None,
+                     "cause")
     causes = list(vs)
     fig = go.Figure(go.Bar(name="share the verdict used", x=causes, y=[float(vs[c]) for c in causes],
                            marker_color=["#E45756" if c == stragglers.verdict else "#4C78A8" for c in causes],
@@ -345,7 +236,8 @@ def cause_figure(stragglers: Stragglers) -> go.Figure:
         fig.add_trace(go.Bar(name="OSDI'25 metric", x=list(paper), y=[float(v) for v in paper.values()],
                              marker_color="#9D9D9D", text=[f"{float(v):.3f}" for v in paper.values()],
                              textposition="outside"))
-    fig.update_layout(title=title, yaxis_title="share of the slowdown removed", **LAYOUT)
+    fig.update_layout(title=title, yaxis_title="share of the slowdown removed by fixing the cause",
+                      xaxis_title="cause", **LAYOUT)
     return fig
 
 
@@ -360,10 +252,10 @@ def all_figures(diagnosis: Diagnosis, tables: dict | None = None) -> dict[str, g
     if as_frame(timeline) is None:
         timeline = diagnosis.steps.extra.get("phases_by_rank")
     figs = {
-        "strategy": strategy_figure(diagnosis.strategy),
+        "strategy": strategy_figure(diagnosis.strategy, heat),
         "step_series": step_series_figure(diagnosis, tables),
         "timeline": timeline_figure(timeline),
-        "heatmap": heatmap_figure(heat),
+        "heatmap": heatmap_figure(heat, diagnosis.strategy),
         "optype": optype_figure(st),
         "cause": cause_figure(st),
         "regressions": regressions_figure(diagnosis.regressions),

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import pytest
 
 from rankscope.cli.main import main
-from rankscope.dashboard.app import GRAPHS, JobViews, create_app, page_content, strategy_summary
+from rankscope.dashboard.app import GRAPHS, TABLES, JobViews, create_app, page_content, strategy_summary
 from tests.unit.dashboard.hand_store import write_hand_store
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -19,8 +19,13 @@ def hand_store(tmp_path_factory):
     return root
 
 
-def _content(c: list) -> dict:
-    return dict(zip(["version", "status", "summary", "cards", *GRAPHS], c))
+def _content(c: dict) -> dict:
+    """The page keyed by short names: version, rendered, status, band, summary, cards, each graph and table."""
+    out = {"version": c["shown.data"], "rendered": c["rendered.data"], "status": c["status.children"],
+           "band": c["summary-band.children"], "summary": c["strategy-summary.children"], "cards": c["cards.children"]}
+    out.update({g: c[f"fig-{g}.figure"] for g in GRAPHS})
+    out.update({t: c[f"table-{t}.children"] for t in TABLES})
+    return out
 
 
 def test_page_shows_the_jobs_strategy_and_timeline(hand_store):
@@ -28,7 +33,7 @@ def test_page_shows_the_jobs_strategy_and_timeline(hand_store):
     assert "DP 2 x PP 2 x TP 1" in c["summary"] and "pipelines [0,1] [2,3]" in c["summary"]
     assert "job handjob" in c["status"]
     heat = [t for t in c["strategy"].data if isinstance(t, go.Heatmap)]
-    assert [list(r) for r in heat[0].z] == [[0, 1], [0, 1]]
+    assert len(heat) == 1 and [list(r) for r in heat[0].text] == [["0", "1"], ["2", "3"]]  # pipelines x stages
     assert set(c["timeline"].data[0].y) == {"0", "1", "2", "3"}
     # the slow rank (3) computes 1.5x longer than its DP peer (1) in every step
     comp = c["timeline"].data[0]
@@ -55,17 +60,57 @@ def test_baseline_store_gives_a_diff_table(hand_store, tmp_path):
     slower = tmp_path / "slower"
     write_hand_store(slower, steps=3, slow_factor=3.0)
     c = _content(page_content(JobViews(), str(slower), "handjob", str(hand_store), "handjob"))
-    table = c["diff"].data[0]
-    assert isinstance(table, go.Table)
-    cols = list(table.header.values)
+    table = c["diff"][1]
+    cols = [col["id"] for col in table.columns]
     assert {"aspect", "ratio", "change"} <= set(cols)
-    assert "regression" in table.cells.values[cols.index("change")]
+    assert "regression" in [row["change"] for row in table.data]
 
 
-def test_missing_job_and_store_are_said_plainly(tmp_path):
-    c = page_content(JobViews(), str(tmp_path), None)
-    assert c[1] == "no job in this store yet" and len(c) == 4 + len(GRAPHS)
-    assert page_content(JobViews(), None, None)[1] == "choose a store"
+def test_missing_empty_and_unchosen_stores_are_said_plainly(tmp_path):
+    missing = page_content(JobViews(), str(tmp_path / "nope"), None)
+    assert "does not exist" in missing["status.children"]
+    assert "no records yet" in page_content(JobViews(), str(tmp_path), None)["status.children"]
+    assert page_content(JobViews(), None, None)["status.children"] == "choose a store"
+    # no internal ids in the empty panels: each says what it would show and why it is empty
+    for g in GRAPHS:
+        fig = missing[f"fig-{g}.figure"]
+        assert "_" not in fig.layout.title.text and "does not exist" in fig.layout.annotations[0].text
+
+
+def test_page_is_tagged_with_the_job_it_was_computed_for(hand_store):
+    c = _content(page_content(JobViews(), str(hand_store), "handjob"))
+    assert c["rendered"] == {"store": str(hand_store), "job": "handjob"}
+
+
+def test_summary_band_names_verdict_culprit_and_cost(hand_store):
+    from rankscope.dashboard.summary_band import summary_facts
+
+    views = JobViews()
+    d = views.get(str(hand_store), "handjob").diagnosis
+    f = summary_facts(d)
+    assert f["job"] == "handjob" and f["verdict"] == d.stragglers.verdict
+    # the culprit is the analysis' own words for its first finding: the slow rank 3, by name and factor
+    assert f["culprit"] and "rank 3" in f["culprit"] and "1.50x" in f["culprit"]
+    assert f["waste_pct"] == pytest.approx(100 * d.stragglers.waste_fraction)
+    assert f["hours_per_day"] == pytest.approx(4 * 24 * d.stragglers.waste_fraction)
+    assert f["hours_unit"] == "GPU-hours/day"
+
+
+def test_analysis_is_cached_per_store_version(tmp_path, monkeypatch):
+    from rankscope.analysis import diagnose
+    from rankscope.dashboard import analysis_source
+
+    root = tmp_path / "live"
+    write_hand_store(root, steps=2)
+    calls = []
+    real = diagnose.analyze_job
+    monkeypatch.setattr(diagnose, "analyze_job", lambda *a, **k: calls.append(1) or real(*a, **k))
+    analysis_source.clear_cache()
+    views = JobViews()
+    v1 = views.get(str(root), "handjob").version
+    assert JobViews().get(str(root), "handjob").version == v1 and len(calls) == 1  # a fresh view, same version
+    write_hand_store(root, steps=1, first_step=2)
+    assert views.get(str(root), "handjob").version != v1 and len(calls) == 2
 
 
 def test_layout_has_every_graph_and_a_refresh_interval(hand_store):
@@ -80,7 +125,8 @@ def test_layout_has_every_graph_and_a_refresh_interval(hand_store):
             walk(k)
 
     walk(app.layout)
-    assert {f"fig-{g}" for g in GRAPHS} | {"store", "job", "tick", "strategy-summary"} <= ids
+    assert {f"fig-{g}" for g in GRAPHS} | {f"table-{t}" for t in TABLES} <= ids
+    assert {"store", "job", "tick", "strategy-summary", "summary-band", "loading", "content", "rendered"} <= ids
 
 
 def test_strategy_summary_truncates_many_groups():

@@ -37,25 +37,6 @@ def test_strategy_layout_maps_groups_to_grid():
     assert lay["stage"].to_list() == [0, 1, 0, 1]
 
 
-def test_strategy_figure_rows_are_pipelines_and_colours_are_groups():
-    fig = figures.strategy_figure(_strategy_2x2())
-    heat = [t for t in fig.data if isinstance(t, go.Heatmap)]
-    assert len(heat) == 2
-    assert [list(r) for r in heat[0].z] == [[0, 1], [0, 1]]  # DP group of (pipeline, stage)
-    assert [list(r) for r in heat[1].z] == [[0, 1], [0, 1]]  # stage
-    assert "DP=2 PP=2 TP=1" in fig.layout.title.text
-
-
-def test_strategy_figure_of_thousands_of_ranks_is_two_traces():
-    n = 4096
-    s = Strategy(world_size=n, dp=n, pp=1, dp_groups=[list(range(n))], pp_groups=[[r] for r in range(n)])
-    fig = figures.strategy_figure(s)
-    assert len(fig.data) == 2 and fig.data[0].texttemplate is None  # no per-rank labels past a few hundred
-    assert len(fig.data[0].z) == 64 and len(fig.data[0].z[0]) == 64
-    assert fig.data[0].hovertext[1][0] == "endpoint 64<br>DP group 0<br>stage 0"
-    assert figures.strategy_figure(_strategy_2x2()).data[0].texttemplate == "%{text}"
-
-
 def test_strategy_without_groups_says_so():
     assert "no groups" in _annotation(figures.strategy_figure(Strategy()))
 
@@ -118,13 +99,6 @@ def test_heatmap_long_and_wide_forms_agree():
     a, b = figures.heatmap_matrix(long), figures.heatmap_matrix(wide)
     assert a[0] == b[0] == ["0", "1", "2"]
     assert [[round(x, 9) for x in r] for r in a[2]] == [[round(x, 9) for x in r] for r in b[2]]
-
-
-def test_heatmap_keeps_the_worst_workers():
-    long = [dict(rank=w, step=s, slowdown=2.0 if w in (7, 900) else 1.0) for w in range(1000) for s in range(3)]
-    fig = figures.heatmap_figure(long, max_workers=10)
-    assert {"7", "900"} <= set(fig.data[0].y) and len(fig.data[0].y) == 10
-    assert "worst 10 of 1000" in fig.layout.title.text
 
 
 def test_optype_bars_sorted_with_reference_line():

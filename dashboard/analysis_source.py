@@ -1,0 +1,191 @@
+"""Where the dashboard gets a job's analysis: the store, the job plan, and one cached analysis call.
+
+Everything the page shows comes from :func:`cached_analysis`, the dashboard's
+only call into the analysis. Its results are kept per *store version*: a hash
+of the job's committed part files (name and size) and the manifest entries, so
+a live store that gains data is re-analysed and an idle one never is. It is
+the one place to point at a shared cache (analysis/result_cache.py) later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rankscope.collectors.errors import RankscopeError
+from rankscope.collectors.job_frames import KINDS_FOR_ANALYSIS, JobFrames
+from rankscope.collectors.store import MANIFEST_DIR, Store
+from rankscope.dashboard.security import public_error
+
+if TYPE_CHECKING:
+    from rankscope.analysis.diagnosis import Diagnosis
+    from rankscope.analysis.jobs import PlannedJob
+
+CACHE_SIZE = 8
+"""analyses kept in memory (one per store version, job and baseline): a 2,048-rank job is a few tens of MB."""
+
+
+@dataclass(frozen=True)
+class JobAnalysis:
+    """One job's Diagnosis and the tables its figures draw from, for one store version."""
+
+    diagnosis: Diagnosis
+    tables: dict
+    version: str
+
+
+def store_signature(store: Store, job: str | None) -> tuple:
+    """What changes when a live store gets new data for a job (None: any job): its part files and the
+    manifest entries."""
+    sig = []
+    for kind in KINDS_FOR_ANALYSIS:
+        for p in store.parts(kind, job):
+            sig.append((p.name, p.stat().st_size))
+    man = store.root / MANIFEST_DIR
+    if man.is_dir():
+        sig.append(tuple(sorted((p.name, p.stat().st_mtime_ns) for p in man.glob("*.json"))))
+    return tuple(sig)
+
+
+def version_of(*parts: object) -> str:
+    """A short stable hash of what identifies one analysis (store, job, baseline and their signatures)."""
+    return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
+
+
+def store_problem(store_dir: str | None) -> str | None:
+    """Why a store cannot be shown (missing, not a folder, or empty), in words; None when it has records."""
+    if not store_dir:
+        return "choose a store"
+    p = Path(store_dir)
+    if not p.exists():
+        return f"store {store_dir} does not exist (check the --store path)"
+    if not p.is_dir():
+        return f"store {store_dir} is not a folder"
+    if not (p / MANIFEST_DIR).is_dir() and not any(p.glob("*/job=*")):
+        return (f"store {store_dir} holds no records yet (ingest traces with `rankscope ingest`, or collect "
+                "flows with `rankscope collect`; the page refreshes by itself)")
+    return None
+
+
+def job_plan(store: Store) -> dict[str, PlannedJob]:
+    """Job name -> how to load it: the one job plan of ``rankscope analyze`` (analysis.jobs.plan_jobs)."""
+    from rankscope.analysis.jobs import plan_jobs
+
+    return {p.name: p for p in plan_jobs(store)}
+
+
+def load_planned(store: Store, name: str, how: PlannedJob) -> JobFrames:
+    """The frames of one planned job (analysis.jobs.load_planned), named ``name``."""
+    from rankscope.analysis.jobs import load_planned as load
+
+    frames = load(store, how)[0]
+    frames.job = name
+    return frames
+
+
+def analysis_tables(frames: JobFrames, tables: dict, baseline: JobFrames | None = None) -> dict:
+    """The figures' tables: those analysis.diagnose.analyze_job returned, plus the run diff with a baseline."""
+    from rankscope.analysis.run_diff import diff_runs
+
+    tables = dict(tables)
+    if baseline is not None:
+        try:
+            tables["diff"] = diff_runs(baseline, frames).rows
+        except RankscopeError as e:
+            tables.setdefault("errors", {})["diff"] = public_error("run diff failed", e)
+    return tables
+
+
+_cache: OrderedDict[str, JobAnalysis] = OrderedDict()
+_cache_lock = threading.Lock()
+_version_locks: dict[str, threading.Lock] = {}
+
+
+def cached_analysis(version: str, store: Store, job: str, how: PlannedJob,
+                    baseline: tuple[Store, str, PlannedJob] | None = None) -> JobAnalysis:
+    """The dashboard's one analysis call: the job's Diagnosis and tables for store version ``version``.
+
+    A version already analysed is answered from memory; concurrent requests for the same version
+    (a refresh tick racing a page load) wait for one analysis instead of running two.
+    """
+    with _cache_lock:
+        hit = _cache.get(version)
+        if hit is not None:
+            _cache.move_to_end(version)
+            return hit
+        lock = _version_locks.setdefault(version, threading.Lock())
+    with lock:
+        with _cache_lock:
+            hit = _cache.get(version)
+        if hit is not None:
+            return hit
+        from rankscope.analysis.diagnose import analyze_job
+
+        frames = load_planned(store, job, how)
+        base = load_planned(*baseline) if baseline else None
+        diag, tables = analyze_job(frames, baseline=base)
+        result = JobAnalysis(diag, analysis_tables(frames, tables, base), version)
+        with _cache_lock:
+            _cache[version] = result
+            _version_locks.pop(version, None)
+            while len(_cache) > CACHE_SIZE:
+                _cache.popitem(last=False)
+        return result
+
+
+def clear_cache() -> None:
+    """Forget every cached analysis (tests)."""
+    with _cache_lock:
+        _cache.clear()
+
+
+class JobViews:
+    """The job plans per store (recomputed only when the store changed) and the route to
+    :func:`cached_analysis` for one (store, job, baseline)."""
+
+    def __init__(self):
+        self._plans: dict[str, tuple[tuple, dict]] = {}
+        self._lock = threading.Lock()
+
+    def plan(self, store_dir: str) -> dict[str, PlannedJob]:
+        """The store's jobs (see :func:`job_plan`), recomputed only when the store changed."""
+        store = Store(store_dir)
+        sig = store_signature(store, None)
+        with self._lock:
+            hit = self._plans.get(str(store_dir))
+            if hit is not None and hit[0] == sig:
+                return hit[1]
+        plan = job_plan(store)
+        with self._lock:
+            self._plans[str(store_dir)] = (sig, plan)
+        return plan
+
+    def _located(self, store_dir: str, job: str) -> tuple[Store, PlannedJob, tuple]:
+        from rankscope.analysis.jobs import PlannedJob
+
+        how = self.plan(store_dir).get(job) or PlannedJob(job, "job", job)
+        store = Store(store_dir)
+        return store, how, store_signature(store, how.source)
+
+    def version(self, store_dir: str, job: str, baseline_dir: str | None = None,
+                baseline_job: str | None = None) -> str:
+        """The version :meth:`get` would answer for, without analysing (cheap: file names and sizes)."""
+        return self._where(store_dir, job, baseline_dir, baseline_job)[0]
+
+    def _where(self, store_dir, job, baseline_dir, baseline_job):
+        store, how, sig = self._located(store_dir, job)
+        bjob = baseline_job or job
+        base = self._located(baseline_dir, bjob) if baseline_dir else None
+        version = version_of(str(store_dir), job, how, sig, baseline_dir or "", bjob if base else "",
+                             base[1:] if base else None)
+        return version, store, how, ((base[0], bjob, base[1]) if base else None)
+
+    def get(self, store_dir: str, job: str, baseline_dir: str | None = None,
+            baseline_job: str | None = None) -> JobAnalysis:
+        """The analysis of one job (against a baseline run when given) at the store's current version."""
+        version, store, how, base = self._where(store_dir, job, baseline_dir, baseline_job)
+        return cached_analysis(version, store, job, how, base)
