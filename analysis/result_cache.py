@@ -119,8 +119,8 @@ class ResultCache:
                 shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             self._prune()
-        except OSError:
-            pass
+        except (OSError, TypeError, ValueError):
+            pass  # a cache that cannot be written (read-only store, a value JSON cannot hold) is a miss
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
