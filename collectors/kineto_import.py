@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from rankscope.collectors.formats import ImportBatch, ImportOptions
-from rankscope.collectors.kineto_comm import comm_rows
+from rankscope.collectors.kineto_comm import comm_rows, parse_ranks
 from rankscope.collectors.kineto_compute import compute_rows
 from rankscope.collectors.kineto_reader import load, step_frame
 
@@ -35,6 +35,12 @@ def read_trace(path: Path, opts: ImportOptions) -> ImportBatch:
     batch.notes.update(
         rank=tr.rank, world_size=tr.world_size, host=tr.host, pid=tr.pid, base_time_ns=tr.base_ns,
         time_origin_us=tr.origin_us if tr.relative else None, **comm_notes, **compute_notes)
+    # the process groups this rank belongs to (distributedInfo.pg_config): gloo's collectives carry no
+    # group, and the analysis matches them to these memberships
+    groups = [r for r in (parse_ranks(g.get("ranks")) for g in tr.dist_info.get("pg_config") or []
+                          if isinstance(g, dict)) if r]
+    if groups:
+        batch.notes["pg_ranks"] = groups
     return batch
 
 

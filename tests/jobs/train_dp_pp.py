@@ -305,12 +305,14 @@ def run(args):
         step_loss = torch.zeros(())
         for kind, i in one_f_one_b(stage, pp, m):
             if kind == "F":
+                # the receive comes before the forward span, as in Megatron's schedule (recv_forward,
+                # then forward_step): the span is the stage's own compute, not its wait for the upstream one
+                x, target = microbatch(step, dp_rank, i, mbs, h)
+                if prev_rank is not None:
+                    x = torch.empty(mbs, h)
+                    comm.recv(x, prev_rank, world)
+                    x.requires_grad_(True)
                 with torch.profiler.record_function("forward"):
-                    x, target = microbatch(step, dp_rank, i, mbs, h)
-                    if prev_rank is not None:
-                        x = torch.empty(mbs, h)
-                        comm.recv(x, prev_rank, world)
-                        x.requires_grad_(True)
                     if slow and slow[0] == rank:
                         time.sleep(slow[1] / 1000)
                     t_real = time.perf_counter()
@@ -323,17 +325,15 @@ def run(args):
                         pending.append((comm.isend(y.detach().contiguous(), next_rank, world), y))
                     inputs[i], outputs[i] = x, y
             else:
+                y = outputs.pop(i)
+                x = inputs.pop(i)
+                grad = None
+                if next_rank is not None:
+                    grad = torch.empty(mbs, h)
+                    comm.recv(grad, next_rank, world)
                 with torch.profiler.record_function("backward"):
-                    y = outputs.pop(i)
-                    x = inputs.pop(i)
-                    if next_rank is None:
-                        t_real = time.perf_counter()
-                        y.backward()
-                    else:
-                        grad = torch.empty(mbs, h)
-                        comm.recv(grad, next_rank, world)
-                        t_real = time.perf_counter()
-                        y.backward(grad)
+                    t_real = time.perf_counter()
+                    y.backward(grad)
                     device.run("B", step, dp_rank, i, m, time.perf_counter() - t_real)
                     if prev_rank is not None:
                         g = x.grad.contiguous()
