@@ -97,26 +97,25 @@ def label_groups(comm_op: pl.DataFrame, memberships: dict[int, list[list[int]]],
                                      "size_bytes": comm_op.schema["size_bytes"], "_g": pl.List(pl.Int64)},
                        orient="row").with_columns(pl.col("_g").cast(gr_type))
     out = comm_op.with_row_index("_i").join(lab, on=["rank", "op", "size_bytes"], how="left")
-    hit = todo & pl.col("_g").is_not_null()
-    out = out.with_columns(pl.when(hit).then(pl.col("_g")).otherwise(pl.col("group_ranks")).alias("group_ranks"))
-    return _group_ids(out, hit).sort("_i").drop("_i", "_g"), notes
+    out = out.with_columns(_hit=todo & pl.col("_g").is_not_null())
+    out = out.with_columns(pl.when("_hit").then(pl.col("_g")).otherwise(pl.col("group_ranks")).alias("group_ranks"))
+    return _group_ids(out).sort("_i").drop("_i", "_g", "_hit"), notes
 
 
-def _group_ids(df: pl.DataFrame, hit: pl.Expr) -> pl.DataFrame:
+def _group_ids(df: pl.DataFrame) -> pl.DataFrame:
     """Labelled rows without a group id get one named by the members, and their sequence number is
     recounted per group (the source counted the rank's calls over all its groups, so the n-th call
     of one member would otherwise meet the n-th call of another in a different group)."""
     if "group_id" not in df.columns or df.schema["group_id"] != pl.Utf8:
         return df
-    hit = hit & pl.col("group_id").is_null()
+    df = df.with_columns(_hit=pl.col("_hit") & pl.col("group_id").is_null())
     name = pl.lit("members:") + pl.col("group_ranks").list.eval(pl.element().cast(pl.Utf8)).list.join(",")
-    df = df.with_columns(_hit=hit).with_columns(
-        pl.when(pl.col("_hit")).then(name).otherwise(pl.col("group_id")).alias("group_id"))
+    df = df.with_columns(pl.when(pl.col("_hit")).then(name).otherwise(pl.col("group_id")).alias("group_id"))
     if "seq" in df.columns:
         order = df.filter(pl.col("_hit")).sort("start_ns").select(
             "_i", _seq=(pl.col("_i").cum_count().over("rank", "group_id")).cast(df.schema["seq"]))
         df = df.join(order, on="_i", how="left").with_columns(pl.coalesce("_seq", "seq").alias("seq")).drop("_seq")
-    return df.drop("_hit")
+    return df
 
 
 def memberships_from(declared: list[dict]) -> dict[int, list[list[int]]]:
