@@ -321,9 +321,9 @@ def run(args):
                     if next_rank is None:
                         y = nn.functional.mse_loss(y, target) / m
                         step_loss += y.detach()
-                    else:
-                        pending.append((comm.isend(y.detach().contiguous(), next_rank, world), y))
-                    inputs[i], outputs[i] = x, y
+                if next_rank is not None:  # send_forward after forward_step, as Megatron does
+                    pending.append((comm.isend(y.detach().contiguous(), next_rank, world), y))
+                inputs[i], outputs[i] = x, y
             else:
                 y = outputs.pop(i)
                 x = inputs.pop(i)
@@ -335,9 +335,9 @@ def run(args):
                     t_real = time.perf_counter()
                     y.backward(grad)
                     device.run("B", step, dp_rank, i, m, time.perf_counter() - t_real)
-                    if prev_rank is not None:
-                        g = x.grad.contiguous()
-                        pending.append((comm.isend(g, prev_rank, world), g))
+                if prev_rank is not None:
+                    g = x.grad.contiguous()
+                    pending.append((comm.isend(g, prev_rank, world), g))
         for work, _keep in pending:
             work.wait()
         if skip and skip[0] == rank and int(skip[1]) == step:
