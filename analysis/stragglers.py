@@ -229,6 +229,86 @@ def _arrival_section(frames: JobFrames, config: StragglerConfig, layout) -> Stra
     return s
 
 
+REPLAY_MIN_SHARE = -0.25
+"""a what-if that removes a slowdown cannot lengthen the replayed step; below this share of the gap
+(beyond noise) the dependency model does not fit the records."""
+REPLAY_MAX_REL_ERR = 0.25
+"""the replay with the recorded launch delays must reproduce each recorded step within this."""
+
+
+def replay_contradiction(s: Stragglers) -> str | None:
+    """Why the compute replay of a section cannot be trusted, or None.
+
+    A sound replay is monotone: fixing a cause never makes the step longer, and replaying the recorded
+    durations with the recorded launch delays gives back the recorded steps. Real CPU traces (gloo under
+    the profiler, with async sends, nested spans and descheduled passes) can break both.
+    """
+    x = s.extra
+    if not x.get("evaluated") or x.get("basis") != "compute":
+        return None
+    raw = dict(s.by_cause or {})
+    raw.update({f"stage {k} fix": v for k, v in (x.get("stage_fix_share") or {}).items()})
+    worst = min(raw.items(), key=lambda kv: kv[1], default=None)
+    if worst is not None and worst[1] < REPLAY_MIN_SHARE:
+        return (f"what-if '{worst[0]}' lengthens the replayed step by {-worst[1]:.2f} of the gap to the ideal: "
+                "the dependency model does not fit these records")
+    err = (x.get("launch_delay") or {}).get("replay_vs_recorded_max_rel_err")
+    if err is not None and err > REPLAY_MAX_REL_ERR:
+        return (f"the replay of the recorded durations misses a recorded step by {err:.0%}: the dependency "
+                "model does not fit these records")
+    return None
+
+
+def _arrival_with_compute_evidence(frames: JobFrames, config: StragglerConfig, layout, replayed: Stragglers,
+                                   inter: dict, why: str) -> Stragglers:
+    """S and shares from collective arrival skew, with what the compute records still show on their own:
+    sequence imbalance (per-microbatch work, no replay needed) and, for a rank without stage peers,
+    whether all its op classes are slower (hardware) or only its passes (more work)."""
+    a = _arrival_section(frames, config, layout)
+    if not a.extra.get("evaluated"):
+        replayed.extra["replay_doubt"] = why
+        return replayed
+    ev = replayed.extra.get("evidence", {})
+    a.extra["why_not_compute"] = why
+    a.extra["evidence"]["compute_replay"] = {"slowdown": replayed.slowdown, "verdict": replayed.verdict,
+                                             "by_cause": replayed.by_cause}
+    seq = ev.get("sequence_imbalance") or {}
+    a.extra["evidence"]["sequence_imbalance"] = {k: v for k, v in seq.items() if k not in ("share", "raw_share",
+                                                                                          "t_balanced")}
+    a.extra["evidence"]["slow_ranks_compute"] = ev.get("slow_ranks", [])
+    if a.verdict == "none":
+        return a
+    if seq.get("detected"):
+        # per-microbatch work that varies alike in both passes is the batches, not a GPU or a stage
+        a.extra["verdict_before_evidence"] = a.verdict
+        a.verdict = "sequence_imbalance"
+        a.extra["verdict_from"] = "compute evidence (no trusted replay): " + (
+            f"heaviest microbatch agrees in forward and backward in {seq['agreement']['agree']} of "
+            f"{seq['agreement']['groups']} (rank, step)s" if seq.get("agreement") else "forward/backward correlation")
+        return a
+    graph = inter.get("graph")
+    top = a.top_workers[0] if a.top_workers else None
+    if graph is None or top is None or a.verdict not in ("worker", "stage_imbalance"):
+        return a
+    stage = top.get("stage")
+    peers = 0 if layout is None or stage is None else layout.filter(pl.col("stage") == stage).height
+    if peers > 1:
+        return a
+    from rankscope.analysis.whatif_evidence import work_or_hardware
+
+    call = work_or_hardware(graph, graph.actual, top["endpoint"])
+    a.extra["worker_or_stage"] = {"rank": top["endpoint"], "stage": stage, **call}
+    if call["call"] == "ambiguous":
+        a.extra["ambiguous"] = {"between": ["worker", "stage_imbalance"], "rank": top["endpoint"], "stage": stage,
+                                "why": call["why"]}
+    elif call["call"] != a.verdict:
+        a.extra["verdict_before_op_class_check"] = a.verdict
+        a.verdict = call["call"]
+    if a.verdict == "stage_imbalance":
+        a.extra["verdict_stage"] = stage
+    return a
+
+
 def _honest(s: Stragglers) -> Stragglers:
     """S below 1 is measurement noise (the replay of recorded durations ran longer than the record),
     never negative waste."""
@@ -256,6 +336,9 @@ def analyze_stragglers(frames: JobFrames, config: StragglerConfig | None = None,
         s, inter = _arrival_section(frames, config, layout), {}
     else:
         s, inter = _section_from_graph(frames, config, layout)
+        why = replay_contradiction(s)
+        if why is not None:
+            s = _arrival_with_compute_evidence(frames, config, layout, s, inter, why)
     s.extra["seconds"] = time.perf_counter() - t0
     return _honest(s), inter
 
