@@ -226,14 +226,49 @@ def _arrival_section(frames: JobFrames, config: StragglerConfig, layout) -> Stra
                                            # slow in most steps: one descheduled step on a busy host is not a slow GPU
                                            and 2 * len(x["slow_steps"]) > len(r["steps"])]},
                "why_no_compute": "no compute_op records: S and the verdict come from collective arrival skew"}
+    _no_peer_ambiguity(s, layout)
     return s
 
 
+def _stage_peers(layout, stage) -> int:
+    return 0 if layout is None or stage is None else layout.filter(pl.col("stage") == stage).height
+
+
+def _no_peer_ambiguity(s: Stragglers, layout) -> None:
+    """Arrival skew alone cannot tell a slow GPU from a stage with more work when the rank has no stage
+    peers (dp = 1, no TP): both make it late everywhere. Name both; the verdict keeps the larger share."""
+    if s.verdict not in ("worker", "stage_imbalance") or not s.top_workers:
+        return
+    top = s.top_workers[0]
+    if _stage_peers(layout, top.get("stage")) > 1:
+        return
+    s.extra["ambiguous"] = {"between": ["worker", "stage_imbalance"], "rank": top["endpoint"], "stage": top.get("stage"),
+                            "why": "no stage peers and no compute records: a slower GPU and a stage with more "
+                                   "work look alike in collective arrivals"}
+
+
+FLOOR_QUANTILE = 0.1
+"""op-class comparison on the arrival basis: this quantile of op durations is an op's own cost."""
 REPLAY_MIN_SHARE = -0.25
 """a what-if that removes a slowdown cannot lengthen the replayed step; below this share of the gap
 (beyond noise) the dependency model does not fit the records."""
 REPLAY_MAX_REL_ERR = 0.25
 """the replay with the recorded launch delays must reproduce each recorded step within this."""
+
+
+def no_stage_peers(layout) -> str | None:
+    """Why the compute replay cannot judge a pipeline whose ranks have no stage peers (dp = 1, tp = 1).
+
+    Its ideal puts each op at its stage peers' typical duration; with no peers a rank is its own
+    ideal, so neither a slow GPU nor a stage with more work shows in S (OSDI'25's M_S would fix the
+    last stage only)."""
+    if layout is None or layout.is_empty() or layout["stage"].null_count() == layout.height:
+        return None
+    per = layout.filter(pl.col("stage").is_not_null()).group_by("stage").len()
+    if per.height > 1 and per["len"].max() == 1:
+        return ("no rank has stage peers (dp = 1, tp = 1): the replay's ideal is each rank's stage peers' "
+                "typical time, so it cannot see a slow rank or stage here")
+    return None
 
 
 def replay_contradiction(s: Stragglers) -> str | None:
@@ -291,12 +326,13 @@ def _arrival_with_compute_evidence(frames: JobFrames, config: StragglerConfig, l
     if graph is None or top is None or a.verdict not in ("worker", "stage_imbalance"):
         return a
     stage = top.get("stage")
-    peers = 0 if layout is None or stage is None else layout.filter(pl.col("stage") == stage).height
-    if peers > 1:
+    if _stage_peers(layout, stage) > 1:
         return a
     from rankscope.analysis.whatif_evidence import work_or_hardware
 
-    call = work_or_hardware(graph, graph.actual, top["endpoint"])
+    a.extra.pop("ambiguous", None)  # the compute records may decide what arrivals alone cannot
+    # CPU traces of a contended host: compare each op class's floor, not its mean
+    call = work_or_hardware(graph, graph.actual, top["endpoint"], floor_quantile=FLOOR_QUANTILE)
     a.extra["worker_or_stage"] = {"rank": top["endpoint"], "stage": stage, **call}
     if call["call"] == "ambiguous":
         a.extra["ambiguous"] = {"between": ["worker", "stage_imbalance"], "rank": top["endpoint"], "stage": stage,
@@ -336,7 +372,7 @@ def analyze_stragglers(frames: JobFrames, config: StragglerConfig | None = None,
         s, inter = _arrival_section(frames, config, layout), {}
     else:
         s, inter = _section_from_graph(frames, config, layout)
-        why = replay_contradiction(s)
+        why = no_stage_peers(layout) or replay_contradiction(s)
         if why is not None:
             s = _arrival_with_compute_evidence(frames, config, layout, s, inter, why)
     s.extra["seconds"] = time.perf_counter() - t0

@@ -81,8 +81,8 @@ def fwd_bwd_pearson(cops: pl.DataFrame) -> float:
 def heaviest_agreement(cops: pl.DataFrame, min_ratio: float) -> dict:
     """How often the microbatch with the longest forward of a (rank, step) also has the longest backward.
 
-    Needs columns rank, step, microbatch, optype, a. Returns {groups, agree, chance, p_value}: a group
-    agrees when both passes' heaviest is the same microbatch and takes at least ``min_ratio`` times the
+    Needs columns rank, step, microbatch, optype, a. Returns {groups, agree, chance, p_value} over the
+    (rank, step)s where some pass has a microbatch at ``min_ratio`` times the median: one agrees when both passes' heaviest is the same microbatch and takes at least ``min_ratio`` times the
     step's median in each pass (jitter on one pass is neither); p_value is the binomial chance of as
     many agreements when the heaviest of each pass were independent (probability 1/m per group).
     """
@@ -95,6 +95,9 @@ def heaviest_agreement(cops: pl.DataFrame, min_ratio: float) -> dict:
     g = w.group_by("rank", "step").agg(
         m=pl.len(), fmax=pl.col("microbatch").sort_by("f").last(), bmax=pl.col("microbatch").sort_by("b").last(),
         fr=pl.col("f").max() / pl.col("f").median(), br=pl.col("b").max() / pl.col("b").median()).filter(pl.col("m") >= 3)
+    # only a (rank, step) with a clearly heaviest microbatch in some pass says anything; where no
+    # microbatch stands out (a rank that got only short sequences) there is nothing to agree on
+    g = g.filter((pl.col("fr") >= min_ratio) | (pl.col("br") >= min_ratio))
     if g.is_empty():
         return {"groups": 0, "agree": 0, "chance": None, "p_value": 1.0}
     agree = int(g.filter((pl.col("fmax") == pl.col("bmax")) & (pl.col("fr") >= min_ratio)
@@ -215,7 +218,7 @@ def balanced_sequences(graph: WhatIfGraph, actual: np.ndarray, T: float, T_ideal
         bal = _balanced_without_lengths(cops)
         agreement = heaviest_agreement(cops, config.min_heavy_ratio)
         out.update(method="correlation", agreement=agreement)
-        by_agreement = (agreement["p_value"] < config.max_agreement_p and 2 * agreement["agree"] >= agreement["groups"])
+        by_agreement = agreement["p_value"] < config.max_agreement_p
         detected = bool(np.isfinite(r) and r >= config.min_pearson) or by_agreement
     new = actual.copy()
     new[bal["row"].to_numpy()] = bal["new"].to_numpy()

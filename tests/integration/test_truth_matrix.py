@@ -48,14 +48,18 @@ class Scenario:
     """the expected verdict (``clean``: none, or S < 1.10 and not communication)."""
     culprit: dict = field(default_factory=dict)
     """what the verdict's finding must name (rank or stage)."""
+    both_named: dict | None = None
+    """where the path has no evidence to tell a slow worker from a slow stage (hook records alone, dp = 1:
+    no stage peers, no compute), an ``ambiguous`` section naming this rank and stage is the right answer."""
 
 
 SCENARIOS = {
     "clean_dp2_pp2_tp2": Scenario(8, ("--pp", "2", "--tp", "2"), "clean"),
     "slow_rank_dp2_pp2": Scenario(4, ("--pp", "2", "--slow-rank", "3:2"), "worker", {"rank": 3}),
     "seq_skew_dp2_pp2": Scenario(4, ("--pp", "2", "--seq-skew"), "sequence_imbalance"),
-    "slow_stage_pp4": Scenario(4, ("--pp", "4", "--slow-stage", "1:2"), "stage_imbalance", {"stage": 1}),
-    "slow_rank_pp4": Scenario(4, ("--pp", "4", "--slow-rank", "2:2"), "worker", {"rank": 2}),
+    "slow_stage_pp4": Scenario(4, ("--pp", "4", "--slow-stage", "1:2"), "stage_imbalance", {"stage": 1},
+                               {"rank": 1, "stage": 1}),
+    "slow_rank_pp4": Scenario(4, ("--pp", "4", "--slow-rank", "2:2"), "worker", {"rank": 2}, {"rank": 2, "stage": 2}),
 }
 
 # cells that still fail, with the value measured when they were marked (strict: a fix must unmark them)
@@ -162,6 +166,11 @@ def test_verdict_and_culprit(lab, name, path):
              st.get("ambiguous"), rep["findings"][:2])
     if sc.verdict == "clean":
         assert st["verdict"] == "none" or (st["slowdown"] < 1.10 and st["verdict"] != "communication"), where
+        return
+    amb = st.get("ambiguous")
+    if path == "hooks" and sc.both_named and amb:
+        assert {"rank": amb["rank"], "stage": amb["stage"]} == sc.both_named, where
+        assert set(amb["between"]) == {"worker", "stage_imbalance"} and st["verdict"] in amb["between"], where
         return
     assert st["verdict"] == sc.verdict, where
     culprit = rep["findings"][0]["culprit"]

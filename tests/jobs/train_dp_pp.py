@@ -22,9 +22,9 @@ optimizer step (x0.5), so timings hold on a loaded CPU; ``--slow-rank R:F``
 stretches all of rank R's compute (every op class, as slower hardware would)
 F-fold; ``--slow-stage S:F`` stretches the forward/backward work of stage S
 F-fold but not its optimizer (more layers, not slower hardware);
-``--seq-skew`` gives each microbatch a sequence length that varies across
-microbatches, DP ranks and steps (work proportional to it; no batch_meta is
-written); ``--skip-collective`` makes one rank skip its DP all_reduce (a hang).
+``--seq-skew`` makes one microbatch of each step's global batch long (its
+DP rank and position move from step to step; work proportional to length; no
+batch_meta is written); ``--skip-collective`` makes one rank skip its DP all_reduce (a hang).
 
 ``--out DIR`` writes DIR/rank<r>.json with the final loss (float.hex), the
 per-step losses and ``issued``: every communication call the job itself made,
@@ -187,19 +187,27 @@ def build_stage(stage, pp, hidden, ffn, layers, tp=None, tp_rank=0):
     return nn.Sequential(*mods)
 
 
-def seq_factor(step, dp_rank, mb, m):
-    """Relative sequence length of one microbatch under --seq-skew (mean 1 over a step's microbatches).
+LONG_SEQ = 3.0
+"""--seq-skew: the long microbatch's work relative to the mean of the global batch."""
 
-    One long microbatch per step and DP rank, at a position that moves with step and DP rank, as
-    variable-length packing gives."""
-    return 2.5 if mb == (step + dp_rank) % m else (m - 2.5) / (m - 1)
+
+def seq_factor(step, dp_rank, mb, m, dp):
+    """Relative sequence length of one microbatch under --seq-skew (mean 1 over the step's global batch).
+
+    One long microbatch among the step's dp * m, on a DP rank and at a position that move from step to
+    step (as unsorted variable-length batches give): the rank that holds it does more work that step,
+    but no rank is slow in every step."""
+    n = dp * m
+    heavy = (5 * step + 1) % n
+    return LONG_SEQ if dp_rank * m + mb == heavy else (n - LONG_SEQ) / (n - 1)
 
 
 class Work:
     """Sleep-based device time: what a GPU kernel costs the host, unaffected by CPU contention."""
 
-    def __init__(self, args, rank, stage):
+    def __init__(self, args, rank, stage, dp):
         self.ms = args.work_ms
+        self.dp = dp
         self.slow_rank = _pair(args.slow_rank, "--slow-rank")
         self.slow_stage = _pair(args.slow_stage, "--slow-stage")
         self.hw = self.slow_rank[1] if self.slow_rank and self.slow_rank[0] == rank else 1.0
@@ -210,7 +218,7 @@ class Work:
         """Sleep for this pass's device time plus the hardware stretch of its real CPU time."""
         base = {"F": 1.0, "B": 2.0, "O": 0.5}[kind] * self.ms / 1000
         if kind in ("F", "B"):
-            base *= self.more * (seq_factor(step, dp_rank, mb, m) if self.skew else 1.0)
+            base *= self.more * (seq_factor(step, dp_rank, mb, m, self.dp) if self.skew else 1.0)
         extra = base * self.hw + t_real * (self.hw - 1)
         if extra > 0:
             time.sleep(extra)
@@ -273,7 +281,7 @@ def run(args):
     if ffn % tp:
         sys.exit(f"--ffn {ffn} is not a multiple of --tp {tp}")
     model = build_stage(stage, pp, args.hidden, ffn, args.layers, my_tp, tp_rank)
-    device = Work(args, rank, stage)
+    device = Work(args, rank, stage, dp)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     params = [p for p in model.parameters()]
     # Two buckets of different sizes, as DDP's bucketing gives.
