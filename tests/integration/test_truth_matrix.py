@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "tests" / "jobs" / "train_dp_pp.py"
 BIN = Path(sys.executable).parent
 PATHS = ("hooks", "kineto", "both")
-COMMON = ["--steps", "5", "--microbatches", "4", "--work-ms", "8", "--hidden", "32"]
+COMMON = ["--steps", "5", "--microbatches", "4", "--work-ms", "20", "--hidden", "32"]
 
 
 @dataclass(frozen=True)
