@@ -83,7 +83,7 @@ def label_groups(comm_op: pl.DataFrame, memberships: dict[int, list[list[int]]],
         if not scored:
             undecided.append(key)
             continue
-        if len(scored) > 1 and not scored[0][0] <= config.margin * scored[1][0]:
+        if len(scored) > 1 and not scored[0][0] < config.margin * scored[1][0]:
             undecided.append(key)
             continue
         rows.append((key[0], key[1], key[2], scored[0][1]))

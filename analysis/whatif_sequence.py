@@ -81,10 +81,11 @@ def fwd_bwd_pearson(cops: pl.DataFrame) -> float:
 def heaviest_agreement(cops: pl.DataFrame, min_ratio: float) -> dict:
     """How often the microbatch with the longest forward of a (rank, step) also has the longest backward.
 
-    Needs columns rank, step, microbatch, optype, a. Returns {groups, agree, chance, p_value} over the
-    (rank, step)s where some pass has a microbatch at ``min_ratio`` times the median: one agrees when both passes' heaviest is the same microbatch and takes at least ``min_ratio`` times the
-    step's median in each pass (jitter on one pass is neither); p_value is the binomial chance of as
-    many agreements when the heaviest of each pass were independent (probability 1/m per group).
+    Needs columns rank, step, microbatch, optype, a. Returns {groups, agree, chance, p_value}: a
+    (rank, step) agrees when both passes' heaviest is the same microbatch and takes at least
+    ``min_ratio`` times the step's median in each pass; p_value is the binomial chance of as many
+    agreements if the passes stood out independently (each at its observed rate, on the same
+    microbatch one time in m).
     """
     from scipy.stats import binomtest
 
@@ -95,15 +96,15 @@ def heaviest_agreement(cops: pl.DataFrame, min_ratio: float) -> dict:
     g = w.group_by("rank", "step").agg(
         m=pl.len(), fmax=pl.col("microbatch").sort_by("f").last(), bmax=pl.col("microbatch").sort_by("b").last(),
         fr=pl.col("f").max() / pl.col("f").median(), br=pl.col("b").max() / pl.col("b").median()).filter(pl.col("m") >= 3)
-    # only a (rank, step) with a clearly heaviest microbatch in some pass says anything; where no
-    # microbatch stands out (a rank that got only short sequences) there is nothing to agree on
-    g = g.filter((pl.col("fr") >= min_ratio) | (pl.col("br") >= min_ratio))
     if g.is_empty():
         return {"groups": 0, "agree": 0, "chance": None, "p_value": 1.0}
-    agree = int(g.filter((pl.col("fmax") == pl.col("bmax")) & (pl.col("fr") >= min_ratio)
-                         & (pl.col("br") >= min_ratio)).height)
-    chance = float((1.0 / g["m"]).mean())
-    p = float(binomtest(agree, g.height, chance, alternative="greater").pvalue) if agree else 1.0
+    fh, bh = pl.col("fr") >= min_ratio, pl.col("br") >= min_ratio
+    agree = int(g.filter((pl.col("fmax") == pl.col("bmax")) & fh & bh).height)
+    # without sequence effects the two passes stand out independently (a descheduled pass is one pass):
+    # both stand out with the product of their rates, and on the same microbatch one time in m
+    rates = g.select(fh.mean().alias("f"), bh.mean().alias("b"), (1.0 / pl.col("m")).mean().alias("m")).row(0)
+    chance = float(rates[0] * rates[1] * rates[2])
+    p = float(binomtest(agree, g.height, chance, alternative="greater").pvalue) if agree and chance < 1 else 1.0
     return {"groups": int(g.height), "agree": agree, "chance": chance, "p_value": p}
 
 
