@@ -187,7 +187,7 @@ def build_stage(stage, pp, hidden, ffn, layers, tp=None, tp_rank=0):
     return nn.Sequential(*mods)
 
 
-LONG_SEQ = 3.0
+LONG_SEQ = 4.0
 """--seq-skew: the long microbatch's work relative to the mean of the global batch."""
 
 
