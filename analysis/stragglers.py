@@ -332,6 +332,13 @@ def _arrival_with_compute_evidence(frames: JobFrames, config: StragglerConfig, l
     elif call["call"] != a.verdict:
         a.extra["verdict_before_op_class_check"] = a.verdict
         a.verdict = call["call"]
+    if isinstance(call.get("passes"), float):
+        # the factor a finding reports: forward/backward against the other stages (no stage peers)
+        a.extra["evidence"].setdefault("stage_imbalance", {}).setdefault("stage_vs_others", {})[str(stage)] = \
+            call["passes"]
+        cul = a.extra["culprits"].get("worker")
+        if cul is not None:
+            cul.update(factor=call["passes"], factor_vs="other stages (no stage peers)")
     if a.verdict == "stage_imbalance":
         a.extra["verdict_stage"] = stage
     return a

@@ -170,6 +170,14 @@ def test_strategy(lab, name, path):
     assert got == want, s.get("notes")
 
 
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_reports_follow_the_contract(lab, name, report_schema):
+    import jsonschema
+
+    for rep in lab(name).reports.values():
+        jsonschema.validate(rep, report_schema)
+
+
 @pytest.mark.parametrize(("name", "path"), _cells("step_time"))
 def test_step_time(lab, name, path):
     run = lab(name)
