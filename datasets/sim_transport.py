@@ -63,9 +63,9 @@ def qp_base(rank: np.ndarray, conn: np.ndarray, topo: Topology, qps: int) -> np.
     """First destination QP number of ``rank``'s side of a connection: each process of an address
     allocates from its own block, so a QP number tells the ranks of one address apart."""
     slot = topo.slot[rank] if topo.slot is not None else np.zeros_like(rank)
-    block = 0x4000
-    within = (_hash(conn, rank) % np.uint64(block // qps - 1)).astype(np.int64) * qps
-    return 0x100 + slot * block + within
+    block, first = 0x4000, 0x100  # QPNs below 0x100 are reserved; every rank keeps inside its own block
+    within = (_hash(conn, rank) % np.uint64((block - first) // qps - 1)).astype(np.int64) * qps
+    return slot * block + first + within
 
 
 def listen_port(rank: np.ndarray, conn: np.ndarray, topo: Topology, share: int) -> np.ndarray:

@@ -235,3 +235,18 @@ def test_everything_on_writes_a_valid_store(tmp_path):
     assert not validate(fab.flow, "flow").rejects
     write_store(fab, tmp_path / "s")
     assert Store(tmp_path / "s").count("flow", "fabric") == fab.flow.num_rows
+
+
+def test_fabric_exporter_offsets_in_truth_are_the_ones_applied():
+    cfgs = [SimConfig(job="a", **BASE, realism=Realism(hosts_per_pod=2))]
+    shifted = simulate_fabric(cfgs, background=False, realism=Realism(hosts_per_pod=2, exporter_offset_ms=4.0))
+    plain = simulate_fabric(cfgs, background=False, realism=Realism(hosts_per_pod=2))
+    a = pl.from_arrow(shifted.flow).sort("exporter", "src_addr", "dst_addr", "src_port", "end_ns")
+    b = pl.from_arrow(plain.flow).sort("exporter", "src_addr", "dst_addr", "src_port", "end_ns")
+    d = a.select("exporter", (a["start_ns"] - b["start_ns"]).alias("d")).group_by("exporter").agg(
+        pl.col("d").min(), pl.col("d").max().alias("hi"))
+    offs = shifted.truth["fabric"]["exporter_offsets_ns"]
+    assert (d["d"] == d["hi"]).all() and all(offs[e] == x for e, x in zip(d["exporter"], d["d"]))
+    assert shifted.truth["jobs"]["a"]["exporter_offsets_ns"] == {e: offs[e] for e in
+                                                                shifted.truth["jobs"]["a"]["exporters"]}
+    assert len(set(offs.values())) == len(offs) > 2
