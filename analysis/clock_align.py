@@ -138,15 +138,18 @@ def apply_rank_offsets(df: pl.DataFrame, offsets: pl.DataFrame,
     """Shift the time columns of any per-rank frame onto the aligned clock (rank column required)."""
     if df.is_empty() or offsets.is_empty():
         return df
-    j = df.join(offsets.select(pl.col("rank").cast(df.schema["rank"]), "offset_ns", "drift", "ref_ns"),
-                on="rank", how="left")
+    cols = [c for c in time_cols if c in df.columns]
+    # join only the rank and time columns: a join gathers every column it carries, and comm_op's
+    # member lists are most of a big job's memory
+    j = df.select("rank", *cols).join(
+        offsets.select(pl.col("rank").cast(df.schema["rank"]), "offset_ns", "drift", "ref_ns"),
+        on="rank", how="left", maintain_order="left")
     fixes = []
-    for c in time_cols:
-        if c in j.columns:
-            corr = pl.col("offset_ns").fill_null(0.0) + pl.col("drift").fill_null(0.0) * (
-                pl.col(c) - pl.col("ref_ns").fill_null(0))
-            fixes.append((pl.col(c) - corr).round(0).cast(pl.Int64).alias(c))
-    return j.with_columns(fixes).drop("offset_ns", "drift", "ref_ns")
+    for c in cols:
+        corr = pl.col("offset_ns").fill_null(0.0) + pl.col("drift").fill_null(0.0) * (
+            pl.col(c) - pl.col("ref_ns").fill_null(0))
+        fixes.append((pl.col(c) - corr).round(0).cast(pl.Int64).alias(c))
+    return df.with_columns(j.select(fixes))
 
 
 def exporter_clock_offsets(flow: pl.DataFrame) -> pl.DataFrame:

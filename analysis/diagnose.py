@@ -20,6 +20,7 @@ from rankscope.analysis.coverage import rank_coverage
 from rankscope.analysis.diagnosis import Diagnosis, Steps, Strategy
 from rankscope.analysis.findings import build_findings
 from rankscope.analysis.flow_config import FlowConfig
+from rankscope.analysis.flow_stragglers import flow_straggler_section
 from rankscope.analysis.hangs import hang_section
 from rankscope.analysis.job_model import JobModel, build_job_model
 from rankscope.analysis.regressions import RegressionConfig, regression_section
@@ -183,6 +184,10 @@ def analyze_job(frames: JobFrames, config: DiagnoseConfig | None = None,
     d.data_quality["layout"] = {"source": model.layout["source"][0] if model.layout.height else "unknown",
                                 "filled": model.filled, "notes": model.notes}
     d.stragglers = _stragglers(model, d.strategy, config)
+    if has_flow and not has_comm and not d.stragglers.extra.get("evaluated", True):
+        d.stragglers = flow_straggler_section(
+            apply_exporter_offsets(frames.flow, exporter_clock_offsets(frames.flow)), d.strategy,
+            config.stragglers.slow_link_at)
     d.regressions = regression_section(model.frames, baseline, config.regressions)
     d.hangs = _hangs(model, d.data_quality.get("missing_ranks") or [])
     d.extra["findings"] = build_findings(d.stragglers, d.regressions)

@@ -56,6 +56,12 @@ def straggler_findings(st: Stragglers) -> list[dict]:
                         "evidence": {"basis": basis, "forward_backward_vs_other_stages": float(f),
                                      "min_over_steps": (sev.get("stage_vs_others_min_over_steps") or {}).get(stage)}})
     for link in ev.get("slow_links", []):
+        if "endpoint" in link:  # flows: an address, judged on the rate of each of its pairs
+            out.append({"kind": "slow_link", "culprit": {"endpoint": link["endpoint"]}, "factor": link["factor"],
+                        "steps": link.get("steps", []), "evidence": {
+                            "basis": basis, "pairs": link["pairs"], "min_over_pairs": link["min_over_pairs"],
+                            "compared_with": "the median rate of pairs in the same role (ring or pipeline links)"}})
+            continue
         out.append({"kind": "slow_link", "culprit": {"rank": link["rank"]}, "factor": link["factor"],
                     "steps": link["steps"], "evidence": {
                         "basis": basis, "slow_transfers": link["slow_transfers"], "transfers": link["transfers"],
@@ -213,11 +219,15 @@ def summary_text(diagnosis: Diagnosis) -> str:
     if findings is None:
         findings = build_findings(st, diagnosis.regressions)
     s = f"S {st.slowdown:.2f}" + (" (noise: S < 1)" if st.extra.get("noise") else "")
+    if st.extra.get("slowdown_evaluated") is False:
+        s = "S not evaluated"
     basis = st.extra.get("basis")
     s += f", from {basis}" if basis and basis != "compute" else ""
     amb = st.extra.get("ambiguous")
-    if amb:
+    if amb and "stage" in amb:
         return f"verdict {st.verdict} (ambiguous: worker or stage {amb['stage']}, {amb['why']}); {s}"
+    if amb:
+        return f"verdict {st.verdict} (ambiguous between {', '.join(map(str, amb['between']))}: {amb['why']}); {s}"
     lead = findings[0] if findings else None
     if st.verdict in FINDING_OF and lead is not None and lead.get("evidence", {}).get("verdict") == st.verdict:
         return f"verdict {st.verdict}: {describe(lead)}; {s}"

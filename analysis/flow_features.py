@@ -19,7 +19,7 @@ import polars as pl
 
 from rankscope.analysis.flow_config import FlowConfig
 
-PAIR_COLUMNS = ("src", "dst", "bytes", "num_records", "first_ns", "last_ns")
+PAIR_COLUMNS = ("src", "dst", "bytes", "num_records", "first_ns", "last_ns", "mid_ns")
 
 
 @dataclass
@@ -27,7 +27,8 @@ class PairTraffic:
     """Directed pair table plus what was set apart, for data_quality."""
 
     pairs: pl.DataFrame
-    """src, dst, bytes (sampling-scaled), num_records, first_ns, last_ns."""
+    """src, dst, bytes (sampling-scaled), num_records, first_ns, last_ns, mid_ns (the byte-weighted mean
+    of record midpoints: when in the step the pair's bytes moved, on average)."""
     training_flows: pl.DataFrame
     """the flow records that were kept (aligned, with est_bytes), for step finding."""
     control_flows: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -51,7 +52,7 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
     if flow.is_empty():
         return PairTraffic(pl.DataFrame(schema={"src": pl.Utf8, "dst": pl.Utf8, "bytes": pl.Float64,
                                                 "num_records": pl.Int64, "first_ns": pl.Int64,
-                                                "last_ns": pl.Int64}), flow, {"records": 0})
+                                                "last_ns": pl.Int64, "mid_ns": pl.Int64}), flow, {"records": 0})
     if "est_size_bytes" not in flow.columns:
         flow = flow.with_columns(est_size_bytes=pl.lit(None, pl.Int64))
     ports = list(cfg.control_ports)
@@ -69,7 +70,11 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
     keep = f.filter(~pl.col("_ctl") & ~pl.col("_self")).drop("_ctl", "_self")
     per_exp = (keep.group_by(["src_addr", "dst_addr", "exporter"])
                .agg(bytes=pl.col("est_bytes").sum(), num_records=pl.len().cast(pl.Int64),
-                    first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max()))
+                    first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max(),
+                    # relative to the first start, so the weighted sum stays exact in float64
+                    mid_rel=(((pl.col("start_ns") + pl.col("end_ns")) / 2 - pl.col("start_ns").min())
+                             * pl.col("est_bytes")).sum() / pl.col("est_bytes").sum()))
+    per_exp = per_exp.with_columns(mid_ns=(pl.col("first_ns") + pl.col("mid_rel")).cast(pl.Int64)).drop("mid_rel")
     # one exporter per directed pair: the one that saw the most bytes (the others saw the same transfer)
     pairs = (per_exp.sort("bytes", descending=True).group_by(["src_addr", "dst_addr"]).first()
              .rename({"src_addr": "src", "dst_addr": "dst"}).drop("exporter").sort(["src", "dst"]))
@@ -90,7 +95,7 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
 def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
     """Undirected edges a < b with per-direction features.
 
-    Returns a, b, bytes (both directions), bytes_ab, bytes_ba, first_ab, first_ba,
+    Returns a, b, bytes (both directions), bytes_ab, bytes_ba, first_ab, first_ba, mid_ab, mid_ba,
     symmetry (smaller direction / larger, 0 for one-way traffic).
     """
     p = pairs.with_columns(a=pl.min_horizontal("src", "dst"), b=pl.max_horizontal("src", "dst"),
@@ -100,6 +105,8 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
         bytes_ba=pl.col("bytes").filter(~pl.col("fwd")).sum(),
         first_ab=pl.col("first_ns").filter(pl.col("fwd")).min(),
         first_ba=pl.col("first_ns").filter(~pl.col("fwd")).min(),
+        mid_ab=pl.col("mid_ns").filter(pl.col("fwd")).min(),
+        mid_ba=pl.col("mid_ns").filter(~pl.col("fwd")).min(),
         num_records=pl.col("num_records").sum())
     return e.with_columns(
         bytes=pl.col("bytes_ab") + pl.col("bytes_ba"),

@@ -20,8 +20,10 @@ that grid:
   lagged vote PP.
 
 Stage order: the direction that starts first on a pipeline edge points
-downstream; votes are summed over all pipelines between the same two DP
-groups (same pair of stages), so one late-sampled record cannot flip it.
+downstream, and so does the direction whose bytes move earlier on average
+(activations before gradients in every step); votes are summed over all
+pipelines between the same two DP groups (same pair of stages), so one
+late-sampled record cannot flip it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ import polars as pl
 
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_jobs import address_key, components
+from rankscope.analysis.flow_link_evidence import (
+    SHAPE_TIE_BREAK,
+    equally_good,
+    mixed_pipelines,
+    neutral_unresolved_lag,
+    single_tree_groups,
+)
 
 
 @dataclass
@@ -45,6 +54,8 @@ class GridFit:
     valid: bool
     score: float
     notes: list[str] = field(default_factory=list)
+    alternatives: list[dict] = field(default_factory=list)
+    """other valid labellings the traffic scores exactly as well (dp_groups, pp_groups)."""
 
 
 def byte_modes(bytes_: np.ndarray, gap: float, max_modes: int) -> np.ndarray:
@@ -106,10 +117,24 @@ def early_traffic(edges: pl.DataFrame) -> np.ndarray:
     return out
 
 
+ONE_WAY = 0.1
+"""An edge whose smaller direction carries under this share of the larger is one-way traffic: a ring
+collective's link (data one way, RoCE ACKs or TCP acks back), never a pipeline link, which sends
+activations forward and gradients back in equal volumes."""
+
+SAME_COLLECTIVE_BYTES = 0.1
+"""The ring links of one DP group carry the same bytes (a ring collective moves the same volume over
+each of its links; tree links may carry one or both trees' halves, so only rings are held to it)."""
+
+
 def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, like: np.ndarray,
-         modes: np.ndarray) -> GridFit:
+         modes: np.ndarray, sym: np.ndarray | None = None, bytes_: np.ndarray | None = None) -> GridFit:
     n = len(nodes)
     notes: list[str] = []
+    valid_dir = True
+    if sym is not None and (is_pp & (sym < ONE_WAY)).any():
+        valid_dir = False
+        notes.append("one-way links labelled as pipeline links")
     pa, pb = ai[is_pp], bi[is_pp]
     pl_lab = components(nodes, pa, pb)
     deg = np.bincount(np.r_[pa, pb], minlength=n)
@@ -136,6 +161,12 @@ def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, li
     if (dedges > 2 * dsize).any():
         valid = False
         notes.append("data-parallel groups denser than a ring or double tree")
+    # a ring has as many links as members and a double binary tree more; links that form a simple
+    # path are a pipeline, not a collective (a 2-member group has one link either way)
+    if ((dsize >= 3) & (dedges < dsize)).any():
+        valid = False
+        notes.append("a data-parallel group's links form no ring or double tree (a path or a tree)")
+    valid = valid and valid_dir
     # grid: no DP group holds two members of one pipeline
     pairs = set(zip(dp_lab.tolist(), pl_lab.tolist()))
     if len(pairs) < n:
@@ -148,7 +179,26 @@ def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, li
     if len(da):
         dm = pl.DataFrame({"c": dp_lab[da], "m": modes[~is_pp]}).group_by("c").agg(k=pl.col("m").n_unique())
         mixed = int((dm["k"] - 1).sum())
-    score = agree + (1e6 if valid else 0.0) - 1e3 * mixed
+    odd = 0
+    if len(da) and sym is not None and bytes_ is not None:
+        ring = sym[~is_pp] < ONE_WAY
+        # a ring collective spans its whole group (every NCCL ring channel visits every member):
+        # one-way links that fall apart into several rings inside one "group" are several groups
+        # joined by other traffic
+        if ring.any():
+            parts = components(nodes, da[ring], db[ring])
+            per_group = pl.DataFrame({"c": dp_lab, "p": parts}).group_by("c").agg(k=pl.col("p").n_unique())
+            ringed = np.unique(dp_lab[da[ring]])
+            if (per_group.filter(pl.col("c").is_in(ringed.tolist()))["k"] > 1).any():
+                valid = False
+                notes.append("one data-parallel group holds several separate rings")
+            rb = pl.DataFrame({"c": dp_lab[da][ring], "b": bytes_[~is_pp][ring]}).with_columns(
+                med=pl.col("b").median().over("c"))
+            odd = int(((rb["b"] - rb["med"]).abs() > SAME_COLLECTIVE_BYTES * rb["med"]).sum())
+    # ties in the traffic evidence go to the labelling with the collective shapes libraries use;
+    # links of one pipeline in several byte modes count as weakly as a mixed DP group
+    trees = single_tree_groups(n, da, db, dp_lab) + mixed_pipelines(pl_lab[pa], modes[is_pp])
+    score = agree + (1e6 if valid else 0.0) - 1e3 * (mixed + odd) - SHAPE_TIE_BREAK * trees
     dp_groups = _groups(nodes, dp_lab)
     pipes = _groups(nodes, pl_lab)
     return GridFit(dp_groups, pipes, is_pp, valid, score, notes)
@@ -170,21 +220,29 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
     idx = {x: i for i, x in enumerate(nodes)}
     ai = np.array([idx[x] for x in edges["a"].to_list()], dtype=np.int64)
     bi = np.array([idx[x] for x in edges["b"].to_list()], dtype=np.int64)
-    like = pp_likeness(edges)
+    like = neutral_unresolved_lag(edges, pp_likeness(edges))
     modes = byte_modes(edges["bytes"].to_numpy().astype(float), cfg.mode_gap, cfg.max_modes)
     k = int(modes.max()) + 1 if len(modes) else 0
     cands = [np.isin(modes, s) for r in range(k + 1) for s in itertools.combinations(range(k), r)]
     cands.append(like > 0.5)
+    sym = edges["symmetry"].fill_null(0.0).fill_nan(0.0).to_numpy()
+    two_way = sym >= ONE_WAY
+    # direction pattern: one-way links are ring collectives; two-way ones pipelines or trees
+    cands.append(two_way)
+    cands.extend(np.isin(modes, s) & two_way for r in range(1, k + 1) for s in itertools.combinations(range(k), r))
     early = early_traffic(edges)
     if (early != 0.5).any():
         cands.append(early > 0.5)
         cands.extend(np.isin(modes, s) & (early > 0.5) for r in range(1, k + 1)
                      for s in itertools.combinations(range(k), r))
-    best = None
+    best, fits = None, []
+    b = edges["bytes"].to_numpy().astype(float)
     for c in cands:
-        f = _fit(nodes, ai, bi, c, like, modes)
+        f = _fit(nodes, ai, bi, c, like, modes, sym, b)
+        fits.append(f)
         if best is None or f.score > best.score:
             best = f
+    best.alternatives = equally_good(fits, best)
     if not best.valid:
         best.notes.append("no labeling of the traffic forms a dp x pp grid; best effort shown")
     return best
@@ -215,6 +273,16 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame) -> tuple[list[list[str]],
         s = 1.0 if fa < fb else -1.0  # a's traffic to b started first: a is upstream
         votes[(stage_key[a], stage_key[b])] += s
         votes[(stage_key[b], stage_key[a])] -= s
+    # Within every step activations go downstream before gradients come back, so the bytes of the
+    # downstream direction move earlier on average (byte-weighted record midpoints): this holds in
+    # every step, whether or not the capture saw the job start, and with millisecond timestamps.
+    if "mid_ab" in pe.columns:
+        for a, b, ma, mb in pe.select("a", "b", "mid_ab", "mid_ba").iter_rows():
+            if ma is None or mb is None or ma == mb:
+                continue
+            s = 1.0 if ma < mb else -1.0
+            votes[(stage_key[a], stage_key[b])] += s
+            votes[(stage_key[b], stage_key[a])] -= s
     first = {}
     for a, b, fa, fb in pe.select("a", "b", "first_ab", "first_ba").iter_rows():
         first[(a, b)], first[(b, a)] = fa, fb

@@ -78,14 +78,19 @@ def _prepare(comm: pl.DataFrame) -> pl.DataFrame:
     # Collectives are keyed by their sorted member list, which every rank and source spells the same
     # way; group ids differ between sources. Point-to-point ops are keyed by direction, so the n-th
     # send of a to b meets the n-th recv of b from a.
-    members_txt = pl.col("_members").cast(pl.List(pl.String)).list.join(",")
+    # the member text once per distinct member list, not once per op (a 64-member text on millions of ops
+    # was most of a big job's memory); the join hands each op a view of it
+    uniq = df.select("_members").unique().with_columns(
+        (pl.lit("ranks ") + pl.col("_members").cast(pl.List(pl.String)).list.join(",")).alias("_mtxt"))
+    df = df.with_columns(df.select("_members").join(uniq, on="_members", how="left", maintain_order="left")["_mtxt"])
     df = df.with_columns(
         pl.when(is_p2p).then(pl.lit("p2p ") + src.cast(pl.String) + pl.lit("->") + dst.cast(pl.String))
-        .when(pl.col("_members").list.len() > 0).then(pl.lit("ranks ") + members_txt)
+        .when(pl.col("_members").list.len() > 0).then(pl.col("_mtxt"))
         .otherwise(pl.lit("id ") + pl.col("group_id").fill_null("?")).alias("_gkey"),
         pl.when(is_p2p).then(pl.concat_list([src, dst]).cast(pl.List(pl.Int32)))
         .otherwise(pl.col("_members").cast(pl.List(pl.Int32))).alias("_members"),
-        pl.col("state").replace_strict(_STATE_ORDER, default=0, return_dtype=pl.Int8).alias("_state_rank"))
+        pl.col("state").replace_strict(_STATE_ORDER, default=0, return_dtype=pl.Int8).alias("_state_rank")
+    ).drop("_mtxt", "group_ranks")  # _members replaces the member lists: one copy of them, not two
     # A rank dumped by two writers of one source keeps its most advanced state per op.
     return (df.sort(["_state_rank", "start_ns"], descending=[True, False])
             .unique(["source", "rank", "_gkey", "seq", "op"], keep="first", maintain_order=True))

@@ -26,6 +26,14 @@
   traces are left as recorded: every step has its own origin, so there is
   no clock to fit);
 - ``rank_steps`` and ``steps``: the one step definition of :mod:`steps`.
+
+A rank recorded by two sources at once (the live hook and the profiler of
+the same run) would count each call twice, and the replay would see each
+collective wait on its own copy (a cycle). So comm_op and step_mark keep one
+source per rank (:func:`one_source_per_rank`): comm_op the source that names
+its process groups most often (the hook does, gloo Kineto does not), then the
+one with the most records; step_mark the source of the rank's compute
+records (their step labels come from the same marks), else comm_op's.
 """
 
 from __future__ import annotations
@@ -80,6 +88,9 @@ def build_job_model(frames: JobFrames, clock: ClockConfig | None = None) -> JobM
     """Build the model of one job. Needs any subset of comm_op, compute_op, step_mark (JobFrames)."""
     from rankscope.analysis.strategy_whitebox import infer_whitebox
 
+    notes: list[str] = []
+    frames = _one_source_each(frames, notes)
+    frames = _groups_from_streams(frames, notes)
     strategy = infer_whitebox(frames.comm_op) if not frames.comm_op.is_empty() else None
     layout = rank_layout(frames, strategy)
     # steps from the records as given (labels and marks), on the aligned clock
@@ -90,7 +101,6 @@ def build_job_model(frames: JobFrames, clock: ClockConfig | None = None) -> JobM
     comp_a = apply_rank_offsets(frames.compute_op, offsets)
     windows = rank_step_windows(mark, comm_a, comp_a)
     source = "step_mark" if not frames.step_mark.is_empty() else "step column"
-    notes: list[str] = []
     # on relative time every window of a rank starts at 0: only a record's own label can place it in a step
     step_windows = windows if not frames.relative_time else windows.head(0)
     comp = _stepped(frames.compute_op, comp_a, step_windows)
@@ -106,6 +116,66 @@ def build_job_model(frames: JobFrames, clock: ClockConfig | None = None) -> JobM
                     aligned_step_mark=mark, rank_offsets=offsets, strategy=strategy, layout=layout,
                     rank_steps=windows, steps=job_steps(windows, frames.relative_time), steps_source=source,
                     filled=filled, notes=notes)
+
+
+def one_source_per_rank(df: pl.DataFrame, prefer: pl.DataFrame | None = None) -> tuple[pl.DataFrame, dict]:
+    """Rows of one source per rank. Needs rank, source (and group_ranks when present).
+
+    ``prefer`` (rank, source) names the source to keep where that rank has it; otherwise the
+    source with the most rows that name their group members, then the most rows, then by name.
+    Returns (kept rows, {rank: [dropped sources]}).
+    """
+    if df.is_empty() or "source" not in df.columns:
+        return df, {}
+    per = df.group_by("rank", "source").agg(
+        n=pl.len(), named=(pl.col("group_ranks").is_not_null().sum() if "group_ranks" in df.columns
+                           else pl.lit(0)))
+    if per.group_by("rank").len()["len"].max() <= 1:
+        return df, {}
+    if prefer is not None and not prefer.is_empty():
+        pref = prefer.select(pl.col("rank").cast(per.schema["rank"]), "source").unique("rank")
+        per = per.join(pref.with_columns(_p=pl.lit(1)), on=["rank", "source"], how="left")
+    else:
+        per = per.with_columns(_p=pl.lit(None, dtype=pl.Int32))
+    per = per.with_columns(pl.col("_p").fill_null(0)).sort(
+        ["rank", "_p", "named", "n", "source"], descending=[False, True, True, True, False])
+    keep = per.unique("rank", keep="first", maintain_order=True).select("rank", "source")
+    dropped = {int(r): sorted(set(g["source"].to_list())) for (r,), g in
+               per.join(keep, on=["rank", "source"], how="anti").group_by("rank")}
+    return df.join(keep, on=["rank", "source"], how="semi"), dropped
+
+
+def _one_source_each(frames: JobFrames, notes: list[str]) -> JobFrames:
+    """comm_op and step_mark with one source per rank (see module docstring)."""
+    comm, dropped = one_source_per_rank(frames.comm_op)
+    comp = frames.compute_op
+    pref = (comp.select("rank", "source").unique() if not comp.is_empty() and "source" in comp.columns
+            else comm.select("rank", "source").unique() if "source" in comm.columns else None)
+    mark, dropped_marks = one_source_per_rank(frames.step_mark, pref)
+    if not dropped and not dropped_marks:
+        return frames
+    for what, d in (("comm_op", dropped), ("step_mark", dropped_marks)):
+        if d:
+            srcs = sorted({s for v in d.values() for s in v})
+            notes.append(f"{what}: {len(d)} rank(s) recorded by several sources; kept one each, "
+                         f"left out {', '.join(srcs)}")
+    return replace(frames, comm_op=comm, step_mark=mark)
+
+
+def _groups_from_streams(frames: JobFrames, notes: list[str]) -> JobFrames:
+    """Collectives without a group get one from their stream and the declared memberships."""
+    from rankscope.analysis.collective_streams import label_groups, memberships_from
+
+    members = memberships_from(frames.declared)
+    if not members:
+        return frames
+    comm, res = label_groups(frames.comm_op, members)
+    if res.get("labelled"):
+        notes.append(f"process groups of {res['labelled']} of {res['streams']} collective stream(s) matched "
+                     f"from declared memberships by end times ({res['undecided']} undecided)")
+    elif res.get("streams"):
+        notes.append(f"{res['streams']} collective stream(s) without a group; none matched a declared group")
+    return replace(frames, comm_op=comm) if res.get("labelled") else frames
 
 
 def _with_labels(aligned: pl.DataFrame, completed: pl.DataFrame) -> pl.DataFrame:
@@ -216,6 +286,7 @@ def regular_pipeline(comm: pl.DataFrame, comp: pl.DataFrame, strategy: Strategy 
         return False, "the strategy is an interleaved pipeline"
     if comm.is_empty() or comp.is_empty() or "category" not in comp.columns or "peer" not in comm.columns:
         return True, ""
+    comp, comm = comp.select("rank", "step", "category"), comm.select("rank", "step", "op", "peer")  # no copies
     nf = (comp.filter((pl.col("category") == "forward") & pl.col("step").is_not_null())
           .group_by(pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64)).agg(_nf=pl.len()))
     p2p = (comm.filter(pl.col("op").is_in(P2P) & pl.col("step").is_not_null() & pl.col("peer").is_not_null())
@@ -249,11 +320,13 @@ def complete_comm(comm: pl.DataFrame, comp: pl.DataFrame, by_order: bool) -> pl.
         return comm
     if comm["microbatch"].null_count() == 0 or comp.is_empty() or "category" not in comp.columns:
         return comm
-    c = comm.with_row_index("_i")
+    # only the key columns travel through the join (the member lists would be copied otherwise)
+    c = comm.select("rank", "step", "op", "peer", "start_ns").with_row_index("_i")
     p2p = (c.filter(pl.col("op").is_in(P2P) & pl.col("step").is_not_null() & pl.col("peer").is_not_null())
            .sort("start_ns").with_columns(_k=pl.col("_i").cum_count().over("rank", "step", "op", "peer") - 1))
-    c = c.join(p2p.select("_i", _mb=pl.col("_k").cast(comm.schema["microbatch"])), on="_i", how="left")
-    return c.sort("_i").with_columns(pl.coalesce("microbatch", "_mb").alias("microbatch")).drop("_i", "_mb")
+    mb = (c.select("_i").join(p2p.select("_i", _mb=pl.col("_k").cast(comm.schema["microbatch"])), on="_i",
+                              how="left").sort("_i")["_mb"])
+    return comm.with_columns(pl.coalesce(pl.col("microbatch"), mb).alias("microbatch"))
 
 
 def _ensure(df: pl.DataFrame, cols: tuple[str, ...]) -> pl.DataFrame:

@@ -226,7 +226,115 @@ def _arrival_section(frames: JobFrames, config: StragglerConfig, layout) -> Stra
                                            # slow in most steps: one descheduled step on a busy host is not a slow GPU
                                            and 2 * len(x["slow_steps"]) > len(r["steps"])]},
                "why_no_compute": "no compute_op records: S and the verdict come from collective arrival skew"}
+    _no_peer_ambiguity(s, layout)
     return s
+
+
+def _stage_peers(layout, stage) -> int:
+    return 0 if layout is None or stage is None else layout.filter(pl.col("stage") == stage).height
+
+
+def _no_peer_ambiguity(s: Stragglers, layout) -> None:
+    """Arrival skew alone cannot tell a slow GPU from a stage with more work when the rank has no stage
+    peers (dp = 1, no TP): both make it late everywhere. Name both; the verdict keeps the larger share."""
+    if s.verdict not in ("worker", "stage_imbalance") or not s.top_workers:
+        return
+    top = s.top_workers[0]
+    if _stage_peers(layout, top.get("stage")) > 1:
+        return
+    s.extra["ambiguous"] = {"between": ["worker", "stage_imbalance"], "rank": top["endpoint"], "stage": top.get("stage"),
+                            "why": "no stage peers and no compute records: a slower GPU and a stage with more "
+                                   "work look alike in collective arrivals"}
+
+
+FLOOR_QUANTILE = 0.1
+"""op-class comparison on the arrival basis: this quantile of op durations is an op's own cost."""
+REPLAY_MAX_REL_ERR = 0.25
+"""the replay with the recorded launch delays must reproduce each recorded step within this."""
+
+
+def no_stage_peers(layout) -> str | None:
+    """Why the compute replay cannot judge a pipeline whose ranks have no stage peers (dp = 1, tp = 1).
+
+    Its ideal puts each op at its stage peers' typical duration; with no peers a rank is its own
+    ideal, so neither a slow GPU nor a stage with more work shows in S (OSDI'25's M_S would fix the
+    last stage only)."""
+    if layout is None or layout.is_empty() or layout["stage"].null_count() == layout.height:
+        return None
+    per = layout.filter(pl.col("stage").is_not_null()).group_by("stage").len()
+    if per.height > 1 and per["len"].max() == 1:
+        return ("no rank has stage peers (dp = 1, tp = 1): the replay's ideal is each rank's stage peers' "
+                "typical time, so it cannot see a slow rank or stage here")
+    return None
+
+
+def replay_contradiction(s: Stragglers) -> str | None:
+    """Why the compute replay of a section cannot be trusted, or None.
+
+    Replaying the recorded durations with the recorded launch delays must give back the recorded
+    steps; real CPU traces (gloo under the profiler: async sends, nested spans, descheduled passes) can
+    break the dependency model. (A what-if share below 0 is no such sign: the ideal is each op type's
+    mean, so "fixing" a fast stage lengthens it.)
+    """
+    x = s.extra
+    if not x.get("evaluated") or x.get("basis") != "compute":
+        return None
+    err = (x.get("launch_delay") or {}).get("replay_vs_recorded_max_rel_err")
+    if err is not None and err > REPLAY_MAX_REL_ERR:
+        return (f"the replay of the recorded durations misses a recorded step by {err:.0%}: the dependency "
+                "model does not fit these records")
+    return None
+
+
+def _arrival_with_compute_evidence(frames: JobFrames, config: StragglerConfig, layout, replayed: Stragglers,
+                                   inter: dict, why: str) -> Stragglers:
+    """S and shares from collective arrival skew, with what the compute records still show on their own:
+    sequence imbalance (per-microbatch work, no replay needed) and, for a rank without stage peers,
+    whether all its op classes are slower (hardware) or only its passes (more work)."""
+    a = _arrival_section(frames, config, layout)
+    if not a.extra.get("evaluated"):
+        replayed.extra["replay_doubt"] = why
+        return replayed
+    ev = replayed.extra.get("evidence", {})
+    a.extra["why_not_compute"] = why
+    a.extra["evidence"]["compute_replay"] = {"slowdown": replayed.slowdown, "verdict": replayed.verdict,
+                                             "by_cause": replayed.by_cause}
+    seq = ev.get("sequence_imbalance") or {}
+    a.extra["evidence"]["sequence_imbalance"] = {k: v for k, v in seq.items() if k not in ("share", "raw_share",
+                                                                                          "t_balanced")}
+    a.extra["evidence"]["slow_ranks_compute"] = ev.get("slow_ranks", [])
+    if a.verdict == "none":
+        return a
+    if seq.get("detected"):
+        # per-microbatch work that varies alike in both passes is the batches, not a GPU or a stage
+        a.extra["verdict_before_evidence"] = a.verdict
+        a.verdict = "sequence_imbalance"
+        a.extra["verdict_from"] = "compute evidence (no trusted replay): " + (
+            f"heaviest microbatch agrees in forward and backward in {seq['agreement']['agree']} of "
+            f"{seq['agreement']['groups']} (rank, step)s" if seq.get("agreement") else "forward/backward correlation")
+        return a
+    graph = inter.get("graph")
+    top = a.top_workers[0] if a.top_workers else None
+    if graph is None or top is None or a.verdict not in ("worker", "stage_imbalance"):
+        return a
+    stage = top.get("stage")
+    if _stage_peers(layout, stage) > 1:
+        return a
+    from rankscope.analysis.whatif_evidence import work_or_hardware
+
+    a.extra.pop("ambiguous", None)  # the compute records may decide what arrivals alone cannot
+    # CPU traces of a contended host: compare each op class's floor, not its mean
+    call = work_or_hardware(graph, graph.actual, top["endpoint"], floor_quantile=FLOOR_QUANTILE)
+    a.extra["worker_or_stage"] = {"rank": top["endpoint"], "stage": stage, **call}
+    if call["call"] == "ambiguous":
+        a.extra["ambiguous"] = {"between": ["worker", "stage_imbalance"], "rank": top["endpoint"], "stage": stage,
+                                "why": call["why"]}
+    elif call["call"] != a.verdict:
+        a.extra["verdict_before_op_class_check"] = a.verdict
+        a.verdict = call["call"]
+    if a.verdict == "stage_imbalance":
+        a.extra["verdict_stage"] = stage
+    return a
 
 
 def _honest(s: Stragglers) -> Stragglers:
@@ -256,6 +364,9 @@ def analyze_stragglers(frames: JobFrames, config: StragglerConfig | None = None,
         s, inter = _arrival_section(frames, config, layout), {}
     else:
         s, inter = _section_from_graph(frames, config, layout)
+        why = no_stage_peers(layout) or replay_contradiction(s)
+        if why is not None:
+            s = _arrival_with_compute_evidence(frames, config, layout, s, inter, why)
     s.extra["seconds"] = time.perf_counter() - t0
     return _honest(s), inter
 

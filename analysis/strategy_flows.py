@@ -17,7 +17,8 @@ from rankscope.analysis.diagnosis import Steps, Strategy
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_features import heavy_edges, pair_traffic, undirected_edges
 from rankscope.analysis.flow_groups import fit_grid, order_pipelines
-from rankscope.analysis.flow_jobs import address_key, components, merge_components
+from rankscope.analysis.flow_jobs import address_key, burst_starts, components, merge_components
+from rankscope.analysis.flow_ranks_per_address import degrees_with_hidden_ranks, ranks_per_address
 from rankscope.analysis.timelines import period_steps, step_period
 
 
@@ -77,13 +78,7 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
         f = flows.filter(key.is_in([f"{a}|{b}" for a, b in dp_pairs]))
     if f.height < 3:
         return Steps(extra={"evaluated": False, "why": "too few flow records to find steps", "source": "flows"})
-    key = pl.concat_str(["src_addr", "dst_addr", "src_port", "dst_port"], separator="|", ignore_nulls=True)
-    f = f.with_columns(key=key.cast(pl.Categorical).to_physical()).sort(["key", "start_ns"])
-    # a burst starts after an idle gap; records that follow their predecessor closely are the same
-    # burst cut by the active timeout, and their starts carry no step phase
-    gap = pl.col("start_ns") - pl.col("end_ns").shift(1).over("key")
-    f = f.with_columns(gap=gap).with_columns(big=pl.col("gap").max().over("key"))
-    bursts = f.filter(pl.col("gap").is_null() | (pl.col("gap") > 0.2 * pl.col("big")))
+    bursts = burst_starts(f)
     t = bursts["start_ns"].to_numpy()
     period = step_period(bursts["key"].to_numpy(), t)
     if period is None:
@@ -142,17 +137,32 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     n = len(nodes)
     dp = len(fit.dp_groups[0]) if fit.dp_groups else 1
     pp = len(pipes[0]) if pipes else 1
-    tp = n // (dp * pp) if n % (dp * pp) == 0 else None
-    notes = list(fit.notes)
+    # several ranks may share an address: count them from the connections of the heavy pairs
+    job_flows = pt.training_flows.filter(pl.col("src_addr").is_in(nodes))
+    rpa = ranks_per_address(job_flows, list(heavy.select("a", "b").iter_rows()))
+    world, tp, rpa_note = degrees_with_hidden_ranks(n, dp, pp, rpa)
+    notes = list(fit.notes) + [rpa_note]
     # every endpoint is one GPU's NIC: with dp*pp < endpoints the rest is tensor parallel inside hosts
-    tp_groups = _tp_groups(nodes, rail_of, pipes, tp or 1, endpoint_map)
+    # TP groups between addresses: the part of tp that the addresses show (ranks sharing an
+    # address are one group member here, since endpoints are addresses)
+    tp_addr = tp // rpa.ranks if tp and rpa.ranks else (tp or 1)
+    tp_groups = _tp_groups(nodes, rail_of, pipes, tp_addr, endpoint_map)
     conf = 0.9 if fit.valid else 0.3
     if pp > 1:
         conf *= 0.5 + 0.5 * order_share
+        if order_share == 0:  # no link voted (a vote makes the share at least one half)
+            notes.append("stage order unknown: no pipeline link shows which direction started first "
+                         "(over TCP or with ACK flows both open together); pipelines listed from an end")
+    if fit.alternatives:  # the traffic cannot tell these apart: one of 1 + n answers
+        conf = min(conf, 1.0 / (1 + len(fit.alternatives)))
+        notes.append(f"ambiguous: {len(fit.alternatives)} other labelling(s) explain the traffic equally well")
     dp_pairs = {(a, b) for (a, b), pp_edge in zip(heavy.select("a", "b").iter_rows(), fit.is_pp) if not pp_edge}
-    steps = flow_steps(pt.training_flows.filter(pl.col("src_addr").is_in(nodes)), dp_pairs)
-    strat = Strategy(world_size=n, dp=dp, pp=pp, tp=tp, dp_groups=fit.dp_groups, pp_groups=pipes,
+    steps = flow_steps(job_flows, dp_pairs)
+    strat = Strategy(world_size=world, dp=dp, pp=pp, tp=tp, dp_groups=fit.dp_groups, pp_groups=pipes,
                      confidence=float(round(conf, 4)), ep=None, cp=None, tp_groups=tp_groups,
                      extra={"method": "flows", "evaluated": True, "grid_valid": fit.valid,
-                            "stage_order_agreement": round(order_share, 4), "notes": notes})
+                            "stage_order_agreement": round(order_share, 4),
+                            "stage_order_known": bool(pp == 1 or order_share > 0), "notes": notes,
+                            "ambiguous": bool(fit.alternatives), "alternatives": fit.alternatives,
+                            "ranks_per_address": rpa.as_dict()})
     return FlowInference(strat, steps, quality)

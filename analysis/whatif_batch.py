@@ -57,9 +57,12 @@ def step_times(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, sc: Sc
     """
     k = sc.select.shape[0]
     if graph.template is None:
+        # every scenario through one replay plan (built once); one scenario per pass: the replay is
+        # bound by memory access, so wider passes cost as much per scenario and more memory
+        run = graph.step_replayer(launch_delay)
         out = np.empty((len(graph.steps), k))
         for i in range(k):
-            out[:, i] = graph.step_times(sc.durations(i, actual, ideal), launch_delay)
+            out[:, i] = run(sc.durations(i, actual, ideal))
         return out
     plan = _plan(graph)
     n_inst = graph.template.rows.shape[0]

@@ -32,7 +32,8 @@ def comm_whatif(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, T: fl
     # evidence: per rank, median of actual / typical transfer time over its communication ops
     ratio = pl.DataFrame({"rank": graph.ops["rank"], "a": actual, "i": ideal, "comm": comm}).filter(
         pl.col("comm") & (pl.col("i") > 0)).group_by("rank").agg(
-        (pl.col("a") / pl.col("i")).median().alias("transfer_ratio")).sort("transfer_ratio", descending=True)
+        (pl.col("a") / pl.col("i")).median().alias("transfer_ratio")).sort(
+        ["transfer_ratio", "rank"], descending=[True, False])  # ties (all 1.0 on a healthy job): lowest rank, every run
     ranks = ratio.head(top).to_dicts()
     factor = float(ranks[0]["transfer_ratio"]) if ranks else 1.0
     return {"share": float(share), "t_fixed": t_fixed, "ranks": ranks, "factor": factor, "evaluated": True}

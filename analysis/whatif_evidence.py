@@ -160,17 +160,32 @@ def stage_evidence(graph: WhatIfGraph, actual: np.ndarray) -> dict:
             "stage_vs_others_min_over_steps": lo, "slower_in_every_step": sorted(consistent)}
 
 
-def work_or_hardware(graph: WhatIfGraph, actual: np.ndarray, rank: int, tolerance: float = 0.1) -> dict:
+def _floor_ratio(comp: pl.DataFrame, rank: int, q: float) -> pl.DataFrame:
+    """Per op class: the rank's ``q`` quantile of op durations over the other ranks' (pooled).
+
+    On a busy host a descheduled op only ever runs longer, so a low quantile is the op's own cost
+    (timeit's minimum, made robust to a single short outlier)."""
+    mine = comp.filter(pl.col("rank") == rank).group_by("optype").agg(own=pl.col("a").quantile(q))
+    rest = comp.filter(pl.col("rank") != rank).group_by("optype").agg(peer=pl.col("a").quantile(q))
+    return mine.join(rest, on="optype").filter(pl.col("peer") > 0).with_columns(
+        (pl.col("own") / pl.col("peer")).alias("ratio"))
+
+
+def work_or_hardware(graph: WhatIfGraph, actual: np.ndarray, rank: int, tolerance: float = 0.1,
+                     floor_quantile: float | None = None) -> dict:
     """A rank without stage peers (dp = 1, no TP): is it slow hardware or a stage with more work?
 
     Slower hardware slows every op class by about the same factor; more layers slow the passes
     (forward/backward) but not the rest (the optimizer step, the loss). Compares the rank's
-    per-op-class mean with the other ranks' (all stages). Returns {call: worker | stage_imbalance |
-    ambiguous, passes, others, why}.
+    per-op-class mean with the other ranks' (all stages); with ``floor_quantile``, that low quantile of
+    each class's op durations instead (records from a contended host). Returns {call: worker |
+    stage_imbalance | ambiguous, passes, others, why}.
     """
     comp = _compute(graph, actual).filter(~pl.col("optype").is_in(list(STALL_TYPES)))
-    per = _peer_ratio(comp, ["rank", "optype"], ["optype"]).filter(
-        pl.col("rank") == rank)
+    if floor_quantile is not None:
+        per = _floor_ratio(comp, rank, floor_quantile)
+    else:
+        per = _peer_ratio(comp, ["rank", "optype"], ["optype"]).filter(pl.col("rank") == rank)
     ratio = dict(per.select("optype", "ratio").iter_rows())
     passes = [ratio[o] for o in PASSES if o in ratio]
     rest = {o: x for o, x in ratio.items() if o not in PASSES}
@@ -188,6 +203,10 @@ def work_or_hardware(graph: WhatIfGraph, actual: np.ndarray, rank: int, toleranc
     return {"call": call, "passes": p, "others": rest, "why": why}
 
 
+MIN_LINK_RANKS = 3
+"""Ranks with transfers needed before a slow link is named at one of them."""
+
+
 def link_evidence(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, at_least: float) -> list[dict]:
     """Ranks whose transfers run >= at_least x their op type's typical, most slowed ops first.
 
@@ -196,6 +215,10 @@ def link_evidence(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, at_
     """
     comm = graph.ops["comm"].to_numpy()
     if not comm.any():
+        return []
+    # With fewer than 3 ranks every transfer crosses the same link(s) both ends share: a slow
+    # one cannot be pinned on either end (HTA's 2-rank sample flagged both ranks).
+    if graph.ops.filter(pl.Series(comm))["rank"].n_unique() < MIN_LINK_RANKS:
         return []
     df = pl.DataFrame({"rank": graph.ops["rank"], "step": graph.ops["step"], "a": actual, "i": ideal,
                        "comm": comm}).filter(pl.col("comm") & (pl.col("i") > 0)).with_columns(

@@ -133,6 +133,63 @@ class WhatIfGraph:
         end = np.where(synced, r.end[np.where(synced, tail, 0)], r.end[:n])
         return r.ready[:n], end
 
+    def _replay_plan(self):
+        """The engine graph's replay plan and the index maps around it (built once per graph)."""
+        cached = self.notes.get("_replay_plan")
+        if cached is not None:
+            return cached
+        from rankscope.analysis.replay_batch import plan_replay
+
+        src, dst, group, tail = self.replay_nodes()
+        n = self.ops.height
+        synced = tail >= 0
+        # steps are independent components (every step starts at 0): one block per step
+        plan = plan_replay(len(group), src, dst, group,
+                           block=np.concatenate([self.step_index, self.step_index[synced]]))
+        # plan-ordered node -> index into an op duration array extended by one 0 (-1: a synced op's
+        # zero-length group member; a tail takes its op's transfer time)
+        node_dur = np.concatenate([np.where(synced, -1, np.arange(n)), np.flatnonzero(synced)])
+        in_idx = node_dur[plan.op_order]
+        node_delay = np.concatenate([np.arange(n), np.full(int(synced.sum()), -1)])
+        delay_idx = node_delay[plan.op_order]
+        # op -> the super-node whose end is the op's end (a synced op ends with its tail)
+        out_super = plan.super_of_op[np.where(synced, tail, np.arange(n))]
+        order = np.argsort(self.step_index, kind="stable")
+        si = self.step_index[order]
+        first = np.flatnonzero(np.r_[True, si[1:] != si[:-1]]) if si.size else np.zeros(0, np.int64)
+        i32 = np.int32 if len(group) < 2**31 - 1 else np.int64  # index maps: half the memory on big jobs
+        cached = self.notes["_replay_plan"] = (plan, in_idx.astype(i32), delay_idx.astype(i32), out_super,
+                                               out_super[order], first, si[first])
+        return cached
+
+    def step_replayer(self, launch_delay: np.ndarray | None = None):
+        """A function: per-op duration (n,) -> replayed time of each step, as :meth:`step_times`.
+
+        The plan and the launch delays' placement are shared by every call: a what-if replays one
+        graph under many duration sets.
+        """
+        from rankscope.analysis.replay_batch import replay_waves
+
+        plan, in_idx, delay_idx, _, step_super, first, present = self._replay_plan()
+        delay = None
+        if launch_delay is not None:
+            delay = np.append(np.asarray(launch_delay, dtype=np.float64), 0.0)[delay_idx]
+
+        def run(duration: np.ndarray) -> np.ndarray:
+            s_end = replay_waves(plan, np.append(np.asarray(duration, dtype=np.float64), 0.0)[in_idx], delay)
+            out = np.full(len(self.steps), -np.inf)
+            if step_super.size:
+                out[present] = np.maximum.reduceat(s_end[step_super], first)
+            return out
+
+        return run
+
+    def step_times_many(self, duration: np.ndarray, launch_delay: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`step_times` for K duration sets: ``duration`` (n, K) -> (n_steps, K)."""
+        run = self.step_replayer(launch_delay)
+        return np.stack([run(duration[:, k]) for k in range(duration.shape[1])], axis=1) if duration.shape[1] \
+            else np.zeros((len(self.steps), 0))
+
     def launch_delays(self) -> np.ndarray:
         """Per op: recorded start minus the latest recorded end of its dependencies (untraced CPU work).
 

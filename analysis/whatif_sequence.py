@@ -11,9 +11,13 @@ both its forward and its backward. Two ways to see it:
   the packed limit), put the model's change on each compute op and replay;
 - without lengths: detect it from the per-microbatch correlation of forward
   and backward durations (within each rank and step, so a uniformly slow
-  worker does not count; the paper uses Pearson >= 0.9) and estimate its
-  share by replaying with each microbatch's compute at its step's mean, each
-  rank keeping its own long-run speed.
+  worker does not count; the paper uses Pearson >= 0.9), or, where a few
+  descheduled passes on a busy host spoil the correlation, from agreement:
+  the microbatch with the longest forward of a (rank, step) is also the one
+  with the longest backward far more often than chance (1 in m) says, and
+  by a clear margin over that step's median. Its share comes from replaying
+  with each microbatch's compute at its step's mean, each rank keeping its
+  own long-run speed.
 
 Share = (T - T_balanced) / (T - T_ideal), like M_W and M_S.
 """
@@ -36,6 +40,10 @@ class SequenceConfig:
     """forward/backward per-microbatch correlation that counts as sequence imbalance (paper: 0.9)."""
     min_r2: float = 0.5
     """with lengths: the a*s + b*s^2 fit must explain this much of the compute variance."""
+    max_agreement_p: float = 1e-3
+    """without lengths: chance probability (binomial, 1 in m) below which heaviest-microbatch agreement counts."""
+    min_heavy_ratio: float = 1.2
+    """without lengths: the agreeing heaviest microbatch must take this times its step's median, both passes."""
 
     def __post_init__(self):
         if not -1 <= self.min_pearson <= 1:
@@ -68,6 +76,36 @@ def fwd_bwd_pearson(cops: pl.DataFrame) -> float:
     if x.std() == 0 or y.std() == 0:
         return 0.0
     return float(np.corrcoef(x, y)[0, 1])
+
+
+def heaviest_agreement(cops: pl.DataFrame, min_ratio: float) -> dict:
+    """How often the microbatch with the longest forward of a (rank, step) also has the longest backward.
+
+    Needs columns rank, step, microbatch, optype, a. Returns {groups, agree, chance, p_value}: a
+    (rank, step) agrees when both passes' heaviest is the same microbatch and takes at least
+    ``min_ratio`` times the step's median in each pass; p_value is the binomial chance of as many
+    agreements if the passes stood out independently (each at its observed rate, on the same
+    microbatch one time in m).
+    """
+    from scipy.stats import binomtest
+
+    key = ["rank", "step", "microbatch"]
+    f = cops.filter(pl.col("optype") == FWD).group_by(key).agg(pl.col("a").sum().alias("f"))
+    b = cops.filter(pl.col("optype") == BWD).group_by(key).agg(pl.col("a").sum().alias("b"))
+    w = f.join(b, on=key, how="inner")
+    g = w.group_by("rank", "step").agg(
+        m=pl.len(), fmax=pl.col("microbatch").sort_by("f").last(), bmax=pl.col("microbatch").sort_by("b").last(),
+        fr=pl.col("f").max() / pl.col("f").median(), br=pl.col("b").max() / pl.col("b").median()).filter(pl.col("m") >= 3)
+    if g.is_empty():
+        return {"groups": 0, "agree": 0, "chance": None, "p_value": 1.0}
+    fh, bh = pl.col("fr") >= min_ratio, pl.col("br") >= min_ratio
+    agree = int(g.filter((pl.col("fmax") == pl.col("bmax")) & fh & bh).height)
+    # without sequence effects the two passes stand out independently (a descheduled pass is one pass):
+    # both stand out with the product of their rates, and on the same microbatch one time in m
+    rates = g.select(fh.mean().alias("f"), bh.mean().alias("b"), (1.0 / pl.col("m")).mean().alias("m")).row(0)
+    chance = float(rates[0] * rates[1] * rates[2])
+    p = float(binomtest(agree, g.height, chance, alternative="greater").pvalue) if agree and chance < 1 else 1.0
+    return {"groups": int(g.height), "agree": agree, "chance": chance, "p_value": p}
 
 
 def _balanced_without_lengths(cops: pl.DataFrame) -> pl.DataFrame:
@@ -179,8 +217,10 @@ def balanced_sequences(graph: WhatIfGraph, actual: np.ndarray, T: float, T_ideal
         detected = info["matched"] > 0 and r2 >= config.min_r2
     else:
         bal = _balanced_without_lengths(cops)
-        out.update(method="correlation")
-        detected = bool(np.isfinite(r) and r >= config.min_pearson)
+        agreement = heaviest_agreement(cops, config.min_heavy_ratio)
+        out.update(method="correlation", agreement=agreement)
+        by_agreement = agreement["p_value"] < config.max_agreement_p
+        detected = bool(np.isfinite(r) and r >= config.min_pearson) or by_agreement
     new = actual.copy()
     new[bal["row"].to_numpy()] = bal["new"].to_numpy()
     sc = Scenarios(np.zeros(len(actual), dtype=np.int64), np.array([[True]]), np.array([False]))

@@ -6,6 +6,9 @@ paced rate for a bounded time, then SIGTERMs the collector and reads its
 manifest entry. Default: 50,000 packets/s for 10 s (500,000 packets);
 BENCH_FULL=1 sends for 30 s. "sent" is what this sender managed (a
 Python sender on a shared 2-core machine may fall short of the asked rate).
+Then the two floods of the hardening report go to a fresh collector (40 MB
+each: empty data sets for unknown templates, and a new observation domain in
+every message) and its peak RSS (VmHWM) is printed against the stated cap.
 Loopback only, never another address.
 """
 
@@ -24,7 +27,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from rankscope.collectors.store import Store  # noqa: E402
-from tests.unit.collectors.flow_builders import data_set, ipfix_message, template_set, u, v4  # noqa: E402
+from tests.unit.collectors.flow_builders import (  # noqa: E402
+    data_set,
+    flood_empty_sets,
+    flood_new_domain,
+    ipfix_message,
+    template_set,
+    u,
+    v4,
+)
 
 RATE_PPS = 50_000
 SECONDS = 30 if os.environ.get("BENCH_FULL") == "1" else 10
@@ -85,5 +96,46 @@ def main() -> int:
     return proc.returncode
 
 
+FLOOD_MB = 40
+CAP_OVER_BASELINE_MB = 64  # the cap tests/unit/collectors/test_collector_floods.py asserts
+
+
+def _hwm_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(x.split()[1]) / 1024 for x in f if x.startswith("VmHWM"))
+
+
+def floods() -> int:
+    with tempfile.TemporaryDirectory() as d:
+        proc = subprocess.Popen([sys.executable, "-m", "rankscope.cli.main", "collect", "flows", "--listen",
+                                 "127.0.0.1:0", "--store", str(Path(d) / "st")],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        port = int(proc.stdout.readline().split("127.0.0.1:")[1].split()[0])
+        time.sleep(0.5)
+        base = _hwm_mb(proc.pid)
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        rows = []
+        for builder in (flood_empty_sets, flood_new_domain):
+            sent, i, t0 = 0, 0, time.perf_counter()
+            while sent < FLOOD_MB << 20:
+                m = builder(i)
+                s.sendto(m, ("127.0.0.1", port))
+                sent, i = sent + len(m), i + 1
+                if i % 100 == 0:
+                    time.sleep(0.005)
+            time.sleep(0.5)
+            rows.append((builder.__name__, i, sent, time.perf_counter() - t0, _hwm_mb(proc.pid)))
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=300)[0]
+    print(f"collector floods ({FLOOD_MB} MB each), baseline RSS {base:,.0f} MB, cap baseline + "
+          f"{CAP_OVER_BASELINE_MB} MB")
+    for name, n, sent, dt, peak in rows:
+        print(f"  {name:<20}{n:>9,} messages {sent / 2**20:>6.1f} MB in {dt:5.1f} s   peak RSS {peak:,.0f} MB "
+              f"(+{peak - base:,.0f} MB)")
+    print("  " + "\n  ".join(out.strip().splitlines()[-6:]))
+    return 0 if max(r[4] for r in rows) - base <= CAP_OVER_BASELINE_MB and proc.returncode == 0 else 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    sys.exit(rc or floods())

@@ -3,6 +3,11 @@
 Each bench script prints its own table (figure, target, ratio against the
 anchor measured in the same run). BENCH_FULL=1 asks them for the full corpora.
 Run one with `python benchmarks/run_all.py simulate` (substring match).
+
+Registered: every bench_*.py here, among them bench_corpus (black-box accuracy
+and calibration on the de-idealised corpus: 24 jobs up to 256 GPUs by default,
+>= 200 jobs up to 4,096 GPUs with BENCH_FULL=1; run it alone with
+`python benchmarks/bench_corpus.py --jobs N` for a reduced size).
 """
 
 from __future__ import annotations

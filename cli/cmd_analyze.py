@@ -36,11 +36,18 @@ def _results(store, plan, config, engine: str, address: str | None):
         return
     from rankscope.analysis.diagnose import analyze_job
     from rankscope.analysis.jobs import load_planned
+    from rankscope.analysis.result_cache import ResultCache, cached_analysis
 
+    cache = ResultCache(store)
     for planned in plan:
-        frames, dq = load_planned(store, planned)
-        d, tables = analyze_job(frames, config)
-        d.data_quality.update(dq)
+        def compute(planned=planned):
+            frames, dq = load_planned(store, planned)
+            d, tables = analyze_job(frames, config)
+            d.data_quality.update(dq)
+            return d, tables
+
+        # an unchanged store (same parts, options and code) is answered from the cache
+        d, tables, _hit = cached_analysis(store, planned, config, compute, cache)
         yield planned, d, tables
 
 

@@ -50,6 +50,7 @@ def flows(listen, store_dir, job, roll_seconds, roll_records, max_seconds, rcvbu
                              rcvbuf_bytes=rcvbuf_mb << 20)
     output_dir(store_dir, "--store")  # hardstore: a bad store path exits 1 naming it
     coll = FlowCollector(config)
+    coll.install_signal_handlers()  # before "listening": a SIGTERM right after it must stop us gracefully
     bound = coll.open()
     for (addr, port), granted in zip(bound, coll.stats.rcvbuf_bytes.values()):
         click.echo(f"listening on udp {addr}:{port} (receive buffer {granted:,} bytes)")
@@ -57,8 +58,6 @@ def flows(listen, store_dir, job, roll_seconds, roll_records, max_seconds, rcvbu
     import sys
 
     sys.stdout.flush()
-    stats = coll.run()
-    recs = ", ".join(f"{k} {v:,}" for k, v in sorted(stats.records.items())) or "no records"
-    click.echo(f"received {stats.datagrams:,} datagram(s) ({stats.bytes:,} bytes); stored {recs} "
-               f"in {stats.parts} part(s); kernel drops {stats.kernel_drops:,}")
+    coll.run()
+    click.echo(coll.summary_line())
     echo_rejects(coll.all_rejects)

@@ -60,6 +60,7 @@ def diff(baseline_dir, store_dir, job, baseline_job, json_out, threshold):
     """
     from rankscope.analysis.gemm_throughput import ThroughputConfig
     from rankscope.analysis.regressions import RegressionConfig
+    from rankscope.analysis.result_cache import ResultCache, result_key, store_version
     from rankscope.analysis.run_diff import DiffConfig, diff_runs
     from rankscope.collectors.job_frames import load_job
     from rankscope.collectors.store import Store
@@ -72,14 +73,21 @@ def diff(baseline_dir, store_dir, job, baseline_job, json_out, threshold):
     jb = pick_job(sb, job, "--store")
     ja = pick_job(sa, baseline_job if baseline_job is not None else (job if job in sa.jobs() else None),
                   "--baseline")
-    a, b = load_job(sa, ja), load_job(sb, jb)
-    if all(getattr(f, k).height == 0 for f in (a, b) for k in ("compute_op", "comm_op", "step_mark")):
-        raise RankscopeError(f"nothing to compare: jobs {ja!r} and {jb!r} hold no compute_op, comm_op or "
-                             "step_mark records")
-    d = diff_runs(a, b, cfg)
-    for line in render(d):
+    # unchanged stores, jobs and options: the diff of an earlier run, cached in the current store
+    cache = ResultCache(sb)
+    key = result_key("diff", [store_version(sa, [ja]), store_version(sb, [jb])], (ja, jb, cfg))
+    got = cache.get_json(key)
+    if got is None:
+        a, b = load_job(sa, ja), load_job(sb, jb)
+        if all(getattr(f, k).height == 0 for f in (a, b) for k in ("compute_op", "comm_op", "step_mark")):
+            raise RankscopeError(f"nothing to compare: jobs {ja!r} and {jb!r} hold no compute_op, comm_op or "
+                                 "step_mark records")
+        d = diff_runs(a, b, cfg)
+        got = {"lines": render(d), "report": d.to_dict()}
+        cache.put_json(key, got)
+    for line in got["lines"]:
         click.echo(line)
     if json_out:
-        Path(json_out).write_text(json.dumps(d.to_dict(), indent=1, allow_nan=False))
+        Path(json_out).write_text(json.dumps(got["report"], indent=1, allow_nan=False))
         click.echo(f"wrote {json_out}")
     return 0

@@ -35,6 +35,7 @@ def perfetto(store_dir: str, job: str, out: str):
     """
     from rankscope.analysis.job_model import build_job_model
     from rankscope.analysis.perfetto_export import metadata_events, perfetto_events
+    from rankscope.analysis.result_cache import ResultCache, result_key, store_version
     from rankscope.analysis.whatif_graph import build_graph
     from rankscope.analysis.whatif_metrics import ideal_durations
     from rankscope.collectors.job_frames import load_job
@@ -45,19 +46,26 @@ def perfetto(store_dir: str, job: str, out: str):
     store = Store(store_dir)
     output_file(out, "--out")  # hardstore: checked before the work; exit 1 naming the path
     job = pick_job(store, job, "--store")
-    # the job model's completed frames: stage, step and microbatch filled where the records lack them
-    graph = build_graph(build_job_model(load_job(store, job)).frames)
-    events = perfetto_events(graph, ideal_durations(graph))
-    buf = io.BytesIO()
-    events.write_json(buf)
-    body = buf.getvalue().strip()
-    meta = json.dumps(metadata_events(graph)).encode()
-    # one JSON array: metadata first, then the events (polars writes a row-oriented array)
-    data = meta[:-1] + (b"," + body[1:] if len(body) > 2 else b"]")
+    cache = ResultCache(store)
+    key = result_key("perfetto", [store_version(store, [job])], job)
+    data, info = cache.get_bytes(key), cache.get_json(key + "-info")
+    if data is None or info is None:
+        # the job model's completed frames: stage, step and microbatch filled where the records lack them
+        graph = build_graph(build_job_model(load_job(store, job)).frames)
+        events = perfetto_events(graph, ideal_durations(graph))
+        buf = io.BytesIO()
+        events.write_json(buf)
+        body = buf.getvalue().strip()
+        meta = json.dumps(metadata_events(graph)).encode()
+        # one JSON array: metadata first, then the events (polars writes a row-oriented array)
+        data = meta[:-1] + (b"," + body[1:] if len(body) > 2 else b"]")
+        info = {"events": events.height, "ranks": graph.ops["rank"].n_unique()}
+        cache.put_bytes(key, data)
+        cache.put_json(key + "-info", info)
     path = Path(out)
     if path.name.endswith(".gz"):
         with gzip.open(path, "wb", compresslevel=5) as f:
             f.write(data)
     else:
         path.write_bytes(data)
-    click.echo(f"wrote {events.height:,} events ({graph.ops['rank'].n_unique()} ranks, real + ideal) to {path}")
+    click.echo(f"wrote {info['events']:,} events ({info['ranks']} ranks, real + ideal) to {path}")

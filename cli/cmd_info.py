@@ -5,16 +5,22 @@ from __future__ import annotations
 import json
 from collections import Counter
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import click
 
 from rankscope.cli.paths import existing_store
-from rankscope.collectors.schema import SCHEMAS
-from rankscope.collectors.store import Store
+
+if TYPE_CHECKING:
+    from rankscope.collectors.store import Store
 
 
 def store_summary(store: Store) -> dict:
     """Jobs x kinds with counts and time ranges, plus manifest totals."""
+    import polars as pl
+
+    from rankscope.collectors.schema import SCHEMAS
+
     out: dict = {"store": str(store.root), "jobs": {}}
     for job in store.jobs():
         kinds = {}
@@ -25,8 +31,7 @@ def store_summary(store: Store) -> dict:
             entry = {"rows": n}
             tcol = "time_ns" if kind == "interface_counter" else "start_ns"
             if tcol in SCHEMAS[kind].names:
-                lf = store.scan(kind, job).select(
-                    lo=__import__("polars").col(tcol).min(), hi=__import__("polars").col(tcol).max()).collect()
+                lf = store.scan(kind, job).select(lo=pl.col(tcol).min(), hi=pl.col(tcol).max()).collect()
                 entry["first_ns"], entry["last_ns"] = lf["lo"][0], lf["hi"][0]
             kinds[kind] = entry
         out["jobs"][job] = kinds

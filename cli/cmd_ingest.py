@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import click
-from tqdm import tqdm
 
 from rankscope.cli.paths import output_dir
-from rankscope.collectors import formats
 from rankscope.collectors.errors import UsageError
-from rankscope.collectors.ingest import ingest as run_ingest
-from rankscope.collectors.store import Store, check_job_name
+
+# The importers pull in polars and pyarrow; they load when ingest runs, not when `rankscope --help` lists it.
 
 
 def echo_rejects(rejects) -> None:
@@ -30,6 +28,14 @@ def parse_opts(items: tuple[str, ...]) -> dict:
     return out
 
 
+def _list_formats(ctx, _param, value) -> None:
+    if value:
+        from rankscope.collectors import formats
+
+        click.echo("\n".join(formats.names()))
+        ctx.exit()
+
+
 @click.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--store", "store_dir", required=True, type=click.Path(file_okay=False),
@@ -39,12 +45,13 @@ def parse_opts(items: tuple[str, ...]) -> dict:
               help="input format; 'auto' detects each file (see `rankscope ingest --list-formats`)")
 @click.option("--kind", default=None, help="record kind for generic CSV/Parquet whose name does not tell")
 @click.option("--opt", "opts", multiple=True, help="importer option key=value (repeatable)")
-@click.option("--list-formats", is_flag=True, is_eager=True, expose_value=False,
-              callback=lambda ctx, _p, v: (click.echo("\n".join(formats.names())), ctx.exit()) if v else None,
+@click.option("--list-formats", is_flag=True, is_eager=True, expose_value=False, callback=_list_formats,
               help="print the known formats and exit")
 @click.option("--max-bytes", type=click.IntRange(min=1), default=None,
+              # formats.MAX_RATIO and MIN_EXPANDED_BYTES, written out so that `ingest --help` loads no importer;
+              # tests/unit/cli/test_cli_startup_imports.py fails if they drift apart
               help="most bytes one file may hold after decompression (default: a compressed file may "
-                   f"expand {formats.MAX_RATIO:g}x, at least {formats.MIN_EXPANDED_BYTES >> 20} MiB)")
+                   "expand 50x, at least 64 MiB)")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
     """Import trace files (and directories of them) into a trace store.
@@ -58,6 +65,12 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
     Example:
       rankscope ingest rank0.json.gz rank1.json.gz --store st --job llama
     """
+    from tqdm import tqdm
+
+    from rankscope.collectors import formats
+    from rankscope.collectors.ingest import ingest as run_ingest
+    from rankscope.collectors.store import Store, check_job_name
+
     if fmt != "auto" and fmt not in formats.names():
         raise UsageError(f"--format {fmt!r}: expected auto or one of {formats.names()}")
     if job is not None:
@@ -69,12 +82,21 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
         return tqdm(files, desc="ingest", unit="file", disable=quiet or None, leave=False)
 
     summary = run_ingest(store, paths, fmt, opt, progress=progress, lim=formats.Limits(max_bytes=max_bytes))
+    unknown = [f.path for f in summary.files if f.status == "unknown"]
     for f in summary.files:
-        if f.status in ("failed", "unknown"):
-            click.echo(f"  {f.status}: {f.error}", err=True)
+        if f.status == "failed":
+            click.echo(f"  failed: {f.error}", err=True)
+        for w in f.warnings:
+            click.echo(f"  note: {f.path}: {w}", err=True)
+    if unknown:
+        # One line for a folder of unrelated files, not the format list once per file.
+        shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3:,} more" if len(unknown) > 3 else "")
+        click.echo(f"  unknown: {len(unknown):,} file(s) no importer recognises ({shown}); name one with "
+                   f"--format, known: {', '.join(formats.names())}", err=True)
     recs = ", ".join(f"{k} {v:,}" for k, v in sorted(summary.records.items())) or "no records"
     click.echo(f"ingested {summary.count('ingested')} file(s), skipped {summary.count('skipped')} "
-               f"already in the store, {summary.count('failed') + summary.count('unknown')} failed: {recs}")
+               f"already in the store, {summary.count('failed')} failed"
+               + (f", {summary.count('unknown'):,} not recognised" if summary.count("unknown") else "") + f": {recs}")
     echo_rejects(summary.rejects)
     if summary.count("failed") or (summary.files and all(f.status == "unknown" for f in summary.files)):
         raise click.exceptions.Exit(1)

@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 from rankscope.collectors.errors import StoreError, UsageError
-from rankscope.collectors.store import Store
 
 
 @click.command()
@@ -33,6 +32,7 @@ def metrics(store_dirs, job, port, host, textfile):
     """
     from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
 
+    from rankscope.collectors.store import Store
     from rankscope.dashboard.prometheus_metrics import StoreCollector
 
     stores = []

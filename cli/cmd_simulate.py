@@ -19,7 +19,7 @@ _FIELDS = {
     "idle_timeout_s": "idle_timeout_s", "dp_sync": "dp_sync", "buckets": "buckets", "algorithm": "algorithm",
     "hidden": "hidden", "layers": "layers", "seq_len": "seq_len", "micro_batch_size": "micro_batch_size",
     "nic_gbps": "nic_gbps", "qps": "qps", "gpus_per_host": "gpus_per_host", "gemm_records": "gemm_records",
-    "flows": "flows",
+    "flows": "flows", "realism": "realism",
 }
 
 
@@ -55,10 +55,13 @@ def _faults(items, where: str):
 
 
 def _config(values: dict, where: str):
+    from rankscope.datasets.sim_realism import realism_from
     from rankscope.datasets.simulator import SimConfig
 
     values = dict(values)
     values["faults"] = _faults(values.pop("faults", ()), where)
+    if values.get("realism") is not None:
+        values["realism"] = realism_from(values["realism"])
     try:
         return SimConfig(**values)
     except TypeError as e:
@@ -102,6 +105,9 @@ def _config(values: dict, where: str):
               help="exporter idle timeout: a flow silent this long is exported (default 15)")
 @click.option("--gemm-records/--no-gemm-records", default=None, help="per-kernel GEMM records (default: <=64 GPUs)")
 @click.option("--flows/--no-flows", default=None, help="emit switch flow records (default on)")
+@click.option("--realism", default=None, metavar="K=V[,K=V...]",
+              help="de-idealise the fabric (datasets/sim_realism.py), e.g. transport=tcp,timestamp_ns=1000000,"
+                   "hosts_per_pod=4,exporter_offset_ms=2,reverse=true,ranks_per_address=2,wild_background=true")
 @click.option("--capture", default="fabric", show_default=True, help="job name of the flow records")
 @click.option("--background/--no-background", default=None,
               help="storage/checkpoint/rendezvous traffic on the fabric (default: on with --config)")
@@ -137,8 +143,11 @@ def simulate(out_dir, faults, capture, background, config_file, **flags):
             cfgs.append(_config({**given, **job, "capture": data.get("capture", capture)},
                                 f"{config_file}: jobs[{i}]"))
         bg = data.get("background", True) if background is None else background
+        from rankscope.datasets.sim_realism import realism_from
+
+        fab = data.get("realism")
         res = simulate_fabric(cfgs, background=bool(bg), capture=data.get("capture", capture),
-                              seed=int(data.get("seed", 0)))
+                              seed=int(data.get("seed", 0)), realism=None if fab is None else realism_from(fab))
         jobs = res.jobs
     else:
         cfg = _config(given, "flags")

@@ -9,7 +9,6 @@ import click
 
 from rankscope.cli.paths import existing_store
 from rankscope.collectors.errors import UsageError
-from rankscope.collectors.store import check_job_name
 
 
 @click.command()
@@ -30,6 +29,8 @@ def sql(query, store_dir, job, as_csv, limit):
       rankscope sql --store st "select op, count(*) n from comm_op group by op" --csv
     """
     import duckdb
+
+    from rankscope.collectors.store import check_job_name
 
     store = existing_store(store_dir)
     if job is not None and check_job_name(job) not in store.jobs():

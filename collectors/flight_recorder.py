@@ -33,7 +33,7 @@ import polars as pl
 
 from rankscope.collectors import safe_pickle
 from rankscope.collectors.errors import InputFormatError
-from rankscope.collectors.formats import ImportBatch, ImportOptions, rows_frame
+from rankscope.collectors.formats import MAX_RANK, ImportBatch, ImportOptions, rank_option, rows_frame
 from rankscope.collectors.kineto_comm import parse_ranks
 from rankscope.collectors.kineto_reader import read_bytes
 from rankscope.collectors.vocab import dtype_name, dtype_size, normalise_op
@@ -44,13 +44,11 @@ ENTRY_KEYS = ("profiling_name", "collective_seq_id")
 
 
 def _rank(path: Path, opts: ImportOptions) -> int:
-    if "rank" in opts.extra:
-        try:
-            return int(opts.extra["rank"])
-        except (TypeError, ValueError):
-            pass
+    given = rank_option(path, opts)
+    if given is not None:
+        return given
     m = _RANK.search(path.name)
-    if m and int(m.group(1)) < 2**31:
+    if m and int(m.group(1)) < MAX_RANK:
         return int(m.group(1))
     raise InputFormatError(path, None, "the rank at the end of the file name (rank3.pkl) or --opt rank=N",
                            got=path.name)

@@ -298,3 +298,17 @@ def detect(path: Path) -> str | None:
 
 def as_batches(result: ImportBatch | Iterable[ImportBatch]) -> Iterable[ImportBatch]:
     return [result] if isinstance(result, ImportBatch) else result
+
+
+MAX_RANK = 2**31
+"""Ranks are int32 in the store."""
+
+
+def rank_option(path: Path, opts: ImportOptions) -> int | None:
+    """``--opt rank=N`` for one file, checked; None when not given."""
+    v = opts.extra.get("rank")
+    if v is None:
+        return None
+    if not (isinstance(v, str) and v.strip().isdigit() and int(v) < MAX_RANK):
+        raise InputFormatError(path, "--opt rank", f"a rank number 0..{MAX_RANK - 1} (--opt rank=N)", got=v)
+    return int(v)

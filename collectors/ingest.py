@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from rankscope.collectors import formats
 from rankscope.collectors.errors import InputFormatError, RankscopeError
+from rankscope.collectors.flows import template_state
 from rankscope.collectors.schema import validate
 from rankscope.collectors.store import ManifestEntry, Store, check_job_name, file_sha256
 
@@ -45,6 +46,8 @@ class FileResult:
     error: str | None = None
     unexpected: bool = False
     """The error was not one rankscope raises on purpose (a decoder bug: what the fuzzer counts)."""
+    warnings: list[str] = field(default_factory=list)
+    """What was assumed to read the file (also kept in its manifest entry's notes)."""
 
 
 @dataclass
@@ -152,7 +155,7 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
     opts = opts or formats.ImportOptions()
     res = FileResult(str(path), "failed")
     try:
-        with formats.limits(lim or formats.Limits()):
+        with formats.limits(lim or formats.Limits()), template_state.session(store, opts.job):
             _ingest_file(store, path, fmt, opts, res)
     except RankscopeError as e:
         res.status, res.error = "failed", str(e)
@@ -174,13 +177,17 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
     return res
 
 
+ASSUMPTION_NOTES = ("rank_assumed",)
+"""Manifest notes that say an importer had to assume something the file did not tell."""
+
+
 def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions, res: FileResult) -> None:
     if not path.is_file():
         raise InputFormatError(path, None, "an existing regular file", got="missing")
     name = formats.detect(path) if fmt == "auto" else fmt
     if name is None:
         res.status = "unknown"
-        res.error = f"{path}: no importer recognises this file (use --format; known: {formats.names()})"
+        res.error = f"{path}: no importer recognises this file"
         return
     res.format = name
     sha = file_sha256(path)
@@ -196,6 +203,7 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions
                           job=opts.job or "", sha256=sha, relative_time=total.relative_time,
                           notes=total.notes)
     res.rejects.update(total.rejects)
+    res.warnings.extend(str(total.notes[k]) for k in ASSUMPTION_NOTES if total.notes.get(k))
     entry.samples.update(total.samples)
     valid: list[tuple[str, pa.Table]] = []
     for kind, tables in total.tables.items():
@@ -208,7 +216,7 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions
             if v.table.num_rows:
                 valid.append((kind, v.table))
     del total.tables
-    if not valid and res.rejects:
+    if not valid and res.rejects and not total.notes.get("flow_sets_held_for_template"):
         top, n = res.rejects.most_common(1)[0]
         raise InputFormatError(path, None, "at least one record that decodes and fits its record kind",
                                got=f"all {sum(res.rejects.values()):,} rejected, most for {top!r} ({n:,})")
@@ -229,7 +237,9 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions
         entry.job = opts.job or ",".join(sorted(jobs))
         if rows_key:
             entry.notes["rows_key"] = rows_key
+        template_state.stage(key)  # flow template state left by this file: adopted iff the entry commits
         tx.commit(entry)
+        template_state.promote(key)
         if rows_key:
             store.add_alias(rows_key, key)
     res.status = "ingested"
@@ -244,6 +254,7 @@ def ingest(store: Store, paths: Iterable[str | os.PathLike], fmt: str = "auto",
     if opts.job is not None:
         check_job_name(opts.job)
     files = [p for p in expand_paths(paths) if fmt != "auto" or not formats.is_companion(p)]
+    files = template_state.capture_order(files)  # flow captures: templates before the data they describe
     summary = IngestSummary()
     for path in (progress(files) if progress else files):
         summary.files.append(ingest_file(store, path, fmt, opts, lim))

@@ -70,4 +70,7 @@ def declared_world(fmt: str, notes: dict) -> dict | None:
     tp = layout.get("tp_size")
     if isinstance(tp, int) and tp > 1:
         out["tp_size"] = tp
+    groups = notes.get("pg_ranks")
+    if isinstance(groups, list) and groups:
+        out["groups"] = groups  # process-group memberships the source declares (Kineto pg_config)
     return out

@@ -59,15 +59,28 @@ def _int(v) -> int | None:
 
 
 def _numel(dims) -> int | None:
-    """Elements of a shape [a, b] or of a tensor list [[a, b], [c]]."""
+    """Elements of a shape [a, b] or of a tensor list [[a, b], [c]]; None for anything else."""
     if not isinstance(dims, list):
         return None
     if dims and all(isinstance(d, list) for d in dims):
-        parts = [_numel(d) for d in dims]
+        parts = [_flat_numel(d) for d in dims]
         return None if any(p is None for p in parts) else sum(parts)
+    return _flat_numel(dims)
+
+
+def _flat_numel(dims: list) -> int | None:
     if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
         return None
     return int(np.prod(dims)) if dims else 1
+
+
+def _shape_text(x, depth: int = 0) -> str:
+    """str() of a shape for matching, bounded: a fuzzed file may nest lists thousands deep."""
+    if isinstance(x, list):
+        if depth >= 4:
+            return "[...]"
+        return "[" + ", ".join(_shape_text(v, depth + 1) for v in x[:64]) + "]"
+    return repr(x) if isinstance(x, (int, float, str, type(None))) else "?"
 
 
 def _rpc_fields(a: dict) -> dict:
@@ -99,7 +112,7 @@ def _c10d_fields(name: str, a: dict) -> dict:
     concrete = a.get("Concrete Inputs") or []
     peer = _int(concrete[2]) if op in _P2P and len(concrete) > 2 else None
     return {"op": op, "group_id": None, "group_ranks": None, "num_elements": n, "size_bytes": None,
-            "out_size_bytes": None, "dtype": None, "local_peer": peer, "_shape": str(dims[0]) if dims else ""}
+            "out_size_bytes": None, "dtype": None, "local_peer": peer, "_shape": _shape_text(dims[0]) if dims else ""}
 
 
 def _gloo_match(tr: KinetoTrace, cpu: pl.DataFrame, fields: list[dict]) -> tuple[list, list, list]:
@@ -109,8 +122,8 @@ def _gloo_match(tr: KinetoTrace, cpu: pl.DataFrame, fields: list[dict]) -> tuple
     for (ts, dur), a, name in zip(g.select("ts_ns", "dur_ns").iter_rows(), tr.args(g["idx"]),
                                        g["name"], strict=True):
         dims = a.get("Input Dims") or []
-        shape = str([dims[0]]) if dims and isinstance(dims[0], list) and dims[0] and \
-            not isinstance(dims[0][0], list) else str(dims[0]) if dims else ""
+        shape = _shape_text([dims[0]]) if dims and isinstance(dims[0], list) and dims[0] and \
+            not isinstance(dims[0][0], list) else _shape_text(dims[0]) if dims else ""
         types = a.get("Input type") or [None]
         queues.setdefault((normalise_op(name), shape), []).append((ts, ts + dur, types[0]))
     pos: dict[tuple, int] = {}

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import polars as pl
 
-from rankscope.collectors.formats import ImportBatch, ImportOptions
-from rankscope.collectors.kineto_comm import comm_rows
+from rankscope.collectors.formats import ImportBatch, ImportOptions, rank_option
+from rankscope.collectors.kineto_comm import comm_rows, parse_ranks
 from rankscope.collectors.kineto_compute import compute_rows
 from rankscope.collectors.kineto_reader import load, step_frame
 
 
 def read_trace(path: Path, opts: ImportOptions) -> ImportBatch:
     """Decode one Kineto trace into record kinds (validation happens in the ingest engine)."""
-    tr = load(path)
+    tr = load(path, rank_option(path, opts))
     steps = step_frame(tr)
     batch = ImportBatch(relative_time=tr.relative)
     for reason, n in tr.rejects.items():
@@ -35,6 +35,15 @@ def read_trace(path: Path, opts: ImportOptions) -> ImportBatch:
     batch.notes.update(
         rank=tr.rank, world_size=tr.world_size, host=tr.host, pid=tr.pid, base_time_ns=tr.base_ns,
         time_origin_us=tr.origin_us if tr.relative else None, **comm_notes, **compute_notes)
+    if tr.rank_note:
+        batch.notes["rank_assumed"] = tr.rank_note
+    # the process groups this rank belongs to (distributedInfo.pg_config): gloo's collectives carry no
+    # group, and the analysis matches them to these memberships
+    pg_config = tr.dist_info.get("pg_config")
+    groups = [r for r in (parse_ranks(g.get("ranks")) for g in (pg_config if isinstance(pg_config, list) else [])
+                          if isinstance(g, dict)) if r]
+    if groups:
+        batch.notes["pg_ranks"] = groups
     return batch
 
 

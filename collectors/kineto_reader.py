@@ -22,7 +22,7 @@ import orjson
 import polars as pl
 
 from rankscope.collectors.errors import InputFormatError
-from rankscope.collectors.formats import read_limited
+from rankscope.collectors.formats import MAX_RANK, read_limited
 
 _MAX_REPAIR_TRIES = 64
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
@@ -47,6 +47,8 @@ class KinetoTrace:
     origin_us: float
     """the trace-clock time (µs) that became 0 for a relative trace; 0 otherwise"""
     dist_info: dict
+    rank_note: str | None = None
+    """why the rank was assumed (a single-process trace); None when the trace or the user gave it"""
     rejects: dict[str, int] = field(default_factory=dict)
     samples: dict[str, str] = field(default_factory=dict)
 
@@ -112,15 +114,34 @@ def _num_column(values: list, dtype) -> pl.Series:
     return pl.Series(ok, dtype=dtype)
 
 
-def _rank(path: Path, info: dict) -> int:
-    r = info.get("rank")
-    if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
-        return r
+SINGLE_PROCESS_NOTE = ("no distributedInfo and no rank in the file name: read as a single-process trace, "
+                       "rank 0 (give --opt rank=N to place it)")
+
+
+def _rank_in_name(path: Path) -> int | None:
     m = _RANK_IN_NAME.search(path.name)
-    if m:
-        return int(m.group(1))
-    raise InputFormatError(path, "distributedInfo.rank", "the rank in distributedInfo or the file name "
-                           "(rank<N>)", got=r)
+    return int(m.group(1)) if m and int(m.group(1)) < MAX_RANK else None
+
+
+def _rank(path: Path, info: dict | None, override: int | None = None) -> tuple[int, str | None]:
+    """The trace's rank and, when it had to be assumed, why.
+
+    A trace with no distributedInfo at all comes from a single-process run (HTA's ROCm,
+    Triton and CPU-only samples): it is rank 0, and the manifest says so.
+    """
+    if override is not None:
+        return override, None
+    if info is None:
+        named = _rank_in_name(path)
+        return (named, None) if named is not None else (0, SINGLE_PROCESS_NOTE)
+    r = info.get("rank")
+    if isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_RANK:
+        return r, None
+    named = _rank_in_name(path)
+    if named is not None:
+        return named, None
+    raise InputFormatError(path, "distributedInfo.rank", "the rank in distributedInfo, the file name "
+                           "(rank<N>) or --opt rank=N", got=r)
 
 
 def read_bytes(path: Path) -> tuple[bytes, bool]:
@@ -128,8 +149,11 @@ def read_bytes(path: Path) -> tuple[bytes, bool]:
     return read_limited(path)
 
 
-def load(path: Path) -> KinetoTrace:
-    """Read one Kineto trace; raises InputFormatError only when nothing in it can be read."""
+def load(path: Path, rank: int | None = None) -> KinetoTrace:
+    """Read one Kineto trace; raises InputFormatError only when nothing in it can be read.
+
+    ``rank`` (from ``--opt rank=N``) overrides the rank the trace declares.
+    """
     data, gz_cut = read_bytes(path)
     doc, truncated = _parse(path, data)
     del data
@@ -138,7 +162,7 @@ def load(path: Path) -> KinetoTrace:
                                got=type(doc).__name__ if type(doc) is not dict else sorted(doc)[:8])
     events = doc["traceEvents"]
     info = doc.get("distributedInfo") if type(doc.get("distributedInfo")) is dict else {}
-    rank = _rank(path, info)
+    rank, rank_note = _rank(path, info if "distributedInfo" in doc else None, rank)
     xs = [i for i, e in enumerate(events) if type(e) is dict and e.get("ph") == "X"]
     n_bad = sum(1 for e in events if type(e) is not dict)
     get = events.__getitem__
@@ -156,7 +180,8 @@ def load(path: Path) -> KinetoTrace:
     tr = KinetoTrace(path=path, events=events, frame=frame, rank=rank,
                      world_size=info.get("world_size") if isinstance(info.get("world_size"), int) else None,
                      host=doc.get("host_name") if isinstance(doc.get("host_name"), str) else None,
-                     pid=None, base_ns=base, relative=base is None, origin_us=0.0, dist_info=info)
+                     pid=None, base_ns=base, relative=base is None, origin_us=0.0, dist_info=info,
+                     rank_note=rank_note)
     if truncated or gz_cut:
         tr.reject("truncated file (events after the last complete one lost)", f"{path.name}: cut after "
                   f"{len(events)} events")

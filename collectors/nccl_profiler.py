@@ -23,7 +23,7 @@ import orjson
 import polars as pl
 
 from rankscope.collectors.errors import InputFormatError
-from rankscope.collectors.formats import ImportBatch, ImportOptions, rows_frame
+from rankscope.collectors.formats import MAX_RANK, ImportBatch, ImportOptions, rank_option, rows_frame
 from rankscope.collectors.kineto_reader import read_bytes
 from rankscope.collectors.vocab import dtype_name, dtype_size, normalise_op
 
@@ -98,13 +98,11 @@ def _pairs(events: list[dict]) -> tuple[list[tuple[dict, float | None]], Counter
 
 
 def _rank(path: Path, opts: ImportOptions, ranks: set) -> int | None:
-    if "rank" in opts.extra:
-        try:
-            return int(opts.extra["rank"])
-        except ValueError:
-            raise InputFormatError(path, None, "--opt rank=N with an integer N", got=opts.extra["rank"]) from None
+    given = rank_option(path, opts)
+    if given is not None:
+        return given
     m = _RANK_IN_NAME.search(path.name)
-    if m:
+    if m and int(m.group(1)) < MAX_RANK:
         return int(m.group(1))
     return next(iter(ranks)) if len(ranks) == 1 else None
 

@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.collectors.errors import InputFormatError
-from rankscope.collectors.formats import ImportBatch, ImportOptions
+from rankscope.collectors.formats import MAX_RANK, ImportBatch, ImportOptions, rank_option
 from rankscope.collectors.kineto_compute import span_regexes
 from rankscope.collectors.vocab import NCCL_KERNEL, kernel_category_expr, kernel_op, normalise_op
 
@@ -110,10 +110,11 @@ def _contains(ranges: pl.DataFrame, tid: np.ndarray, t: np.ndarray) -> np.ndarra
 
 
 def _rank(path: Path, opts: ImportOptions) -> int:
-    if "rank" in opts.extra:
-        return int(opts.extra["rank"])
+    given = rank_option(path, opts)
+    if given is not None:
+        return given
     m = _RANK.search(path.name)
-    if m:
+    if m and int(m.group(1)) < MAX_RANK:
         return int(m.group(1))
     raise InputFormatError(path, None, "the rank in the file name (report_rank3.sqlite) or --opt rank=N",
                            got=path.name)

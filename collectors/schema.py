@@ -139,7 +139,7 @@ KINDS: dict[str, tuple[Col, ...]] = {
         _i64("est_num_packets", "", "num_packets scaled by the sampling rate"),
         _i64("dst_qp", "", "RoCEv2 destination queue pair (sFlow raw headers)"),
         _i32("ib_opcode", "", "InfiniBand BTH opcode (sFlow raw headers)"),
-        _i32("vlan", "", "VLAN id"),
+        _i64("vlan", "", "VLAN id (int64: sFlow's 32-bit field may be 0xFFFFFFFF, 'unknown')"),
         _i64("input_if", "", "ingress interface index"),
         _i64("output_if", "", "egress interface index"),
     ),
@@ -249,23 +249,8 @@ def _wrong_type_masks(df: pl.DataFrame, kind: str) -> tuple[pl.DataFrame, dict[s
         if s.dtype == dtype:
             out[name] = s
             continue
-        if isinstance(dtype, pl.List) and s.dtype == pl.String:
-            s = _parse_int_list(s)
-        elif dtype.is_integer() and s.dtype == pl.String:
-            stripped = s.str.strip_chars()
-            direct = stripped.cast(pl.Int64, strict=False)
-            # CSV writers give '12.0' for integers that passed through floats; only small
-            # ones are exact in float64, so nanosecond timestamps must parse directly.
-            f = stripped.cast(pl.Float64, strict=False)
-            exact = (f.is_not_null() & (f == f.floor()) & (f.abs() < 2.0**53)).fill_null(False)
-            via_float = pl.Series(name, np.where(exact.to_numpy(), f.fill_null(0).to_numpy(), np.nan)
-                                  ).fill_nan(None).cast(pl.Int64)
-            s = direct.fill_null(via_float)
-        elif dtype.is_integer() and s.dtype.is_float():
-            exact = s.is_not_null() & (s == s.floor())
-            s = s.set(~exact.fill_null(False), None) if (~exact.fill_null(False)).any() else s
         try:
-            cast = s.cast(dtype, strict=False)
+            cast = _cast_column(s, name, dtype)
         except Exception:  # noqa: BLE001 - polars raises several types for impossible casts
             cast = pl.Series(name, [None] * n, dtype=dtype)
         lost = (df[name].is_not_null() & cast.is_null()).to_numpy()
@@ -273,6 +258,26 @@ def _wrong_type_masks(df: pl.DataFrame, kind: str) -> tuple[pl.DataFrame, dict[s
             bad[name] = lost
         out[name] = cast.alias(name)
     return pl.DataFrame(out), bad
+
+
+def _cast_column(s: pl.Series, name: str, dtype: pl.DataType) -> pl.Series:
+    """One input column in the kind's type; a value that does not fit becomes null."""
+    if isinstance(dtype, pl.List) and s.dtype == pl.String:
+        s = _parse_int_list(s)
+    elif dtype.is_integer() and s.dtype == pl.String:
+        stripped = s.str.strip_chars()
+        direct = stripped.cast(pl.Int64, strict=False)
+        # CSV writers give '12.0' for integers that passed through floats; only small
+        # ones are exact in float64, so nanosecond timestamps must parse directly.
+        f = stripped.cast(pl.Float64, strict=False)
+        exact = (f.is_not_null() & (f == f.floor()) & (f.abs() < 2.0**53)).fill_null(False)
+        via_float = pl.Series(name, np.where(exact.to_numpy(), f.fill_null(0).to_numpy(), np.nan)
+                              ).fill_nan(None).cast(pl.Int64)
+        s = direct.fill_null(via_float)
+    elif dtype.is_integer() and s.dtype.is_float():
+        exact = s.is_not_null() & (s == s.floor())
+        s = s.set(~exact.fill_null(False), None) if (~exact.fill_null(False)).any() else s
+    return s.cast(dtype, strict=False)
 
 
 def _parse_int_list(s: pl.Series) -> pl.Series:
@@ -310,8 +315,19 @@ def _rule_masks(df: pl.DataFrame, kind: str) -> dict[str, np.ndarray]:
         rules["seq_len == 0"] = pl.col("seq_len") == 0
     if not rules:
         return {}
-    res = df.select([e.fill_null(False).alias(k) for k, e in rules.items()])
-    return {k: res[k].to_numpy() for k in res.columns}
+    try:
+        res = df.select([e.fill_null(False).alias(k) for k, e in rules.items()])
+        return {k: res[k].to_numpy() for k in res.columns}
+    except Exception:  # noqa: BLE001 - one rule polars cannot evaluate must not hide the others
+        return {k: _one_rule(df, e) for k, e in rules.items()}
+
+
+def _one_rule(df: pl.DataFrame, rule: pl.Expr) -> np.ndarray:
+    """A rule's 'bad' mask; a rule that cannot be evaluated on these values rejects every row."""
+    try:
+        return df.select(rule.fill_null(False)).to_series().to_numpy()
+    except Exception:  # noqa: BLE001 - values outside what the rule's types allow are bad rows
+        return np.ones(df.height, dtype=bool)
 
 
 def _normalise(df: pl.DataFrame, kind: str) -> pl.DataFrame:

@@ -72,8 +72,13 @@ class _Parquet:
             table = pq.read_table(path)
         except Exception as e:  # noqa: BLE001 - pyarrow raises several types for corrupt files
             raise InputFormatError(path, "footer", "a readable Parquet file", got=str(e)) from e
+        try:
+            names = table.schema.names
+            table = pl.from_arrow(table)
+        except Exception as e:  # noqa: BLE001 - corrupt footers give undecodable names or types
+            raise InputFormatError(path, "schema", "UTF-8 column names and Arrow types", got=str(e)[:200]) from e
         batch = ImportBatch()
-        batch.add(_kind(path, table.schema.names, opts), table)
+        batch.add(_kind(path, names, opts), table)
         return batch
 
 

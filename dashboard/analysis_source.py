@@ -4,7 +4,7 @@ Everything the page shows comes from :func:`cached_analysis`, the dashboard's
 only call into the analysis. Its results are kept per *store version*: a hash
 of the job's committed part files (name and size) and the manifest entries, so
 a live store that gains data is re-analysed and an idle one never is. It is
-the one place to point at a shared cache (analysis/result_cache.py) later.
+the one place that reaches the store's shared result cache (analysis/result_cache.py).
 """
 
 from __future__ import annotations
@@ -124,10 +124,16 @@ def cached_analysis(version: str, store: Store, job: str, how: PlannedJob,
         if hit is not None:
             return hit
         from rankscope.analysis.diagnose import analyze_job
+        from rankscope.analysis.result_cache import cached_analysis as stored_analysis
 
         frames = load_planned(store, job, how)
         base = load_planned(*baseline) if baseline else None
-        diag, tables = analyze_job(frames, baseline=base)
+        if base is None:
+            # the store's own result cache: what `rankscope analyze` or `metrics` computed for this store
+            # version is reused here, and what the dashboard computes serves them
+            diag, tables, _ = stored_analysis(store, how, None, lambda: analyze_job(frames))
+        else:
+            diag, tables = analyze_job(frames, baseline=base)
         result = JobAnalysis(diag, analysis_tables(frames, tables, base), version)
         with _cache_lock:
             _cache[version] = result

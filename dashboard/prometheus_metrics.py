@@ -264,6 +264,15 @@ def families(samples: Iterable[Sample]) -> Iterator:
         yield mf
 
 
+def _metric_inputs(store, planned) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
+    """The comm_op sizes and endpoint_map of a job whose analysis came from the cache."""
+    src = planned.source
+    comm = store.read("comm_op", src, columns=["op", "size_bytes"]) \
+        if planned.kind == "job" and store.count("comm_op", src) else None
+    em = store.read("endpoint_map", src) if store.count("endpoint_map", src) else None
+    return comm, em
+
+
 def _store_version(store) -> tuple:
     """Changes whenever records land: the manifest entries and the newest part per job."""
     man = tuple(sorted((m.key, m.ingested_at) for m in store.manifest()))
@@ -291,13 +300,27 @@ class StoreCollector:
     def _analyse(self, store) -> list[Sample]:
         from rankscope.analysis.diagnose import analyze_job
         from rankscope.analysis.jobs import load_planned, plan_jobs
+        from rankscope.analysis.result_cache import ResultCache, cached_analysis
 
         samples: list[Sample] = []
+        cache = ResultCache(store)
         for planned in plan_jobs(store, self.job):
-            frames, quality = load_planned(store, planned)
-            d, tables = analyze_job(frames, self.config)
-            d.data_quality.update(quality)
-            samples.extend(job_samples(d, tables, frames.comm_op, frames.endpoint_map).items)
+            loaded = {}
+
+            def compute(planned=planned, loaded=loaded):
+                frames, quality = load_planned(store, planned)
+                d, tables = analyze_job(frames, self.config)
+                d.data_quality.update(quality)
+                loaded["frames"] = frames
+                return d, tables
+
+            # the one computation `analyze` also caches: a store analysed there is not analysed again here
+            d, tables, _hit = cached_analysis(store, planned, self.config, compute, cache)
+            if "frames" in loaded:
+                comm_op, endpoint_map = loaded["frames"].comm_op, loaded["frames"].endpoint_map
+            else:
+                comm_op, endpoint_map = _metric_inputs(store, planned)
+            samples.extend(job_samples(d, tables, comm_op, endpoint_map).items)
         return samples
 
     def samples(self) -> list[Sample]:

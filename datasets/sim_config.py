@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rankscope.collectors.errors import ConfigError
+from rankscope.datasets.sim_realism import Realism
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
 """The parallel axes; a rank order lists all five, fastest-varying first."""
@@ -157,6 +158,8 @@ class SimConfig:
     gemm_records: bool | None = None
     """per-kernel GEMM records; None = only for jobs of at most 64 GPUs."""
     start_ns: int = 1_764_000_000_000_000_000
+    realism: Realism = Realism()
+    """de-idealisation options (sim_realism); all off by default."""
 
     def __post_init__(self):
         from rankscope.collectors.errors import UsageError
@@ -191,6 +194,11 @@ class SimConfig:
         if self.schedule == "interleaved" and self.microbatches % self.pp:
             raise ConfigError(f"interleaved schedule: microbatches={self.microbatches} must be a multiple "
                               f"of pp={self.pp}")
+        if not isinstance(self.realism, Realism):
+            raise ConfigError(f"realism must be a Realism, got {type(self.realism).__name__}")
+        if self.gpus_per_host % self.realism.ranks_per_address:
+            raise ConfigError(f"realism.ranks_per_address={self.realism.ranks_per_address} must divide "
+                              f"gpus_per_host={self.gpus_per_host}")
         if not isinstance(self.faults, tuple) or not all(isinstance(f, Fault) for f in self.faults):
             raise ConfigError("faults must be a tuple of Fault")
         for f in self.faults:

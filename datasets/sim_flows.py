@@ -3,9 +3,10 @@
 Collectives become per-peer transfers the way NCCL runs them: ring all_reduce
 sends ``2(n-1)/n * size`` to the next member, ring reduce_scatter
 ``(n-1)/n * size``, ring all_gather ``(n-1) * shard``, all_to_all ``size/n``
-to every other member, tree all_reduce ``size`` up to the parent and down to
-each child, send ``size`` to its peer. Only transfers between hosts reach a
-switch (NVLink traffic never does). Each transfer is spread evenly over its
+to every other member, tree all_reduce (NCCL's double binary tree) half of
+``size`` up to the parent and down to each child in each of its two trees,
+send ``size`` to its peer. Only transfers between hosts reach a switch
+(NVLink traffic never does). Each transfer is spread evenly over its
 queue pairs (one UDP source port each, RoCEv2 destination port 4791) and
 over the time its collective ran.
 
@@ -65,13 +66,20 @@ def collective_transfers(op, rank, pos, n, members, size, t0, t1, algorithm: str
         j = np.arange(1, int(n[a2a].max()))
         ii, jj = np.repeat(a2a, n[a2a] - 1), np.concatenate([j[: k - 1] for k in n[a2a]])
         emit(ii, members[ii, (pos[ii] + jj) % n[ii]], size[ii] // n[ii])
-    if algorithm == "tree":
+    if algorithm in ("tree", "double_tree"):
         tr = np.flatnonzero((op == OP["all_reduce"]) & (n > 1))
-        up = tr[pos[tr] > 0]
-        emit(up, members[up, (pos[up] - 1) // 2], size[up])
-        for child in (1, 2):
-            dn = tr[2 * pos[tr] + child < n[tr]]
-            emit(dn, members[dn, 2 * pos[dn] + child], size[dn])
+        # NCCL's double binary tree (its only tree algorithm; "double_tree" is an alias): the second
+        # tree mirrors the first (a leaf of one is inner in the other), each carries half the buffer
+        trees = ((False, size // 2), (True, size - size // 2))
+        for mirrored, tsize in trees:
+            tpos = n - 1 - pos if mirrored else pos
+            up = tr[tpos[tr] > 0]
+            parent = (tpos[up] - 1) // 2
+            emit(up, members[up, n[up] - 1 - parent if mirrored else parent], tsize[up])
+            for child in (1, 2):
+                dn = tr[2 * tpos[tr] + child < n[tr]]
+                kid = 2 * tpos[dn] + child
+                emit(dn, members[dn, n[dn] - 1 - kid if mirrored else kid], tsize[dn])
     res = {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in out.items()}
     res["t0"], res["t1"] = t0[res["i"]], t1[res["i"]]
     return res
@@ -147,17 +155,30 @@ def flow_records(tr: pl.DataFrame, *, capture: str, epoch_ns: int, active_timeou
     """Transfers -> flow records.
 
     Needs columns: src_addr, dst_addr (int), conn (int connection id), t0, t1 (int ns after epoch_ns),
-    bytes, qps, sport (first source port), dport, protocol, exporter (str).
+    bytes, qps, sport (first source port), dport, protocol, exporter (str). Optional (sim_transport):
+    pkts (packets when not ``ceil(bytes / mtu)``, e.g. ACKs without payload), hdr (header bytes per
+    packet, default HEADER_BYTES), qpn (first destination QP: records get ``dst_qp``).
     Returns a flow table in the record-kind schema, job = ``capture``.
     """
-    tr = tr.filter(pl.col("bytes") > 0)
+    for col, default in (("pkts", None), ("hdr", HEADER_BYTES), ("qpn", None)):
+        if col not in tr.columns:
+            tr = tr.with_columns(pl.lit(default, pl.Int64).alias(col))
+    tr = tr.with_columns(pkts=pl.col("pkts").fill_null((pl.col("bytes") + mtu - 1) // mtu).cast(pl.Int64),
+                         hdr=pl.col("hdr").fill_null(HEADER_BYTES))
+    tr = tr.filter((pl.col("bytes") > 0) | (pl.col("pkts") > 0))
     if tr.height == 0:
         return to_kind(pl.DataFrame(), "flow")
-    tr = tr.with_columns(key=pl.struct("src_addr", "dst_addr", "conn").rank("dense").cast(pl.Int64) - 1)
+    tr = tr.with_columns(key=pl.struct("src_addr", "dst_addr", "conn", "sport", "dport").rank("dense")
+                         .cast(pl.Int64) - 1)
     tr = tr.sort("key", "t0")
+    # traffic before the epoch (TCP connects at init): move the epoch back rather than go negative
+    early = min(int(tr["t0"].min()), 0)
+    if early:
+        tr = tr.with_columns(pl.col("t0") - early, pl.col("t1") - early)
+        epoch_ns += early
     key, a, b = (tr[c].to_numpy().astype(np.int64) for c in ("key", "t0", "t1"))
     b = np.maximum(a, b)
-    packets = -(-tr["bytes"].to_numpy() // mtu)
+    packets = tr["pkts"].to_numpy()
     active = int(active_timeout_s * 1e9)
     big = int(b.max()) + active + 2
     wkey, ws, wl = _windows(key, a, b, active, int(idle_timeout_s * 1e9), big)
@@ -169,7 +190,7 @@ def flow_records(tr: pl.DataFrame, *, capture: str, epoch_ns: int, active_timeou
     qq = q[rows]
     pay = payload[rows] // qq + (qp < payload[rows] % qq)
     pk = pkts[rows] // qq + (qp < pkts[rows] % qq)
-    wire = pay + pk * HEADER_BYTES
+    wire = pay + pk * info["hdr"].to_numpy()[wkey][rows]
     if sampling > 1:
         kept = rng.binomial(pk, 1.0 / sampling)
         size = np.rint(kept * (wire / np.maximum(pk, 1))).astype(np.int64)
@@ -177,8 +198,9 @@ def flow_records(tr: pl.DataFrame, *, capture: str, epoch_ns: int, active_timeou
         kept, size = pk, wire
     keep = kept > 0
     k = wkey[rows]
-    df = info[k[keep]].select("src_addr", "dst_addr", "dport", "protocol", "exporter", "sport").with_columns(
+    df = info[k[keep]].select("src_addr", "dst_addr", "dport", "protocol", "exporter", "sport", "qpn").with_columns(
         src_port=(pl.col("sport") + pl.Series(qp[keep])).cast(pl.Int32),
+        dst_qp=pl.col("qpn") + pl.Series(qp[keep]),
         size_bytes=pl.Series(size[keep]), num_packets=pl.Series(kept[keep]),
         start_ns=pl.Series(ws[rows][keep]), end_ns=pl.Series(wl[rows][keep]))
     off = pl.col("exporter").replace_strict(exporter_offsets, default=0, return_dtype=pl.Int64)

@@ -50,6 +50,14 @@ class Topology:
     """the NIC address as a 32-bit integer (sorts like the address)."""
     cross_host: dict[str, np.ndarray]
     """axis -> per group row, True when its members sit on more than one host."""
+    nic: np.ndarray | None = None
+    """NIC (= rail) of each rank on its host; GPUs share a NIC when realism.ranks_per_address > 1."""
+    slot: np.ndarray | None = None
+    """index of each rank among the ranks that share its address (0 with one rank per address)."""
+
+    @property
+    def rail(self) -> np.ndarray:
+        return self.gpu if self.nic is None else self.nic
 
     def host_name(self, h: int) -> str:
         return f"host{h:04d}"
@@ -80,7 +88,9 @@ def build_topology(cfg: SimConfig) -> Topology:
         group_of[a] = row_of_base[ranks - coord[a] * stride[a]]
     host = cfg.host_offset + ranks // cfg.gpus_per_host
     gpu = ranks % cfg.gpus_per_host
-    addresses = [nic_address(int(h), int(g)) for h, g in zip(host, gpu)]
-    addr_int = (10 << 24) + (gpu << 16) + ((host // 250) << 8) + (host % 250 + 1)
+    share = cfg.realism.ranks_per_address
+    nic, slot = gpu // share, gpu % share
+    addresses = [nic_address(int(h), int(g)) for h, g in zip(host, nic)]
+    addr_int = (10 << 24) + (nic << 16) + ((host // 250) << 8) + (host % 250 + 1)
     cross = {a: (host[groups[a]] != host[groups[a][:, :1]]).any(axis=1) for a in AXES}
-    return Topology(world, coord, groups, group_of, host, gpu, addresses, addr_int, cross)
+    return Topology(world, coord, groups, group_of, host, gpu, addresses, addr_int, cross, nic, slot)

@@ -15,7 +15,8 @@ from rankscope.datasets.sim_config import SimConfig
 from rankscope.datasets.sim_flows import ROCE_PORT, collective_transfers
 from rankscope.datasets.sim_graph import Graph, Templates
 from rankscope.datasets.sim_template import STREAMS
-from rankscope.datasets.sim_topology import Topology, rail_exporter
+from rankscope.datasets.sim_topology import Topology
+from rankscope.datasets.sim_transport import rank_exporters
 
 
 def source_port(src: np.ndarray, dst: np.ndarray, conn: np.ndarray, qps: int) -> np.ndarray:
@@ -26,8 +27,12 @@ def source_port(src: np.ndarray, dst: np.ndarray, conn: np.ndarray, qps: int) ->
 
 
 def job_transfers(cfg: SimConfig, topo: Topology, g: Graph, T: Templates, start: np.ndarray, end: np.ndarray,
-                  job_index: int, epoch_ns: int) -> pl.DataFrame:
-    """Inter-host transfers of the job's completed comm ops; times in int ns after ``epoch_ns``."""
+                  job_index: int, epoch_ns: int, rng: np.random.Generator | None = None) -> pl.DataFrame:
+    """Inter-host transfers of the job's completed comm ops; times in int ns after ``epoch_ns``.
+
+    Also returns the rank ids (``srank``, ``drank``) for the transport model. With
+    ``realism.rail_jitter_us`` every transfer starts an exponential delay late and each rail runs
+    at its own speed (``rng`` draws both; the rail speeds from the job seed so chunks agree)."""
     done = (T.kind[g.tmpl] == 1) & np.isfinite(end) & (T.role[g.tmpl] != 2)
     ops = T.op_code[g.tmpl]
     strm = T.stream[g.tmpl]
@@ -42,7 +47,8 @@ def job_transfers(cfg: SimConfig, topo: Topology, g: Graph, T: Templates, start:
         n = np.full(i.size, sizes[axis])
         t = collective_transfers(ops[i], g.rank[i], topo.coord[axis][g.rank[i]], n,
                                  topo.groups[axis][g.group_row[i]], g.size_bytes[i], start[i], end[i],
-                                 cfg.algorithm)
+                                 "double_tree" if cfg.algorithm == "tree" and cfg.realism.double_tree
+                                 else cfg.algorithm)
         t["conn"] = code * (1 << 24) + g.group_row[i][t["i"]]
         parts.append(t)
     i = np.flatnonzero(done & (T.role[g.tmpl] == 1))
@@ -59,10 +65,17 @@ def job_transfers(cfg: SimConfig, topo: Topology, g: Graph, T: Templates, start:
     shift = cfg.start_ns - epoch_ns
     t0 = shift + np.rint(np.concatenate([p["t0"] for p in parts])[keep]).astype(np.int64)
     t1 = shift + np.rint(np.concatenate([p["t1"] for p in parts])[keep]).astype(np.int64)
-    exporters = pl.Series([rail_exporter(int(x)) for x in range(cfg.gpus_per_host)], dtype=pl.String)
+    jitter = cfg.realism.rail_jitter_us * 1e3
+    if jitter > 0:
+        rng = rng or np.random.default_rng([cfg.seed, 43])
+        speed = 1.0 + np.random.default_rng([cfg.seed, 47]).normal(0, 0.03, int(topo.rail.max()) + 1)
+        delay = np.rint(rng.exponential(jitter, src.size)).astype(np.int64)
+        dur = np.rint((t1 - t0) * np.clip(speed[topo.rail[src]], 0.8, 1.2)).astype(np.int64)
+        t0 = t0 + delay
+        t1 = t0 + np.maximum(dur, 0)
     return pl.DataFrame({
         "src_addr": topo.addr_int[src], "dst_addr": topo.addr_int[dst], "conn": conn, "t0": t0, "t1": t1,
         "bytes": np.concatenate([p["bytes"] for p in parts])[keep].astype(np.int64),
         "qps": np.full(src.size, cfg.qps), "sport": source_port(src, dst, conn, cfg.qps),
         "dport": np.full(src.size, ROCE_PORT), "protocol": np.full(src.size, 17),
-        "exporter": exporters.gather(topo.gpu[src])})
+        "exporter": rank_exporters(cfg, topo).gather(src), "srank": src, "drank": dst})

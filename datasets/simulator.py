@@ -32,12 +32,15 @@ from rankscope.collectors.store import ManifestEntry, Store
 from rankscope.datasets.sim_config import Fault, SimConfig, parse_fault
 from rankscope.datasets.sim_flows import flow_records
 from rankscope.datasets.sim_graph import build_graph, build_templates, ops_per_step, sequence_lengths
+from rankscope.datasets.sim_realism import Realism, exporter_offsets, strip_layout, truncate_times
 from rankscope.datasets.sim_records import batch_table, comm_table, compute_table, endpoint_table, step_table
 from rankscope.datasets.sim_topology import build_topology, rail_exporter
 from rankscope.datasets.sim_traffic import job_transfers
+from rankscope.datasets.sim_transport import apply_transport, rank_exporters
 from rankscope.datasets.truth import job_truth
 
-__all__ = ["Fault", "SimConfig", "SimResult", "FabricResult", "parse_fault", "simulate", "simulate_fabric",
+__all__ = ["Fault", "Realism", "SimConfig", "SimResult", "FabricResult", "fabric_seed", "parse_fault", "simulate",
+           "simulate_fabric",
            "write_store"]
 
 
@@ -77,7 +80,8 @@ class FabricResult:
         return out
 
 
-def _clock_offsets(cfg: SimConfig, hosts: list[str], rng: np.random.Generator) -> tuple[dict, dict]:
+def _clock_offsets(cfg: SimConfig, hosts: list[str], rng: np.random.Generator,
+                   exporters: list[str]) -> tuple[dict, dict]:
     host_off = {h: 0 for h in hosts}
     exp_off = {}
     for f in cfg.faults_of("clock-skew"):
@@ -90,8 +94,10 @@ def _clock_offsets(cfg: SimConfig, hosts: list[str], rng: np.random.Generator) -
             for h in hosts:
                 host_off[h] = int(round(rng.uniform(-p["max_ms"], p["max_ms"]) * 1e6))
         if p["exporter_max_ms"] > 0:
-            for g in range(cfg.gpus_per_host):
-                exp_off[rail_exporter(g)] = int(round(rng.uniform(-1, 1) * p["exporter_max_ms"] * 1e6))
+            names = ([rail_exporter(g) for g in range(cfg.gpus_per_host)] if not cfg.realism.hosts_per_pod
+                     else exporters)
+            for e in names:
+                exp_off[e] = int(round(rng.uniform(-1, 1) * p["exporter_max_ms"] * 1e6))
     return host_off, exp_off
 
 
@@ -105,7 +111,11 @@ def _simulate_job(cfg: SimConfig, job_index: int = 0, epoch_ns: int | None = Non
     T = build_templates(cfg)
     seq_table = sequence_lengths(cfg, rng)
     hosts = [topo.host_name(int(h)) for h in np.unique(topo.host)]
-    host_off, exp_off = _clock_offsets(cfg, hosts, np.random.default_rng([cfg.seed, 11]))
+    exporters = list(dict.fromkeys(rank_exporters(cfg, topo).to_list()))
+    host_off, exp_off = _clock_offsets(cfg, hosts, np.random.default_rng([cfg.seed, 11]), exporters)
+    if cfg.realism.exporter_offset_ms > 0 and epoch_ns is None:
+        exp_off = _add(exp_off, exporter_offsets(exporters, cfg.realism.exporter_offset_ms, cfg.seed))
+    traffic_rng = np.random.default_rng([cfg.seed, 43])
     base = cfg.start_ns + np.array([host_off[topo.host_name(int(h))] for h in topo.host], dtype=np.int64)
     per_chunk = max(1, CHUNK_OPS // ops_per_step(T, topo))
     parts: dict[str, list[pa.Table]] = {k: [] for k in ("comm_op", "compute_op", "step_mark", "batch_meta")}
@@ -135,25 +145,33 @@ def _simulate_job(cfg: SimConfig, job_index: int = 0, epoch_ns: int | None = Non
         parts["batch_meta"].append(batch_table(cfg, topo, g, T, ready))
         if want_transfers:
             transfers.append(job_transfers(cfg, topo, g, T, start, end, job_index,
-                                           cfg.start_ns if epoch_ns is None else epoch_ns))
+                                           cfg.start_ns if epoch_ns is None else epoch_ns, traffic_rng))
         del g, rep, ready, start, end
     tables = {k: pa.concat_tables(v) for k, v in parts.items()}
     tables["endpoint_map"] = endpoint_table(cfg, topo)
+    if cfg.realism.kineto_records:
+        tables = strip_layout(tables)
     step_end = np.where(np.isnan(step_end), np.inf, step_end)
     truth = job_truth(cfg, topo, T, step_end, t_first or 0.0, host_off, exp_off)
     transfers = pl.concat([t for t in transfers if t.height], how="vertical_relaxed") if any(
         t.height for t in transfers) else pl.DataFrame()
+    transfers = apply_transport(transfers, cfg, topo)
     if cfg.flows and epoch_ns is None:
         tables["flow"] = _flows(transfers, cfg, cfg.start_ns, exp_off, rng)
     return SimResult(cfg, tables, truth, transfers)
 
 
+def _add(a: dict, b: dict) -> dict:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
+
+
 def _flows(transfers: pl.DataFrame, cfg: SimConfig, epoch_ns: int, exp_off: dict, rng) -> pa.Table:
     if transfers.height == 0:
         return empty("flow")
-    return flow_records(transfers, capture=cfg.capture, epoch_ns=epoch_ns, active_timeout_s=cfg.active_timeout_s,
-                        idle_timeout_s=cfg.idle_timeout_s, sampling=cfg.sampling, mtu=cfg.mtu,
+    flow = flow_records(transfers, capture=cfg.capture, epoch_ns=epoch_ns, active_timeout_s=cfg.active_timeout_s,
+                        idle_timeout_s=cfg.idle_timeout_s, sampling=cfg.sampling, mtu=cfg.realism.mtu or cfg.mtu,
                         exporter_offsets=exp_off, rng=rng)
+    return truncate_times(flow, cfg.realism.timestamp_ns)
 
 
 def simulate(cfg: SimConfig) -> SimResult:
@@ -163,20 +181,33 @@ def simulate(cfg: SimConfig) -> SimResult:
     return _simulate_job(cfg)
 
 
+def fabric_seed(configs: list[SimConfig]) -> int:
+    """The fabric's random stream (background, sampling, exporter clocks) keyed by its jobs' seeds,
+    so that two corpora with different job seeds never share it."""
+    return int(np.random.SeedSequence([c.seed for c in configs] + [len(configs)]).generate_state(1)[0])
+
+
 def simulate_fabric(configs: list[SimConfig], *, background: bool = True, capture: str = "fabric",
-                    seed: int = 0) -> FabricResult:
+                    seed: int | None = None, realism: Realism | None = None) -> FabricResult:
     """Several jobs on one rail-optimised fabric, placed on consecutive hosts.
 
     Jobs are simulated independently (no contention between them), their
     transfers are exported together under ``capture``; ``background`` adds
     storage reads, checkpoint writes and rendezvous chatter (truth
-    ``background``). Job names must differ.
+    ``background``). Job names must differ. ``seed`` (default: from the jobs'
+    seeds, see :func:`fabric_seed`) drives the fabric's own randomness.
+    ``realism`` holds the fabric-wide options (timestamp resolution, exporter
+    clock offsets, wild background; default: the first job's); transport,
+    pods, rail jitter and ranks per address stay each job's own.
     """
     from rankscope.datasets.sim_background import background_transfers
+    from rankscope.datasets.sim_noise import wild_background
 
     names = [c.job for c in configs]
     if not configs or len(set(names)) != len(names):
         raise UsageError(f"simulate_fabric needs one or more jobs with distinct names, got {names}")
+    seed = fabric_seed(configs) if seed is None else seed
+    fab = realism or configs[0].realism
     placed, host = [], 0
     for c in configs:
         placed.append(dataclasses.replace(c, host_offset=host, capture=capture, flows=True))
@@ -186,19 +217,28 @@ def simulate_fabric(configs: list[SimConfig], *, background: bool = True, captur
     transfers = [r.transfers for r in results if r.transfers.height]
     bg_truth: list[dict] = []
     if background:
-        bg, bg_truth = background_transfers(results, epoch, np.random.default_rng([seed, 23]))
+        make = wild_background if fab.wild_background else background_transfers
+        kw = {"first_free_host": host, "hosts_per_pod": fab.hosts_per_pod} if fab.wild_background else {}
+        bg, bg_truth = make(results, epoch, np.random.default_rng([seed, 23]), **kw)
         if bg.height:
             transfers.append(bg)
-    exp_off = {}
+    exp_off: dict = {}
     for r in results:
         exp_off.update(r.truth["exporter_offsets_ns"])
+    if fab.exporter_offset_ms > 0 and transfers:
+        present = pl.concat([t.select("exporter") for t in transfers])["exporter"].unique().to_list()
+        exp_off = _add(exp_off, exporter_offsets(present, fab.exporter_offset_ms, seed))
+        for r in results:
+            r.truth["exporter_offsets_ns"] = {e: exp_off.get(e, 0) for e in r.truth["exporters"]}
     rng = np.random.default_rng([seed, 29])
     first = placed[0]
     flow = (flow_records(pl.concat(transfers, how="diagonal_relaxed"), capture=capture, epoch_ns=epoch,
                          active_timeout_s=first.active_timeout_s, idle_timeout_s=first.idle_timeout_s,
                          sampling=first.sampling, mtu=first.mtu, exporter_offsets=exp_off, rng=rng)
             if transfers else empty("flow"))
-    truth = {"capture": capture, "jobs": {r.config.job: r.truth for r in results}, "background": bg_truth}
+    flow = truncate_times(flow, fab.timestamp_ns)
+    truth = {"capture": capture, "jobs": {r.config.job: r.truth for r in results}, "background": bg_truth,
+             "fabric": {"seed": seed, "timestamp_ns": fab.timestamp_ns, "exporter_offsets_ns": exp_off}}
     return FabricResult(results, flow, truth)
 
 

@@ -18,7 +18,8 @@ import numpy as np
 from rankscope.datasets.sim_config import AXES, SimConfig
 from rankscope.datasets.sim_graph import Templates
 from rankscope.datasets.sim_template import OP
-from rankscope.datasets.sim_topology import Topology, rail_exporter
+from rankscope.datasets.sim_topology import Topology
+from rankscope.datasets.sim_transport import rank_exporters
 
 
 def fault_truth(cfg: SimConfig, topo: Topology, T: Templates) -> list[dict]:
@@ -75,12 +76,22 @@ def job_truth(cfg: SimConfig, topo: Topology, T: Templates, step_end: np.ndarray
         t[f"{a}_groups_by_address"] = topo.group_addresses(a)
     t["endpoints"] = {str(r): a for r, a in enumerate(topo.addresses)}
     t["hosts"] = hosts
-    t["exporters"] = sorted({rail_exporter(int(g)) for g in np.unique(topo.gpu)})
+    t["exporters"] = sorted(set(rank_exporters(cfg, topo).to_list()))
     t["faults"] = fault_truth(cfg, topo, T)
     t["step_times_ns"] = [int(round(x)) for x in step_times]
     t["start_ns"] = int(cfg.start_ns + round(t_first))
     t["clock_offsets_ns"] = host_offsets
     t["exporter_offsets_ns"] = exporter_offsets
+    r = cfg.realism
+    tcp = r.transport == "tcp"
     t["flows"] = {"capture": cfg.capture, "sampling_rate": cfg.sampling, "active_timeout_s": cfg.active_timeout_s,
-                  "idle_timeout_s": cfg.idle_timeout_s, "qps_per_peer": cfg.qps, "protocol": "udp", "dst_port": 4791}
+                  "idle_timeout_s": cfg.idle_timeout_s, "qps_per_peer": 1 if tcp else cfg.qps,
+                  "protocol": "tcp" if tcp else "udp", "dst_port": None if tcp else 4791,
+                  "reverse_flows": tcp or r.reverse, "timestamp_ns": r.timestamp_ns,
+                  "hosts_per_pod": r.hosts_per_pod, "rail_jitter_us": r.rail_jitter_us, "dst_qp": r.dst_qp and not tcp}
+    # several ranks per address: the address alone does not name a rank; slot = index on the address
+    t["ranks_per_address"] = r.ranks_per_address
+    t["address_slot"] = {str(k): int(v) for k, v in enumerate(topo.slot.tolist())} if topo.slot is not None else {}
+    t["tree"] = "double"  # algorithm="tree" is always NCCL's double binary tree
+    t["layout_columns"] = not r.kineto_records
     return t

@@ -12,7 +12,7 @@ The live collector and every file format share it.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 
 import numpy as np
 import pyarrow as pa
@@ -32,17 +32,38 @@ SAMPLES_PER_REASON = 3
 SAMPLE_BYTES = 96
 MAX_RATE = 1 << 32
 MAX_EPOCH_MS = 16_725_225_600_000  # year 2500: anything later is a corrupt time base
+SET_HEADER_BYTES = 4
+HELD_SET_OVERHEAD = 96
+"""Bytes of bookkeeping (tuple, list slot, bytes object) one held data set costs beyond its payload."""
+
+
+def held_cost(body) -> int:
+    """What one data set waiting for its template counts against the bound: every set costs
+    its payload, its 4-byte set header and its bookkeeping, so empty sets cannot bypass it."""
+    return len(body) + SET_HEADER_BYTES + HELD_SET_OVERHEAD
 
 
 class FlowDecoder:
-    """Datagrams in, flow tables out; state per exporter and observation domain."""
+    """Datagrams in, flow tables out; state per exporter and observation domain.
 
-    def __init__(self, max_waiting_bytes: int = 4 << 20):
+    Per-exporter state (templates, rates, time bases, held data) lives in an
+    LRU table of at most ``max_exporters`` (address, domain) pairs: when a new
+    pair would exceed it, the least recently seen eighth is forgotten (counted
+    as ``exporter state evicted``). At most ``max_templates`` templates are
+    kept in all; data sets waiting for a template cost :func:`held_cost` each,
+    at most ``max_waiting_bytes`` in all.
+    """
+
+    def __init__(self, max_waiting_bytes: int = 4 << 20, max_exporters: int = 4096, max_templates: int = 16384):
         self.pending = Pending()
         self.templates: dict[tuple[str, int, int], Layout] = {}
         self.exporters: list[str] = []
         self._exporter_ids: dict[str, int] = {}
-        self._pair_ids: dict[tuple[str, int], int] = {}
+        self._pair_ids: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self.max_exporters = max_exporters
+        self.max_templates = max_templates
+        self.hold_waiting = False
+        """When True (file ingest with a store), data still waiting at the final flush is kept, not rejected."""
         self.rates: dict[int, int] = {}
         self.selector_rates: dict[tuple[int, int], int] = {}
         self.system_init_ms: dict[int, int] = {}
@@ -95,10 +116,49 @@ class FlowDecoder:
 
     def exporter_id(self, addr: str, domain: int) -> int:
         """exporter_index of 'addr/domain', cached on the pair (no string built per datagram)."""
-        idx = self._pair_ids.get((addr, domain))
+        pair = (addr, domain)
+        idx = self._pair_ids.get(pair)
         if idx is None:
-            idx = self._pair_ids[(addr, domain)] = self.exporter_index(f"{addr}/{domain}")
+            if len(self._pair_ids) >= self.max_exporters:
+                self._evict(max(1, self.max_exporters // 8))
+            idx = self._pair_ids[pair] = self.exporter_index(f"{addr}/{domain}")
+        else:
+            self._pair_ids.move_to_end(pair)
         return idx
+
+    def _evict(self, count: int) -> None:
+        """Forget the state of the ``count`` least recently seen exporters (one pass over each table)."""
+        gone = set()
+        for _ in range(min(count, len(self._pair_ids))):
+            gone.add(self._pair_ids.popitem(last=False)[1])
+        self.rejects["exporter state evicted (LRU table full)"] += len(gone)
+        self.templates = {k: v for k, v in self.templates.items() if k[1] not in gone}
+        for key in [k for k in self.waiting if k[1] in gone]:
+            sets = self.waiting.pop(key)
+            self.waiting_bytes -= sum(held_cost(b) for b, _, _ in sets)
+            self.reject(f"{key[0]}: data set for an unknown template (exporter evicted)", count=len(sets))
+        self.rates = {e: r for e, r in self.rates.items() if e not in gone}
+        self.selector_rates = {k: r for k, r in self.selector_rates.items() if k[0] not in gone}
+        self.system_init_ms = {e: v for e, v in self.system_init_ms.items() if e not in gone}
+
+    @property
+    def needs_compaction(self) -> bool:
+        """The exporter name table has outgrown the live exporters (call :meth:`flush` to compact it)."""
+        return len(self.exporters) > 2 * self.max_exporters + 1024
+
+    def _compact(self) -> None:
+        """Renumber exporters so only live ones keep a name; call only with nothing pending."""
+        live = sorted(set(self._pair_ids.values()) | {k[1] for k in self.templates} | {k[1] for k in self.waiting}
+                      | set(self.rates) | {k[0] for k in self.selector_rates} | set(self.system_init_ms))
+        new = {old: i for i, old in enumerate(live)}
+        self.exporters = [self.exporters[i] for i in live]
+        self._exporter_ids = {name: i for i, name in enumerate(self.exporters)}
+        self._pair_ids = OrderedDict((p, new[i]) for p, i in self._pair_ids.items())
+        self.templates = {(p, new[e], t): v for (p, e, t), v in self.templates.items()}
+        self.waiting = {(p, new[e], t): v for (p, e, t), v in self.waiting.items()}
+        self.rates = {new[e]: r for e, r in self.rates.items()}
+        self.selector_rates = {(new[e], s): r for (e, s), r in self.selector_rates.items()}
+        self.system_init_ms = {new[e]: v for e, v in self.system_init_ms.items()}
 
     def base_ms(self, exporter: int) -> int:
         return self.system_init_ms.get(exporter, -1)
@@ -112,9 +172,12 @@ class FlowDecoder:
         old = self.templates.get(key)
         if old is not None and old.fields == layout.fields and old.scope_count == layout.scope_count:
             layout = old  # a periodic refresh: keep one layout so its records decode in one batch
+        elif old is None and len(self.templates) >= self.max_templates:
+            self.reject(f"{proto}: template table full ({self.max_templates} templates)")
+            return
         self.templates[key] = layout
         for body, export_s, base_ms in self.waiting.pop(key, []):
-            self.waiting_bytes -= len(body)
+            self.waiting_bytes -= held_cost(body)
             self.data_set(proto, exporter, tid, body, export_s, base_ms)
 
     def withdraw_all(self, proto: str, exporter: int, options: bool) -> None:
@@ -125,12 +188,13 @@ class FlowDecoder:
     def data_set(self, proto: str, exporter: int, tid: int, body, export_s: int, base_ms: int) -> None:
         layout = self.templates.get((proto, exporter, tid))
         if layout is None:
-            if self.waiting_bytes + len(body) > self.max_waiting_bytes:
+            cost = held_cost(body)
+            if self.waiting_bytes + cost > self.max_waiting_bytes:
                 self.reject(f"{proto}: data set for an unknown template (waiting buffer full)")
                 return
             # UDP exporters may send data before the template; keep it until the template comes.
             self.waiting.setdefault((proto, exporter, tid), []).append((bytes(body), export_s, base_ms))
-            self.waiting_bytes += len(body)
+            self.waiting_bytes += cost
             return
         if layout.scope_count:
             self._options(exporter, layout, body)
@@ -179,6 +243,25 @@ class FlowDecoder:
                 self.rates[exporter] = int(rate[i])
 
     # -------------------------------------------------------------- output
+    def _late_context(self, ctx: dict[str, np.ndarray]) -> None:
+        """Fill a time base or sampling rate that was unknown when a data set arrived but is known now.
+
+        Data sets held for their template, or sent before the options data in the
+        same message or file, would otherwise lose their sysUpTime-based times.
+        """
+        for col, known in (("base_ms", self.system_init_ms), ("rate", self.rates)):
+            unknown = ctx[col] < 0 if col == "base_ms" else ctx[col] == 0
+            if not known or not unknown.any():
+                continue
+            for e in np.unique(ctx["exporter"][unknown]):
+                value = known.get(int(e))
+                if value is not None:
+                    ctx[col][unknown & (ctx["exporter"] == e)] = value
+
+    @property
+    def held_sets(self) -> int:
+        return sum(len(v) for v in self.waiting.values())
+
     @property
     def buffered_records(self) -> int:
         return self.pending.records + len(self.sflow_rows) + len(self.counter_rows)
@@ -187,10 +270,12 @@ class FlowDecoder:
         """Tables of every record decoded since the last flush (kind -> table).
 
         With ``final``, data sets still waiting for a template are counted as
-        rejects (they can no longer be decoded).
+        rejects (they can no longer be decoded), unless :attr:`hold_waiting`
+        keeps them for the next file (see :mod:`template_state`).
         """
         out: dict[str, list[pa.Table]] = {}
         for _layout, cols, n, ctx in self.pending.drain():
+            self._late_context(ctx)
             t = flow_columns(cols, n, ctx, self.exporters, SOURCES, self.selector_rates, self.rejects)
             if t is not None and t.num_rows:
                 out.setdefault("flow", []).append(t)
@@ -200,10 +285,12 @@ class FlowDecoder:
         if self.counter_rows:
             out.setdefault("interface_counter", []).append(sflow.counter_table(self.counter_rows))
             self.counter_rows = []
-        if final:
+        if final and not self.hold_waiting:
             for (proto, _, _), sets in self.waiting.items():
                 self.reject(f"{proto}: data set for an unknown template", count=len(sets))
             self.waiting, self.waiting_bytes = {}, 0
+        if self.needs_compaction:
+            self._compact()
         tables = {k: pa.concat_tables(v, promote_options="permissive") for k, v in out.items()}
         self.records_out += sum(t.num_rows for t in tables.values())
         return tables

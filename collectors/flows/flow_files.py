@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
 import struct
 import time
@@ -88,20 +89,73 @@ def _udp_payload(frame: bytes, linktype: int):
     return src, bytes(udp.data)
 
 
+MAX_SNAPLEN = 262_144
+"""libpcap's largest snap length: a record claiming more is corrupt (never allocated)."""
+
+
+def _pcap_records(f, dec: FlowDecoder):
+    """(time s, frame) of a classic pcap, read with length checks before any allocation."""
+    head = f.read(24)
+    big = head[:4] in (b"\xa1\xb2\xc3\xd4", b"\xa1\xb2\x3c\x4d")
+    nano = head[:4] in (b"\x4d\x3c\xb2\xa1", b"\xa1\xb2\x3c\x4d")
+    e = ">" if big else "<"
+    snaplen, linktype = struct.unpack_from(e + "II", head, 16)
+    limit = max(65_535, min(snaplen, MAX_SNAPLEN))
+    record = struct.Struct(e + "IIII")
+    yield linktype & 0xFFFF
+    index = 0
+    while h := f.read(16):
+        index += 1
+        if len(h) < 16:
+            dec.reject("capture: truncated packet record (capture cut short)")
+            return
+        sec, frac, incl, _ = record.unpack(h)
+        if incl > limit:
+            dec.reject(f"capture: packet record length beyond the snap length {limit:,} (corrupt capture: "
+                       "the rest of the file is skipped)", h)
+            return
+        frame = f.read(incl)
+        if len(frame) < incl:
+            dec.reject("capture: truncated packet record (capture cut short)")
+            return
+        yield sec + frac * (1e-9 if nano else 1e-6), frame
+
+
+class _Clamped:
+    """A file whose reads never ask for more than is left (a corrupt length cannot allocate gigabytes)."""
+
+    def __init__(self, f):
+        self._f = f
+        self._size = os.fstat(f.fileno()).st_size
+
+    def read(self, n: int = -1) -> bytes:
+        left = max(0, self._size - self._f.tell())
+        return self._f.read(left if n is None or n < 0 else min(n, left))
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
 def capture_datagrams(path: Path, dec: FlowDecoder):
     """Yield (payload, source address, capture time ns) of every UDP datagram in a pcap/pcapng file."""
     import dpkt
 
     with open(path, "rb") as f:
+        magic = f.read(4)
+        f.seek(0)
+        if len(magic) < 4 or os.fstat(f.fileno()).st_size < (28 if magic == PCAPNG_MAGIC else 24):
+            raise InputFormatError(path, "file header", "a pcap or pcapng capture", got="a file shorter than its header")
+        if magic == PCAPNG_MAGIC:
+            try:
+                reader = dpkt.pcapng.Reader(_Clamped(f))
+            except (ValueError, dpkt.UnpackError, struct.error) as e:
+                raise InputFormatError(path, "file header", "a pcapng capture", got=str(e)) from e
+            linktype, packets = reader.datalink(), iter(reader)
+        else:
+            packets = _pcap_records(f, dec)
+            linktype = next(packets)
         try:
-            magic = f.read(4)
-            f.seek(0)
-            reader = dpkt.pcapng.Reader(f) if magic == PCAPNG_MAGIC else dpkt.pcap.Reader(f)
-        except (ValueError, dpkt.UnpackError, struct.error) as e:
-            raise InputFormatError(path, "file header", "a pcap or pcapng capture", got=str(e)) from e
-        linktype = reader.datalink()
-        try:
-            for ts, frame in reader:
+            for ts, frame in packets:
                 got = _udp_payload(frame, linktype)
                 if got is None:
                     dec.reject("capture: packet is not UDP over IP")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rankscope.collectors.flows import flow_files
+from rankscope.collectors.flows import flow_files, template_state
 from rankscope.collectors.flows.flow_decoder import FlowDecoder
 from rankscope.collectors.formats import ImportBatch, ImportOptions, open_maybe_gzip
 
@@ -36,7 +36,13 @@ def _decode(datagrams, dec: FlowDecoder):
         dec.feed(payload, addr, ts)
         if dec.buffered_records >= CHUNK_RECORDS:
             yield _batch(dec, False, reported)
-    yield _batch(dec, True, reported)
+    last = _batch(dec, True, reported)
+    if dec.hold_waiting:
+        # Data sets whose template has not come yet stay in the store's template state
+        # (decoded by the file that brings it); noted, not rejected.
+        last.notes["flow_sets_held_for_template"] = dec.held_sets
+        template_state.remember(dec)
+    yield last
 
 
 class _IpfixFile:
@@ -49,7 +55,7 @@ class _IpfixFile:
     def read(self, path: Path, opts: ImportOptions):
         with open_maybe_gzip(path) as f:
             data = f.read()
-        dec = FlowDecoder()
+        dec = template_state.new_decoder()
         return _decode(flow_files.ipfix_file_messages(data, dec), dec)
 
 
@@ -61,7 +67,7 @@ class _FlowCapture:
         return head[:4] in flow_files.PCAP_MAGICS or head[:4] == flow_files.PCAPNG_MAGIC
 
     def read(self, path: Path, opts: ImportOptions):
-        dec = FlowDecoder()
+        dec = template_state.new_decoder()
         return _decode(flow_files.capture_datagrams(path, dec), dec)
 
 

@@ -226,20 +226,49 @@ def _first(cols: dict, ids: tuple[int, ...]):
     return None, None
 
 
-def _time_ns(element: int, v: np.ndarray, ctx: dict[str, np.ndarray]) -> np.ndarray:
-    v = v.astype(np.int64) if element not in (154, 155, 156, 157) else v
+INT64_MAX = np.iinfo(np.int64).max
+INT32_MAX = np.iinfo(np.int32).max
+_NS_PER_UNIT = {152: 1_000_000, 153: 1_000_000, 150: 1_000_000_000, 151: 1_000_000_000, 158: 1000, 159: 1000}
+
+
+def _time_ns(element: int, v: np.ndarray, ctx: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(epoch ns, mask of values whose time does not fit int64 nanoseconds, i.e. after 2262)."""
     if element in (154, 155, 156, 157):
         v = v.astype(np.uint64)
         sec = (v >> np.uint64(32)).astype(np.int64) - ie.NTP_UNIX_OFFSET_S
         frac = ((v & np.uint64(0xFFFFFFFF)) * np.uint64(1_000_000_000)) >> np.uint64(32)
-        return sec * 1_000_000_000 + frac.astype(np.int64)
-    if element in (152, 153):
-        return v * 1_000_000
-    if element in (150, 151):
-        return v * 1_000_000_000
-    if element in (21, 22):
-        return (ctx["base_ms"] + v) * 1_000_000
-    return ctx["export_s"] * 1_000_000_000 - v * 1000  # 158/159: microseconds before export
+        return sec * 1_000_000_000 + frac.astype(np.int64), np.zeros(len(v), bool)
+    u = v.astype(np.uint64)
+    if element in (21, 22):  # base_ms is below year 2500 (checked where it is set): no int64 overflow here
+        total_ms = ctx["base_ms"] + np.minimum(u, np.uint64(1 << 53)).astype(np.int64)
+        over = total_ms > INT64_MAX // 1_000_000
+        return np.where(over, 0, total_ms) * 1_000_000, over
+    scale = _NS_PER_UNIT[element]
+    over = u > np.uint64(INT64_MAX // scale)
+    ns = np.where(over, 0, u).astype(np.int64) * scale
+    if element in (158, 159):  # microseconds before export
+        return ctx["export_s"] * 1_000_000_000 - ns, over
+    return ns, over
+
+
+def _checked(col, name: str, limit: int, keep: np.ndarray, rejects: Counter) -> np.ndarray:
+    """An unsigned element column as int64; rows whose value exceeds ``limit`` (the column's type) are
+    counted and dropped rather than wrapped into a wrong number."""
+    u = col.astype(np.uint64, copy=False)
+    over = u > np.uint64(limit)
+    if over.any():
+        count = int((over & keep).sum())
+        if count:
+            rejects[f"{name} beyond the {'int64' if limit == INT64_MAX else 'int32'} column"] += count
+        keep &= ~over
+        u = np.where(over, 0, u)
+    return u.astype(np.int64)
+
+
+def scaled_estimate(value: np.ndarray, rate: np.ndarray) -> np.ndarray:
+    """value * sampling rate, saturated at 2^63-1 instead of wrapping (rate >= 1)."""
+    over = value > INT64_MAX // rate
+    return np.where(over, INT64_MAX, value * np.where(over, 1, rate))
 
 
 def flow_columns(cols: dict[int, np.ndarray], n: int, ctx: dict[str, np.ndarray], exporters: list[str],
@@ -265,8 +294,18 @@ def flow_columns(cols: dict[int, np.ndarray], n: int, ctx: dict[str, np.ndarray]
         return None
     start_e, start_v = _first(cols, ie.START_TIMES)
     end_e, end_v = _first(cols, ie.END_TIMES)
-    start = _time_ns(start_e, start_v, ctx) if start_e is not None else None
-    end = _time_ns(end_e, end_v, ctx) if end_e is not None else None
+    start = end = None
+    for e, v in ((start_e, start_v), (end_e, end_v)):
+        if e is None:
+            continue
+        t, over = _time_ns(e, v, ctx)
+        if (over & keep).any():
+            rejects[f"{ie.ELEMENTS[e][0]} beyond the int64 nanosecond range"] += int((over & keep).sum())
+            keep &= ~over
+        if e == start_e:
+            start = t
+        else:
+            end = t
     for e in (start_e, end_e):
         if e in (21, 22):
             unknown = ctx["base_ms"] < 0
@@ -289,35 +328,46 @@ def flow_columns(cols: dict[int, np.ndarray], n: int, ctx: dict[str, np.ndarray]
             rec_rate = np.where(rec_rate > 0, (rec_rate + cols[306].astype(np.int64)) // np.maximum(rec_rate, 1), 0)
         rate = np.where(rec_rate > 0, rec_rate, rate)
     rate = np.where(rate > 0, rate, 1)
-    _, octets = _first(cols, ie.OCTETS)
-    _, packets = _first(cols, ie.PACKETS)
-    size = octets.astype(np.int64, copy=False) if octets is not None else np.zeros(n, np.int64)
-    pkts = packets.astype(np.int64, copy=False) if packets is not None else None
+    oct_e, octets = _first(cols, ie.OCTETS)
+    pkt_e, packets = _first(cols, ie.PACKETS)
     if octets is None:
         rejects["flow record without an octet count"] += int(keep.sum())
         return None
-    _, vlan = _first(cols, ie.VLAN)
+    size = _checked(octets, ie.ELEMENTS[oct_e][0], INT64_MAX, keep, rejects)
+    pkts = _checked(packets, ie.ELEMENTS[pkt_e][0], INT64_MAX, keep, rejects) if packets is not None else None
+    vlan_e, vlan = _first(cols, ie.VLAN)
+
+    def i32(e):
+        return None if e not in cols else _checked(cols[e], ie.ELEMENTS[e][0], INT32_MAX, keep, rejects)
+
+    def i64(e):
+        return None if e not in cols else _checked(cols[e], ie.ELEMENTS[e][0], INT64_MAX, keep, rejects)
+
+    sport, dport, proto = i32(7), i32(11), i32(4)
+    in_if, out_if = i64(10), i64(14)
+    vlan = None if vlan is None else _checked(vlan, ie.ELEMENTS[vlan_e][0], INT64_MAX, keep, rejects)
     table = pa.table({
         "exporter": pa.array(exporters, pa.string()).take(pa.array(ctx["exporter"].astype(np.int32))),
         "src_addr": src, "dst_addr": dst,
-        "src_port": _opt_i32(cols.get(7), n), "dst_port": _opt_i32(cols.get(11), n),
-        "protocol": _opt_i32(cols.get(4), n),
+        "src_port": _opt_i32(sport, n), "dst_port": _opt_i32(dport, n),
+        "protocol": _opt_i32(proto, n),
         "size_bytes": size, "num_packets": pkts if pkts is not None else pa.nulls(n, pa.int64()),
         "start_ns": start.astype(np.int64), "end_ns": end.astype(np.int64),
         "sampling_rate": rate.astype(np.int64),
         "source": pa.array(sources, pa.string()).take(pa.array(ctx["source"].astype(np.int32))),
-        "est_size_bytes": size * rate,
-        "est_num_packets": pkts * rate if pkts is not None else pa.nulls(n, pa.int64()),
-        "vlan": _opt_i32(vlan, n),
-        "input_if": _opt_i64(cols.get(10), n), "output_if": _opt_i64(cols.get(14), n),
+        "est_size_bytes": scaled_estimate(size, rate),
+        "est_num_packets": scaled_estimate(pkts, rate) if pkts is not None else pa.nulls(n, pa.int64()),
+        "vlan": _opt_i64(vlan, n),
+        "input_if": _opt_i64(in_if, n), "output_if": _opt_i64(out_if, n),
     })
     return table if keep.all() else table.filter(pa.array(keep))
 
 
 def _opt_i32(col, n: int):
+    """Values already checked against the int32 range (see _checked)."""
     if col is None:
         return pa.nulls(n, pa.int32())
-    return col.astype(np.int64).astype(np.int32)
+    return col.astype(np.int32)
 
 
 def _opt_i64(col, n: int):

@@ -19,7 +19,10 @@ import socket
 import struct
 import time
 
+import numpy as np
 import pyarrow as pa
+
+from rankscope.collectors.flows.packet_columns import scaled_estimate
 
 ROCE_PORT = 4791
 _U32 = struct.Struct(">I")
@@ -183,8 +186,9 @@ def _counter_sample(dec, body: bytes, expanded: bool, exporter: str, when: int, 
 def flow_table(rows: list[tuple]) -> pa.Table:
     cols = dict(zip(FLOW_COLUMNS, zip(*rows)))
     n = len(rows)
-    rate = pa.array(cols["sampling_rate"], pa.int64())
-    size = pa.array(cols["size_bytes"], pa.int64())
+    # Every sFlow field is an unsigned 32-bit value (0xFFFFFFFF included), so int64 columns hold them all.
+    rate = np.array(cols["sampling_rate"], np.int64)
+    size = np.array(cols["size_bytes"], np.int64)
     ones = pa.array([1] * n, pa.int64())
     return pa.table({
         "exporter": pa.array(cols["exporter"], pa.string()),
@@ -194,9 +198,9 @@ def flow_table(rows: list[tuple]) -> pa.Table:
         "size_bytes": size, "num_packets": ones,
         "start_ns": pa.array(cols["start_ns"], pa.int64()), "end_ns": pa.array(cols["start_ns"], pa.int64()),
         "sampling_rate": rate, "source": pa.array(["sflow"] * n, pa.string()),
-        "est_size_bytes": pa.compute.multiply(size, rate), "est_num_packets": rate,
+        "est_size_bytes": scaled_estimate(size, rate), "est_num_packets": rate,
         "dst_qp": pa.array(cols["dst_qp"], pa.int64()), "ib_opcode": pa.array(cols["ib_opcode"], pa.int32()),
-        "vlan": pa.array(cols["vlan"], pa.int32()),
+        "vlan": pa.array(cols["vlan"], pa.int64()),
         "input_if": pa.array(cols["input_if"], pa.int64()), "output_if": pa.array(cols["output_if"], pa.int64()),
     })
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.flows import template_state
 from rankscope.collectors.flows.flow_decoder import FlowDecoder
 from rankscope.collectors.schema import validate
 from rankscope.collectors.store import ManifestEntry, Store, check_job_name
@@ -57,6 +58,10 @@ class CollectorConfig:
     """stop by itself after this long (None: until SIGTERM/SIGINT or the stop event)."""
     rcvbuf_bytes: int = 64 << 20
     """requested socket receive buffer per port."""
+    max_exporters: int = 4096
+    """(exporter address, observation domain) pairs whose state is kept (LRU); older ones are forgotten."""
+    max_waiting_bytes: int = 4 << 20
+    """data sets waiting for their template, all exporters together (every set counts its header)."""
 
     def __post_init__(self):
         if not self.listen:
@@ -73,6 +78,10 @@ class CollectorConfig:
             raise ConfigError(f"collector: max_seconds {self.max_seconds!r} must be > 0")
         if self.rcvbuf_bytes < 4096:
             raise ConfigError(f"collector: rcvbuf_bytes {self.rcvbuf_bytes!r} must be >= 4096")
+        if not isinstance(self.max_exporters, int) or self.max_exporters < 1:
+            raise ConfigError(f"collector: max_exporters {self.max_exporters!r} must be an integer >= 1")
+        if not isinstance(self.max_waiting_bytes, int) or self.max_waiting_bytes < 0:
+            raise ConfigError(f"collector: max_waiting_bytes {self.max_waiting_bytes!r} must be an integer >= 0")
 
 
 @dataclass
@@ -120,8 +129,11 @@ class FlowCollector:
     def __init__(self, config: CollectorConfig):
         self.config = config
         self.store = Store(config.store)
-        self.decoder = FlowDecoder()
+        self.decoder = FlowDecoder(max_waiting_bytes=config.max_waiting_bytes, max_exporters=config.max_exporters)
+        # templates and options learnt by earlier ingests or collector runs into this capture
+        template_state.load_for_collector(self.decoder, self.store, config.job)
         self.stats = CollectorStats()
+        self._old_handlers: dict = {}
         self.sockets: list[socket.socket] = []
         self.key = f"collector-{uuid.uuid4().hex[:16]}"
         self.started = time.time()
@@ -165,15 +177,28 @@ class FlowCollector:
         """Ask :meth:`run` to drain, write and return (thread- and signal-safe)."""
         self._stop.set()
 
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT stop the collector gracefully (main thread only; idempotent).
+
+        Call before announcing that the collector listens: a signal that comes
+        right after the announcement must not kill it with what it received.
+        """
+        if self._old_handlers or threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._old_handlers[sig] = signal.signal(sig, lambda *_: self._stop.set())
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._old_handlers = {}
+
     # ----------------------------------------------------------------- run
     def run(self) -> CollectorStats:
         """Receive until stopped; install SIGTERM/SIGINT handlers when on the main thread."""
+        self.install_signal_handlers()
         if not self.sockets:
             self.open()
-        old = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                old[sig] = signal.signal(sig, lambda *_: self._stop.set())
         sel = selectors.DefaultSelector()
         for s in self.sockets:
             sel.register(s, selectors.EVENT_READ)
@@ -185,7 +210,8 @@ class FlowCollector:
                     break
                 for key, _ in sel.select(timeout=min(0.2, max(0.0, next_roll - time.monotonic()))):
                     self._read(key.fileobj)
-                if self.decoder.buffered_records >= self.config.roll_records or time.monotonic() >= next_roll:
+                if (self.decoder.buffered_records >= self.config.roll_records or time.monotonic() >= next_roll
+                        or self.decoder.needs_compaction):
                     self.roll()
                     next_roll = time.monotonic() + self.config.roll_seconds
             for s in self.sockets:  # what the kernel queued before the stop was received: keep it
@@ -194,8 +220,7 @@ class FlowCollector:
             self.roll(final=True)
         finally:
             sel.close()
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
+            self._restore_signal_handlers()
             self.close()
         return self.stats
 
@@ -214,7 +239,7 @@ class FlowCollector:
             n += 1
             self.stats.bytes += len(data)
             feed(data, addr[0], now)
-            if self.decoder.buffered_records >= self.config.roll_records:
+            if self.decoder.buffered_records >= self.config.roll_records or self.decoder.needs_compaction:
                 self.roll()
         self.stats.datagrams += n
         return n
@@ -233,6 +258,8 @@ class FlowCollector:
         if drops:
             self.stats.kernel_drops = sum(drops)
         tables = self.decoder.flush(final=final)
+        if final:  # the next run (or ingest) into this capture starts from what this one learnt and held
+            template_state.save_for_collector(self.decoder, self.store, self.config.job)
         if tables or final:
             self._queue.put(tables)
         if final:
@@ -268,6 +295,14 @@ class FlowCollector:
                    "kernel_drops": self.stats.kernel_drops, "rcvbuf_bytes": self.stats.rcvbuf_bytes,
                    "started_at": self.started, "parts": self.stats.parts})
         self.store.add_manifest(entry)
+
+    def summary_line(self) -> str:
+        """Received / stored / dropped / rejected figures, for the exit message."""
+        st = self.stats
+        recs = ", ".join(f"{k} {v:,}" for k, v in sorted(st.records.items())) or "no records"
+        return (f"received {st.datagrams:,} datagram(s) ({st.bytes:,} bytes); stored {recs} in {st.parts} part(s); "
+                f"dropped by the kernel {st.kernel_drops:,} datagram(s); rejected {sum(self.all_rejects.values()):,} "
+                f"(by reason below); exporters tracked {len(self.decoder._pair_ids):,}")
 
     @property
     def all_rejects(self) -> Counter:

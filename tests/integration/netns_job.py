@@ -72,6 +72,36 @@ class NetnsJobResult:
     """the job's own rank<r>.json outputs."""
     collector_output: str = ""
     job_seconds: float = 0.0
+    softflowd_stats: dict = field(default_factory=dict)
+    """softflowd's own figures (softflowctl statistics after expire-all): packets received / dropped by
+    libpcap and by the interface, flows and records exported, export packets and failures."""
+    mtu: int = 1500
+    """MTU of the namespaces' veths (TCP segments on the wire are at most this many IP bytes)."""
+    tcp_timestamps: bool = True
+    """whether the namespaces' TCP uses timestamps (12 more header bytes per segment)."""
+
+
+def parse_softflowd_stats(text: str) -> dict:
+    """The figures of ``softflowctl statistics`` this test needs, as integers (missing ones absent)."""
+    import re
+
+    pats = {
+        "packets_processed": r"Packets processed: (\d+)",
+        "libpcap_received": r"Packets received by libpcap: (\d+)",
+        "libpcap_dropped": r"Packets dropped by libpcap: (\d+)",
+        "interface_dropped": r"Packets dropped by interface: (\d+)",
+        "ignored": r"Ignored packets: (\d+)",
+        "flows_exported": r"Flows exported: (\d+)",
+        "records_exported": r"Flows exported: \d+ \((\d+) records\)",
+        "export_packets": r"records\) in (\d+) packets",
+        "export_failures": r"packets \((\d+) failures\)",
+    }
+    out = {}
+    for k, pat in pats.items():
+        m = re.search(pat, text)
+        if m:
+            out[k] = int(m.group(1))
+    return out
 
 
 def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -132,8 +162,13 @@ def _stop(proc: subprocess.Popen | None, sig=signal.SIGTERM, timeout: float = 20
 
 
 def run_netns_job(workdir: Path, nodes: int = 4, steps: int = 4, hidden: int = 256, microbatch_size: int = 32,
-                  job_args: tuple[str, ...] = (), timeout_s: float = 240.0) -> NetnsJobResult:
-    """Run the job on ``nodes`` namespaces (one rank each, DP x PP with --pp 2) and collect its flows."""
+                  job_args: tuple[str, ...] = (), timeout_s: float = 240.0,
+                  softflowd_buffer_bytes: int = 64 << 20) -> NetnsJobResult:
+    """Run the job on ``nodes`` namespaces (one rank each, DP x PP with --pp 2) and collect its flows.
+
+    softflowd gets a ``softflowd_buffer_bytes`` libpcap buffer (``-B``) so that its own capture keeps
+    up on a loaded machine; what it still drops is read back from its statistics, apart from ours.
+    """
     workdir = Path(workdir)
     store, out, logs = workdir / "store", workdir / "job", workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -152,7 +187,8 @@ def run_netns_job(workdir: Path, nodes: int = 4, steps: int = 4, hidden: int = 2
             ctl = workdir / "softflowd.ctl"
             softflowd = subprocess.Popen(
                 ["softflowd", "-d", "-i", fab.bridge, "-v", "10", "-A", "milli", "-n", f"127.0.0.1:{flow_port}",
-                 "-t", "maxlife=2", "-t", "expint=1", "-c", str(ctl), "-p", str(workdir / "softflowd.pid")],
+                 "-t", "maxlife=2", "-t", "expint=1", "-c", str(ctl), "-p", str(workdir / "softflowd.pid"),
+                 "-B", str(softflowd_buffer_bytes)],
                 stdout=open(logs / "softflowd.log", "w"), stderr=subprocess.STDOUT)
             time.sleep(1.0)  # softflowd opens its capture before the job's first packet
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -178,6 +214,13 @@ def run_netns_job(workdir: Path, nodes: int = 4, steps: int = 4, hidden: int = 2
             # Expire every flow softflowd still holds and give the export a moment to arrive.
             subprocess.run(["softflowctl", "-c", str(ctl), "expire-all"], capture_output=True, timeout=10)
             time.sleep(1.5)
+            stats = subprocess.run(["softflowctl", "-c", str(ctl), "statistics"], capture_output=True, text=True,
+                                   timeout=10).stdout
+            (logs / "softflowd.stats").write_text(stats)
+            mtu = int(_sh("ip", "netns", "exec", fab.namespaces[0], "cat",
+                          f"/sys/class/net/{fab.ns_ends[0]}/mtu").stdout)
+            tcp_ts = _sh("ip", "netns", "exec", fab.namespaces[0], "cat",
+                         "/proc/sys/net/ipv4/tcp_timestamps").stdout.strip() != "0"
             _stop(softflowd)
             time.sleep(0.5)
             _stop(collector)
@@ -195,7 +238,8 @@ def run_netns_job(workdir: Path, nodes: int = 4, steps: int = 4, hidden: int = 2
     return NetnsJobResult(store=store, flow_job="fabric", comm=comm,
                           endpoints={addr: k for k, addr in enumerate(fab.addresses)},
                           master_addr=fab.addresses[0], master_port=master_port, ranks=ranks,
-                          collector_output=collector_output, job_seconds=job_seconds)
+                          collector_output=collector_output, job_seconds=job_seconds,
+                          softflowd_stats=parse_softflowd_stats(stats), mtu=mtu, tcp_timestamps=tcp_ts)
 
 
 _CACHE: dict[str, NetnsJobResult] = {}
@@ -227,3 +271,105 @@ def expected_directed_bytes(comm: list[dict]) -> dict[tuple[int, int], int]:
                 raise ValueError(f"all_reduce over {c['group_ranks']}: only groups of two are modelled")
             out[(r, members[0])] = out.get((r, members[0]), 0) + c["size_bytes"]
     return out
+
+
+# --- rank placement: several ranks per namespace, any node order, any layout (helper `netns`) ---
+
+
+@dataclass
+class PlacedNetnsJobResult(NetnsJobResult):
+    address_ranks: dict[str, list[int]] = field(default_factory=dict)
+    """node address -> the global ranks it hosts (``ranks_per_node`` of them)."""
+    stage_of_address: dict[str, int] = field(default_factory=dict)
+    """node address -> pipeline stage of its ranks, from the job's own outputs."""
+
+
+def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp: int = 2, tp: int = 1,
+                         node_order: list[int] | None = None, steps: int = 4, hidden: int = 256,
+                         microbatch_size: int = 32, step_sleep_ms: float = 0.0,
+                         flow_timeouts: tuple[str, ...] = ("maxlife=2", "expint=1"), lazy_connect: bool = False,
+                         job_args: tuple[str, ...] = (), timeout_s: float = 240.0) -> PlacedNetnsJobResult:
+    """Like :func:`run_netns_job`, with the placement of ranks chosen by the caller.
+
+    ``ranks_per_node`` processes run in each namespace (they share its address;
+    torchrun numbers them node_rank * ranks_per_node + local rank, so with
+    ``--tp ranks_per_node`` a TP group sits on one address and its traffic
+    never reaches the bridge). ``node_order[k]`` is the node rank of namespace
+    k, so address order need not follow rank or stage order. ``flow_timeouts``
+    are softflowd's ``-t`` settings; with an idle timeout shorter than
+    ``step_sleep_ms`` every step's records start at that step's first packet.
+    """
+    workdir = Path(workdir)
+    order = list(range(nodes)) if node_order is None else list(node_order)
+    if sorted(order) != list(range(nodes)):
+        raise ValueError(f"node_order {order} is not a permutation of 0..{nodes - 1}")
+    store, out, logs = workdir / "store", workdir / "job", workdir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    flow_port, master_port = _free_port(), 29500 + secrets.randbelow(2000)
+    collector = softflowd = None
+    procs: list[subprocess.Popen] = []
+    with Fabric(nodes) as fab:
+        master = fab.addresses[order.index(0)]
+        try:
+            collector = subprocess.Popen(
+                [str(BIN / "rankscope"), "collect", "flows", "--listen", f"127.0.0.1:{flow_port}",
+                 "--store", str(store), "--job", "fabric", "--roll-seconds", "2"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            first = collector.stdout.readline()
+            if "listening" not in first:
+                raise RuntimeError(f"collector did not start: {first}{collector.stdout.read()}")
+            ctl = workdir / "softflowd.ctl"
+            timeouts = [a for t in flow_timeouts for a in ("-t", t)]
+            softflowd = subprocess.Popen(
+                ["softflowd", "-d", "-i", fab.bridge, "-v", "10", "-A", "milli", "-n", f"127.0.0.1:{flow_port}",
+                 *timeouts, "-c", str(ctl), "-p", str(workdir / "softflowd.pid")],
+                stdout=open(logs / "softflowd.log", "w"), stderr=subprocess.STDOUT)
+            time.sleep(1.0)  # softflowd opens its capture before the job's first packet
+            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+            if lazy_connect:
+                env["TORCH_GLOO_LAZY_INIT"] = "1"
+            t0 = time.monotonic()
+            for k, (ns, inner) in enumerate(zip(fab.namespaces, fab.ns_ends)):
+                cmd = ["ip", "netns", "exec", ns, "env", f"GLOO_SOCKET_IFNAME={inner}",
+                       str(BIN / "torchrun"), f"--nnodes={nodes}", f"--node_rank={order[k]}",
+                       f"--nproc_per_node={ranks_per_node}",
+                       f"--master_addr={master}", f"--master_port={master_port}",
+                       str(JOB_SCRIPT), "--steps", str(steps), "--hidden", str(hidden), "--pp", str(pp),
+                       "--tp", str(tp), "--microbatch-size", str(microbatch_size),
+                       "--step-sleep-ms", str(step_sleep_ms),
+                       "--out", str(out), "--pg-timeout-s", "60", *job_args]
+                procs.append(subprocess.Popen(cmd, env=env, stdout=open(logs / f"node{k}.log", "w"),
+                                              stderr=subprocess.STDOUT))
+            deadline = time.monotonic() + timeout_s
+            for k, p in enumerate(procs):
+                try:
+                    rc = p.wait(max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    raise RuntimeError(f"node {k} did not finish in {timeout_s} s; logs in {logs}") from None
+                if rc:
+                    raise RuntimeError(f"node {k} exited {rc}: {(logs / f'node{k}.log').read_text()[-2000:]}")
+            job_seconds = time.monotonic() - t0
+            subprocess.run(["softflowctl", "-c", str(ctl), "expire-all"], capture_output=True, timeout=10)
+            time.sleep(1.5)
+            _stop(softflowd)
+            time.sleep(0.5)
+            _stop(collector)
+            collector_output = first + collector.stdout.read()
+        finally:
+            for p in procs:
+                _stop(p, signal.SIGKILL, 5)
+            _stop(softflowd)
+            _stop(collector)
+    ranks = {}
+    for f in sorted(out.glob("rank*.json")):
+        r = json.loads(f.read_text())
+        ranks[r["rank"]] = r
+    comm = [dict(c, rank=r) for r, res in ranks.items() for c in res.get("issued", [])]
+    address_ranks = {addr: [order[k] * ranks_per_node + i for i in range(ranks_per_node)]
+                     for k, addr in enumerate(fab.addresses)}
+    stage_of = {addr: ranks[rs[0]]["stage"] for addr, rs in address_ranks.items() if rs[0] in ranks}
+    return PlacedNetnsJobResult(store=store, flow_job="fabric", comm=comm,
+                                endpoints={addr: rs[0] for addr, rs in address_ranks.items()},
+                                master_addr=master, master_port=master_port, ranks=ranks,
+                                collector_output=collector_output, job_seconds=job_seconds,
+                                address_ranks=address_ranks, stage_of_address=stage_of)

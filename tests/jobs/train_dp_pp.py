@@ -5,13 +5,26 @@ importer, the flow interop test in network namespaces, hangs and layout
 regressions all run this same job. It is deterministic (same seeds, same
 schedule), so its final loss is bit-identical across runs with the same flags.
 
-Layout: world = dp * pp ranks. ``--order dp-first`` is Megatron's order
-(dp varies fastest: stage = rank // dp, dp_rank = rank % dp); ``pp-first``
-gives stage = rank % pp, dp_rank = rank // pp. Each stage is an MLP; the last
+Layout: world = dp * pp * tp ranks. ``--order dp-first`` is Megatron's order
+(tp varies fastest, then dp: stage = rank // (dp*tp), dp_rank = rank // tp % dp,
+tp_rank = rank % tp); ``pp-first`` gives stage = rank % pp and the rest from
+rank // pp. With ``--tp N`` each block's FFN is split across the stage's TP
+group (Megatron's column/row split) with real all-reduces of the activations
+in forward and of the input gradients in backward. Each stage is an MLP; the last
 computes an MSE loss. The pipeline runs 1F1B over ``--microbatches``; point-to-
 point uses isend/irecv (gloo's blocking send would deadlock two stages that
 both send), then gradients are all-reduced over the stage's DP group in
 buckets of different sizes, and SGD steps.
+
+Faults with a known truth (the truth-matrix tests): ``--work-ms`` adds a
+fixed, sleep-based "device time" to every forward (x1), backward (x2) and
+optimizer step (x0.5), so timings hold on a loaded CPU; ``--slow-rank R:F``
+stretches all of rank R's compute (every op class, as slower hardware would)
+F-fold; ``--slow-stage S:F`` stretches the forward/backward work of stage S
+F-fold but not its optimizer (more layers, not slower hardware);
+``--seq-skew`` makes one microbatch of each step's global batch long (its
+DP rank and position move from step to step; work proportional to length; no
+batch_meta is written); ``--skip-collective`` makes one rank skip its DP all_reduce (a hang).
 
 ``--out DIR`` writes DIR/rank<r>.json with the final loss (float.hex), the
 per-step losses and ``issued``: every communication call the job itself made,
@@ -45,6 +58,15 @@ def parse_args(argv=None):
     p.add_argument("--ffn", type=int, default=0, help="inner width of each block (default 2*hidden)")
     p.add_argument("--layers", type=int, default=2, help="blocks per stage")
     p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (FFN split, all-reduce per block)")
+    p.add_argument("--work-ms", type=float, default=0.0,
+                   help="sleep-based device time per forward (backward 2x, optimizer 0.5x)")
+    p.add_argument("--slow-rank", default=None, metavar="RANK:FACTOR",
+                   help="stretch all compute of that rank by FACTOR (slower hardware)")
+    p.add_argument("--slow-stage", default=None, metavar="STAGE:FACTOR",
+                   help="stretch forward/backward (not optimizer) of that stage by FACTOR (more work)")
+    p.add_argument("--seq-skew", action="store_true",
+                   help="per-microbatch sequence lengths vary (work proportional to length; no batch_meta)")
     p.add_argument("--order", choices=["dp-first", "pp-first"], default="dp-first")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--profile", type=Path, default=None, help="write torch.profiler traces here")
@@ -94,19 +116,112 @@ class Comm:
         self._log("all_reduce", t, ranks)
         dist.all_reduce(t, group=group)
 
+    def tp_all_reduce(self, t, group, ranks):
+        """A TP all-reduce (inside forward/backward); logged like any other call."""
+        self.all_reduce(t, group, ranks)
+
     def barrier(self, world):
         self._log("barrier", None, list(range(world)))
         dist.barrier()
 
 
-def build_stage(stage, pp, hidden, ffn, layers):
-    torch.manual_seed(1000 + stage)
-    mods = []
-    for _ in range(layers):
-        mods += [nn.Linear(hidden, ffn), nn.ReLU(), nn.Linear(ffn, hidden)]
+class _ReduceOut(torch.autograd.Function):
+    """Megatron's g: all-reduce in forward, identity in backward (after a row-parallel linear)."""
+
+    @staticmethod
+    def forward(ctx, x, tp):
+        y = x.clone()
+        tp.comm.tp_all_reduce(y, tp.group, tp.ranks)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class _CopyIn(torch.autograd.Function):
+    """Megatron's f: identity in forward, all-reduce of the input gradient in backward."""
+
+    @staticmethod
+    def forward(ctx, x, tp):
+        ctx.tp = tp
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.clone()
+        ctx.tp.comm.tp_all_reduce(g, ctx.tp.group, ctx.tp.ranks)
+        return g, None
+
+
+class TPBlock(nn.Module):
+    """One FFN block split over a TP group: column-parallel in, row-parallel out."""
+
+    def __init__(self, hidden, ffn, tp):
+        super().__init__()
+        self.tp = tp
+        self.fc1 = nn.Linear(hidden, ffn // tp.size)
+        self.fc2 = nn.Linear(ffn // tp.size, hidden, bias=False)
+
+    def forward(self, x):
+        return _ReduceOut.apply(self.fc2(torch.relu(self.fc1(_CopyIn.apply(x, self.tp)))), self.tp)
+
+
+class TPGroup:
+    def __init__(self, comm, group, ranks):
+        self.comm, self.group, self.ranks, self.size = comm, group, ranks, len(ranks)
+
+
+def build_stage(stage, pp, hidden, ffn, layers, tp=None, tp_rank=0):
+    if tp is None or tp.size == 1:
+        torch.manual_seed(1000 + stage)
+        mods = []
+        for _ in range(layers):
+            mods += [nn.Linear(hidden, ffn), nn.ReLU(), nn.Linear(ffn, hidden)]
+    else:
+        torch.manual_seed(1000 + 100 * stage + tp_rank)
+        mods = [TPBlock(hidden, ffn, tp) for _ in range(layers)]
+        torch.manual_seed(1000 + 100 * stage)  # the replicated head is the same on every TP rank
     if stage == pp - 1:
         mods += [nn.Linear(hidden, hidden)]
     return nn.Sequential(*mods)
+
+
+LONG_SEQ = 4.0
+"""--seq-skew: the long microbatch's work relative to the mean of the global batch."""
+
+
+def seq_factor(step, dp_rank, mb, m, dp):
+    """Relative sequence length of one microbatch under --seq-skew (mean 1 over the step's global batch).
+
+    One long microbatch among the step's dp * m, on a DP rank and at a position that move from step to
+    step (as unsorted variable-length batches give): the rank that holds it does more work that step,
+    but no rank is slow in every step."""
+    n = dp * m
+    heavy = (5 * step + 1) % n
+    return LONG_SEQ if dp_rank * m + mb == heavy else (n - LONG_SEQ) / (n - 1)
+
+
+class Work:
+    """Sleep-based device time: what a GPU kernel costs the host, unaffected by CPU contention."""
+
+    def __init__(self, args, rank, stage, dp):
+        self.ms = args.work_ms
+        self.dp = dp
+        self.slow_rank = _pair(args.slow_rank, "--slow-rank")
+        self.slow_stage = _pair(args.slow_stage, "--slow-stage")
+        self.hw = self.slow_rank[1] if self.slow_rank and self.slow_rank[0] == rank else 1.0
+        self.more = self.slow_stage[1] if self.slow_stage and self.slow_stage[0] == stage else 1.0
+        self.skew = args.seq_skew
+
+    def run(self, kind, step, dp_rank, mb, m, t_real):
+        """Sleep for this pass's device time plus the hardware stretch of its real CPU time."""
+        base = {"F": 1.0, "B": 2.0, "O": 0.5}[kind] * self.ms / 1000
+        if kind in ("F", "B"):
+            base *= self.more * (seq_factor(step, dp_rank, mb, m, self.dp) if self.skew else 1.0)
+        extra = base * self.hw + t_real * (self.hw - 1)
+        if extra > 0:
+            time.sleep(extra)
 
 
 def microbatch(step, dp_rank, mb, size, hidden):
@@ -130,28 +245,43 @@ def one_f_one_b(stage, pp, m):
 
 def run(args):
     rank, world = dist.get_rank(), dist.get_world_size()
-    pp = args.pp
-    if world % pp:
-        sys.exit(f"world size {world} is not a multiple of --pp {pp}")
-    dp = world // pp
+    pp, tp = args.pp, args.tp
+    if world % (pp * tp):
+        sys.exit(f"world size {world} is not a multiple of --pp {pp} x --tp {tp}")
+    dp = world // (pp * tp)
 
-    def rank_of(stage, dp_rank):
-        return stage * dp + dp_rank if args.order == "dp-first" else dp_rank * pp + stage
+    def rank_of(stage, dp_rank, tp_rank=0):
+        if args.order == "dp-first":
+            return stage * dp * tp + dp_rank * tp + tp_rank
+        return (dp_rank * tp + tp_rank) * pp + stage
 
-    stage = rank // dp if args.order == "dp-first" else rank % pp
-    dp_rank = rank % dp if args.order == "dp-first" else rank // pp
-    dp_groups = [[rank_of(s, d) for d in range(dp)] for s in range(pp)]
-    pp_groups = [[rank_of(s, d) for s in range(pp)] for d in range(dp)]
-    my_dp, my_dp_ranks = None, None
+    if args.order == "dp-first":
+        stage, dp_rank, tp_rank = rank // (dp * tp), rank // tp % dp, rank % tp
+    else:
+        stage, dp_rank, tp_rank = rank % pp, rank // pp // tp, rank // pp % tp
+    dp_groups = [[rank_of(s, d, t) for d in range(dp)] for s in range(pp) for t in range(tp)]
+    pp_groups = [[rank_of(s, d, t) for s in range(pp)] for d in range(dp) for t in range(tp)]
+    tp_groups = [[rank_of(s, d, t) for t in range(tp)] for s in range(pp) for d in range(dp)]
+    comm = Comm()
+    timeout = timedelta(seconds=args.pg_timeout_s)
+    my_dp, my_dp_ranks, my_tp = None, None, None
     for g in dp_groups:  # every rank creates every group, in the same order
-        pg = dist.new_group(g, timeout=timedelta(seconds=args.pg_timeout_s))
+        pg = dist.new_group(g, timeout=timeout)
         if rank in g:
             my_dp, my_dp_ranks = pg, g
-    prev_rank = rank_of(stage - 1, dp_rank) if stage > 0 else None
-    next_rank = rank_of(stage + 1, dp_rank) if stage < pp - 1 else None
+    if tp > 1:
+        for g in tp_groups:
+            pg = dist.new_group(g, timeout=timeout)
+            if rank in g:
+                my_tp = TPGroup(comm, pg, g)
+    prev_rank = rank_of(stage - 1, dp_rank, tp_rank) if stage > 0 else None
+    next_rank = rank_of(stage + 1, dp_rank, tp_rank) if stage < pp - 1 else None
 
     ffn = args.ffn or 2 * args.hidden
-    model = build_stage(stage, pp, args.hidden, ffn, args.layers)
+    if ffn % tp:
+        sys.exit(f"--ffn {ffn} is not a multiple of --tp {tp}")
+    model = build_stage(stage, pp, args.hidden, ffn, args.layers, my_tp, tp_rank)
+    device = Work(args, rank, stage, dp)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     params = [p for p in model.parameters()]
     # Two buckets of different sizes, as DDP's bucketing gives.
@@ -159,7 +289,6 @@ def run(args):
     buckets = [params[:split], params[split:]]
     skip = _pair(args.skip_collective, "--skip-collective")
     slow = _pair(args.sleep_ms_rank, "--sleep-ms-rank")
-    comm = Comm()
     losses, step_times = [], []
     m, mbs, h = args.microbatches, args.microbatch_size, args.hidden
 
@@ -184,34 +313,39 @@ def run(args):
         step_loss = torch.zeros(())
         for kind, i in one_f_one_b(stage, pp, m):
             if kind == "F":
+                # the receive comes before the forward span, as in Megatron's schedule (recv_forward,
+                # then forward_step): the span is the stage's own compute, not its wait for the upstream one
+                x, target = microbatch(step, dp_rank, i, mbs, h)
+                if prev_rank is not None:
+                    x = torch.empty(mbs, h)
+                    comm.recv(x, prev_rank, world)
+                    x.requires_grad_(True)
                 with torch.profiler.record_function("forward"):
-                    x, target = microbatch(step, dp_rank, i, mbs, h)
-                    if prev_rank is not None:
-                        x = torch.empty(mbs, h)
-                        comm.recv(x, prev_rank, world)
-                        x.requires_grad_(True)
                     if slow and slow[0] == rank:
                         time.sleep(slow[1] / 1000)
+                    t_real = time.perf_counter()
                     y = model(x)
+                    device.run("F", step, dp_rank, i, m, time.perf_counter() - t_real)
                     if next_rank is None:
                         y = nn.functional.mse_loss(y, target) / m
                         step_loss += y.detach()
-                    else:
-                        pending.append((comm.isend(y.detach().contiguous(), next_rank, world), y))
-                    inputs[i], outputs[i] = x, y
+                if next_rank is not None:  # send_forward after forward_step, as Megatron does
+                    pending.append((comm.isend(y.detach().contiguous(), next_rank, world), y))
+                inputs[i], outputs[i] = x, y
             else:
+                y = outputs.pop(i)
+                x = inputs.pop(i)
+                grad = None
+                if next_rank is not None:
+                    grad = torch.empty(mbs, h)
+                    comm.recv(grad, next_rank, world)
                 with torch.profiler.record_function("backward"):
-                    y = outputs.pop(i)
-                    x = inputs.pop(i)
-                    if next_rank is None:
-                        y.backward()
-                    else:
-                        grad = torch.empty(mbs, h)
-                        comm.recv(grad, next_rank, world)
-                        y.backward(grad)
-                    if prev_rank is not None:
-                        g = x.grad.contiguous()
-                        pending.append((comm.isend(g, prev_rank, world), g))
+                    t_real = time.perf_counter()
+                    y.backward(grad)
+                    device.run("B", step, dp_rank, i, m, time.perf_counter() - t_real)
+                if prev_rank is not None:
+                    g = x.grad.contiguous()
+                    pending.append((comm.isend(g, prev_rank, world), g))
         for work, _keep in pending:
             work.wait()
         if skip and skip[0] == rank and int(skip[1]) == step:
@@ -228,7 +362,9 @@ def run(args):
                     p.grad.copy_(flat[off:off + n].view_as(p.grad))
                     off += n
         with torch.profiler.record_function("optimizer"):
+            t_real = time.perf_counter()
             opt.step()
+            device.run("O", step, dp_rank, None, m, time.perf_counter() - t_real)
         losses.append(float(step_loss))
         step_times.append(time.perf_counter() - t0)
         if prof is not None:
@@ -240,8 +376,9 @@ def run(args):
         prof.__exit__(None, None, None)
     if not skipped:
         comm.barrier(world)
-    result = {"rank": rank, "stage": stage, "dp_rank": dp_rank, "world": world, "dp": dp, "pp": pp,
-              "order": args.order, "dp_groups": dp_groups, "pp_groups": pp_groups,
+    result = {"rank": rank, "stage": stage, "dp_rank": dp_rank, "tp_rank": tp_rank, "world": world, "dp": dp,
+              "pp": pp, "tp": tp, "order": args.order, "dp_groups": dp_groups, "pp_groups": pp_groups,
+              "tp_groups": tp_groups,
               "final_loss": losses[-1].hex() if losses and next_rank is None else None,
               "losses": [v.hex() for v in losses], "step_times_s": step_times,
               "issued": comm.issued, "skipped": skipped}

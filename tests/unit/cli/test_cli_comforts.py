@@ -24,7 +24,7 @@ def run(*args):
 
 def _commands():
     for name, target in sorted(COMMANDS.items()):
-        mod, attr = target.split(":")
+        mod, attr = target[0].split(":")
         cmd = getattr(importlib.import_module(mod), attr)
         yield from ((f"{name} {c.name}", c) for c in cmd.commands.values()) if isinstance(cmd, click.Group) \
             else [(name, cmd)]

@@ -163,3 +163,16 @@ def mutate(seeds: list[bytes], count: int, seed: int = 0):
             other = seeds[rng.integers(0, len(seeds))]
             base = base[: rng.integers(0, len(base))] + other[rng.integers(0, len(other)):]
         yield bytes(base)
+
+
+def flood_empty_sets(index: int, sets: int = 340) -> bytes:
+    """An IPFIX message of ``sets`` empty data sets for templates never sent (the 858 MB flood)."""
+    body = b"".join(struct.pack(">HH", 256 + (index * sets + k) % 60000, 4) for k in range(sets))
+    return ipfix_message([body], domain=1, seq=index)
+
+
+def flood_new_domain(index: int) -> bytes:
+    """An IPFIX message from an observation domain never seen before: a template and a data set."""
+    fields = [(8, 4), (12, 4), (1, 4)] + [(210, 4)] * 20  # paddingOctets: a biggish template
+    rec = v4("10.0.0.1") + v4("10.0.0.2") + u(100, 4) + b"\0" * 80
+    return ipfix_message([template_set({256: fields}), data_set(257, [rec] * 10)], domain=index + 1000, seq=index)

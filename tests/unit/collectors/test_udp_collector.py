@@ -99,6 +99,22 @@ def test_sigterm_flushes_everything_received(tmp_path):
     assert drops == 0, f"kernel dropped {drops} datagrams of a 500-datagram burst"
 
 
+def test_sigterm_right_after_listening_is_handled(tmp_path):
+    """The handlers are in place before the collector says it listens: a SIGTERM sent the moment
+    that line appears stops it cleanly (exit 0, manifest written), never kills it."""
+    for i in range(5):
+        store_dir = tmp_path / f"st{i}"
+        proc = subprocess.Popen([sys.executable, "-m", "rankscope.cli.main", "collect", "flows", "--listen",
+                                 "127.0.0.1:0", "--store", str(store_dir)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = proc.stdout.readline()
+        assert "listening on udp" in line, line
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 0, (proc.returncode, out)
+        assert [m for m in Store(store_dir).manifest() if m.format == "collect-flows"], out
+
+
 def test_config_validation():
     with pytest.raises(ConfigError):
         CollectorConfig(listen=(), store="x")
@@ -119,3 +135,29 @@ def test_bind_failure_is_a_clear_error(tmp_path):
         coll = FlowCollector(CollectorConfig(listen=(("127.0.0.1", port),), store=str(tmp_path)))
         with pytest.raises(ConfigError, match=f"127.0.0.1:{port}"):
             coll.open()
+
+
+def _until(cond, timeout=20.0):
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.02)
+    return cond()
+
+
+def test_templates_outlive_a_collector_restart(tmp_path):
+    """A restarted collector decodes data whose template the previous run received (kept in the store)."""
+    msgs = _messages(4)  # the template rides in the first message only
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    coll, th, port = _run_in_thread(tmp_path, roll_seconds=0.2)
+    s.sendto(msgs[0], ("127.0.0.1", port))
+    assert _until(lambda: coll.stats.datagrams >= 1)
+    coll.stop()
+    th.join(10)
+    coll, th, port = _run_in_thread(tmp_path, roll_seconds=0.2)
+    for m in msgs[1:]:
+        s.sendto(m, ("127.0.0.1", port))
+    assert _until(lambda: coll.stats.datagrams >= 3)
+    coll.stop()
+    th.join(10)
+    assert not coll.all_rejects, coll.all_rejects
+    assert Store(tmp_path / "st").count("flow", "fabric") == 4 * 20

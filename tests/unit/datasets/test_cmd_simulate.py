@@ -59,3 +59,21 @@ def test_bad_config_file_exits_2(tmp_path, capsys):
     cfg.write_text("jobs: {not: a list}\n")
     assert main(["simulate", "--out", str(tmp_path / "x"), "--config", str(cfg)]) == 2
     assert "jobs" in capsys.readouterr().err
+
+
+def test_realism_flag_and_config_mapping(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["simulate", "--out", str(out), "--dp", "4", "--gpus-per-host", "1", "--steps", "2",
+                 "--layers", "4", "--realism", "transport=tcp,timestamp_ns=1000000,hosts_per_pod=2"]) == 0
+    truth = json.loads((out / "truth.json").read_text())["jobs"]["default"]
+    assert truth["flows"]["protocol"] == "tcp" and truth["flows"]["timestamp_ns"] == 1_000_000
+    assert all(e.startswith("10.254.") for e in truth["exporters"])
+    cfg = tmp_path / "jobs.toml"
+    cfg.write_text('[realism]\ntimestamp_ns = 1000\n[[jobs]]\njob = "x"\ndp = 2\n[jobs.realism]\nreverse = true\n')
+    assert main(["simulate", "--out", str(tmp_path / "c"), "--config", str(cfg), "--steps", "2", "--layers", "4",
+                 "--gpus-per-host", "1"]) == 0
+    t = json.loads((tmp_path / "c" / "truth.json").read_text())
+    assert t["fabric"]["timestamp_ns"] == 1000 and t["jobs"]["x"]["flows"]["reverse_flows"] is True
+    capsys.readouterr()
+    assert main(["simulate", "--out", str(tmp_path / "bad"), "--realism", "bogus=1"]) == 2
+    assert "bogus" in capsys.readouterr().err

@@ -1,0 +1,220 @@
+"""Black-box strategy accuracy and calibration on the de-idealised corpus (issue 13).
+
+Corpus (datasets/sim_corpus.py): fabrics of 1-3 jobs, 8..4,096 GPUs, with
+RoCE ACK/CTS flows or TCP, millisecond exporter clocks, per-pod-and-rail
+exporters with independent offsets, jittered rails, storage/checkpoint/
+replication/monitoring traffic on arbitrary ports, several ranks per address,
+ring / binary-tree / double-tree all-reduce, pure-PP and pure-DP jobs, and
+white-box records without layout columns. Its seed (``--seed``, default
+CORPUS_SEED) was never used while the simulator or the inference was built;
+development used ``--seed 1``.
+
+Scored per job, by address (ranks that share an address count once):
+recognised (the job found on its fabric with exactly its endpoints), exact
+(dp, pp, tp, DP groups and pipelines in stage order), and calibration: the
+share exact per bin of the reported confidence. ``tp`` null counts as not
+exact; its share is printed on its own line.
+
+    python benchmarks/bench_corpus.py --jobs 30 --max-world 512   # reduced
+    BENCH_FULL=1 python benchmarks/bench_corpus.py                  # >= 200 jobs, 8..4,096 GPUs
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import polars as pl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rankscope.analysis.clock_align import apply_exporter_offsets, exporter_clock_offsets  # noqa: E402
+from rankscope.analysis.flow_jobs import job_flows, recognise_jobs  # noqa: E402
+from rankscope.analysis.strategy_flows import infer_flows  # noqa: E402
+from rankscope.analysis.strategy_whitebox import infer_whitebox  # noqa: E402
+from rankscope.datasets.sim_corpus import corpus_fabrics  # noqa: E402
+from rankscope.datasets.simulator import Realism, simulate_fabric  # noqa: E402
+
+CORPUS_SEED = 13_2026_12
+FULL = os.environ.get("BENCH_FULL") == "1"
+BINS = (0.0, 0.5, 0.7, 0.8, 0.9, 1.0001)
+
+
+def unique_groups(groups) -> list[list[str]]:
+    """Address groups with repeats removed (ranks sharing an address appear once; order kept)."""
+    out, seen = [], set()
+    for g in groups:
+        g = list(dict.fromkeys(map(str, g)))
+        key = tuple(sorted(g))
+        if key not in seen:
+            seen.add(key)
+            out.append(g)
+    return out
+
+
+def same_sets(a, b) -> bool:
+    return sorted(sorted(g) for g in unique_groups(a)) == sorted(sorted(g) for g in unique_groups(b))
+
+
+def same_pipelines(a, b) -> bool:
+    return sorted(unique_groups(a)) == sorted(unique_groups(b))
+
+
+def _features(cfg) -> dict:
+    r = cfg.realism
+    return {"tcp": r.transport == "tcp", "reverse": r.transport == "tcp" or r.reverse,
+            "ms_clock": r.timestamp_ns >= 1_000_000, "pods": r.hosts_per_pod > 0,
+            "exporter_offsets": r.exporter_offset_ms > 0, "rail_jitter": r.rail_jitter_us > 0,
+            "shared_address": r.ranks_per_address > 1, "tree": cfg.algorithm == "tree",
+            "wild_background": r.wild_background, "pure_pp": cfg.dp == 1 and cfg.tp == 1,
+            "pure_dp": cfg.pp == 1, "sampled": cfg.sampling > 1}
+
+
+def score_fabric(fab) -> list[dict]:
+    flow = pl.from_arrow(fab.flow)
+    flow = apply_exporter_offsets(flow, exporter_clock_offsets(flow))
+    found = recognise_jobs(flow, "fabric")
+    by_eps = {frozenset(j.endpoints): j for j in found.jobs}
+    rows = []
+    for res in fab.jobs:
+        t, cfg = res.truth, res.config
+        eps = frozenset(t["endpoints"].values())
+        rec = by_eps.get(eps)
+        s = infer_flows(job_flows(flow, rec.endpoints)).strategy if rec else None
+        deg = t["degrees"]
+        shape = bool(s and (s.dp, s.pp) == (deg["dp"], deg["pp"])
+                     and same_sets(s.dp_groups, t["dp_groups_by_address"])
+                     and same_pipelines(s.pp_groups, t["pp_groups_by_address"]))
+        wb = infer_whitebox(pl.from_arrow(res.tables["comm_op"]))
+        wb_ok = ((wb.dp, wb.pp, wb.tp) == (deg["dp"], deg["pp"], deg["tp"])
+                 and same_sets(wb.dp_groups, t["dp_groups"]) and same_pipelines(wb.pp_groups, t["pp_groups"]))
+        rows.append({"world": t["world_size"], "recognised": rec is not None, "found_jobs": len(found.jobs),
+                     "true_jobs": len(fab.jobs), "shape_ok": shape, "ok": shape and s.tp == deg["tp"],
+                     "tp_null": bool(s and s.tp is None), "tp_one_wrong": bool(s and s.tp == 1 and deg["tp"] > 1),
+                     "confidence": float(s.confidence) if s else float("nan"),
+                     "wb_ok": wb_ok, "kineto": cfg.realism.kineto_records, **_features(cfg),
+                     "cfg": f"dp{deg['dp']} pp{deg['pp']} tp{deg['tp']} rpa{cfg.realism.ranks_per_address} "
+                            f"{cfg.realism.transport} s{cfg.sampling} {cfg.algorithm} {cfg.schedule} "
+                            f"-> {'unrecognised' if not s else f'dp{s.dp} pp{s.pp} tp{s.tp}'}"})
+    return rows
+
+
+def keep_only(r: Realism, fields: tuple[str, ...] | None) -> Realism:
+    """``r`` with only ``fields`` kept (None: all of them; (): the idealised control)."""
+    if fields is None:
+        return r
+    return Realism(**{f: getattr(r, f) for f in fields})
+
+
+def run(n_jobs: int, max_world: int, seed: int, only: tuple[str, ...] | None = None, save: str | None = None
+        ) -> tuple[pl.DataFrame, float, int]:
+    rows, t0, errors = [], time.perf_counter(), 0
+    for fab_spec in corpus_fabrics(seed, n_jobs, max_world):
+        if save and rows:  # per-job rows so far, so that a long run cut short still reports
+            pl.DataFrame(rows, infer_schema_length=None).write_parquet(save)
+        try:
+            cfgs = [dataclasses.replace(c, realism=keep_only(c.realism, only)) for c in fab_spec.configs]
+            fab = simulate_fabric(cfgs, background=True, realism=keep_only(fab_spec.realism, only))
+            rows.extend(score_fabric(fab))
+        except Exception:  # a crash is a miss for every job of the fabric, and is shown
+            errors += 1
+            traceback.print_exc(limit=3)
+            for c in fab_spec.configs:
+                rows.append({"world": c.world_size, "recognised": False, "ok": False, "shape_ok": False,
+                             "confidence": float("nan"), "cfg": f"crashed: {c.job}", **_features(c)})
+    return pl.DataFrame(rows, infer_schema_length=None), time.perf_counter() - t0, errors
+
+
+def calibration(df: pl.DataFrame) -> list[tuple[str, int, float, float]]:
+    """(bin, jobs, mean confidence, share exact) per confidence bin, over jobs with a strategy."""
+    d = df.filter(pl.col("confidence").is_not_nan())
+    out = []
+    for lo, hi in zip(BINS[:-1], BINS[1:]):
+        b = d.filter((pl.col("confidence") >= lo) & (pl.col("confidence") < hi))
+        label = f"[{lo:.1f}, {min(hi, 1.0):.1f}{']' if hi > 1 else ')'}"
+        out.append((label, b.height, float(b["confidence"].mean()) if b.height else float("nan"),
+                    float(b["ok"].mean()) if b.height else float("nan")))
+    return out
+
+
+def _share(d: pl.DataFrame) -> str:
+    return f"{d['ok'].mean():6.1%} of {d.height:<4}" if d.height else "   -          "
+
+
+def report(df: pl.DataFrame, secs: float, errors: int) -> None:
+    n = df.height
+    print(f"{'figure':<60}{'value':>12}{'target':>10}")
+    print(f"{'jobs (worlds ' + str(df['world'].min()) + '..' + str(df['world'].max()) + ')':<60}{n:>12}"
+          f"{'>= 200':>10}")
+    print(f"{'black-box exact: dp, pp, tp, groups, stage order':<60}{df['ok'].mean():>12.1%}{'>= 98%':>10}")
+    print(f"{'black-box exact apart from tp':<60}{df['shape_ok'].mean():>12.1%}{'':>10}")
+    print(f"{'jobs recognised on their fabric (exact endpoint set)':<60}{df['recognised'].mean():>12.1%}{'':>10}")
+    if "tp_null" in df.columns:
+        shared = df.filter(pl.col("shared_address"))
+        print(f"{'tp reported null (share of jobs)':<60}{df['tp_null'].fill_null(False).mean():>12.1%}{'':>10}")
+        print(f"{'tp reported 1 where tp > 1 (wrong, not unknown)':<60}"
+              f"{df['tp_one_wrong'].fill_null(False).mean():>12.1%}{'':>10}")
+        if shared.height:
+            print(f"{'exact where ranks share an address (' + str(shared.height) + ' jobs)':<60}"
+                  f"{shared['ok'].mean():>12.1%}{'':>10}")
+        kin = df.filter(pl.col("kineto").fill_null(False))
+        lay = df.filter(~pl.col("kineto").fill_null(True))
+        for label, d in (("without layout columns", kin), ("with layout columns", lay)):
+            if d.height:
+                print(f"{'white-box exact, comm_op ' + label + ' (' + str(d.height) + ')':<60}"
+                      f"{d['wb_ok'].mean():>12.1%}{'':>10}")
+    print(f"{'fabrics that crashed the analysis':<60}{errors:>12}{'0':>10}")
+    print(f"{'corpus wall time (simulate + analyse), s':<60}{secs:>12.1f}{'':>10}")
+    print("calibration (jobs with a strategy): confidence bin, jobs, mean confidence, share exact, gap")
+    for label, k, conf, acc in calibration(df):
+        gap = f"{(acc - conf) * 100:+.0f} pt" if k else ""
+        print(f"  {label:<14}{k:>6}{conf:>10.2f}{acc:>10.1%}{gap:>10}" if k else f"  {label:<14}{k:>6}")
+    print("exact share by realism feature (jobs with it / without it):")
+    for feat in ("tcp", "reverse", "ms_clock", "pods", "exporter_offsets", "rail_jitter", "shared_address",
+                 "tree", "wild_background", "pure_pp", "pure_dp", "sampled"):
+        on, off = df.filter(pl.col(feat)), df.filter(~pl.col(feat))
+        print(f"  {feat:<20}{_share(on)}  /  {_share(off)}")
+    for r in df.filter(~pl.col("ok")).head(10).iter_rows(named=True):
+        print(f"  miss: {r['cfg']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=220 if FULL else 24, help="jobs in the corpus (>= 200 for the "
+                    "figure of record; default 24, or 220 with BENCH_FULL=1)")
+    ap.add_argument("--max-world", type=int, default=4096 if FULL else 256, help="largest job (GPUs)")
+    ap.add_argument("--seed", type=int, default=int(os.environ.get("BENCH_CORPUS_SEED", CORPUS_SEED)),
+                    help="corpus seed (default: the unseen one)")
+    ap.add_argument("--ideal", action="store_true", help="control: the same jobs with every realism option off")
+    ap.add_argument("--save", help="write the per-job rows to this Parquet file after every fabric")
+    ap.add_argument("--report", help="only print the report of rows saved earlier with --save")
+    ap.add_argument("--only", help="ablation: keep only these Realism fields (comma-separated), e.g. transport,mtu")
+    a = ap.parse_args(argv)
+    only = () if a.ideal else tuple(x.strip() for x in a.only.split(",") if x.strip()) if a.only else None
+    bad = set(only or ()) - {f.name for f in dataclasses.fields(Realism)}
+    if bad:
+        ap.error(f"--only: unknown Realism field(s) {sorted(bad)}")
+    if a.jobs < 1 or a.max_world < 8:
+        ap.error("--jobs must be >= 1 and --max-world >= 8")
+    if a.report:
+        df = pl.read_parquet(a.report)
+        print(f"report of saved rows {a.report} ({df.height} jobs; the run may have been cut short)")
+        report(df, float("nan"), 0)
+        return 0
+    kind = "IDEALISED control" if only == () else f"ablation ({', '.join(only)} only)" if only else "de-idealised"
+    print(f"{kind} corpus: {a.jobs} jobs, 8..{a.max_world} GPUs, "
+          f"seed {a.seed}{' (unseen)' if a.seed == CORPUS_SEED else ' (not the unseen seed)'}")
+    df, secs, errors = run(a.jobs, a.max_world, a.seed, only, a.save)
+    if a.save:
+        df.write_parquet(a.save)
+    report(df, secs, errors)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

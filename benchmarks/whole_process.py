@@ -1,0 +1,137 @@
+"""Whole-process measurement for the benchmarks, and the bench-only venvs the anchors run in.
+
+Every speed row compares whole processes, start-up included, measured in the
+same run: the median wall time of ``RUNS`` runs and the peak RSS of the whole
+process tree (``os.wait4``'s ``ru_maxrss``: the largest of the process and the
+children it waited for). Anchors are installed from the package registry into
+``bench-out/anchor-<name>`` (never into the project's venv); an anchor that
+cannot be installed or run is reported as skipped, never given a figure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH_OUT = Path(os.environ.get("RANKSCOPE_BENCH_OUT", REPO / "bench-out"))
+RUNS = int(os.environ.get("BENCH_RUNS", "3"))
+RANKSCOPE = [sys.executable, "-m", "rankscope.cli.main"]
+"""the `rankscope` command, as the venv's console script runs it."""
+
+
+@dataclass
+class Measure:
+    walls_s: list[float] = field(default_factory=list)
+    rss_mib: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def wall_s(self) -> float:
+        return statistics.median(self.walls_s)
+
+    @property
+    def peak_mib(self) -> float:
+        return max(self.rss_mib)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.walls_s)
+
+
+def run_once(cmd: list[str] | str, *, cwd: Path | None = None, env: dict | None = None,
+             timeout_s: float = 1800) -> tuple[float, float, int, str]:
+    """(wall s, peak RSS MiB of the process tree, exit status, stderr tail) of one whole process."""
+    err = tempfile.TemporaryFile()
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err, shell=isinstance(cmd, str))
+    deadline = t + timeout_s
+    while True:
+        pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() > deadline:
+            p.kill()
+            pid, status, ru = os.wait4(p.pid, 0)
+            break
+        time.sleep(0.005)
+    wall = time.perf_counter() - t
+    p.returncode = os.waitstatus_to_exitcode(status)
+    err.seek(0)
+    tail = err.read()[-600:].decode(errors="replace")
+    return wall, ru.ru_maxrss / 1024, p.returncode, tail
+
+
+def measure(cmd, *, runs: int = RUNS, before=None, **kw) -> Measure:
+    """``runs`` whole-process runs; ``before()`` (e.g. a fresh output folder) runs untimed before each."""
+    m = Measure()
+    for _ in range(runs):
+        if before is not None:
+            before()
+        wall, rss, rc, tail = run_once(cmd, **kw)
+        if rc != 0:
+            m.error = f"exit {rc}: {tail.strip()}"
+            return m
+        m.walls_s.append(wall)
+        m.rss_mib.append(rss)
+    return m
+
+
+def anchor_python(name: str, requirements: list[str]) -> Path | None:
+    """A bench-only venv with ``requirements`` from the registry; None (with the reason printed) if it fails."""
+    venv = BENCH_OUT / f"anchor-{name}"
+    py = venv / "bin" / "python"
+    stamp = venv / ".requirements"
+    want = "\n".join(requirements)
+    if py.exists() and stamp.exists() and stamp.read_text() == want:
+        return py
+    print(f"installing anchor {name} into {venv}: {' '.join(requirements)} ...", flush=True)
+    shutil.rmtree(venv, ignore_errors=True)
+    r = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
+    if r.returncode == 0:
+        r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *requirements],
+                           capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        print(f"anchor {name} skipped: could not install it ({(r.stderr or r.stdout).strip()[-300:]})")
+        return None
+    stamp.write_text(want)
+    return py
+
+
+def load_note() -> str:
+    return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+
+
+def print_rows(rows: list[tuple], anchor_name: str) -> None:
+    """Rows of (figure, rankscope Measure, anchor Measure | None | str (why skipped), target text)."""
+    head = (f"{'figure':38} {'rankscope s':>11} {'MiB':>6} {anchor_name + ' s':>14} {'MiB':>6} "
+            f"{'speed-up':>8} {'mem ratio':>9}  target")
+    print(head)
+    print("-" * len(head))
+    for label, ours, theirs, target in rows:
+        o = f"{ours.wall_s:11.2f} {ours.peak_mib:6.0f}" if ours.ok else f"{'failed':>11} {'':>6}"
+        if isinstance(theirs, Measure) and theirs.ok:
+            a = f"{theirs.wall_s:14.2f} {theirs.peak_mib:6.0f}"
+            r = (f"{theirs.wall_s / ours.wall_s:7.2f}x {ours.peak_mib / theirs.peak_mib:9.2f}" if ours.ok
+                 else f"{'-':>8} {'-':>9}")
+        else:
+            why = theirs if isinstance(theirs, str) else (theirs.error if isinstance(theirs, Measure) else "none")
+            a, r = f"{'skipped':>14} {'':>6}", f"{'-':>8} {'-':>9}"
+            target = f"{target}  (anchor: {str(why)[:80]})"
+        print(f"{label:38} {o} {a} {r}  {target}")
+        if not ours.ok:
+            print(f"    rankscope failed: {ours.error}")
+    print(f"whole processes, median of {RUNS} runs each (walls: rankscope/anchor listed below); peak RSS of the "
+          f"process tree; speed-up = anchor wall / rankscope wall; mem ratio = rankscope / anchor peak "
+          f"(<= 1 is at or under the anchor); {load_note()}")
+    for label, ours, theirs, _ in rows:
+        ow = ", ".join(f"{w:.2f}" for w in ours.walls_s)
+        tw = ", ".join(f"{w:.2f}" for w in theirs.walls_s) if isinstance(theirs, Measure) else "-"
+        print(f"    {label}: rankscope [{ow}]  anchor [{tw}]")

@@ -1,0 +1,102 @@
+"""The batched replay equals the one-at-a-time engine, scenario by scenario, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rankscope.analysis.replay import CycleError, replay
+from rankscope.analysis.replay_batch import plan_replay, replay_many
+
+
+def _random_graph(rng, n=400, streams=12, groups=40):
+    stream = rng.integers(0, streams, n)
+    order = rng.permutation(n)
+    src, dst = [], []
+    for s in range(streams):
+        ops = order[stream[order] == s]
+        src += ops[:-1].tolist()
+        dst += ops[1:].tolist()
+    # cross edges only forward in the global order: a DAG
+    pos = np.empty(n, int)
+    pos[order] = np.arange(n)
+    for _ in range(n // 3):
+        a, b = rng.integers(0, n, 2)
+        if pos[a] < pos[b]:
+            src.append(a)
+            dst.append(b)
+    group = np.full(n, -1)
+    # a sync group takes ops of distinct streams at similar positions (no path between them)
+    for g in range(groups):
+        at = rng.integers(0, n - streams)
+        cand = [o for o in order[at:at + streams]]
+        pick = {}
+        for o in cand:
+            pick.setdefault(stream[o], o)
+        if len(pick) >= 2:
+            group[list(pick.values())[:3]] = g
+    return np.array(src), np.array(dst), group
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_batched_replay_equals_the_engine_per_scenario(seed):
+    rng = np.random.default_rng(seed)
+    src, dst, group = _random_graph(rng)
+    n = len(group)
+    dur = rng.uniform(1, 100, (n, 5))
+    delay = rng.uniform(0, 3, n)
+    try:
+        expected = [replay(dur[:, k], src, dst, sync_group=group, launch_delay=delay).end for k in range(5)]
+    except CycleError:
+        pytest.skip("random groups formed a cycle")
+    got = replay_many(plan_replay(n, src, dst, group), dur, delay)
+    for k in range(5):
+        np.testing.assert_array_equal(got[:, k], expected[k])
+
+
+def test_cycles_are_refused_like_the_engine():
+    with pytest.raises(CycleError):
+        plan_replay(3, np.array([0, 1, 2]), np.array([1, 2, 0]))
+
+
+def test_graph_step_times_many_equals_step_times():
+    sim = pytest.importorskip("rankscope.datasets.simulator")
+    from rankscope.analysis.job_model import build_job_model
+    from rankscope.analysis.whatif_graph import build_graph
+    from rankscope.analysis.whatif_metrics import ideal_durations
+    from rankscope.collectors.job_frames import JobFrames
+    from rankscope.datasets.sim_config import Fault
+
+    res = sim.simulate(sim.SimConfig(dp=2, pp=2, tp=2, steps=3, microbatches=2, flows=False,
+                                     faults=(Fault("slow-worker", {"rank": 3, "factor": 1.5}),)))
+    import polars as pl
+
+    frames = JobFrames.from_frames("default", **{k: pl.from_arrow(v) for k, v in res.tables.items()
+                                                 if k in ("comm_op", "compute_op", "step_mark")})
+    graph = build_graph(build_job_model(frames).frames)
+    actual, ideal = graph.actual, ideal_durations(graph)
+    mix = np.where(np.arange(len(actual)) % 2 == 0, actual, ideal)
+    delay = graph.launch_delays()
+    many = graph.step_times_many(np.stack([actual, ideal, mix], axis=1), delay)
+    for k, d in enumerate((actual, ideal, mix)):
+        np.testing.assert_array_equal(many[:, k], graph.step_times(d, delay))
+
+
+@pytest.mark.parametrize("joined", [False, True])
+def test_blocks_replay_like_one_graph(joined):
+    # two independent copies of a random graph as blocks; joined: an edge across them (blocks ignored)
+    rng = np.random.default_rng(5)
+    src, dst, group = _random_graph(rng, n=200)
+    n = len(group)
+    src2, dst2 = np.r_[src, src + n], np.r_[dst, dst + n]
+    group2 = np.r_[group, np.where(group >= 0, group + group.max() + 1, -1)]
+    if joined:
+        src2, dst2 = np.r_[src2, 0], np.r_[dst2, n + 1]
+    dur = rng.uniform(1, 100, (2 * n, 2))
+    try:
+        expected = replay_many(plan_replay(2 * n, src2, dst2, group2), dur)
+    except CycleError:
+        pytest.skip("random groups formed a cycle")
+    block = np.r_[np.zeros(n, int), np.ones(n, int)]
+    got = replay_many(plan_replay(2 * n, src2, dst2, group2, block=block), dur)
+    np.testing.assert_array_equal(got, expected)
