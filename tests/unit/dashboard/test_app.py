@@ -179,3 +179,20 @@ def test_band_names_a_finding_under_the_verdict_threshold():
     band = summary_band(d)
     texts = [c.children for c in band if isinstance(c, html.Div) and isinstance(c.children, str)]
     assert any("costs too little for a verdict" in t and "rank 1000" in t for t in texts)
+
+
+def test_dashboard_reads_the_analysis_rankscope_analyze_cached(tmp_path, monkeypatch):
+    import json
+
+    from rankscope.analysis import diagnose
+    from rankscope.dashboard import analysis_source
+
+    root = tmp_path / "st"
+    write_hand_store(root, steps=3)
+    assert main(["analyze", "--store", str(root), "--out-dir", str(tmp_path / "out"), "--no-html"]) == 0
+    report = json.loads((tmp_path / "out" / "handjob.json").read_text())
+    calls = []
+    monkeypatch.setattr(diagnose, "analyze_job", lambda *a, **k: calls.append(1))  # must not be needed
+    analysis_source.clear_cache()
+    d = JobViews().get(str(root), "handjob").diagnosis
+    assert calls == [] and d.stragglers.verdict == report["stragglers"]["verdict"]
