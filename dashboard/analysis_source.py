@@ -123,24 +123,41 @@ def cached_analysis(version: str, store: Store, job: str, how: PlannedJob,
             hit = _cache.get(version)
         if hit is not None:
             return hit
-        from rankscope.analysis.diagnose import analyze_job
-        from rankscope.analysis.result_cache import cached_analysis as stored_analysis
-
-        frames = load_planned(store, job, how)
-        base = load_planned(*baseline) if baseline else None
-        if base is None:
-            # the store's own result cache: what `rankscope analyze` or `metrics` computed for this store
-            # version is reused here, and what the dashboard computes serves them
-            diag, tables, _ = stored_analysis(store, how, None, lambda: analyze_job(frames))
-        else:
-            diag, tables = analyze_job(frames, baseline=base)
-        result = JobAnalysis(diag, analysis_tables(frames, tables, base), version)
+        diag, tables = _analysed(store, job, how, baseline)
+        result = JobAnalysis(diag, tables, version)
         with _cache_lock:
             _cache[version] = result
             _version_locks.pop(version, None)
             while len(_cache) > CACHE_SIZE:
                 _cache.popitem(last=False)
         return result
+
+
+def _analysed(store: Store, job: str, how: PlannedJob,
+              baseline: tuple[Store, str, PlannedJob] | None) -> tuple[Diagnosis, dict]:
+    """Run the analysis. Without a baseline it goes through the store's result cache
+    (analysis.result_cache), with the very computation ``rankscope analyze`` caches, so one entry serves
+    both; the records are loaded only on a miss."""
+    from rankscope.analysis.diagnose import analyze_job
+    from rankscope.analysis.jobs import load_planned as load
+
+    if baseline is not None:
+        frames = load_planned(store, job, how)
+        base = load_planned(*baseline)
+        diag, tables = analyze_job(frames, baseline=base)
+        return diag, analysis_tables(frames, tables, base)
+
+    def compute():
+        # as cli/cmd_analyze.py computes it (load-time data quality included): one cache entry, one answer
+        frames, dq = load(store, how)
+        d, tables = analyze_job(frames, None)
+        d.data_quality.update(dq)
+        return d, tables
+
+    from rankscope.analysis.result_cache import cached_analysis as stored_analysis
+
+    diag, tables, _hit = stored_analysis(store, how, None, compute)
+    return diag, dict(tables)
 
 
 def clear_cache() -> None:

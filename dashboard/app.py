@@ -250,7 +250,7 @@ def _built_page(store: str, job: str, a) -> dict:
         fig.update_layout(uirevision=job)  # keep the user's zoom across refreshes
     page = {"shown.data": a.version, "rendered.data": {"store": store, "job": job},
             "rendered-tag.children": json.dumps({"store": store, "job": job}), "status.children": status,
-            "summary-band.children": summary_band(d), "strategy-summary.children": strategy_summary(d),
+            "summary-band.children": summary_band(d), "strategy-summary.children": strategy_summary(d, max_groups=3),
             "cards.children": _cards(d)}
     page.update({f"fig-{g}.figure": figs[g] for g in GRAPHS})
     page.update(_tables(d, tables))

@@ -76,6 +76,9 @@ def summary_band(d: Diagnosis):
 
     if f["evaluated"]:
         culprit = f["culprit"] or "no culprit found: no rank, stage or link stands out"
+        if f["culprit"] and f["verdict"] == "none":
+            # a finding apart from cost: named even when S is under the verdict threshold
+            culprit = f"finding (costs too little for a verdict): {culprit}"
         costs = [
             stat("slowdown S", _fmt(f["slowdown"], ".3f"), "step time / step time with no straggler (what-if)",
                  "band-s"),

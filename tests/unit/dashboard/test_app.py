@@ -159,3 +159,40 @@ def test_flow_only_capture_lists_recognised_jobs_with_address_endpoints(tmp_path
     c = _content(page_content(views, str(root), name))
     assert f"job {name}" in c["status"]
     assert "10." in c["summary"]  # endpoints are NIC addresses, not ranks
+
+
+def test_band_names_a_finding_under_the_verdict_threshold():
+    from dash import html
+
+    from rankscope.analysis.diagnosis import Diagnosis, Stragglers, Strategy
+    from rankscope.dashboard.summary_band import summary_band, summary_facts
+
+    finding = {"kind": "slow_worker", "culprit": {"rank": 1000, "stage": 1, "dp_rank": 61}, "factor": 1.5,
+               "steps": [0, 1], "evidence": {"basis": "compute"}}
+    d = Diagnosis(job="big", strategy=Strategy(world_size=4096, dp=512, pp=8),
+                  stragglers=Stragglers(slowdown=1.04, verdict="none", waste_fraction=1 - 1 / 1.04,
+                                        extra={"evaluated": True}),
+                  extra={"findings": [finding]})
+    f = summary_facts(d)
+    assert f["verdict"] == "none" and f["culprit"].startswith("rank 1000 (stage 1, dp 61) computes 1.50x")
+    assert f["hours_per_day"] == pytest.approx(4096 * 24 * (1 - 1 / 1.04))
+    band = summary_band(d)
+    texts = [c.children for c in band if isinstance(c, html.Div) and isinstance(c.children, str)]
+    assert any("costs too little for a verdict" in t and "rank 1000" in t for t in texts)
+
+
+def test_dashboard_reads_the_analysis_rankscope_analyze_cached(tmp_path, monkeypatch):
+    import json
+
+    from rankscope.analysis import diagnose
+    from rankscope.dashboard import analysis_source
+
+    root = tmp_path / "st"
+    write_hand_store(root, steps=3)
+    assert main(["analyze", "--store", str(root), "--out-dir", str(tmp_path / "out"), "--no-html"]) == 0
+    report = json.loads((tmp_path / "out" / "handjob.json").read_text())
+    calls = []
+    monkeypatch.setattr(diagnose, "analyze_job", lambda *a, **k: calls.append(1))  # must not be needed
+    analysis_source.clear_cache()
+    d = JobViews().get(str(root), "handjob").diagnosis
+    assert calls == [] and d.stragglers.verdict == report["stragglers"]["verdict"]
