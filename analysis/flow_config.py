@@ -30,6 +30,13 @@ class FlowConfig:
     their record starts and ends coincide within this tolerance (after one clock offset)."""
     max_exporter_skew_ns: int = 20_000_000
     """largest clock offset between two exporters that lockstep matching corrects for."""
+    tie_margin: float = 0.05
+    """two valid labellings whose mean per-link model fits differ by at most this much explain the
+    traffic equally well: the strategy is reported ambiguous with the alternatives."""
+    max_ack_packet_bytes: int = 128
+    """a record whose mean packet is at most this many bytes is an ACK/CTS flow or a connection
+    set-up, not payload (RoCE ACKs are ~48-64 bytes, bare TCP segments 52-80; payload packets are
+    MTU-sized)."""
     min_job_endpoints: int = 2
     """a connected set of endpoints smaller than this is not a training job."""
 

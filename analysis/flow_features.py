@@ -19,7 +19,7 @@ import polars as pl
 
 from rankscope.analysis.flow_config import FlowConfig
 
-PAIR_COLUMNS = ("src", "dst", "bytes", "num_records", "first_ns", "last_ns")
+PAIR_COLUMNS = ("src", "dst", "bytes", "num_records", "first_ns", "last_ns", "data_bytes", "first_data_ns")
 
 
 @dataclass
@@ -27,7 +27,8 @@ class PairTraffic:
     """Directed pair table plus what was set apart, for data_quality."""
 
     pairs: pl.DataFrame
-    """src, dst, bytes (sampling-scaled), num_records, first_ns, last_ns."""
+    """src, dst, bytes (sampling-scaled), num_records, first_ns, last_ns, data_bytes and first_data_ns
+    (records that carry payload, not the reverse ACK/CTS flow of a transfer or a connection set-up)."""
     training_flows: pl.DataFrame
     """the flow records that were kept (aligned, with est_bytes), for step finding."""
     control_flows: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -41,6 +42,17 @@ def estimated_bytes() -> pl.Expr:
     return pl.coalesce(pl.col("est_size_bytes"), pl.col("size_bytes") * rate).cast(pl.Float64)
 
 
+def is_data_record(max_ack_packet_bytes: int) -> pl.Expr:
+    """A record carries payload when its mean packet is larger than an ACK/CTS or bare TCP segment.
+
+    Sampling keeps bytes per packet, so the raw exported counts are enough; records without a packet
+    count are taken as data (nothing tells otherwise).
+    """
+    packets = pl.col("num_packets").cast(pl.Float64)
+    per_packet = pl.col("size_bytes").cast(pl.Float64) / packets
+    return pl.when(packets > 0).then(per_packet > max_ack_packet_bytes).otherwise(True).fill_null(True)
+
+
 def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTraffic:
     """Directed pair table of one capture or job.
 
@@ -51,7 +63,8 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
     if flow.is_empty():
         return PairTraffic(pl.DataFrame(schema={"src": pl.Utf8, "dst": pl.Utf8, "bytes": pl.Float64,
                                                 "num_records": pl.Int64, "first_ns": pl.Int64,
-                                                "last_ns": pl.Int64}), flow, {"records": 0})
+                                                "last_ns": pl.Int64, "data_bytes": pl.Float64,
+                                                "first_data_ns": pl.Int64}), flow, {"records": 0})
     if "est_size_bytes" not in flow.columns:
         flow = flow.with_columns(est_size_bytes=pl.lit(None, pl.Int64))
     ports = list(cfg.control_ports)
@@ -63,13 +76,16 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
                  | pl.col("dst_addr").str.contains(r"^2(2[4-9]|3\d)\.") | ~pl.col("protocol").fill_null(17).is_in([6, 17]))
     is_ctl = is_ctl | multicast
     self_loop = pl.col("src_addr") == pl.col("dst_addr")
-    f = flow.with_columns(est_bytes=estimated_bytes(), _ctl=is_ctl, _self=self_loop)
+    f = flow.with_columns(est_bytes=estimated_bytes(), _ctl=is_ctl, _self=self_loop,
+                          is_data=is_data_record(cfg.max_ack_packet_bytes))
     ctl = f.filter(pl.col("_ctl"))
     loops = f.filter(pl.col("_self") & ~pl.col("_ctl"))
     keep = f.filter(~pl.col("_ctl") & ~pl.col("_self")).drop("_ctl", "_self")
     per_exp = (keep.group_by(["src_addr", "dst_addr", "exporter"])
                .agg(bytes=pl.col("est_bytes").sum(), num_records=pl.len().cast(pl.Int64),
-                    first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max()))
+                    first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max(),
+                    data_bytes=pl.col("est_bytes").filter(pl.col("is_data")).sum(),
+                    first_data_ns=pl.col("start_ns").filter(pl.col("is_data")).min()))
     # one exporter per directed pair: the one that saw the most bytes (the others saw the same transfer)
     pairs = (per_exp.sort("bytes", descending=True).group_by(["src_addr", "dst_addr"]).first()
              .rename({"src_addr": "src", "dst_addr": "dst"}).drop("exporter").sort(["src", "dst"]))
@@ -91,19 +107,26 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
     """Undirected edges a < b with per-direction features.
 
     Returns a, b, bytes (both directions), bytes_ab, bytes_ba, first_ab, first_ba,
-    symmetry (smaller direction / larger, 0 for one-way traffic).
+    symmetry (smaller direction / larger, 0 for one-way traffic), and the same from payload records
+    only: data_ab, data_ba, data_symmetry (a ring link carries payload one way and ACKs back; a
+    pipeline link carries activations one way and gradients back). first_ab/first_ba are the first
+    payload record of each direction (the pair's first record when it has no payload at all).
     """
     p = pairs.with_columns(a=pl.min_horizontal("src", "dst"), b=pl.max_horizontal("src", "dst"),
                            fwd=pl.col("src") < pl.col("dst"))
     e = p.group_by(["a", "b"]).agg(
         bytes_ab=pl.col("bytes").filter(pl.col("fwd")).sum(),
         bytes_ba=pl.col("bytes").filter(~pl.col("fwd")).sum(),
-        first_ab=pl.col("first_ns").filter(pl.col("fwd")).min(),
-        first_ba=pl.col("first_ns").filter(~pl.col("fwd")).min(),
+        first_ab=pl.coalesce(pl.col("first_data_ns"), pl.col("first_ns")).filter(pl.col("fwd")).min(),
+        first_ba=pl.coalesce(pl.col("first_data_ns"), pl.col("first_ns")).filter(~pl.col("fwd")).min(),
+        data_ab=pl.col("data_bytes").filter(pl.col("fwd")).sum(),
+        data_ba=pl.col("data_bytes").filter(~pl.col("fwd")).sum(),
         num_records=pl.col("num_records").sum())
     return e.with_columns(
         bytes=pl.col("bytes_ab") + pl.col("bytes_ba"),
         symmetry=pl.min_horizontal("bytes_ab", "bytes_ba") / pl.max_horizontal("bytes_ab", "bytes_ba"),
+        data_symmetry=(pl.min_horizontal("data_ab", "data_ba") / pl.max_horizontal("data_ab", "data_ba"))
+        .fill_nan(0.0).fill_null(0.0),
     ).sort(["a", "b"])
 
 

@@ -16,7 +16,7 @@ import polars as pl
 from rankscope.analysis.diagnosis import Steps, Strategy
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_features import heavy_edges, pair_traffic, undirected_edges
-from rankscope.analysis.flow_groups import fit_grid, order_pipelines
+from rankscope.analysis.flow_groups import fit_grid, order_pipelines, timestamp_resolution_ns
 from rankscope.analysis.flow_jobs import address_key, components, merge_components
 from rankscope.analysis.timelines import period_steps, step_period
 
@@ -137,7 +137,9 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     quality["pairs"] = int(edges.height)
     quality["heavy_pairs"] = int(heavy.height)
 
-    fit = fit_grid(nodes, heavy, cfg)
+    resolution = timestamp_resolution_ns(pt.training_flows["start_ns"].to_numpy())
+    quality["timestamp_resolution_ns"] = resolution
+    fit = fit_grid(nodes, heavy, cfg, resolution)
     pipes, order_share = order_pipelines(fit, heavy)
     n = len(nodes)
     dp = len(fit.dp_groups[0]) if fit.dp_groups else 1
@@ -146,7 +148,9 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     notes = list(fit.notes)
     # every endpoint is one GPU's NIC: with dp*pp < endpoints the rest is tensor parallel inside hosts
     tp_groups = _tp_groups(nodes, rail_of, pipes, tp or 1, endpoint_map)
-    conf = 0.9 if fit.valid else 0.3
+    # confidence from the evidence: how well the links fit their models, how clearly the stage
+    # order was voted, and whether another labelling explains the traffic as well
+    conf = (0.3 if not fit.valid else 0.5 + 0.5 * fit.fit) * (0.5 if fit.ambiguous else 1.0)
     if pp > 1:
         conf *= 0.5 + 0.5 * order_share
     dp_pairs = {(a, b) for (a, b), pp_edge in zip(heavy.select("a", "b").iter_rows(), fit.is_pp) if not pp_edge}
@@ -154,5 +158,7 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     strat = Strategy(world_size=n, dp=dp, pp=pp, tp=tp, dp_groups=fit.dp_groups, pp_groups=pipes,
                      confidence=float(round(conf, 4)), ep=None, cp=None, tp_groups=tp_groups,
                      extra={"method": "flows", "evaluated": True, "grid_valid": fit.valid,
-                            "stage_order_agreement": round(order_share, 4), "notes": notes})
+                            "stage_order_agreement": round(order_share, 4), "notes": notes,
+                            "model_fit": round(fit.fit, 4), "dp_group_kinds": fit.group_kinds,
+                            "ambiguous": fit.ambiguous, "alternatives": fit.alternatives})
     return FlowInference(strat, steps, quality)
