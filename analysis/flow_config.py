@@ -26,8 +26,11 @@ class FlowConfig:
     max_modes: int = 6
     """at most this many byte modes are tried as data-parallel / pipeline labelings."""
     sync_tolerance_ns: int = 200_000
-    """two disconnected traffic graphs are one job (one per rail / tensor-parallel rank) when most of
-    their record starts and ends coincide within this tolerance (after one clock offset)."""
+    """finest time bin of the activity series whose cross-correlation joins the rails of one job (the
+    bin is at least four timestamp ticks, so millisecond exporters get 4 ms bins)."""
+    rail_min_correlation: float = 0.8
+    """two disconnected traffic graphs of one size are one job (one per rail / tensor-parallel rank)
+    when their binned activity correlates at least this well within the exporters' clock offsets."""
     max_exporter_skew_ns: int = 20_000_000
     """largest clock offset between two exporters that lockstep matching corrects for."""
     tie_margin: float = 0.05

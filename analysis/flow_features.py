@@ -68,6 +68,8 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
     if "est_size_bytes" not in flow.columns:
         flow = flow.with_columns(est_size_bytes=pl.lit(None, pl.Int64))
     ports = list(cfg.control_ports)
+    if "num_packets" not in flow.columns:
+        flow = flow.with_columns(num_packets=pl.lit(None, pl.Int64))
     if "protocol" not in flow.columns:
         flow = flow.with_columns(protocol=pl.lit(None, pl.Int32))
     is_ctl = pl.col("src_port").is_in(ports).fill_null(False) | pl.col("dst_port").is_in(ports).fill_null(False)

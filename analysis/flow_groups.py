@@ -73,19 +73,6 @@ def byte_modes(bytes_: np.ndarray, gap: float, max_modes: int) -> np.ndarray:
     return lab
 
 
-def timestamp_resolution_ns(t_ns: np.ndarray) -> int:
-    """The clock tick of the exporters: the largest power of ten (ns .. s) that divides every timestamp."""
-    t = np.asarray(t_ns, dtype=np.int64)
-    t = t[t != 0][:20000]
-    res = 1
-    for r in (10 ** k for k in range(1, 10)):
-        if len(t) and (t % r == 0).all():
-            res = r
-        else:
-            break
-    return res
-
-
 def pp_likeness(edges: pl.DataFrame, resolution_ns: int = 1) -> np.ndarray:
     """0..1 per edge: payload both ways, the two directions starting at clearly different times.
 

@@ -51,6 +51,30 @@ def address_key(addr: str):
         return (9, 0, addr)
 
 
+def timestamp_resolution_ns(t_ns: np.ndarray) -> int:
+    """One exporter's clock tick: the largest power of ten (ns .. s) dividing every timestamp's distance
+    from the first (a clock-offset correction shifts all of them alike)."""
+    t = np.asarray(t_ns, dtype=np.int64)[:20000]
+    t = t - t[0] if len(t) else t
+    t = t[t != 0]
+    res = 1
+    for r in (10 ** k for k in range(1, 10)):
+        if not len(t) or not (t % r == 0).all():
+            break
+        res = r
+    return res
+
+
+def flow_resolution_ns(flows: pl.DataFrame) -> int:
+    """The finest clock tick among the exporters of the records (needs exporter, start_ns, end_ns)."""
+    if flows.is_empty():
+        return 1
+    if "exporter" not in flows.columns:
+        return timestamp_resolution_ns(np.r_[flows["start_ns"].to_numpy(), flows["end_ns"].to_numpy()])
+    return min(timestamp_resolution_ns(np.r_[g["start_ns"].to_numpy(), g["end_ns"].to_numpy()])
+               for _, g in flows.group_by("exporter"))
+
+
 def components(nodes: list[str], a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Component label of each node for undirected edges given as node indices (scipy csgraph)."""
     from scipy.sparse import coo_matrix
@@ -61,25 +85,55 @@ def components(nodes: list[str], a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return connected_components(m, directed=False)[1]
 
 
-def _nearest(ta: np.ndarray, tb: np.ndarray) -> np.ndarray:
-    """Signed difference from each time in ta to the nearest time in tb (tb sorted)."""
-    j = np.clip(np.searchsorted(tb, ta), 1, max(len(tb) - 1, 1))
-    lo, hi = tb[j - 1], tb[np.minimum(j, len(tb) - 1)]
-    return np.where(np.abs(ta - lo) <= np.abs(ta - hi), ta - lo, ta - hi)
+def _activity(start: np.ndarray, end: np.ndarray, bytes_: np.ndarray, t0: int, bin_ns: int,
+              nbins: int) -> np.ndarray:
+    """Bytes per time bin, each record's bytes spread evenly over the bins it spans."""
+    sb = np.clip((start - t0) // bin_ns, 0, nbins - 1)
+    eb = np.clip((end - t0) // bin_ns, 0, nbins - 1)
+    eb = np.maximum(eb, sb)
+    rate = bytes_ / (eb - sb + 1)
+    d = np.zeros(nbins + 1)
+    np.add.at(d, sb, rate)
+    np.add.at(d, eb + 1, -rate)
+    return np.cumsum(d[:-1])
 
 
-def _lockstep(sa, sb, ea, eb, config: FlowConfig) -> bool:
-    """Two traffic graphs run in lockstep: after one clock offset (their exporters may disagree by up
-    to ``max_exporter_skew_ns``), most record starts and ends coincide within ``sync_tolerance_ns``."""
-    if len(sa) < 2 or len(sb) < 2:
-        return False
-    off = float(np.median(_nearest(sa, sb)))
-    if abs(off) > config.max_exporter_skew_ns:
-        return False
-    tol = config.sync_tolerance_ns
-    rs = np.abs(_nearest(sa - off, sb))
-    re = np.abs(_nearest(ea - off, eb))
-    return bool(np.mean(rs <= tol) > 0.5 and np.mean(re <= tol) > 0.5)
+def rail_correlations(flows: pl.DataFrame, comps: list[int], config: FlowConfig,
+                      resolution_ns: int) -> tuple[dict[tuple[int, int], tuple[float, int]], int]:
+    """Peak normalised cross-correlation (and its lag in bins) of the binned activity of each pair of
+    components, over lags up to ``max_exporter_skew_ns``; returns it with the bin width.
+
+    Needs flows c (component), start_ns, end_ns, est_bytes. The bin is the coarser of
+    ``sync_tolerance_ns`` and four timestamp ticks, so millisecond exporters still line up; the lag
+    search absorbs each exporter's clock offset.
+    """
+    out: dict[tuple[int, int], tuple[float, int]] = {}
+    if len(comps) < 2 or flows.is_empty():
+        return out, 0
+    t0, t1 = int(flows["start_ns"].min()), int(flows["end_ns"].max())
+    bin_ns = max(int(config.sync_tolerance_ns), 4 * int(resolution_ns), 1)
+    while (t1 - t0) // bin_ns > (1 << 18):
+        bin_ns *= 2
+    nbins = int((t1 - t0) // bin_ns) + 1
+    max_lag = int(np.ceil(config.max_exporter_skew_ns / bin_ns))
+    size = 1 << int(np.ceil(np.log2(2 * nbins + 1)))
+    spec = {}
+    for (c,), g in flows.filter(pl.col("c").is_in(comps)).group_by("c"):
+        x = _activity(g["start_ns"].to_numpy(), g["end_ns"].to_numpy(), g["est_bytes"].to_numpy().astype(float),
+                      t0, bin_ns, nbins)
+        x = x - x.mean()
+        norm = float(np.sqrt((x * x).sum()))
+        if norm > 0:
+            spec[int(c)] = np.fft.rfft(x / norm, size)
+    keys = sorted(spec)
+    lags = np.r_[np.arange(0, max_lag + 1), np.arange(size - max_lag, size)]
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            cc = np.fft.irfft(spec[a] * np.conj(spec[b]), size)[lags]
+            k = int(np.argmax(cc))
+            lag = int(lags[k]) if lags[k] <= max_lag else int(lags[k]) - size
+            out[(a, b)] = (float(cc[k]), lag)
+    return out, bin_ns
 
 
 def merge_components(nodes: list[str], lab: np.ndarray, flows: pl.DataFrame, control: pl.DataFrame,
@@ -114,24 +168,20 @@ def merge_components(nodes: list[str], lab: np.ndarray, flows: pl.DataFrame, con
             for other in labs[1:]:
                 if find(other) != find(labs[0]):
                     parent[find(other)] = find(labs[0])
+    resolution = flow_resolution_ns(flows)
     f = flows.select("src_addr", "start_ns", "end_ns", "est_bytes").with_columns(
         c=pl.col("src_addr").replace_strict(node_lab, default=-1, return_dtype=pl.Int64)).filter(pl.col("c") >= 0)
-    groups = {int(c): g for (c,), g in f.group_by("c")}
-    starts = {c: np.sort(g["start_ns"].to_numpy()) for c, g in groups.items()}
-    ends = {c: np.sort(g["end_ns"].to_numpy()) for c, g in groups.items()}
-    volume = {c: float(g["est_bytes"].sum()) for c, g in groups.items()}
+    volume = {int(c): float(v) for c, v in f.group_by("c").agg(v=pl.col("est_bytes").sum()).iter_rows()}
     size = np.bincount(lab, minlength=ncomp)
-    by_size: dict[int, list[int]] = {}
-    for c in range(ncomp):
-        if size[c] >= 2 and c in starts:
-            by_size.setdefault(int(size[c]), []).append(c)
-    for comps in by_size.values():
-        for i, a in enumerate(comps):
-            for b in comps[i + 1:]:
-                if find(a) == find(b) or abs(volume[a] - volume[b]) > 0.25 * max(volume[a], volume[b]):
-                    continue
-                if _lockstep(starts[a], starts[b], ends[a], ends[b], config):
-                    parent[find(b)] = find(a)
+    cand = [c for c in range(ncomp) if size[c] >= 2 and c in volume]
+    corr, _ = rail_correlations(f, cand, config, resolution)
+    for (a, b), (r, _lag) in sorted(corr.items()):
+        if size[a] != size[b] or find(a) == find(b):
+            continue
+        if abs(volume[a] - volume[b]) > 0.25 * max(volume[a], volume[b]):
+            continue
+        if r >= config.rail_min_correlation:
+            parent[find(b)] = find(a)
     return np.array([find(c) for c in lab.tolist()], dtype=np.int64)
 
 

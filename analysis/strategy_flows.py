@@ -16,8 +16,8 @@ import polars as pl
 from rankscope.analysis.diagnosis import Steps, Strategy
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_features import heavy_edges, pair_traffic, undirected_edges
-from rankscope.analysis.flow_groups import fit_grid, order_pipelines, timestamp_resolution_ns
-from rankscope.analysis.flow_jobs import address_key, components, merge_components
+from rankscope.analysis.flow_groups import fit_grid, order_pipelines
+from rankscope.analysis.flow_jobs import address_key, components, flow_resolution_ns, merge_components
 from rankscope.analysis.timelines import period_steps, step_period
 
 
@@ -137,7 +137,7 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     quality["pairs"] = int(edges.height)
     quality["heavy_pairs"] = int(heavy.height)
 
-    resolution = timestamp_resolution_ns(pt.training_flows["start_ns"].to_numpy())
+    resolution = flow_resolution_ns(pt.training_flows)
     quality["timestamp_resolution_ns"] = resolution
     fit = fit_grid(nodes, heavy, cfg, resolution)
     pipes, order_share = order_pipelines(fit, heavy)
