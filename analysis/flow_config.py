@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 from rankscope.collectors.errors import ConfigError
 
-# Ports whose traffic is control or storage, never collective/p2p training data:
-# torch rendezvous store, NFS, Lustre, iSCSI, Ceph monitor, HTTP(S) object stores, ssh, DNS, NTP.
-DEFAULT_CONTROL_PORTS = (29500, 2049, 988, 3260, 6789, 80, 443, 22, 53, 123)
+# Ports set apart before anything else: only the torch rendezvous store, whose clients tie a job's
+# endpoints together. Storage, checkpoint and other background traffic is told by its shape on any
+# port (flow_evidence), not from a list.
+DEFAULT_CONTROL_PORTS = (29500,)
 
 
 @dataclass(frozen=True)

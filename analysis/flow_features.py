@@ -133,7 +133,8 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
 
 
 def heavy_edges(edges: pl.DataFrame, config: FlowConfig | None = None) -> pl.DataFrame:
-    """Edges carrying at least ``edge_min_fraction`` of the busiest edge of either endpoint."""
+    """Edges carrying at least ``edge_min_fraction`` of the busiest edge of either endpoint, less the
+    links of storage/checkpoint servers (see :func:`rankscope.analysis.flow_evidence.storage_hubs`)."""
     cfg = config or FlowConfig()
     if edges.is_empty():
         return edges
@@ -141,4 +142,9 @@ def heavy_edges(edges: pl.DataFrame, config: FlowConfig | None = None) -> pl.Dat
         wmax=pl.col("w").max())
     e = (edges.join(node_max.rename({"n": "a", "wmax": "wa"}), on="a")
          .join(node_max.rename({"n": "b", "wmax": "wb"}), on="b"))
-    return e.filter(pl.col("bytes") >= cfg.edge_min_fraction * pl.max_horizontal("wa", "wb")).drop("wa", "wb")
+    heavy = e.filter(pl.col("bytes") >= cfg.edge_min_fraction * pl.max_horizontal("wa", "wb")).drop("wa", "wb")
+    # storage / checkpoint servers are told by the shape of their links, on whatever port they use
+    from rankscope.analysis.flow_evidence import storage_hubs
+
+    hubs = list(storage_hubs(heavy))
+    return heavy.filter(~pl.col("a").is_in(hubs) & ~pl.col("b").is_in(hubs)) if hubs else heavy

@@ -138,6 +138,10 @@ def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, li
     if len(set(psize.tolist())) > 1:
         valid = False
         notes.append(f"pipelines of unequal length {sorted(set(psize.tolist()))}")
+    # activations go downstream and gradients upstream: a pipeline link carries payload both ways
+    if is_pp.any() and (data_sym[is_pp] >= TWO_WAY).mean() < 0.5:
+        valid = False
+        notes.append("pipeline links carry payload one way only")
     dmask = ~is_pp
     da, db = ai[dmask], bi[dmask]
     dp_lab = components(nodes, da, db)

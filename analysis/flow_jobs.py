@@ -213,7 +213,7 @@ def recognise_jobs(flow: pl.DataFrame, capture: str, config: FlowConfig | None =
     for n, c in zip(nodes, lab):
         if sizes[c] >= cfg.min_job_endpoints:
             members.setdefault(int(c), []).append(n)
-    groups = sorted(members.values(), key=lambda m: address_key(m[0]))
+    groups = _with_evidence(members, lab, rails, nodes, heavy, pt.training_flows, cfg, quality)
     e_lab = lab[ai]
     e_bytes = heavy["bytes"].to_numpy()
     jobs = []
@@ -231,6 +231,29 @@ def recognise_jobs(flow: pl.DataFrame, capture: str, config: FlowConfig | None =
         light_pairs_inside_jobs=int(edges.height - heavy.height - light.height),
     )
     return FabricJobs(jobs, quality)
+
+
+def _with_evidence(members: dict[int, list[str]], lab: np.ndarray, rails: np.ndarray, nodes: list[str],
+                   heavy: pl.DataFrame, flows: pl.DataFrame, cfg: FlowConfig, quality: dict) -> list[list[str]]:
+    """The candidate endpoint sets that show a training job's shape; the others are counted as
+    non-training (storage, checkpoint, control) in ``quality``."""
+    from rankscope.analysis.flow_evidence import job_evidence
+
+    resolution = flow_resolution_ns(flows)
+    payload = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
+    keep, rejected = [], []
+    for c, m in members.items():
+        ms = set(m)
+        ev = job_evidence(m, heavy.filter(pl.col("a").is_in(m) & pl.col("b").is_in(m)),
+                          payload.filter(pl.col("src_addr").is_in(m) & pl.col("dst_addr").is_in(m)),
+                          len({int(r) for x, r in zip(nodes, rails.tolist()) if x in ms}), resolution, cfg)
+        if ev["is_job"]:
+            keep.append(m)
+        else:
+            rejected.append({"endpoints": len(m), "first": m[0], **ev})
+    if rejected:
+        quality["not_training"] = rejected
+    return sorted(keep, key=lambda m: address_key(m[0]))
 
 
 def job_flows(flow: pl.DataFrame, endpoints: list[str]) -> pl.DataFrame:
