@@ -169,8 +169,11 @@ def merge_components(nodes: list[str], lab: np.ndarray, flows: pl.DataFrame, con
                 if find(other) != find(labs[0]):
                     parent[find(other)] = find(labs[0])
     resolution = flow_resolution_ns(flows)
-    f = flows.select("src_addr", "start_ns", "end_ns", "est_bytes").with_columns(
-        c=pl.col("src_addr").replace_strict(node_lab, default=-1, return_dtype=pl.Int64)).filter(pl.col("c") >= 0)
+    # only the traffic inside each copy: a rail's NIC may also talk to storage or control hosts
+    f = flows.select("src_addr", "dst_addr", "start_ns", "end_ns", "est_bytes").with_columns(
+        c=pl.col("src_addr").replace_strict(node_lab, default=-1, return_dtype=pl.Int64),
+        cd=pl.col("dst_addr").replace_strict(node_lab, default=-2, return_dtype=pl.Int64),
+    ).filter((pl.col("c") >= 0) & (pl.col("c") == pl.col("cd")))
     volume = {int(c): float(v) for c, v in f.group_by("c").agg(v=pl.col("est_bytes").sum()).iter_rows()}
     size = np.bincount(lab, minlength=ncomp)
     cand = [c for c in range(ncomp) if size[c] >= 2 and c in volume]
