@@ -72,7 +72,7 @@ def job_evidence(endpoints: list[str], heavy: pl.DataFrame, flows: pl.DataFrame,
             "is_job": bool(fit.valid and (repeated or num_rails >= 2 or structured))}
 
 
-def storage_hubs(edges: pl.DataFrame, min_links: int = 8, ratio: float = 3.0) -> set[str]:
+def storage_hubs(edges: pl.DataFrame, min_links: int = 6, ratio: float = 2.0) -> set[str]:
     """Endpoints with at least ``min_links`` heavy links and ``ratio`` times as many as their typical
     neighbour: servers that many clients read from or write to (storage, checkpoints, dataset shards).
 
@@ -88,3 +88,58 @@ def storage_hubs(edges: pl.DataFrame, min_links: int = 8, ratio: float = 3.0) ->
           .group_by("n").agg(nb_links=pl.col("m_links").median()).join(deg, on="n"))
     hub = (pl.col("links") >= min_links) & (pl.col("links") >= ratio * pl.col("nb_links"))
     return set(nb.filter(hub)["n"].to_list())
+
+
+def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3) -> set[str]:
+    """Servers hidden in a small job's graph: in a connected set of links that forms no valid grid,
+    the busiest-linked endpoints whose removal leaves a valid grid (a storage server that a few hosts
+    read from closes cycles that no collective or pipeline has).
+
+    At most ``max_rounds`` rounds, each removing the endpoints with the most links, and never more
+    than a quarter of the set. Needs edges a, b, bytes, first_ab, first_ba, data_symmetry.
+    """
+    from rankscope.analysis.flow_groups import fit_grid
+    from rankscope.analysis.flow_jobs import address_key, components
+
+    if edges.is_empty():
+        return set()
+    nodes = sorted(set(edges["a"].to_list()) | set(edges["b"].to_list()), key=address_key)
+    idx = {x: i for i, x in enumerate(nodes)}
+    lab = components(nodes, np.array([idx[x] for x in edges["a"].to_list()]),
+                     np.array([idx[x] for x in edges["b"].to_list()]))
+    servers: set[str] = set()
+    for c in np.unique(lab).tolist():
+        members = [x for x, k in zip(nodes, lab.tolist()) if k == c]
+        if len(members) < 4:
+            continue
+        e = edges.filter(pl.col("a").is_in(members))
+        if fit_grid(members, e, config).valid:
+            continue
+        removed: list[str] = []
+        for _ in range(max_rounds):
+            both = pl.concat([e.select(n="a"), e.select(n="b")]).group_by("n").agg(links=pl.len())
+            top = both.filter(pl.col("links") == pl.col("links").max())["n"].to_list()
+            if len(removed) + len(top) > len(members) // 4:
+                break
+            removed.extend(top)
+            e = e.filter(~pl.col("a").is_in(top) & ~pl.col("b").is_in(top))
+            rest = sorted(set(e["a"].to_list()) | set(e["b"].to_list()), key=address_key)
+            if not e.is_empty() and _pieces_valid(rest, e, config):
+                servers.update(removed)
+                break
+    return servers
+
+
+def _pieces_valid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig) -> bool:
+    """Every connected piece left forms a valid grid (removing a server may split rails apart)."""
+    from rankscope.analysis.flow_groups import fit_grid
+    from rankscope.analysis.flow_jobs import components
+
+    idx = {x: i for i, x in enumerate(nodes)}
+    lab = components(nodes, np.array([idx[x] for x in edges["a"].to_list()]),
+                     np.array([idx[x] for x in edges["b"].to_list()]))
+    for c in np.unique(lab).tolist():
+        m = [x for x, k in zip(nodes, lab.tolist()) if k == c]
+        if len(m) >= 2 and not fit_grid(m, edges.filter(pl.col("a").is_in(m)), config).valid:
+            return False
+    return True

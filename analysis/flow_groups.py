@@ -35,7 +35,7 @@ import polars as pl
 
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_jobs import address_key, components
-from rankscope.analysis.flow_models import TWO_WAY, adjacency, group_kind, link_fit
+from rankscope.analysis.flow_models import BALANCED, TWO_WAY, adjacency, group_kind, link_fit
 
 
 @dataclass
@@ -152,6 +152,7 @@ def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, li
     # every DP group must be a collective's link pattern (ring, tree, all-to-all), not any set of links
     adj = adjacency(n, da, db)
     two = data_sym[dmask] >= TWO_WAY
+    balanced = data_sym[dmask] >= BALANCED
     members: dict[int, list[int]] = defaultdict(list)
     for i, c in enumerate(dp_lab.tolist()):
         members[c].append(i)
@@ -159,11 +160,20 @@ def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, li
     kinds: dict[int, str | None] = {}
     for c, m in members.items():
         sel = link_group == c
-        kinds[c] = group_kind(m, da[sel], db[sel], two[sel], adj)
+        kinds[c] = group_kind(m, da[sel], db[sel], two[sel], adj, balanced[sel])
     bad = [c for c, k in kinds.items() if k is None]
     if bad:
         valid = False
         notes.append(f"{len(bad)} data-parallel group(s) fit no collective (ring, tree, all-to-all)")
+    mixed = 0
+    if len(da):
+        dm = pl.DataFrame({"c": link_group, "m": modes[dmask]}).group_by("c").agg(k=pl.col("m").n_unique())
+        mixed = int((dm["k"] - 1).sum())
+    # one collective moves the same bytes over every link of its group: a DP group whose links fall
+    # into several byte modes is two kinds of traffic lumped together
+    if mixed:
+        valid = False
+        notes.append("a data-parallel group's links carry different byte volumes")
     # grid: no DP group holds two members of one pipeline
     pairs = set(zip(dp_lab.tolist(), pl_lab.tolist()))
     if len(pairs) < n:
@@ -173,12 +183,6 @@ def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, li
     for j, e in enumerate(np.flatnonzero(dmask).tolist()):
         kind_of_link[e] = kinds[int(link_group[j])]
     fit = link_fit(is_pp, kind_of_link, data_sym, like)
-    # one collective moves the same bytes over every link of its group: a DP group whose links fall
-    # into several byte modes is two kinds of traffic lumped together
-    mixed = 0
-    if len(da):
-        dm = pl.DataFrame({"c": link_group, "m": modes[dmask]}).group_by("c").agg(k=pl.col("m").n_unique())
-        mixed = int((dm["k"] - 1).sum())
     mean_fit = float(fit.mean()) if len(fit) else 0.0
     score = float(fit.sum()) + (1e6 if valid else 0.0) - 1e3 * mixed
     dp_groups = _groups(nodes, dp_lab)

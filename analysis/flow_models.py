@@ -31,6 +31,9 @@ from collections import deque
 
 import numpy as np
 
+BALANCED = 0.5
+"""a link's payload is balanced when its smaller direction carries at least this share of the larger."""
+
 TWO_WAY = 0.05
 """a link carries payload both ways when its smaller payload direction is at least this share of the
 larger; ACK/CTS flows and bare TCP segments are well under 1 % of the payload they acknowledge."""
@@ -57,12 +60,14 @@ def _eccentricity(adj: list[list[int]], members: list[int], start: int) -> int:
 
 
 def group_kind(members: list[int], ea: np.ndarray, eb: np.ndarray, two_way: np.ndarray,
-               adj: list[list[int]]) -> str | None:
+               adj: list[list[int]], balanced: np.ndarray | None = None) -> str | None:
     """The collective a DP group's links fit (``pair``, ``ring``, ``tree``, ``all_to_all``) or None.
 
     ``ea``/``eb``: the group's links as node indices; ``two_way``: whether each carries payload both
-    ways; ``adj``: adjacency of the group's links only.
+    ways; ``balanced``: whether the two directions carry about the same payload (tree links do);
+    ``adj``: adjacency of the group's links only.
     """
+    balanced = two_way if balanced is None else balanced
     n, m = len(members), len(ea)
     if n == 1:
         return "single"
@@ -73,8 +78,8 @@ def group_kind(members: list[int], ea: np.ndarray, eb: np.ndarray, two_way: np.n
         return "all_to_all" if two_way.mean() >= 0.5 else None
     if m == n and (deg == 2).all():
         return "ring"  # a cycle: one-way payload round it, or a ring run in both directions
-    # a tree link carries the reduction up and the broadcast down
-    if two_way.mean() < 0.5 or not n - 1 <= m <= 2 * (n - 1) or deg.max() > 6:
+    # a tree link carries the reduction up and the broadcast down: the same bytes both ways
+    if balanced.mean() < 0.75 or not n - 1 <= m <= 2 * (n - 1) or deg.max() > 6:
         return None
     # NCCL's trees are binary and balanced: depth ~log2(n); a long chain of links is not one
     radius = min(_eccentricity(adj, members, s) for s in members)
