@@ -143,3 +143,20 @@ def _pieces_valid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig) -> 
         if len(m) >= 2 and not fit_grid(m, edges.filter(pl.col("a").is_in(m)), config).valid:
             return False
     return True
+
+
+def light_pendants(edges: pl.DataFrame, mode_gap: float) -> set[str]:
+    """Endpoints hanging off a job by one link much lighter than their neighbour's busiest link: a
+    storage server or a control host that one member talks to. A pipeline's end stage hangs off by
+    a link as heavy as the pipeline's other links, and a tree's leaf by one as heavy as the tree's.
+    Needs edges a, b, bytes.
+    """
+    if edges.is_empty():
+        return set()
+    both = pl.concat([edges.select(n="a", m="b", w="bytes"), edges.select(n="b", m="a", w="bytes")])
+    per = both.group_by("n").agg(links=pl.len(), wmax=pl.col("w").max())
+    pend = both.join(per.filter(pl.col("links") == 1).select("n"), on="n").join(
+        per.rename({"n": "m", "links": "m_links", "wmax": "m_wmax"}), on="m")
+    # the neighbour must have other links: two endpoints joined by one link are a pair, not a pendant
+    light = pend.filter((pl.col("m_links") > 1) & (pl.col("w") * mode_gap < pl.col("m_wmax")))
+    return set(light["n"].to_list())

@@ -144,9 +144,9 @@ def heavy_edges(edges: pl.DataFrame, config: FlowConfig | None = None) -> pl.Dat
          .join(node_max.rename({"n": "b", "wmax": "wb"}), on="b"))
     heavy = e.filter(pl.col("bytes") >= cfg.edge_min_fraction * pl.max_horizontal("wa", "wb")).drop("wa", "wb")
     # storage / checkpoint servers are told by the shape of their links, on whatever port they use
-    from rankscope.analysis.flow_evidence import peel_servers, storage_hubs
+    from rankscope.analysis.flow_evidence import light_pendants, peel_servers, storage_hubs
 
-    hubs = list(storage_hubs(heavy))
+    hubs = list(storage_hubs(heavy) | light_pendants(heavy, cfg.mode_gap))
     heavy = heavy.filter(~pl.col("a").is_in(hubs) & ~pl.col("b").is_in(hubs)) if hubs else heavy
     hidden = list(peel_servers(heavy, cfg))
     return heavy.filter(~pl.col("a").is_in(hidden) & ~pl.col("b").is_in(hidden)) if hidden else heavy

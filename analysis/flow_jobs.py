@@ -126,6 +126,8 @@ def rail_correlations(flows: pl.DataFrame, comps: list[int], config: FlowConfig,
         # records open and close (all that is left when records last as long as the capture)
         spread = _activity(st, en, g["est_bytes"].to_numpy().astype(float), t0, bin_ns, nbins)
         events = np.bincount(np.clip(np.r_[st - t0, en - t0] // bin_ns, 0, nbins - 1), minlength=nbins)
+        # an instant near a bin edge lands in either bin: give each a neighbour on both sides
+        events = np.convolve(events, np.ones(3), mode="same")
         views = []
         for x in (spread, events.astype(float)):
             x = x - x.mean()
