@@ -108,9 +108,12 @@ def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3) -
     lab = components(nodes, np.array([idx[x] for x in edges["a"].to_list()]),
                      np.array([idx[x] for x in edges["b"].to_list()]))
     servers: set[str] = set()
+    sizes = np.bincount(lab)
+    copies = np.bincount(sizes)
     for c in np.unique(lab).tolist():
         members = [x for x, k in zip(nodes, lab.tolist()) if k == c]
-        if len(members) < 4:
+        # a rail with identical copies carries no server (a server would change its size)
+        if len(members) < 4 or copies[sizes[c]] > 1:
             continue
         e = edges.filter(pl.col("a").is_in(members))
         if fit_grid(members, e, config).valid:
