@@ -20,6 +20,7 @@ from rankscope.analysis.coverage import rank_coverage
 from rankscope.analysis.diagnosis import Diagnosis, Steps, Strategy
 from rankscope.analysis.findings import build_findings
 from rankscope.analysis.flow_config import FlowConfig
+from rankscope.analysis.flow_stragglers import flow_straggler_section
 from rankscope.analysis.hangs import hang_section
 from rankscope.analysis.job_model import JobModel, build_job_model
 from rankscope.analysis.regressions import RegressionConfig, regression_section
@@ -121,6 +122,10 @@ def _blackbox(frames: JobFrames, config: DiagnoseConfig, d: Diagnosis) -> None:
     d.strategy = res.strategy
     d.steps = res.steps
     d.data_quality["flows"] = res.quality
+    if res.job_flows is not None:
+        d.stragglers = flow_straggler_section(res.job_flows, res.strategy, res.steps,
+                                              res.quality.get("timestamp_resolution_ns", 1),
+                                              config.stragglers.none_below)
     d.data_quality["exporter_clock"] = {
         "exporters": int(exp_off.height),
         "max_abs_offset_ns": float(exp_off["offset_ns"].abs().max()) if exp_off.height else 0.0}
@@ -182,7 +187,10 @@ def analyze_job(frames: JobFrames, config: DiagnoseConfig | None = None,
             d.steps = Steps(extra={"evaluated": False, "why": "no step boundaries found"})
     d.data_quality["layout"] = {"source": model.layout["source"][0] if model.layout.height else "unknown",
                                 "filled": model.filled, "notes": model.notes}
+    flow_only = d.stragglers if has_flow and not has_comm else None
     d.stragglers = _stragglers(model, d.strategy, config)
+    if flow_only is not None and d.stragglers.extra.get("evaluated") is False:
+        d.stragglers = flow_only  # no per-rank records: the flows' own straggler evidence
     d.regressions = regression_section(model.frames, baseline, config.regressions)
     d.hangs = _hangs(model, d.data_quality.get("missing_ranks") or [])
     d.extra["findings"] = build_findings(d.stragglers, d.regressions)

@@ -26,6 +26,8 @@ class FlowInference:
     strategy: Strategy
     steps: Steps
     quality: dict = field(default_factory=dict)
+    job_flows: pl.DataFrame | None = None
+    """the job's training records (aligned, with est_bytes and is_data), for flow-based stragglers."""
 
 
 def _tp_groups(nodes: list[str], rail_of: dict[str, int], pipelines: list[list[str]], tp: int,
@@ -161,4 +163,5 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
                             "stage_order_agreement": round(order_share, 4), "notes": notes,
                             "model_fit": round(fit.fit, 4), "dp_group_kinds": fit.group_kinds,
                             "ambiguous": fit.ambiguous, "alternatives": fit.alternatives})
-    return FlowInference(strat, steps, quality)
+    return FlowInference(strat, steps, quality,
+                         pt.training_flows.filter(pl.col("src_addr").is_in(nodes) & pl.col("dst_addr").is_in(nodes)))
