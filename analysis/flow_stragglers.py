@@ -148,5 +148,18 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
     verdict = cause if s >= none_below else "none"
     top = [{"endpoint": x["culprit"], "slowdown": round(step / (step - min(x["extra_ns"], 0.9 * step)), 4),
             "kind": x["kind"]} for x in sorted(found, key=lambda x: -x["extra_ns"])]
+    # the evidence in the shape the findings read (culprits are addresses: flows know no ranks)
+    ev: dict = {"slow_links": [], "slow_ranks": []}
+    culprits: dict = {}
+    for x in found:
+        f = round(step / (step - min(x["extra_ns"], 0.9 * step)), 4)
+        if x["kind"] == "slow_worker":
+            ev["slow_ranks"].append({"rank": x["culprit"], "factor": f, "steps": []})
+            culprits.setdefault("worker", {"rank": x["culprit"], "factor": f, "factor_vs": "its DP group's senders"})
+        else:
+            ev["slow_links"].append({"rank": x["culprit"], "factor": x["factor"], "steps": [],
+                                     "slow_transfers": len(x["links"]), "transfers": int(dp["src_addr"].n_unique())})
+            culprits.setdefault("communication", {"rank": x["culprit"], "transfer_ratio": x["factor"]})
     return Stragglers(slowdown=round(s, 4), verdict=verdict, by_cause={cause: 1.0}, top_workers=top,
-                      waste_fraction=round(1 - 1 / s, 4), extra={**base, "findings_flows": found})
+                      waste_fraction=round(1 - 1 / s, 4),
+                      extra={**base, "findings_flows": found, "evidence": ev, "culprits": culprits, "steps": []})

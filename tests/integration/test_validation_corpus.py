@@ -1,0 +1,73 @@
+"""Black-box inference on the outside validation corpus (../shared/validation), read in place.
+
+Each capture is ingested and analysed with the real CLI, and each report is
+scored with the corpus's own scorer: every scored check must pass (jobs, dp,
+pp, tp when not null, groups, stage order, and for V5 the slow NIC named with
+verdict ``communication``). The reports must also keep the report contract.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VALIDATION = (ROOT / ".." / "shared" / "validation").resolve()
+CASES = sorted(p.name for p in (VALIDATION / "flows").glob("*")) if (VALIDATION / "flows").is_dir() else []
+SCHEMA = (ROOT / ".." / "shared" / "contracts" / "report.schema.json").resolve()
+
+pytestmark = pytest.mark.skipif(not CASES, reason="../shared/validation is not present")
+
+
+def _scorer():
+    spec = importlib.util.spec_from_file_location("validation_score", VALIDATION / "score.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _cli(*args):
+    code = "import sys; from rankscope.cli.main import main; sys.exit(main())"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    return _scorer()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_capture_passes_every_scored_check(case, tmp_path, scorer):
+    store, out = tmp_path / "store", tmp_path / "out"
+    r = _cli("ingest", "--store", str(store), "--job", "cap", "-q", str(VALIDATION / "flows" / case / "flows.ipfix"))
+    assert r.returncode == 0, r.stderr
+    r = _cli("analyze", "--store", str(store), "--out-dir", str(out), "--no-html")
+    assert r.returncode == 0, r.stderr
+    reports = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    truth = json.loads((VALIDATION / "flows" / case / "truth.json").read_text())
+    lines: list[str] = []
+    k, n = scorer.run_checks(truth, reports, "ip", out=lines.append)
+    failed = [x for x in lines if x.startswith("FAIL")]
+    assert k == n and not failed, "\n".join(failed)
+    checked = {x.split(":")[0].split(" ", 1)[1] for x in lines if x.startswith("PASS")}
+    assert "jobs" in checked and any(c.endswith(" dp") for c in checked) and any(c.endswith("dp_groups") for c in checked)
+    for rep in reports:
+        st = rep["strategy"]
+        assert st["tp"] in (None, truth["jobs"][0]["tp"]) or any(st["tp"] == j["tp"] for j in truth["jobs"])
+        assert 0.0 <= st["confidence"] <= 1.0
+    faults = [j["fault"] for j in truth["jobs"] if (j.get("fault") or {}).get("kind") == "link"]
+    for fault in faults:
+        # the slow NIC is named from flows alone
+        assert any(rep["stragglers"]["verdict"] == "communication"
+                   and rep["stragglers"]["top_workers"][0]["endpoint"] == fault["ip"] for rep in reports)
+    if not faults:
+        # a healthy capture gets no communication culprit
+        assert all(rep["stragglers"]["verdict"] != "communication" for rep in reports)
+    if SCHEMA.exists():
+        jsonschema = pytest.importorskip("jsonschema")
+        schema = json.loads(SCHEMA.read_text())
+        for rep in reports:
+            jsonschema.validate(rep, schema)
