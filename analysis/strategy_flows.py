@@ -18,6 +18,7 @@ from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_features import heavy_edges, pair_traffic, undirected_edges
 from rankscope.analysis.flow_groups import fit_grid, order_pipelines
 from rankscope.analysis.flow_jobs import address_key, components, flow_resolution_ns, merge_components
+from rankscope.analysis.flow_period import whole_step
 from rankscope.analysis.timelines import period_steps, step_period
 
 
@@ -90,6 +91,11 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     period = step_period(bursts["key"].to_numpy(), t)
     if period is None:
         return Steps(extra={"evaluated": False, "why": "no periodic data-parallel traffic", "source": "flows"})
+    # a link's bursts may repeat several times a step: the job's whole traffic repeats once a step
+    payload = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
+    whole = whole_step(payload, period, flow_resolution_ns(flows)) if "est_bytes" in flows.columns else None
+    if whole and whole["multiple"] > 1:
+        period = whole["step_ns"]
     bounds = period_steps(int(t.min()), int(t.max()), period)
     # records that last most of the gap to the next one were closed by the active timeout and may
     # span several steps: then only a multiple of the step is observable
@@ -98,10 +104,16 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     extra = {"source": "flows: period of data-parallel traffic", "evaluated": True,
              "durations_ns": [int(round(period))] * len(bounds), "record_cover": round(cover, 3),
              "note": "flows give one period for all steps; boundaries are spaced by it"}
+    if whole:
+        extra["period_multiple"] = whole["multiple"]
+        extra["autocorrelation_by_multiple"] = {str(k): v for k, v in whole["corr"].items()}
     # The longest records show the exporter's active timeout; once it reaches half the period, a
     # record can hold two steps and the period seen may be a multiple of the real one.
     long_frac = float(np.quantile(dur, 0.95) / period) if period > 0 and len(dur) else 0.0
     extra["longest_record_cover"] = round(long_frac, 3)
+    if whole and whole["weak"]:
+        extra["ambiguous"] = True
+        extra["why"] = "the job's traffic does not repeat clearly at this period: the step time is uncertain"
     if cover > 0.5 or long_frac >= 0.5:
         extra["ambiguous"] = True
         extra["why"] = (f"flow records last up to {max(cover, long_frac):.0%} of the period: the exporter's "
