@@ -64,7 +64,8 @@ def timestamp_resolution_ns(t_ns: np.ndarray) -> int:
         if not len(t):
             break
         q = t / r
-        if np.mean(np.abs(q - np.round(q)) <= 0.02) >= 0.99:
+        # ticks coarser than the distances themselves say nothing (every distance rounds to 0)
+        if np.mean(np.abs(q - np.round(q)) <= 0.02) >= 0.99 and np.mean(np.round(q) >= 1) >= 0.5:
             res = r
     return res
 

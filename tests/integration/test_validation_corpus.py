@@ -58,6 +58,12 @@ def test_capture_passes_every_scored_check(case, tmp_path, scorer):
         st = rep["strategy"]
         assert st["tp"] in (None, truth["jobs"][0]["tp"]) or any(st["tp"] == j["tp"] for j in truth["jobs"])
         assert 0.0 <= st["confidence"] <= 1.0
+    # step time: within 1 % of the truth, or reported unknown / uncertain, never a silent multiple
+    for i, j in enumerate(scorer.pair_jobs(truth["jobs"], reports, "ip")):
+        st = reports[j]["steps"]
+        want = truth["jobs"][i]["step_time_s_median"] * 1e9
+        if st.get("median_ns") and not st.get("ambiguous") and st.get("evaluated") is not False:
+            assert abs(st["median_ns"] - want) <= 0.01 * want, (case, st["median_ns"], want)
     faults = [j["fault"] for j in truth["jobs"] if (j.get("fault") or {}).get("kind") == "link"]
     for fault in faults:
         # the slow NIC is named from flows alone
