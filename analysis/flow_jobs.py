@@ -90,7 +90,7 @@ def components(nodes: list[str], a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return connected_components(m, directed=False)[1]
 
 
-def _activity(start: np.ndarray, end: np.ndarray, bytes_: np.ndarray, t0: int, bin_ns: int,
+def activity_series(start: np.ndarray, end: np.ndarray, bytes_: np.ndarray, t0: int, bin_ns: int,
               nbins: int) -> np.ndarray:
     """Bytes per time bin, each record's bytes spread evenly over the bins it spans."""
     sb = np.clip((start - t0) // bin_ns, 0, nbins - 1)
@@ -129,7 +129,7 @@ def rail_correlations(flows: pl.DataFrame, comps: list[int], config: FlowConfig,
         st, en = g["start_ns"].to_numpy(), g["end_ns"].to_numpy()
         # two views of the same timing: bytes spread over each record (bursts), and the instants
         # records open and close (all that is left when records last as long as the capture)
-        spread = _activity(st, en, g["est_bytes"].to_numpy().astype(float), t0, bin_ns, nbins)
+        spread = activity_series(st, en, g["est_bytes"].to_numpy().astype(float), t0, bin_ns, nbins)
         events = np.bincount(np.clip(np.r_[st - t0, en - t0] // bin_ns, 0, nbins - 1), minlength=nbins)
         # an instant near a bin edge lands in either bin: give each a neighbour on both sides
         events = np.convolve(events, np.ones(3), mode="same")
@@ -264,7 +264,7 @@ def _with_evidence(members: dict[int, list[str]], lab: np.ndarray, rails: np.nda
     resolution = flow_resolution_ns(flows)
     payload = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
     keep, rejected = [], []
-    for c, m in members.items():
+    for m in members.values():
         ms = set(m)
         ev = job_evidence(m, heavy.filter(pl.col("a").is_in(m) & pl.col("b").is_in(m)),
                           payload.filter(pl.col("src_addr").is_in(m) & pl.col("dst_addr").is_in(m)),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.flow_jobs import _activity
+from rankscope.analysis.flow_jobs import activity_series
 
 MARGIN = 0.1
 """a longer multiple replaces the period only when it correlates better by this much."""
@@ -34,7 +34,7 @@ def whole_step(flows: pl.DataFrame, period_ns: float, resolution_ns: int, max_mu
     span = t1 - t0
     bin_ns = max(int(period_ns / 100), 4 * int(resolution_ns), 1)
     nbins = int(span // bin_ns) + 1
-    x = _activity(flows["start_ns"].to_numpy(), flows["end_ns"].to_numpy(),
+    x = activity_series(flows["start_ns"].to_numpy(), flows["end_ns"].to_numpy(),
                   flows["est_bytes"].to_numpy().astype(float), t0, bin_ns, nbins)
     x = x - x.mean()
     if not (x * x).sum():

@@ -70,7 +70,7 @@ def slow_links(dp: pl.DataFrame, resolution_ns: int, num_steps: int, sampled: bo
     links = links.with_columns(z=pl.Series((lr - med) / sd))
     links = links.with_columns(at_min=pl.col("rate") <= pl.col("rate").min().over("g") * (1 + pl.col("tol")))
     found = []
-    for (g,), gl in links.group_by("g"):
+    for _, gl in links.group_by("g"):
         if gl["z"].min() >= -OUTLIER_MADS:
             continue
         low = gl.filter(pl.col("at_min"))
