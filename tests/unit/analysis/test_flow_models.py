@@ -96,3 +96,31 @@ def test_whole_step_from_a_sub_period():
     f = pl.DataFrame(rows, schema=["start_ns", "end_ns", "est_bytes"], orient="row")
     w = whole_step(f, 250_000_000, 1)
     assert w["multiple"] == 4 and abs(w["step_ns"] - 1e9) < 1e6
+
+
+def _ring_records(n=6, steps=6, step=1_000_000_000, late=None, slow=None, res=1_000_000):
+    rows = []
+    rng = np.random.default_rng(1)
+    for s in range(steps):
+        for i in range(n):
+            src, dst = f"10.0.{i}.1", f"10.0.{(i + 1) % n}.1"
+            t = s * step + 600_000_000 + int(rng.normal(0, 2e6)) + (150_000_000 if src == late else 0)
+            dur = 200_000_000 * (2.5 if slow in (src, dst) else 1.0) * (1 + rng.normal(0, 0.01))
+            a, b = t // res * res, int(t + dur) // res * res
+            rows.append((src, dst, a, b, 4e9, True))
+    return pl.DataFrame(rows, schema=["src_addr", "dst_addr", "start_ns", "end_ns", "est_bytes", "is_data"],
+                        orient="row")
+
+
+def test_flow_stragglers_name_a_slow_nic_and_a_late_sender():
+    from rankscope.analysis.diagnosis import Steps, Strategy
+    from rankscope.analysis.flow_stragglers import flow_straggler_section
+
+    strat = Strategy(dp=6, dp_groups=[[f"10.0.{i}.1" for i in range(6)]])
+    steps = Steps(count=6, median_ns=1e9)
+    nic = flow_straggler_section(_ring_records(slow="10.0.3.1"), strat, steps, 1_000_000)
+    assert nic.verdict == "communication" and nic.top_workers[0]["endpoint"] == "10.0.3.1"
+    late = flow_straggler_section(_ring_records(late="10.0.4.1"), strat, steps, 1_000_000)
+    assert late.verdict == "worker" and late.top_workers[0]["endpoint"] == "10.0.4.1"
+    calm = flow_straggler_section(_ring_records(), strat, steps, 1_000_000)
+    assert calm.verdict == "none" and not calm.top_workers
