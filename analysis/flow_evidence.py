@@ -16,8 +16,8 @@ training job only when its traffic has the shape of one:
 
 A job needs a valid grid and one more sign: repeated bursts, rail copies, or
 a grid that no two hosts alone can form (a collective of three or more
-members, or a pipeline of three or more stages), which a short capture of
-one rail still shows.
+members, a pipeline of three or more stages, or DP pairs crossed with
+two-stage pipelines), which a short capture of one rail still shows.
 
 Storage and checkpoint servers are recognised by shape too (:func:`storage_hubs`):
 far more heavy links than their clients have, where every member of a
@@ -66,7 +66,8 @@ def job_evidence(endpoints: list[str], heavy: pl.DataFrame, flows: pl.DataFrame,
     repeated = med >= MIN_BURSTS
     dp = max((len(g) for g in fit.dp_groups), default=1)
     pp = max((len(p) for p in fit.pipelines), default=1)
-    structured = dp >= 3 or pp >= 3
+    # a full two-dimensional grid (every endpoint in a DP group and a pipeline) is a training shape too
+    structured = dp >= 3 or pp >= 3 or (dp >= 2 and pp >= 2)
     return {"grid_valid": bool(fit.valid), "median_bursts": med, "rail_copies": int(num_rails),
             "structured_grid": bool(structured),
             "is_job": bool(fit.valid and (repeated or num_rails >= 2 or structured))}
