@@ -122,6 +122,10 @@ def _blackbox(frames: JobFrames, config: DiagnoseConfig, d: Diagnosis) -> None:
     d.strategy = res.strategy
     d.steps = res.steps
     d.data_quality["flows"] = res.quality
+    if res.job_flows is not None:
+        d.stragglers = flow_straggler_section(res.job_flows, res.strategy, res.steps,
+                                              res.quality.get("timestamp_resolution_ns", 1),
+                                              config.stragglers.none_below)
     d.data_quality["exporter_clock"] = {
         "exporters": int(exp_off.height),
         "max_abs_offset_ns": float(exp_off["offset_ns"].abs().max()) if exp_off.height else 0.0}
@@ -183,11 +187,10 @@ def analyze_job(frames: JobFrames, config: DiagnoseConfig | None = None,
             d.steps = Steps(extra={"evaluated": False, "why": "no step boundaries found"})
     d.data_quality["layout"] = {"source": model.layout["source"][0] if model.layout.height else "unknown",
                                 "filled": model.filled, "notes": model.notes}
+    flow_only = d.stragglers if has_flow and not has_comm else None
     d.stragglers = _stragglers(model, d.strategy, config)
-    if has_flow and not has_comm and not d.stragglers.extra.get("evaluated", True):
-        d.stragglers = flow_straggler_section(
-            apply_exporter_offsets(frames.flow, exporter_clock_offsets(frames.flow)), d.strategy,
-            config.stragglers.slow_link_at)
+    if flow_only is not None and d.stragglers.extra.get("evaluated") is False:
+        d.stragglers = flow_only  # no per-rank records: the flows' own straggler evidence
     d.regressions = regression_section(model.frames, baseline, config.regressions)
     d.hangs = _hangs(model, d.data_quality.get("missing_ranks") or [])
     d.extra["findings"] = build_findings(d.stragglers, d.regressions)

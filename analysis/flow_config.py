@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 from rankscope.collectors.errors import ConfigError
 
-# Ports whose traffic is control or storage, never collective/p2p training data:
-# torch rendezvous store, NFS, Lustre, iSCSI, Ceph monitor, HTTP(S) object stores, ssh, DNS, NTP.
-DEFAULT_CONTROL_PORTS = (29500, 2049, 988, 3260, 6789, 80, 443, 22, 53, 123)
+# Ports set apart before anything else: only the torch rendezvous store, whose clients tie a job's
+# endpoints together. Storage, checkpoint and other background traffic is told by its shape on any
+# port (flow_evidence), not from a list.
+DEFAULT_CONTROL_PORTS = (29500,)
 
 
 @dataclass(frozen=True)
@@ -26,10 +27,20 @@ class FlowConfig:
     max_modes: int = 6
     """at most this many byte modes are tried as data-parallel / pipeline labelings."""
     sync_tolerance_ns: int = 200_000
-    """two disconnected traffic graphs are one job (one per rail / tensor-parallel rank) when most of
-    their record starts and ends coincide within this tolerance (after one clock offset)."""
+    """finest time bin of the activity series whose cross-correlation joins the rails of one job (the
+    bin is at least four timestamp ticks, so millisecond exporters get 4 ms bins)."""
+    rail_min_correlation: float = 0.8
+    """two disconnected traffic graphs of one size are one job (one per rail / tensor-parallel rank)
+    when their binned activity correlates at least this well within the exporters' clock offsets."""
     max_exporter_skew_ns: int = 20_000_000
     """largest clock offset between two exporters that lockstep matching corrects for."""
+    tie_margin: float = 0.05
+    """two valid labellings whose mean per-link model fits differ by at most this much explain the
+    traffic equally well: the strategy is reported ambiguous with the alternatives."""
+    max_ack_packet_bytes: int = 128
+    """a record whose mean packet is at most this many bytes is an ACK/CTS flow or a connection
+    set-up, not payload (RoCE ACKs are ~48-64 bytes, bare TCP segments 52-80; payload packets are
+    MTU-sized)."""
     min_job_endpoints: int = 2
     """a connected set of endpoints smaller than this is not a training job."""
 

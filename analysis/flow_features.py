@@ -19,7 +19,7 @@ import polars as pl
 
 from rankscope.analysis.flow_config import FlowConfig
 
-PAIR_COLUMNS = ("src", "dst", "bytes", "num_records", "first_ns", "last_ns", "mid_ns")
+PAIR_COLUMNS = ("src", "dst", "bytes", "num_records", "first_ns", "last_ns", "data_bytes", "first_data_ns")
 
 
 @dataclass
@@ -27,8 +27,8 @@ class PairTraffic:
     """Directed pair table plus what was set apart, for data_quality."""
 
     pairs: pl.DataFrame
-    """src, dst, bytes (sampling-scaled), num_records, first_ns, last_ns, mid_ns (the byte-weighted mean
-    of record midpoints: when in the step the pair's bytes moved, on average)."""
+    """src, dst, bytes (sampling-scaled), num_records, first_ns, last_ns, data_bytes and first_data_ns
+    (records that carry payload, not the reverse ACK/CTS flow of a transfer or a connection set-up)."""
     training_flows: pl.DataFrame
     """the flow records that were kept (aligned, with est_bytes), for step finding."""
     control_flows: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -42,6 +42,17 @@ def estimated_bytes() -> pl.Expr:
     return pl.coalesce(pl.col("est_size_bytes"), pl.col("size_bytes") * rate).cast(pl.Float64)
 
 
+def is_data_record(max_ack_packet_bytes: int) -> pl.Expr:
+    """A record carries payload when its mean packet is larger than an ACK/CTS or bare TCP segment.
+
+    Sampling keeps bytes per packet, so the raw exported counts are enough; records without a packet
+    count are taken as data (nothing tells otherwise).
+    """
+    packets = pl.col("num_packets").cast(pl.Float64)
+    per_packet = pl.col("size_bytes").cast(pl.Float64) / packets
+    return pl.when(packets > 0).then(per_packet > max_ack_packet_bytes).otherwise(True).fill_null(True)
+
+
 def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTraffic:
     """Directed pair table of one capture or job.
 
@@ -52,10 +63,13 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
     if flow.is_empty():
         return PairTraffic(pl.DataFrame(schema={"src": pl.Utf8, "dst": pl.Utf8, "bytes": pl.Float64,
                                                 "num_records": pl.Int64, "first_ns": pl.Int64,
-                                                "last_ns": pl.Int64, "mid_ns": pl.Int64}), flow, {"records": 0})
+                                                "last_ns": pl.Int64, "data_bytes": pl.Float64,
+                                                "first_data_ns": pl.Int64}), flow, {"records": 0})
     if "est_size_bytes" not in flow.columns:
         flow = flow.with_columns(est_size_bytes=pl.lit(None, pl.Int64))
     ports = list(cfg.control_ports)
+    if "num_packets" not in flow.columns:
+        flow = flow.with_columns(num_packets=pl.lit(None, pl.Int64))
     if "protocol" not in flow.columns:
         flow = flow.with_columns(protocol=pl.lit(None, pl.Int32))
     is_ctl = pl.col("src_port").is_in(ports).fill_null(False) | pl.col("dst_port").is_in(ports).fill_null(False)
@@ -64,17 +78,16 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
                  | pl.col("dst_addr").str.contains(r"^2(2[4-9]|3\d)\.") | ~pl.col("protocol").fill_null(17).is_in([6, 17]))
     is_ctl = is_ctl | multicast
     self_loop = pl.col("src_addr") == pl.col("dst_addr")
-    f = flow.with_columns(est_bytes=estimated_bytes(), _ctl=is_ctl, _self=self_loop)
+    f = flow.with_columns(est_bytes=estimated_bytes(), _ctl=is_ctl, _self=self_loop,
+                          is_data=is_data_record(cfg.max_ack_packet_bytes))
     ctl = f.filter(pl.col("_ctl"))
     loops = f.filter(pl.col("_self") & ~pl.col("_ctl"))
     keep = f.filter(~pl.col("_ctl") & ~pl.col("_self")).drop("_ctl", "_self")
     per_exp = (keep.group_by(["src_addr", "dst_addr", "exporter"])
                .agg(bytes=pl.col("est_bytes").sum(), num_records=pl.len().cast(pl.Int64),
                     first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max(),
-                    # relative to the first start, so the weighted sum stays exact in float64
-                    mid_rel=(((pl.col("start_ns") + pl.col("end_ns")) / 2 - pl.col("start_ns").min())
-                             * pl.col("est_bytes")).sum() / pl.col("est_bytes").sum()))
-    per_exp = per_exp.with_columns(mid_ns=(pl.col("first_ns") + pl.col("mid_rel")).cast(pl.Int64)).drop("mid_rel")
+                    data_bytes=pl.col("est_bytes").filter(pl.col("is_data")).sum(),
+                    first_data_ns=pl.col("start_ns").filter(pl.col("is_data")).min()))
     # one exporter per directed pair: the one that saw the most bytes (the others saw the same transfer)
     pairs = (per_exp.sort("bytes", descending=True).group_by(["src_addr", "dst_addr"]).first()
              .rename({"src_addr": "src", "dst_addr": "dst"}).drop("exporter").sort(["src", "dst"]))
@@ -95,27 +108,33 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
 def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
     """Undirected edges a < b with per-direction features.
 
-    Returns a, b, bytes (both directions), bytes_ab, bytes_ba, first_ab, first_ba, mid_ab, mid_ba,
-    symmetry (smaller direction / larger, 0 for one-way traffic).
+    Returns a, b, bytes (both directions), bytes_ab, bytes_ba, first_ab, first_ba,
+    symmetry (smaller direction / larger, 0 for one-way traffic), and the same from payload records
+    only: data_ab, data_ba, data_symmetry (a ring link carries payload one way and ACKs back; a
+    pipeline link carries activations one way and gradients back). first_ab/first_ba are the first
+    payload record of each direction (the pair's first record when it has no payload at all).
     """
     p = pairs.with_columns(a=pl.min_horizontal("src", "dst"), b=pl.max_horizontal("src", "dst"),
                            fwd=pl.col("src") < pl.col("dst"))
     e = p.group_by(["a", "b"]).agg(
         bytes_ab=pl.col("bytes").filter(pl.col("fwd")).sum(),
         bytes_ba=pl.col("bytes").filter(~pl.col("fwd")).sum(),
-        first_ab=pl.col("first_ns").filter(pl.col("fwd")).min(),
-        first_ba=pl.col("first_ns").filter(~pl.col("fwd")).min(),
-        mid_ab=pl.col("mid_ns").filter(pl.col("fwd")).min(),
-        mid_ba=pl.col("mid_ns").filter(~pl.col("fwd")).min(),
+        first_ab=pl.coalesce(pl.col("first_data_ns"), pl.col("first_ns")).filter(pl.col("fwd")).min(),
+        first_ba=pl.coalesce(pl.col("first_data_ns"), pl.col("first_ns")).filter(~pl.col("fwd")).min(),
+        data_ab=pl.col("data_bytes").filter(pl.col("fwd")).sum(),
+        data_ba=pl.col("data_bytes").filter(~pl.col("fwd")).sum(),
         num_records=pl.col("num_records").sum())
     return e.with_columns(
         bytes=pl.col("bytes_ab") + pl.col("bytes_ba"),
         symmetry=pl.min_horizontal("bytes_ab", "bytes_ba") / pl.max_horizontal("bytes_ab", "bytes_ba"),
+        data_symmetry=(pl.min_horizontal("data_ab", "data_ba") / pl.max_horizontal("data_ab", "data_ba"))
+        .fill_nan(0.0).fill_null(0.0),
     ).sort(["a", "b"])
 
 
 def heavy_edges(edges: pl.DataFrame, config: FlowConfig | None = None) -> pl.DataFrame:
-    """Edges carrying at least ``edge_min_fraction`` of the busiest edge of either endpoint."""
+    """Edges carrying at least ``edge_min_fraction`` of the busiest edge of either endpoint, less the
+    links of storage/checkpoint servers (see :func:`rankscope.analysis.flow_evidence.storage_hubs`)."""
     cfg = config or FlowConfig()
     if edges.is_empty():
         return edges
@@ -123,4 +142,11 @@ def heavy_edges(edges: pl.DataFrame, config: FlowConfig | None = None) -> pl.Dat
         wmax=pl.col("w").max())
     e = (edges.join(node_max.rename({"n": "a", "wmax": "wa"}), on="a")
          .join(node_max.rename({"n": "b", "wmax": "wb"}), on="b"))
-    return e.filter(pl.col("bytes") >= cfg.edge_min_fraction * pl.max_horizontal("wa", "wb")).drop("wa", "wb")
+    heavy = e.filter(pl.col("bytes") >= cfg.edge_min_fraction * pl.max_horizontal("wa", "wb")).drop("wa", "wb")
+    # storage / checkpoint servers are told by the shape of their links, on whatever port they use
+    from rankscope.analysis.flow_evidence import light_pendants, peel_servers, storage_hubs
+
+    hubs = list(storage_hubs(heavy) | light_pendants(heavy, cfg.mode_gap))
+    heavy = heavy.filter(~pl.col("a").is_in(hubs) & ~pl.col("b").is_in(hubs)) if hubs else heavy
+    hidden = list(peel_servers(heavy, cfg))
+    return heavy.filter(~pl.col("a").is_in(hidden) & ~pl.col("b").is_in(hidden)) if hidden else heavy

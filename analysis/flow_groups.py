@@ -20,10 +20,8 @@ that grid:
   lagged vote PP.
 
 Stage order: the direction that starts first on a pipeline edge points
-downstream, and so does the direction whose bytes move earlier on average
-(activations before gradients in every step); votes are summed over all
-pipelines between the same two DP groups (same pair of stages), so one
-late-sampled record cannot flip it.
+downstream; votes are summed over all pipelines between the same two DP
+groups (same pair of stages), so one late-sampled record cannot flip it.
 """
 
 from __future__ import annotations
@@ -37,13 +35,7 @@ import polars as pl
 
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_jobs import address_key, components
-from rankscope.analysis.flow_link_evidence import (
-    SHAPE_TIE_BREAK,
-    equally_good,
-    mixed_pipelines,
-    neutral_unresolved_lag,
-    single_tree_groups,
-)
+from rankscope.analysis.flow_models import BALANCED, TWO_WAY, adjacency, group_kind, link_fit
 
 
 @dataclass
@@ -54,8 +46,13 @@ class GridFit:
     valid: bool
     score: float
     notes: list[str] = field(default_factory=list)
+    fit: float = 0.0
+    """mean per-link fit to the traffic models of its labelling (0..1, see flow_models)."""
+    group_kinds: dict = field(default_factory=dict)
+    """collective kind -> number of DP groups that fit it."""
     alternatives: list[dict] = field(default_factory=list)
-    """other valid labellings the traffic scores exactly as well (dp_groups, pp_groups)."""
+    """other valid labellings that explain the traffic (almost) as well: dp, pp, fit."""
+    ambiguous: bool = False
 
 
 def byte_modes(bytes_: np.ndarray, gap: float, max_modes: int) -> np.ndarray:
@@ -76,17 +73,23 @@ def byte_modes(bytes_: np.ndarray, gap: float, max_modes: int) -> np.ndarray:
     return lab
 
 
-def pp_likeness(edges: pl.DataFrame) -> np.ndarray:
-    """0..1 per edge: symmetric traffic whose two directions start at clearly different times."""
-    sym = edges["symmetry"].fill_null(0.0).fill_nan(0.0).to_numpy()
+def pp_likeness(edges: pl.DataFrame, resolution_ns: int = 1) -> np.ndarray:
+    """0..1 per edge: payload both ways, the two directions starting at clearly different times.
+
+    The first *payload* record of each direction counts (an ACK flow or a TCP connection opens both
+    directions together and says nothing). Lags are judged against the large lags of the job's
+    two-way links (PP lags are a share of a step, shrinking towards the last stage, hence the low
+    bar of 5 %) and never below the timestamp resolution's noise (20 ticks).
+    """
+    sym = edges["data_symmetry"].fill_null(0.0).fill_nan(0.0).to_numpy() if "data_symmetry" in edges.columns \
+        else edges["symmetry"].fill_null(0.0).fill_nan(0.0).to_numpy()
     fa = edges["first_ab"].to_numpy().astype(float)
     fb = edges["first_ba"].to_numpy().astype(float)
     lag = np.abs(np.nan_to_num(fa - fb, nan=0.0))
-    span = max(np.nanmax(np.r_[fa, fb]) - np.nanmin(np.r_[fa, fb]), 1.0) if len(fa) else 1.0
-    # lag relative to the large lags of the job: DP lags are sampling noise, PP lags a share of a step
-    # (shrinking towards the last stage, hence the low bar of 5 %)
-    ref = max(np.quantile(lag, 0.9) if len(lag) else 0.0, 1e-6 * span)
-    return np.clip(sym * 2.0, 0, 1) * np.clip(lag / (0.05 * ref), 0, 1)
+    two = sym >= TWO_WAY
+    ref = np.quantile(lag[two], 0.9) if two.any() else 0.0
+    ref = max(ref, 20.0 * resolution_ns / 0.05)
+    return np.clip(sym / TWO_WAY, 0, 1) * np.clip(lag / (0.05 * ref), 0, 1)
 
 
 def early_traffic(edges: pl.DataFrame) -> np.ndarray:
@@ -117,24 +120,10 @@ def early_traffic(edges: pl.DataFrame) -> np.ndarray:
     return out
 
 
-ONE_WAY = 0.1
-"""An edge whose smaller direction carries under this share of the larger is one-way traffic: a ring
-collective's link (data one way, RoCE ACKs or TCP acks back), never a pipeline link, which sends
-activations forward and gradients back in equal volumes."""
-
-SAME_COLLECTIVE_BYTES = 0.1
-"""The ring links of one DP group carry the same bytes (a ring collective moves the same volume over
-each of its links; tree links may carry one or both trees' halves, so only rings are held to it)."""
-
-
 def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, like: np.ndarray,
-         modes: np.ndarray, sym: np.ndarray | None = None, bytes_: np.ndarray | None = None) -> GridFit:
+         modes: np.ndarray, data_sym: np.ndarray) -> GridFit:
     n = len(nodes)
     notes: list[str] = []
-    valid_dir = True
-    if sym is not None and (is_pp & (sym < ONE_WAY)).any():
-        valid_dir = False
-        notes.append("one-way links labelled as pipeline links")
     pa, pb = ai[is_pp], bi[is_pp]
     pl_lab = components(nodes, pa, pb)
     deg = np.bincount(np.r_[pa, pb], minlength=n)
@@ -149,59 +138,59 @@ def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, li
     if len(set(psize.tolist())) > 1:
         valid = False
         notes.append(f"pipelines of unequal length {sorted(set(psize.tolist()))}")
-    da, db = ai[~is_pp], bi[~is_pp]
+    # activations go downstream and gradients upstream: a pipeline link carries payload both ways
+    if is_pp.any() and (data_sym[is_pp] >= TWO_WAY).mean() < 0.5:
+        valid = False
+        notes.append("pipeline links carry payload one way only")
+    dmask = ~is_pp
+    da, db = ai[dmask], bi[dmask]
     dp_lab = components(nodes, da, db)
     dsize = np.bincount(dp_lab)
     if len(set(dsize.tolist())) > 1:
         valid = False
         notes.append(f"data-parallel groups of unequal size {sorted(set(dsize.tolist()))}")
-    # a collective's links are a ring (n edges) or a (double) binary tree (< 2n): a denser "DP group"
-    # is several kinds of traffic lumped together
-    dedges = np.bincount(dp_lab[da], minlength=len(dsize)) if len(da) else np.zeros(len(dsize), int)
-    if (dedges > 2 * dsize).any():
+    # every DP group must be a collective's link pattern (ring, tree, all-to-all), not any set of links
+    adj = adjacency(n, da, db)
+    two = data_sym[dmask] >= TWO_WAY
+    balanced = data_sym[dmask] >= BALANCED
+    members: dict[int, list[int]] = defaultdict(list)
+    for i, c in enumerate(dp_lab.tolist()):
+        members[c].append(i)
+    link_group = dp_lab[da]
+    kinds: dict[int, str | None] = {}
+    for c, m in members.items():
+        sel = link_group == c
+        kinds[c] = group_kind(m, da[sel], db[sel], two[sel], adj, balanced[sel])
+    bad = [c for c, k in kinds.items() if k is None]
+    if bad:
         valid = False
-        notes.append("data-parallel groups denser than a ring or double tree")
-    # a ring has as many links as members and a double binary tree more; links that form a simple
-    # path are a pipeline, not a collective (a 2-member group has one link either way)
-    if ((dsize >= 3) & (dedges < dsize)).any():
+        notes.append(f"{len(bad)} data-parallel group(s) fit no collective (ring, tree, all-to-all)")
+    mixed = 0
+    if len(da):
+        dm = pl.DataFrame({"c": link_group, "m": modes[dmask]}).group_by("c").agg(k=pl.col("m").n_unique())
+        mixed = int((dm["k"] - 1).sum())
+    # one collective moves the same bytes over every link of its group: a DP group whose links fall
+    # into several byte modes is two kinds of traffic lumped together
+    if mixed:
         valid = False
-        notes.append("a data-parallel group's links form no ring or double tree (a path or a tree)")
-    valid = valid and valid_dir
+        notes.append("a data-parallel group's links carry different byte volumes")
     # grid: no DP group holds two members of one pipeline
     pairs = set(zip(dp_lab.tolist(), pl_lab.tolist()))
     if len(pairs) < n:
         valid = False
         notes.append("a data-parallel group holds two stages of one pipeline")
-    agree = float(np.sum(np.where(is_pp, like, 1.0 - like)))
-    # one collective moves the same bytes over every link of its group: a DP group whose links fall
-    # into several byte modes is two kinds of traffic lumped together
-    mixed = 0
-    if len(da):
-        dm = pl.DataFrame({"c": dp_lab[da], "m": modes[~is_pp]}).group_by("c").agg(k=pl.col("m").n_unique())
-        mixed = int((dm["k"] - 1).sum())
-    odd = 0
-    if len(da) and sym is not None and bytes_ is not None:
-        ring = sym[~is_pp] < ONE_WAY
-        # a ring collective spans its whole group (every NCCL ring channel visits every member):
-        # one-way links that fall apart into several rings inside one "group" are several groups
-        # joined by other traffic
-        if ring.any():
-            parts = components(nodes, da[ring], db[ring])
-            per_group = pl.DataFrame({"c": dp_lab, "p": parts}).group_by("c").agg(k=pl.col("p").n_unique())
-            ringed = np.unique(dp_lab[da[ring]])
-            if (per_group.filter(pl.col("c").is_in(ringed.tolist()))["k"] > 1).any():
-                valid = False
-                notes.append("one data-parallel group holds several separate rings")
-            rb = pl.DataFrame({"c": dp_lab[da][ring], "b": bytes_[~is_pp][ring]}).with_columns(
-                med=pl.col("b").median().over("c"))
-            odd = int(((rb["b"] - rb["med"]).abs() > SAME_COLLECTIVE_BYTES * rb["med"]).sum())
-    # ties in the traffic evidence go to the labelling with the collective shapes libraries use;
-    # links of one pipeline in several byte modes count as weakly as a mixed DP group
-    trees = single_tree_groups(n, da, db, dp_lab) + mixed_pipelines(pl_lab[pa], modes[is_pp])
-    score = agree + (1e6 if valid else 0.0) - 1e3 * (mixed + odd) - SHAPE_TIE_BREAK * trees
+    kind_of_link: list[str | None] = [None] * len(is_pp)
+    for j, e in enumerate(np.flatnonzero(dmask).tolist()):
+        kind_of_link[e] = kinds[int(link_group[j])]
+    fit = link_fit(is_pp, kind_of_link, data_sym, like)
+    mean_fit = float(fit.mean()) if len(fit) else 0.0
+    score = float(fit.sum()) + (1e6 if valid else 0.0) - 1e3 * mixed
     dp_groups = _groups(nodes, dp_lab)
     pipes = _groups(nodes, pl_lab)
-    return GridFit(dp_groups, pipes, is_pp, valid, score, notes)
+    counts: dict[str, int] = defaultdict(int)
+    for k in kinds.values():
+        counts[str(k)] += 1
+    return GridFit(dp_groups, pipes, is_pp, valid, score, notes, fit=mean_fit, group_kinds=dict(counts))
 
 
 def _groups(nodes: list[str], lab: np.ndarray) -> list[list[str]]:
@@ -211,41 +200,59 @@ def _groups(nodes: list[str], lab: np.ndarray) -> list[list[str]]:
     return sorted((sorted(m, key=address_key) for m in g.values()), key=lambda m: address_key(m[0]))
 
 
-def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = None) -> GridFit:
-    """Best DP/PP labeling of one job's heavy edges (see module doc).
+def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = None,
+             resolution_ns: int = 1) -> GridFit:
+    """Best DP/PP labeling of one job's heavy edges (see module doc), with near-equal alternatives.
 
-    Needs edges columns a, b, bytes, symmetry, first_ab, first_ba.
+    Needs edges columns a, b, bytes, first_ab, first_ba and data_symmetry (else symmetry).
     """
     cfg = config or FlowConfig()
     idx = {x: i for i, x in enumerate(nodes)}
     ai = np.array([idx[x] for x in edges["a"].to_list()], dtype=np.int64)
     bi = np.array([idx[x] for x in edges["b"].to_list()], dtype=np.int64)
-    like = neutral_unresolved_lag(edges, pp_likeness(edges))
+    like = pp_likeness(edges, resolution_ns)
+    col = "data_symmetry" if "data_symmetry" in edges.columns else "symmetry"
+    data_sym = edges[col].fill_null(0.0).fill_nan(0.0).to_numpy().astype(float)
+    two = data_sym >= TWO_WAY
     modes = byte_modes(edges["bytes"].to_numpy().astype(float), cfg.mode_gap, cfg.max_modes)
     k = int(modes.max()) + 1 if len(modes) else 0
-    cands = [np.isin(modes, s) for r in range(k + 1) for s in itertools.combinations(range(k), r)]
+    subsets = [np.isin(modes, s) for r in range(k + 1) for s in itertools.combinations(range(k), r)]
+    cands = list(subsets)
+    # direction pattern: one-way payload is never a pipeline link
+    cands.extend(c & two for c in subsets)
     cands.append(like > 0.5)
-    sym = edges["symmetry"].fill_null(0.0).fill_nan(0.0).to_numpy()
-    two_way = sym >= ONE_WAY
-    # direction pattern: one-way links are ring collectives; two-way ones pipelines or trees
-    cands.append(two_way)
-    cands.extend(np.isin(modes, s) & two_way for r in range(1, k + 1) for s in itertools.combinations(range(k), r))
     early = early_traffic(edges)
     if (early != 0.5).any():
         cands.append(early > 0.5)
         cands.extend(np.isin(modes, s) & (early > 0.5) for r in range(1, k + 1)
                      for s in itertools.combinations(range(k), r))
-    best, fits = None, []
-    b = edges["bytes"].to_numpy().astype(float)
+    fits: dict[bytes, GridFit] = {}
     for c in cands:
-        f = _fit(nodes, ai, bi, c, like, modes, sym, b)
-        fits.append(f)
-        if best is None or f.score > best.score:
-            best = f
-    best.alternatives = equally_good(fits, best)
+        key = np.packbits(c).tobytes()
+        if key not in fits:
+            fits[key] = _fit(nodes, ai, bi, c, like, modes, data_sym)
+    ranked = sorted(fits.values(), key=lambda f: -f.score)
+    best = ranked[0]
     if not best.valid:
-        best.notes.append("no labeling of the traffic forms a dp x pp grid; best effort shown")
+        best.notes.append("no labeling of the traffic forms a dp x pp grid of collectives; best effort shown")
+        return best
+    seen = {_shape(best)}
+    for f in ranked[1:]:
+        if not f.valid or _shape(f) in seen:
+            continue
+        seen.add(_shape(f))
+        if best.fit - f.fit <= cfg.tie_margin:
+            best.alternatives.append({"dp": len(f.dp_groups[0]), "pp": len(f.pipelines[0]),
+                                      "fit": round(f.fit, 4), "dp_groups": f.dp_groups[:4]})
+    best.ambiguous = bool(best.alternatives)
+    if best.ambiguous:
+        best.notes.append(f"{len(best.alternatives)} other labelling(s) explain the traffic within "
+                          f"{cfg.tie_margin:.2f} of the best fit")
     return best
+
+
+def _shape(f: GridFit) -> tuple:
+    return tuple(tuple(g) for g in f.dp_groups), tuple(tuple(p) for p in f.pipelines)
 
 
 def _cut_cycle(path: list[str], first: dict) -> list[str]:
@@ -273,16 +280,6 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame) -> tuple[list[list[str]],
         s = 1.0 if fa < fb else -1.0  # a's traffic to b started first: a is upstream
         votes[(stage_key[a], stage_key[b])] += s
         votes[(stage_key[b], stage_key[a])] -= s
-    # Within every step activations go downstream before gradients come back, so the bytes of the
-    # downstream direction move earlier on average (byte-weighted record midpoints): this holds in
-    # every step, whether or not the capture saw the job start, and with millisecond timestamps.
-    if "mid_ab" in pe.columns:
-        for a, b, ma, mb in pe.select("a", "b", "mid_ab", "mid_ba").iter_rows():
-            if ma is None or mb is None or ma == mb:
-                continue
-            s = 1.0 if ma < mb else -1.0
-            votes[(stage_key[a], stage_key[b])] += s
-            votes[(stage_key[b], stage_key[a])] -= s
     first = {}
     for a, b, fa, fb in pe.select("a", "b", "first_ab", "first_ba").iter_rows():
         first[(a, b)], first[(b, a)] = fa, fb

@@ -4,10 +4,8 @@ Training jobs exchange heavy, repeated traffic among a fixed set of
 endpoints; jobs do not exchange heavy traffic with each other. So after
 setting apart control/storage ports and keeping only the heavy pairs (see
 :func:`rankscope.analysis.flow_features.heavy_edges`), each connected
-component of the pair graph (rails in lockstep merged) with at least
-``min_job_endpoints`` members is a candidate, and a job only with positive
-evidence of training: rail copies, periodic bursts, or a DP x PP grid
-(storage replication is heavy too, and shows none). Endpoints left alone (storage servers, hosts that only saw light traffic)
+component of the pair graph with at least ``min_job_endpoints`` members is one
+job. Endpoints left alone (storage servers, hosts that only saw light traffic)
 are non-training and are only counted. Names follow the contract: the capture
 name when there is one job, else ``<capture>-1``, ``-2``, ... ordered by each
 job's lowest endpoint address (numeric for IPv4).
@@ -53,6 +51,35 @@ def address_key(addr: str):
         return (9, 0, addr)
 
 
+def timestamp_resolution_ns(t_ns: np.ndarray) -> int:
+    """One exporter's clock tick: the largest power of ten (ns .. s) that the timestamps' distances
+    from the first are multiples of, give or take 2 % (a clock correction shifts all of them alike
+    and its drift term stretches them a little; a float on the way may blur the last digits, so a
+    coarse tick can hold where a finer one fails)."""
+    t = np.asarray(t_ns, dtype=np.int64)[:20000]
+    t = (t - t[0]) if len(t) else t
+    t = t[t != 0].astype(float)
+    res = 1
+    for r in (10 ** k for k in range(1, 10)):
+        if not len(t):
+            break
+        q = t / r
+        # ticks coarser than the distances themselves say nothing (every distance rounds to 0)
+        if np.mean(np.abs(q - np.round(q)) <= 0.02) >= 0.99 and np.mean(np.round(q) >= 1) >= 0.5:
+            res = r
+    return res
+
+
+def flow_resolution_ns(flows: pl.DataFrame) -> int:
+    """The finest clock tick among the exporters of the records (needs exporter, start_ns, end_ns)."""
+    if flows.is_empty():
+        return 1
+    if "exporter" not in flows.columns:
+        return timestamp_resolution_ns(np.r_[flows["start_ns"].to_numpy(), flows["end_ns"].to_numpy()])
+    return min(timestamp_resolution_ns(np.r_[g["start_ns"].to_numpy(), g["end_ns"].to_numpy()])
+               for _, g in flows.group_by("exporter"))
+
+
 def components(nodes: list[str], a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Component label of each node for undirected edges given as node indices (scipy csgraph)."""
     from scipy.sparse import coo_matrix
@@ -63,42 +90,69 @@ def components(nodes: list[str], a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return connected_components(m, directed=False)[1]
 
 
-def _nearest(ta: np.ndarray, tb: np.ndarray) -> np.ndarray:
-    """Signed difference from each time in ta to the nearest time in tb (tb sorted)."""
-    j = np.clip(np.searchsorted(tb, ta), 1, max(len(tb) - 1, 1))
-    lo, hi = tb[j - 1], tb[np.minimum(j, len(tb) - 1)]
-    return np.where(np.abs(ta - lo) <= np.abs(ta - hi), ta - lo, ta - hi)
+def activity_series(start: np.ndarray, end: np.ndarray, bytes_: np.ndarray, t0: int, bin_ns: int,
+              nbins: int) -> np.ndarray:
+    """Bytes per time bin, each record's bytes spread evenly over the bins it spans."""
+    sb = np.clip((start - t0) // bin_ns, 0, nbins - 1)
+    eb = np.clip((end - t0) // bin_ns, 0, nbins - 1)
+    eb = np.maximum(eb, sb)
+    rate = bytes_ / (eb - sb + 1)
+    d = np.zeros(nbins + 1)
+    np.add.at(d, sb, rate)
+    np.add.at(d, eb + 1, -rate)
+    return np.cumsum(d[:-1])
 
 
-def timestamp_resolution_ns(times: np.ndarray) -> int:
-    """The coarsest power-of-ten tick (1 us .. 1 s) that nearly all times (or durations) fall on:
-    exporters that write flowStartMilliseconds give 1 ms, nfdump CSV 1 s, our simulator 1 us (finer
-    ticks are not told apart: clock alignment works in float64, exact to ~256 ns at epoch times)."""
-    t = np.asarray(times, dtype=np.int64)
-    t = t[t != 0]
-    if t.size == 0:
-        return 1000
-    for tick in (10**k for k in range(9, 3, -1)):
-        r = t % tick
-        if np.mean(np.minimum(r, tick - r) <= max(tick // 100, 1024)) >= 0.99:
-            return tick
-    return 1000
+def rail_correlations(flows: pl.DataFrame, comps: list[int], config: FlowConfig,
+                      resolution_ns: int) -> tuple[dict[tuple[int, int], tuple[float, int]], int]:
+    """Peak normalised cross-correlation (and its lag in bins) of the binned activity of each pair of
+    components, over lags up to ``max_exporter_skew_ns``; returns it with the bin width. Activity is
+    seen two ways, bytes spread over each record and the instants records open and close; the
+    better-correlated view counts.
 
-
-def _lockstep(sa, sb, ea, eb, config: FlowConfig, resolution_ns: int = 1) -> bool:
-    """Two traffic graphs run in lockstep: after one clock offset (their exporters may disagree by up
-    to ``max_exporter_skew_ns``), most record starts and ends coincide within the sync tolerance:
-    ``sync_tolerance_ns``, widened to two ticks of the timestamps (two records of one instant can sit
-    a tick apart on either side of it)."""
-    if len(sa) < 2 or len(sb) < 2:
-        return False
-    off = float(np.median(_nearest(sa, sb)))
-    if abs(off) > config.max_exporter_skew_ns:
-        return False
-    tol = max(config.sync_tolerance_ns, 2 * resolution_ns)
-    rs = np.abs(_nearest(sa - off, sb))
-    re = np.abs(_nearest(ea - off, eb))
-    return bool(np.mean(rs <= tol) > 0.5 and np.mean(re <= tol) > 0.5)
+    Needs flows c (component), start_ns, end_ns, est_bytes. The bin is the coarser of
+    ``sync_tolerance_ns`` and four timestamp ticks, so millisecond exporters still line up; the lag
+    search absorbs each exporter's clock offset.
+    """
+    out: dict[tuple[int, int], tuple[float, int]] = {}
+    if len(comps) < 2 or flows.is_empty():
+        return out, 0
+    t0, t1 = int(flows["start_ns"].min()), int(flows["end_ns"].max())
+    bin_ns = max(int(config.sync_tolerance_ns), 4 * int(resolution_ns), 1)
+    while (t1 - t0) // bin_ns > (1 << 18):
+        bin_ns *= 2
+    nbins = int((t1 - t0) // bin_ns) + 1
+    max_lag = int(np.ceil(config.max_exporter_skew_ns / bin_ns))
+    size = 1 << int(np.ceil(np.log2(2 * nbins + 1)))
+    spec: dict[int, list[np.ndarray]] = {}
+    for (c,), g in flows.filter(pl.col("c").is_in(comps)).group_by("c"):
+        st, en = g["start_ns"].to_numpy(), g["end_ns"].to_numpy()
+        # two views of the same timing: bytes spread over each record (bursts), and the instants
+        # records open and close (all that is left when records last as long as the capture)
+        spread = activity_series(st, en, g["est_bytes"].to_numpy().astype(float), t0, bin_ns, nbins)
+        events = np.bincount(np.clip(np.r_[st - t0, en - t0] // bin_ns, 0, nbins - 1), minlength=nbins)
+        # an instant near a bin edge lands in either bin: give each a neighbour on both sides
+        events = np.convolve(events, np.ones(3), mode="same")
+        views = []
+        for x in (spread, events.astype(float)):
+            x = x - x.mean()
+            norm = float(np.sqrt((x * x).sum()))
+            views.append(np.fft.rfft(x / norm, size) if norm > 0 else None)
+        spec[int(c)] = views
+    keys = sorted(spec)
+    lags = np.r_[np.arange(0, max_lag + 1), np.arange(size - max_lag, size)]
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            best = (-1.0, 0)
+            for va, vb in zip(spec[a], spec[b]):
+                if va is None or vb is None:
+                    continue
+                cc = np.fft.irfft(va * np.conj(vb), size)[lags]
+                k = int(np.argmax(cc))
+                if cc[k] > best[0]:
+                    best = (float(cc[k]), int(lags[k]) if lags[k] <= max_lag else int(lags[k]) - size)
+            out[(a, b)] = best
+    return out, bin_ns
 
 
 def merge_components(nodes: list[str], lab: np.ndarray, flows: pl.DataFrame, control: pl.DataFrame,
@@ -133,26 +187,23 @@ def merge_components(nodes: list[str], lab: np.ndarray, flows: pl.DataFrame, con
             for other in labs[1:]:
                 if find(other) != find(labs[0]):
                     parent[find(other)] = find(labs[0])
-    f = flows.select("src_addr", "start_ns", "end_ns", "est_bytes").with_columns(
-        c=pl.col("src_addr").replace_strict(node_lab, default=-1, return_dtype=pl.Int64)).filter(pl.col("c") >= 0)
-    groups = {int(c): g for (c,), g in f.group_by("c")}
-    starts = {c: np.sort(g["start_ns"].to_numpy()) for c, g in groups.items()}
-    ends = {c: np.sort(g["end_ns"].to_numpy()) for c, g in groups.items()}
-    volume = {c: float(g["est_bytes"].sum()) for c, g in groups.items()}
+    resolution = flow_resolution_ns(flows)
+    # only the traffic inside each copy: a rail's NIC may also talk to storage or control hosts
+    f = flows.select("src_addr", "dst_addr", "start_ns", "end_ns", "est_bytes").with_columns(
+        c=pl.col("src_addr").replace_strict(node_lab, default=-1, return_dtype=pl.Int64),
+        cd=pl.col("dst_addr").replace_strict(node_lab, default=-2, return_dtype=pl.Int64),
+    ).filter((pl.col("c") >= 0) & (pl.col("c") == pl.col("cd")))
+    volume = {int(c): float(v) for c, v in f.group_by("c").agg(v=pl.col("est_bytes").sum()).iter_rows()}
     size = np.bincount(lab, minlength=ncomp)
-    # durations keep the exporter's tick after clock alignment shifted the times themselves
-    resolution = timestamp_resolution_ns((f["end_ns"] - f["start_ns"]).to_numpy()) if f.height else 1
-    by_size: dict[int, list[int]] = {}
-    for c in range(ncomp):
-        if size[c] >= 2 and c in starts:
-            by_size.setdefault(int(size[c]), []).append(c)
-    for comps in by_size.values():
-        for i, a in enumerate(comps):
-            for b in comps[i + 1:]:
-                if find(a) == find(b) or abs(volume[a] - volume[b]) > 0.25 * max(volume[a], volume[b]):
-                    continue
-                if _lockstep(starts[a], starts[b], ends[a], ends[b], config, resolution):
-                    parent[find(b)] = find(a)
+    cand = [c for c in range(ncomp) if size[c] >= 2 and c in volume]
+    corr, _ = rail_correlations(f, cand, config, resolution)
+    for (a, b), (r, _lag) in sorted(corr.items()):
+        if size[a] != size[b] or find(a) == find(b):
+            continue
+        if abs(volume[a] - volume[b]) > 0.25 * max(volume[a], volume[b]):
+            continue
+        if r >= config.rail_min_correlation:
+            parent[find(b)] = find(a)
     return np.array([find(c) for c in lab.tolist()], dtype=np.int64)
 
 
@@ -184,13 +235,7 @@ def recognise_jobs(flow: pl.DataFrame, capture: str, config: FlowConfig | None =
     for n, c in zip(nodes, lab):
         if sizes[c] >= cfg.min_job_endpoints:
             members.setdefault(int(c), []).append(n)
-    not_jobs = []
-    for c, m in list(members.items()):
-        why = _not_training(m, heavy, int(len(set(rails[lab == c].tolist()))), pt.training_flows)
-        if why:
-            not_jobs.append({"endpoints": len(m), "first": m[0], "why": why})
-            del members[c]
-    groups = sorted(members.values(), key=lambda m: address_key(m[0]))
+    groups = _with_evidence(members, lab, rails, nodes, heavy, pt.training_flows, cfg, quality)
     e_lab = lab[ai]
     e_bytes = heavy["bytes"].to_numpy()
     jobs = []
@@ -201,8 +246,6 @@ def recognise_jobs(flow: pl.DataFrame, capture: str, config: FlowConfig | None =
         jobs.append(RecognisedJob(name, m, int(sel.sum()), float(e_bytes[sel].sum())))
     in_job = {a for j in jobs for a in j.endpoints}
     light = edges.filter(~(pl.col("a").is_in(list(in_job)) & pl.col("b").is_in(list(in_job))))
-    if not_jobs:
-        quality["heavy_groups_not_training"] = not_jobs
     quality.update(
         non_training_endpoints=len(nodes) - len(in_job),
         non_training_pairs=int(light.height),
@@ -212,43 +255,27 @@ def recognise_jobs(flow: pl.DataFrame, capture: str, config: FlowConfig | None =
     return FabricJobs(jobs, quality)
 
 
-def burst_starts(flows: pl.DataFrame) -> pl.DataFrame:
-    """The records that start a burst of their 5-tuple (key, start_ns), key an integer per 5-tuple.
+def _with_evidence(members: dict[int, list[str]], lab: np.ndarray, rails: np.ndarray, nodes: list[str],
+                   heavy: pl.DataFrame, flows: pl.DataFrame, cfg: FlowConfig, quality: dict) -> list[list[str]]:
+    """The candidate endpoint sets that show a training job's shape; the others are counted as
+    non-training (storage, checkpoint, control) in ``quality``."""
+    from rankscope.analysis.flow_evidence import job_evidence
 
-    A burst starts after an idle gap; a record that follows its predecessor closely is the same
-    burst cut by the exporter's active timeout, and its start carries no step phase (a 1 s active
-    timeout alone would make any long transfer look periodic).
-    """
-    if flows.is_empty():
-        return pl.DataFrame(schema={"key": pl.UInt32, "start_ns": pl.Int64})
-    key = pl.concat_str(["src_addr", "dst_addr", "src_port", "dst_port"], separator="|", ignore_nulls=True)
-    f = flows.select("src_addr", "dst_addr", "src_port", "dst_port", "start_ns", "end_ns").with_columns(
-        key=key.cast(pl.Categorical).to_physical()).sort(["key", "start_ns"])
-    gap = pl.col("start_ns") - pl.col("end_ns").shift(1).over("key")
-    f = f.with_columns(gap=gap).with_columns(big=pl.col("gap").max().over("key"))
-    return f.filter(pl.col("gap").is_null() | (pl.col("gap") > 0.2 * pl.col("big"))).select("key", "start_ns")
-
-
-def _not_training(members: list[str], heavy: pl.DataFrame, copies: int, flows: pl.DataFrame) -> str | None:
-    """Why a connected set of heavy pairs is not a training job, or None when it is one.
-
-    Heavy traffic alone is not enough (storage replication and checkpoint copies are heavy too):
-    a training job shows positive evidence, at least one of: copies on several rails running in
-    lockstep, traffic that repeats with one period (the step), or links that form a DP x PP grid.
-    """
-    if copies >= 2:
-        return None
-    from rankscope.analysis.flow_groups import fit_grid
-    from rankscope.analysis.timelines import step_period
-
-    f = flows.filter(pl.col("src_addr").is_in(members) & pl.col("dst_addr").is_in(members))
-    bursts = burst_starts(f)
-    if bursts.height >= 3 and step_period(bursts["key"].to_numpy(), bursts["start_ns"].to_numpy()) is not None:
-        return None
-    e = heavy.filter(pl.col("a").is_in(members) & pl.col("b").is_in(members))
-    if fit_grid(members, e).valid:
-        return None
-    return "no positive evidence of training: one rail, no periodic traffic, links form no DP x PP grid"
+    resolution = flow_resolution_ns(flows)
+    payload = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
+    keep, rejected = [], []
+    for m in members.values():
+        ms = set(m)
+        ev = job_evidence(m, heavy.filter(pl.col("a").is_in(m) & pl.col("b").is_in(m)),
+                          payload.filter(pl.col("src_addr").is_in(m) & pl.col("dst_addr").is_in(m)),
+                          len({int(r) for x, r in zip(nodes, rails.tolist()) if x in ms}), resolution, cfg)
+        if ev["is_job"]:
+            keep.append(m)
+        else:
+            rejected.append({"endpoints": len(m), "first": m[0], **ev})
+    if rejected:
+        quality["not_training"] = rejected
+    return sorted(keep, key=lambda m: address_key(m[0]))
 
 
 def job_flows(flow: pl.DataFrame, endpoints: list[str]) -> pl.DataFrame:

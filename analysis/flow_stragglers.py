@@ -1,117 +1,165 @@
-"""Straggler evidence from switch flow records alone: a slow link or NIC, named by its address.
+"""Stragglers from switch flow records alone: a slow link or NIC, and a slow endpoint.
 
-Flows carry no compute, so no what-if replay is possible and S is not
-evaluated. What flows do show is how fast each pair moved its bytes: the
-effective rate of a directed pair is its bytes over the time its records were
-open. Pairs of one role (ring links of the DP groups, pipeline links) move the
-same kind of message, so each pair is compared with the median of its role.
+Both are read off the data-parallel links of the inferred strategy (links
+between members of one DP group), whose traffic every step is the same
+collective moving the same bytes:
 
-A slow NIC slows every transfer through it; a ring all-reduce then runs at
-that NIC's pace on every link of its ring (the ring is as fast as its slowest
-link), so many pairs of that ring look slow, but only the NIC's own endpoint
-is slow on *all* of its pairs, its pipeline links included. An endpoint's
-score is therefore the smallest slowness over its pairs; the culprit is the
-endpoint whose smallest slowness still reaches ``slow_link_at``. Two such
-endpoints (both ends of one slow cable) are both named and the result is
-marked ambiguous.
+- *slow link / NIC*: each link's payload rate (bytes over the time its
+  payload records were open). A NIC that runs slow drags every DP link it
+  sends or receives on; a bad cable only the one link. The endpoint (or link)
+  whose rate sits far below the job's spread of link rates is named, with the
+  step time its extra transfer time costs (verdict ``communication``).
+- *slow endpoint*: a worker that computes slowly finishes its backward pass
+  late, so its DP sends start late in every step while its ring peers start
+  on time (their first chunk is their own). An endpoint whose DP sends start
+  consistently later than its group's is named (verdict ``worker``).
+
+S is estimated as step / (step - cost); the verdict is ``none`` below
+``none_below`` (the contract's 1.05), the finding is listed either way.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
-from rankscope.analysis.diagnosis import Stragglers, Strategy
-from rankscope.analysis.flow_features import estimated_bytes
+from rankscope.analysis.diagnosis import Steps, Stragglers, Strategy
 
-MIN_PAIR_SHARE = 0.01
-"""Pairs carrying less than this share of the busiest pair's bytes are set-up or control noise."""
-
-MIN_PAIRS = 2
-"""An endpoint is judged on at least this many of its pairs."""
+OUTLIER_MADS = 6.0
+"""a rate (or a lateness) is an outlier when it lies this many robust standard deviations from the median."""
 
 
-def _roles(strategy: Strategy) -> dict[tuple[str, str], tuple[str, int]]:
-    """The role of each directed pair, with its place, and the group it belongs to: ring links of
-    stage s (``dp s``, group = the DP group), pipeline links from stage s to stage t (``pp s>t``,
-    group = the pipeline). Pairs in one place carry the same messages on the same schedule; links
-    to different stages do not (the last stage computes longer, for one)."""
-    stage = {x: i for p in strategy.pp_groups or [] for i, x in enumerate(p)}
-    role: dict[tuple[str, str], tuple[str, int]] = {}
-    for gi, g in enumerate(strategy.dp_groups or []):
-        for a in g:
-            for b in g:
-                if a != b:
-                    role[(a, b)] = (f"dp {stage.get(a, 0)}", gi)
-    for pi, p in enumerate(strategy.pp_groups or []):
-        for i, (a, b) in enumerate(zip(p, p[1:])):
-            role[(a, b)], role[(b, a)] = (f"pp {i}>{i + 1}", pi), (f"pp {i + 1}>{i}", pi)
-    return role
+def _dp_links(flow: pl.DataFrame, strategy: Strategy) -> pl.DataFrame:
+    group = {x: i for i, g in enumerate(strategy.dp_groups or []) if len(g) > 1 for x in g}
+    if not group or flow.is_empty():
+        return flow.head(0)
+    f = flow.filter(pl.col("is_data")) if "is_data" in flow.columns else flow
+    gs = pl.col("src_addr").replace_strict(group, default=-1, return_dtype=pl.Int64)
+    gd = pl.col("dst_addr").replace_strict(group, default=-2, return_dtype=pl.Int64)
+    return f.with_columns(g=gs).filter(pl.col("g") == gd)
 
 
-def pair_rates(flow: pl.DataFrame, strategy: Strategy) -> pl.DataFrame:
-    """Directed pairs of the job: src, dst, role, bytes, open_ns, rate (bytes/s), slowness vs its role."""
-    if flow.is_empty():
-        return pl.DataFrame()
-    f = flow.with_columns(b=estimated_bytes(), d=(pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64))
-    p = f.group_by("src_addr", "dst_addr").agg(bytes=pl.col("b").sum(), open_ns=pl.col("d").sum())
-    p = p.filter((pl.col("open_ns") > 0) & (pl.col("bytes") >= MIN_PAIR_SHARE * pl.col("bytes").max()))
-    role = _roles(strategy)
-    got = [role.get((a, b), ("other", -1)) for a, b in p.select("src_addr", "dst_addr").iter_rows()]
-    p = p.with_columns(role=pl.Series([r for r, _ in got], dtype=pl.String),
-                       group=pl.Series([g for _, g in got], dtype=pl.Int64),
-                       rate=pl.col("bytes") / pl.col("open_ns") * 1e9)
-    # a ring runs at its slowest link's pace, so its links only compare with other groups' links:
-    # a role held by one group has no independent peers, and its pairs are not judged
-    peers = pl.col("group").n_unique().over("role") >= 2
-    return p.with_columns(slowness=pl.when(peers).then(pl.col("rate").median().over("role") / pl.col("rate")))
+def _robust(x: np.ndarray) -> tuple[float, float]:
+    med = float(np.median(x))
+    return med, float(1.4826 * np.median(np.abs(x - med)))
 
 
-def _unexplained(cands: pl.DataFrame, ends: pl.DataFrame) -> pl.DataFrame:
-    """Candidates less the ones whose every judged pair leads to one other, busier candidate: the
-    first stage's only links go to the second, so a slow NIC there makes the first stage look slow
-    on all its pairs too."""
-    if cands.height < 2:
-        return cands
-    names = set(cands["endpoint"].to_list())
-    pairs = dict(zip(cands["endpoint"].to_list(), cands["pairs"].to_list()))
-    others = {e: set(g["other"].to_list()) for (e,), g in ends.filter(pl.col("endpoint").is_in(list(names)))
-              .group_by("endpoint")}
-    explained = {e for e in names if len(others.get(e, set())) == 1
-                 and (b := next(iter(others[e]))) in names and pairs[b] > pairs[e]}
-    return cands.filter(~pl.col("endpoint").is_in(list(explained)))
+def slow_links(dp: pl.DataFrame, resolution_ns: int, num_steps: int, sampled: bool = False) -> dict | None:
+    """The endpoint (slow NIC) or directed link whose DP payload rate is an outlier, or None.
+
+    A slow member throttles its whole ring (chunks are pipelined round it), so the ring's links all
+    slow down; the member itself is the one whose sending *and* receiving links are both at the
+    ring's lowest rate (its neighbours have one each). A whole ring at one rate names nobody.
+    Needs dp (payload records of DP links) src_addr, dst_addr, g, est_bytes, start_ns, end_ns.
+    """
+    # records shorter than a few clock ticks have no measurable rate
+    f = dp.with_columns(d=(pl.col("end_ns") - pl.col("start_ns"))).filter(pl.col("d") >= 10 * resolution_ns)
+    if f.height < 4:
+        return None
+    links = f.group_by("src_addr", "dst_addr", "g").agg(b=pl.col("est_bytes").sum(), d=pl.col("d").sum(),
+                                                       n=pl.len())
+    links = links.with_columns(rate=pl.col("b") / pl.col("d"),
+                               # each record's open time is rounded to a clock tick at each end (an
+                               # error of sd ~0.41 tick); three sd of the sum over n records
+                               tol=3.0 * 0.41 * resolution_ns * pl.col("n").sqrt() / pl.col("d"))
+    if links.height < 3:
+        return None
+    lr = np.log(links["rate"].to_numpy())
+    med, sd = _robust(lr)
+    sd = max(sd, 0.05)  # rates that agree to the digit still jitter by a few per cent
+    links = links.with_columns(z=pl.Series((lr - med) / sd))
+    links = links.with_columns(at_min=pl.col("rate") <= pl.col("rate").min().over("g") * (1 + pl.col("tol")))
+    found = []
+    for _, gl in links.group_by("g"):
+        if gl["z"].min() >= -OUTLIER_MADS:
+            continue
+        low = gl.filter(pl.col("at_min"))
+        ends = pl.concat([low.select(x="src_addr"), low.select(x="dst_addr")]).group_by("x").len()
+        both = ends.filter(pl.col("len") >= 2)["x"].to_list()
+        if len(both) == 1:
+            culprit, kind = both[0], "slow_nic"
+            sel = low.filter((pl.col("src_addr") == culprit) | (pl.col("dst_addr") == culprit))
+        elif low.height == 1 and not sampled:
+            # one link alone: with packet sampling a record opens and closes at sampled packets, so
+            # one link's rate is too noisy to name it on its own
+            culprit, kind, sel = low["src_addr"][0], "slow_link", low
+        else:
+            continue  # the whole group at one rate: a slow path or a slow group, nobody to name
+        # time per step the slow links spent beyond what the job's usual rate needs for their bytes
+        extra = float((sel["d"] - sel["b"] / np.exp(med)).clip(lower_bound=0).max()) / max(num_steps, 1)
+        found.append({"kind": kind, "culprit": culprit, "factor": round(float(np.exp(med) / sel["rate"].min()), 3),
+                      "extra_ns": extra, "links": [[r["src_addr"], r["dst_addr"]] for r in sel.iter_rows(named=True)]})
+    return max(found, key=lambda x: x["extra_ns"]) if found else None
 
 
-def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, slow_link_at: float = 1.5) -> Stragglers:
-    """The straggler section of a flows-only job (flows aligned to one clock)."""
-    basis = "flows: effective transfer rate of each pair against its role's median"
-    not_s = ("flows carry no compute, so the job cannot be replayed with ideal durations: "
-             "S is not evaluated (1.0 is a placeholder)")
-    p = pair_rates(flow, strategy)
-    if p.is_empty() or p["role"].n_unique() == 0:
-        return Stragglers(extra={"evaluated": False, "basis": "flows", "why": "no heavy flow pairs"})
-    ends = pl.concat([p.select(endpoint="src_addr", other="dst_addr", slowness="slowness"),
-                      p.select(endpoint="dst_addr", other="src_addr", slowness="slowness")]).drop_nulls("slowness")
-    per = (ends.group_by("endpoint").agg(score=pl.col("slowness").min(), factor=pl.col("slowness").median(),
-                                         pairs=pl.len())
-           .filter(pl.col("pairs") >= MIN_PAIRS).sort("score", descending=True))
-    slow = _unexplained(per.filter(pl.col("score") >= slow_link_at), ends)
-    links = [{"endpoint": r["endpoint"], "factor": float(r["factor"]), "min_over_pairs": float(r["score"]),
-              "pairs": int(r["pairs"]), "steps": []} for r in slow.head(4).iter_rows(named=True)]
-    top = [{"endpoint": r["endpoint"], "slowdown": float(r["factor"]), "basis": "transfer rate vs its role"}
-           for r in slow.head(4).iter_rows(named=True)]
-    extra = {"evaluated": True, "basis": "flows", "model": "pair transfer rates", "slowdown_evaluated": False,
-             "why_no_slowdown": not_s, "evidence": {"slow_links": links, "method": basis,
-                                                     "endpoints_judged": int(per.height),
-                                                     "highest_min_slowness": float(per["score"][0])
-                                                     if per.height else None}}
-    if not links:
-        return Stragglers(verdict="none", top_workers=[], extra=extra)
-    if len(links) > 1:
-        extra["ambiguous"] = {"between": [x["endpoint"] for x in links],
-                              "why": "several endpoints are slow on every one of their pairs: one slow link "
-                                     "between them, or several slow NICs"}
-    share = {"communication": 1.0}
-    return Stragglers(verdict="communication", by_cause=share, top_workers=top,
-                      extra={**extra, "verdict_shares": share,
-                             "culprit": {"endpoint": links[0]["endpoint"], "factor": links[0]["factor"]}})
+def late_senders(dp: pl.DataFrame, step_ns: float, resolution_ns: int) -> dict | None:
+    """The endpoint whose DP sends start consistently late in its group, or None.
 
+    Needs dp src_addr, g (group), start_ns. Bursts are cut at idle gaps longer than a tenth of a step.
+    """
+    if dp.is_empty() or not step_ns:
+        return None
+    f = dp.select("src_addr", "g", "start_ns").sort("src_addr", "start_ns")
+    gap = pl.col("start_ns") - pl.col("start_ns").shift(1).over("src_addr")
+    bursts = f.with_columns(gap=gap).filter(pl.col("gap").is_null() | (pl.col("gap") > 0.1 * step_ns))
+    bursts = bursts.with_columns(step=((pl.col("start_ns") - pl.col("start_ns").min()) / step_ns).round().cast(pl.Int64))
+    late = bursts.with_columns(late=pl.col("start_ns") - pl.col("start_ns").median().over(["g", "step"]))
+    per = late.group_by("src_addr").agg(late=pl.col("late").median(), n=pl.len())
+    if per.height < 3:
+        return None
+    x = per["late"].to_numpy().astype(float)
+    med, sd = _robust(x)
+    sd = max(sd, 20.0 * resolution_ns)
+    worst = per.sort("late", descending=True).row(0, named=True)
+    if (worst["late"] - med) / sd < OUTLIER_MADS or worst["n"] < 2:
+        return None
+    return {"kind": "slow_worker", "culprit": worst["src_addr"], "extra_ns": float(worst["late"] - med)}
+
+
+def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps, resolution_ns: int = 1,
+                           none_below: float = 1.05) -> Stragglers:
+    """Straggler section of a flows-only report (see module doc).
+
+    Needs flow (aligned) src_addr, dst_addr, est_bytes or size_bytes, start_ns, end_ns and is_data
+    if known; the inferred strategy's dp_groups and the step time.
+    """
+    if "est_bytes" not in flow.columns:
+        rate = pl.col("sampling_rate").fill_null(1).clip(lower_bound=1) if "sampling_rate" in flow.columns else 1
+        flow = flow.with_columns(est_bytes=(pl.col("size_bytes") * rate).cast(pl.Float64))
+    dp = _dp_links(flow, strategy)
+    sampled = bool("sampling_rate" in dp.columns and (dp["sampling_rate"].fill_null(1) > 1).any())
+    step = float(steps.median_ns or 0.0)
+    base = {"basis": "flows", "evaluated": True}
+    if dp.is_empty() or not step:
+        return Stragglers(extra={"basis": "flows", "evaluated": False,
+                                 "why": "no data-parallel links or no step time from flows"})
+    # with packet sampling a record opens and closes at sampled packets: link rates are too noisy
+    # to name a NIC or link (seen: false alarms on a healthy sampled job), so they are not judged
+    rates = None if sampled else slow_links(dp, resolution_ns, steps.count)
+    if sampled:
+        base["link_rates"] = "not judged: packet sampling blurs record durations"
+    found = [x for x in (rates, late_senders(dp, step, resolution_ns)) if x]
+    if not found:
+        return Stragglers(extra={**base, "findings_flows": []})
+    best = max(found, key=lambda x: x["extra_ns"])
+    cost = min(best["extra_ns"], 0.9 * step)
+    s = step / (step - cost)
+    cause = "communication" if best["kind"] in ("slow_nic", "slow_link") else "worker"
+    verdict = cause if s >= none_below else "none"
+    top = [{"endpoint": x["culprit"], "slowdown": round(step / (step - min(x["extra_ns"], 0.9 * step)), 4),
+            "kind": x["kind"]} for x in sorted(found, key=lambda x: -x["extra_ns"])]
+    # the evidence in the shape the findings read (culprits are addresses: flows know no ranks)
+    ev: dict = {"slow_links": [], "slow_ranks": []}
+    culprits: dict = {}
+    for x in found:
+        f = round(step / (step - min(x["extra_ns"], 0.9 * step)), 4)
+        if x["kind"] == "slow_worker":
+            ev["slow_ranks"].append({"rank": x["culprit"], "factor": f, "steps": []})
+            culprits.setdefault("worker", {"rank": x["culprit"], "factor": f, "factor_vs": "its DP group's senders"})
+        else:
+            ev["slow_links"].append({"rank": x["culprit"], "factor": x["factor"], "steps": [],
+                                     "slow_transfers": len(x["links"]), "transfers": int(dp["src_addr"].n_unique())})
+            culprits.setdefault("communication", {"rank": x["culprit"], "transfer_ratio": x["factor"]})
+    return Stragglers(slowdown=round(s, 4), verdict=verdict, by_cause={cause: 1.0}, top_workers=top,
+                      waste_fraction=round(1 - 1 / s, 4),
+                      extra={**base, "findings_flows": found, "evidence": ev, "culprits": culprits, "steps": []})

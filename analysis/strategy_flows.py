@@ -17,7 +17,8 @@ from rankscope.analysis.diagnosis import Steps, Strategy
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_features import heavy_edges, pair_traffic, undirected_edges
 from rankscope.analysis.flow_groups import fit_grid, order_pipelines
-from rankscope.analysis.flow_jobs import address_key, burst_starts, components, merge_components
+from rankscope.analysis.flow_jobs import address_key, components, flow_resolution_ns, merge_components
+from rankscope.analysis.flow_period import whole_step
 from rankscope.analysis.flow_ranks_per_address import degrees_with_hidden_ranks, ranks_per_address
 from rankscope.analysis.timelines import period_steps, step_period
 
@@ -27,6 +28,8 @@ class FlowInference:
     strategy: Strategy
     steps: Steps
     quality: dict = field(default_factory=dict)
+    job_flows: pl.DataFrame | None = None
+    """the job's training records (aligned, with est_bytes and is_data), for flow-based stragglers."""
 
 
 def _tp_groups(nodes: list[str], rail_of: dict[str, int], pipelines: list[list[str]], tp: int,
@@ -78,11 +81,22 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
         f = flows.filter(key.is_in([f"{a}|{b}" for a, b in dp_pairs]))
     if f.height < 3:
         return Steps(extra={"evaluated": False, "why": "too few flow records to find steps", "source": "flows"})
-    bursts = burst_starts(f)
+    key = pl.concat_str(["src_addr", "dst_addr", "src_port", "dst_port"], separator="|", ignore_nulls=True)
+    f = f.with_columns(key=key.cast(pl.Categorical).to_physical()).sort(["key", "start_ns"])
+    # a burst starts after an idle gap; records that follow their predecessor closely are the same
+    # burst cut by the active timeout, and their starts carry no step phase
+    gap = pl.col("start_ns") - pl.col("end_ns").shift(1).over("key")
+    f = f.with_columns(gap=gap).with_columns(big=pl.col("gap").max().over("key"))
+    bursts = f.filter(pl.col("gap").is_null() | (pl.col("gap") > 0.2 * pl.col("big")))
     t = bursts["start_ns"].to_numpy()
     period = step_period(bursts["key"].to_numpy(), t)
     if period is None:
         return Steps(extra={"evaluated": False, "why": "no periodic data-parallel traffic", "source": "flows"})
+    # a link's bursts may repeat several times a step: the job's whole traffic repeats once a step
+    payload = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
+    whole = whole_step(payload, period, flow_resolution_ns(flows)) if "est_bytes" in flows.columns else None
+    if whole and whole["multiple"] > 1:
+        period = whole["step_ns"]
     bounds = period_steps(int(t.min()), int(t.max()), period)
     # records that last most of the gap to the next one were closed by the active timeout and may
     # span several steps: then only a multiple of the step is observable
@@ -91,10 +105,16 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     extra = {"source": "flows: period of data-parallel traffic", "evaluated": True,
              "durations_ns": [int(round(period))] * len(bounds), "record_cover": round(cover, 3),
              "note": "flows give one period for all steps; boundaries are spaced by it"}
+    if whole:
+        extra["period_multiple"] = whole["multiple"]
+        extra["autocorrelation_by_multiple"] = {str(k): v for k, v in whole["corr"].items()}
     # The longest records show the exporter's active timeout; once it reaches half the period, a
     # record can hold two steps and the period seen may be a multiple of the real one.
     long_frac = float(np.quantile(dur, 0.95) / period) if period > 0 and len(dur) else 0.0
     extra["longest_record_cover"] = round(long_frac, 3)
+    if whole and whole["weak"]:
+        extra["ambiguous"] = True
+        extra["why"] = "the job's traffic does not repeat clearly at this period: the step time is uncertain"
     if cover > 0.5 or long_frac >= 0.5:
         extra["ambiguous"] = True
         extra["why"] = (f"flow records last up to {max(cover, long_frac):.0%} of the period: the exporter's "
@@ -132,7 +152,9 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     quality["pairs"] = int(edges.height)
     quality["heavy_pairs"] = int(heavy.height)
 
-    fit = fit_grid(nodes, heavy, cfg)
+    resolution = flow_resolution_ns(pt.training_flows)
+    quality["timestamp_resolution_ns"] = resolution
+    fit = fit_grid(nodes, heavy, cfg, resolution)
     pipes, order_share = order_pipelines(fit, heavy)
     n = len(nodes)
     dp = len(fit.dp_groups[0]) if fit.dp_groups else 1
@@ -142,27 +164,27 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     rpa = ranks_per_address(job_flows, list(heavy.select("a", "b").iter_rows()))
     world, tp, rpa_note = degrees_with_hidden_ranks(n, dp, pp, rpa)
     notes = list(fit.notes) + [rpa_note]
-    # every endpoint is one GPU's NIC: with dp*pp < endpoints the rest is tensor parallel inside hosts
     # TP groups between addresses: the part of tp that the addresses show (ranks sharing an
     # address are one group member here, since endpoints are addresses)
     tp_addr = tp // rpa.ranks if tp and rpa.ranks else (tp or 1)
     tp_groups = _tp_groups(nodes, rail_of, pipes, tp_addr, endpoint_map)
-    conf = 0.9 if fit.valid else 0.3
+    # confidence from the evidence: how well the links fit their models, how clearly the stage
+    # order was voted, and whether another labelling explains the traffic as well
+    conf = (0.3 if not fit.valid else 0.5 + 0.5 * fit.fit) * (0.5 if fit.ambiguous else 1.0)
     if pp > 1:
         conf *= 0.5 + 0.5 * order_share
         if order_share == 0:  # no link voted (a vote makes the share at least one half)
             notes.append("stage order unknown: no pipeline link shows which direction started first "
                          "(over TCP or with ACK flows both open together); pipelines listed from an end")
-    if fit.alternatives:  # the traffic cannot tell these apart: one of 1 + n answers
-        conf = min(conf, 1.0 / (1 + len(fit.alternatives)))
-        notes.append(f"ambiguous: {len(fit.alternatives)} other labelling(s) explain the traffic equally well")
     dp_pairs = {(a, b) for (a, b), pp_edge in zip(heavy.select("a", "b").iter_rows(), fit.is_pp) if not pp_edge}
-    steps = flow_steps(job_flows, dp_pairs)
+    steps = flow_steps(pt.training_flows.filter(pl.col("src_addr").is_in(nodes)), dp_pairs)
     strat = Strategy(world_size=world, dp=dp, pp=pp, tp=tp, dp_groups=fit.dp_groups, pp_groups=pipes,
                      confidence=float(round(conf, 4)), ep=None, cp=None, tp_groups=tp_groups,
                      extra={"method": "flows", "evaluated": True, "grid_valid": fit.valid,
-                            "stage_order_agreement": round(order_share, 4),
-                            "stage_order_known": bool(pp == 1 or order_share > 0), "notes": notes,
-                            "ambiguous": bool(fit.alternatives), "alternatives": fit.alternatives,
+                            "stage_order_agreement": round(order_share, 4), "notes": notes,
+                            "model_fit": round(fit.fit, 4), "dp_group_kinds": fit.group_kinds,
+                            "ambiguous": fit.ambiguous, "alternatives": fit.alternatives,
+                            "stage_order_known": bool(pp == 1 or order_share > 0),
                             "ranks_per_address": rpa.as_dict()})
-    return FlowInference(strat, steps, quality)
+    return FlowInference(strat, steps, quality,
+                         pt.training_flows.filter(pl.col("src_addr").is_in(nodes) & pl.col("dst_addr").is_in(nodes)))

@@ -85,7 +85,7 @@ def score_fabric(fab) -> list[dict]:
         truth_step = float(np.median(t["step_times_ns"])) if t["step_times_ns"] else float("nan")
         st = inf.steps if inf else None
         err = abs(st.median_ns - truth_step) / truth_step if st and st.count else float("nan")
-        rows.append({"world": t["world_size"], "ok": ok, "recognised": inf is not None, "wb_ok": wb_ok,
+        rows.append({"world": t["world_size"], "ok": ok, "conf": float(s.confidence) if s else 0.0, "recognised": inf is not None, "wb_ok": wb_ok,
                      "step_err": err, "ambiguous": bool(st and st.extra.get("ambiguous")),
                      "cfg": f"dp{deg['dp']} pp{deg['pp']} tp{deg['tp']} {res.config.schedule} "
                             f"{res.config.rank_order} s{res.config.sampling} a{res.config.active_timeout_s} "
@@ -143,6 +143,11 @@ def main() -> int:
     print(f"{'step-time error, median (not flagged ambiguous)':<58}"
           f"{float(unamb.median() or 0) if len(unamb) else float('nan'):>14.3%}{'<= 0.3%':>12}")
     print(f"{'corpus wall time (simulate + analyse), s':<58}{secs:>14.1f}{'':>12}")
+    print("calibration (strategy confidence bin -> share exactly right):")
+    for lo, hi in ((0.0, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 1.01)):
+        sel = df.filter((pl.col("conf") >= lo) & (pl.col("conf") < hi))
+        acc = f"{sel['ok'].mean():.0%}" if sel.height else "-"
+        print(f"  [{lo:.1f}, {min(hi, 1.0):.1f}]  jobs {sel.height:>4}  exact {acc:>5}")
     bad = df.filter(~pl.col("ok"))
     for r in bad.head(8).iter_rows(named=True):
         print(f"  miss: {r['cfg']}")

@@ -1,0 +1,166 @@
+"""Positive evidence that a set of endpoints is a training job, not storage, checkpoint or control traffic.
+
+Job recognition does not trust ports: a connected set of heavy pairs is a
+training job only when its traffic has the shape of one:
+
+- *a valid grid*: its links split into DP groups that each fit a collective
+  (ring, tree, all-to-all) and pipelines that carry payload both ways
+  (:func:`rankscope.analysis.flow_groups.fit_grid`). Storage reads, checkpoint
+  writes and replication move payload one way from or to a server: a star or a
+  path of one-way links, which fits no collective and no pipeline;
+- *repeated bursts*: training repeats the same exchange every step, so its
+  links go idle and busy again many times; a checkpoint or a bulk copy is one
+  or two bursts;
+- *rail copies*: a rail-optimised job shows the same graph once per rail, the
+  copies bursting together (see :func:`rankscope.analysis.flow_jobs.merge_components`).
+
+A job needs a valid grid and one more sign: repeated bursts, rail copies, or
+a grid that no two hosts alone can form (a collective of three or more
+members, a pipeline of three or more stages, or DP pairs crossed with
+two-stage pipelines), which a short capture of one rail still shows.
+
+Storage and checkpoint servers are recognised by shape too (:func:`storage_hubs`):
+far more heavy links than their clients have, where every member of a
+collective has about as many links as its peers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from rankscope.analysis.flow_config import FlowConfig
+
+MIN_BURSTS = 3
+"""a link that went busy fewer times than this did not repeat a per-step exchange."""
+
+
+def burst_counts(flows: pl.DataFrame, gap_ns: int) -> pl.DataFrame:
+    """Bursts per directed address pair: runs of records separated by idle gaps longer than ``gap_ns``.
+
+    Needs flows src_addr, dst_addr, start_ns, end_ns (payload records). Returns src_addr, dst_addr, bursts.
+    """
+    if flows.is_empty():
+        return pl.DataFrame(schema={"src_addr": pl.Utf8, "dst_addr": pl.Utf8, "bursts": pl.UInt32})
+    f = flows.select("src_addr", "dst_addr", "start_ns", "end_ns").sort(["src_addr", "dst_addr", "start_ns"])
+    busy_until = pl.col("end_ns").cum_max().shift(1).over(["src_addr", "dst_addr"])
+    f = f.with_columns(new=(busy_until.is_null() | (pl.col("start_ns") > busy_until + gap_ns)))
+    return f.group_by(["src_addr", "dst_addr"]).agg(bursts=pl.col("new").sum())
+
+
+def job_evidence(endpoints: list[str], heavy: pl.DataFrame, flows: pl.DataFrame, num_rails: int,
+                 resolution_ns: int, config: FlowConfig) -> dict:
+    """What speaks for these endpoints being one training job (see module doc).
+
+    Needs heavy edges among the endpoints (a, b, bytes, first_ab, first_ba, data_symmetry) and their
+    payload flow records (src_addr, dst_addr, start_ns, end_ns). Returns grid_valid, median_bursts,
+    rail_copies and is_job.
+    """
+    from rankscope.analysis.flow_groups import fit_grid
+
+    fit = fit_grid(endpoints, heavy, config, resolution_ns)
+    # idle gaps shorter than the exporter's clock tick (and its cache scan) are no gaps
+    gap = max(20 * resolution_ns, 1_000_000)
+    bc = burst_counts(flows, gap)
+    med = float(np.median(bc["bursts"].to_numpy())) if bc.height else 0.0
+    repeated = med >= MIN_BURSTS
+    dp = max((len(g) for g in fit.dp_groups), default=1)
+    pp = max((len(p) for p in fit.pipelines), default=1)
+    # a full two-dimensional grid (every endpoint in a DP group and a pipeline) is a training shape too
+    structured = dp >= 3 or pp >= 3 or (dp >= 2 and pp >= 2)
+    return {"grid_valid": bool(fit.valid), "median_bursts": med, "rail_copies": int(num_rails),
+            "structured_grid": bool(structured),
+            "is_job": bool(fit.valid and (repeated or num_rails >= 2 or structured))}
+
+
+def storage_hubs(edges: pl.DataFrame, min_links: int = 6, ratio: float = 2.0) -> set[str]:
+    """Endpoints with at least ``min_links`` heavy links and ``ratio`` times as many as their typical
+    neighbour: servers that many clients read from or write to (storage, checkpoints, dataset shards).
+
+    A collective's member has as many links as its peers (two ring links, a few tree links, or
+    n-1 all-to-all links for every member alike); a server's clients each have a handful.
+    Needs edges a, b.
+    """
+    if edges.is_empty():
+        return set()
+    both = pl.concat([edges.select(n="a", m="b"), edges.select(n="b", m="a")])
+    deg = both.group_by("n").agg(links=pl.len())
+    nb = (both.join(deg.rename({"n": "m", "links": "m_links"}), on="m")
+          .group_by("n").agg(nb_links=pl.col("m_links").median()).join(deg, on="n"))
+    hub = (pl.col("links") >= min_links) & (pl.col("links") >= ratio * pl.col("nb_links"))
+    return set(nb.filter(hub)["n"].to_list())
+
+
+def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3) -> set[str]:
+    """Servers hidden in a small job's graph: in a connected set of links that forms no valid grid,
+    the busiest-linked endpoints whose removal leaves a valid grid (a storage server that a few hosts
+    read from closes cycles that no collective or pipeline has).
+
+    At most ``max_rounds`` rounds, each removing the endpoints with the most links, and never more
+    than a quarter of the set. Needs edges a, b, bytes, first_ab, first_ba, data_symmetry.
+    """
+    from rankscope.analysis.flow_groups import fit_grid
+    from rankscope.analysis.flow_jobs import address_key, components
+
+    if edges.is_empty():
+        return set()
+    nodes = sorted(set(edges["a"].to_list()) | set(edges["b"].to_list()), key=address_key)
+    idx = {x: i for i, x in enumerate(nodes)}
+    lab = components(nodes, np.array([idx[x] for x in edges["a"].to_list()]),
+                     np.array([idx[x] for x in edges["b"].to_list()]))
+    servers: set[str] = set()
+    sizes = np.bincount(lab)
+    copies = np.bincount(sizes)
+    for c in np.unique(lab).tolist():
+        members = [x for x, k in zip(nodes, lab.tolist()) if k == c]
+        # a rail with identical copies carries no server (a server would change its size)
+        if len(members) < 4 or copies[sizes[c]] > 1:
+            continue
+        e = edges.filter(pl.col("a").is_in(members))
+        if fit_grid(members, e, config).valid:
+            continue
+        removed: list[str] = []
+        for _ in range(max_rounds):
+            both = pl.concat([e.select(n="a"), e.select(n="b")]).group_by("n").agg(links=pl.len())
+            top = both.filter(pl.col("links") == pl.col("links").max())["n"].to_list()
+            if len(removed) + len(top) > len(members) // 4:
+                break
+            removed.extend(top)
+            e = e.filter(~pl.col("a").is_in(top) & ~pl.col("b").is_in(top))
+            rest = sorted(set(e["a"].to_list()) | set(e["b"].to_list()), key=address_key)
+            if not e.is_empty() and _pieces_valid(rest, e, config):
+                servers.update(removed)
+                break
+    return servers
+
+
+def _pieces_valid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig) -> bool:
+    """Every connected piece left forms a valid grid (removing a server may split rails apart)."""
+    from rankscope.analysis.flow_groups import fit_grid
+    from rankscope.analysis.flow_jobs import components
+
+    idx = {x: i for i, x in enumerate(nodes)}
+    lab = components(nodes, np.array([idx[x] for x in edges["a"].to_list()]),
+                     np.array([idx[x] for x in edges["b"].to_list()]))
+    for c in np.unique(lab).tolist():
+        m = [x for x, k in zip(nodes, lab.tolist()) if k == c]
+        if len(m) >= 2 and not fit_grid(m, edges.filter(pl.col("a").is_in(m)), config).valid:
+            return False
+    return True
+
+
+def light_pendants(edges: pl.DataFrame, mode_gap: float) -> set[str]:
+    """Endpoints hanging off a job by one link much lighter than their neighbour's busiest link: a
+    storage server or a control host that one member talks to. A pipeline's end stage hangs off by
+    a link as heavy as the pipeline's other links, and a tree's leaf by one as heavy as the tree's.
+    Needs edges a, b, bytes.
+    """
+    if edges.is_empty():
+        return set()
+    both = pl.concat([edges.select(n="a", m="b", w="bytes"), edges.select(n="b", m="a", w="bytes")])
+    per = both.group_by("n").agg(links=pl.len(), wmax=pl.col("w").max())
+    pend = both.join(per.filter(pl.col("links") == 1).select("n"), on="n").join(
+        per.rename({"n": "m", "links": "m_links", "wmax": "m_wmax"}), on="m")
+    # the neighbour must have other links: two endpoints joined by one link are a pair, not a pendant
+    light = pend.filter((pl.col("m_links") > 1) & (pl.col("w") * mode_gap < pl.col("m_wmax")))
+    return set(light["n"].to_list())

@@ -1,0 +1,126 @@
+"""Traffic models of collectives and pipelines, job evidence, rail correlation and timestamp resolution."""
+
+import numpy as np
+import polars as pl
+
+from rankscope.analysis.flow_config import FlowConfig
+from rankscope.analysis.flow_evidence import burst_counts, light_pendants, storage_hubs
+from rankscope.analysis.flow_groups import fit_grid
+from rankscope.analysis.flow_jobs import rail_correlations, timestamp_resolution_ns
+from rankscope.analysis.flow_models import adjacency, group_kind
+from rankscope.analysis.flow_period import whole_step
+
+
+def _kind(n, links, two_way):
+    a = np.array([x for x, _ in links])
+    b = np.array([y for _, y in links])
+    return group_kind(list(range(n)), a, b, np.array(two_way), adjacency(n, a, b))
+
+
+def test_a_ring_is_a_collective_and_a_long_path_is_not():
+    ring = [(i, (i + 1) % 8) for i in range(8)]
+    assert _kind(8, ring, [False] * 8) == "ring"
+    path = [(i, i + 1) for i in range(15)]
+    assert _kind(16, path, [True] * 15) is None  # a 16-stage pipeline is no tree all-reduce
+    assert _kind(16, path, [False] * 15) is None  # nor a ring
+    heap = [(i, (i - 1) // 2) for i in range(1, 15)]
+    assert _kind(15, heap, [True] * 14) == "tree"
+    assert _kind(2, [(0, 1)], [True]) == "pair"
+
+
+def _edges(rows):
+    return pl.DataFrame(rows, schema=["a", "b", "bytes", "first_ab", "first_ba", "data_symmetry"], orient="row")
+
+
+def test_pure_pipeline_is_not_read_as_data_parallel():
+    # 6 stages, payload both ways, gradients start well after activations
+    rows = [(f"n{i}", f"n{i + 1}", 1e9, 100 * i, 10_000 - 100 * i, 1.0) for i in range(5)]
+    fit = fit_grid([f"n{i}" for i in range(6)], _edges(rows), FlowConfig())
+    assert fit.valid and len(fit.pipelines) == 1 and len(fit.pipelines[0]) == 6
+    assert all(len(g) == 1 for g in fit.dp_groups)
+
+
+def test_one_way_star_is_no_grid_and_one_way_links_are_no_pipeline():
+    rows = [("s", f"c{i}", 1e9, 0, 0, 0.001) for i in range(3)]
+    fit = fit_grid(["s", "c0", "c1", "c2"], _edges(rows), FlowConfig())
+    assert not fit.valid
+
+
+def test_storage_server_by_shape_not_port():
+    ring = [(f"r{i}", f"r{(i + 1) % 8}") for i in range(8)]
+    star = [("srv", f"r{i}") for i in range(8)]
+    e = pl.DataFrame(ring + star, schema=["a", "b"], orient="row")
+    assert storage_hubs(e) == {"srv"}
+    pend = pl.DataFrame([("a", "b", 1e10), ("a", "x", 1e8), ("b", "c", 1e10)], schema=["a", "b", "bytes"],
+                        orient="row")
+    assert light_pendants(pend, 2.5) == {"x"}
+
+
+def test_bursts_are_counted_across_idle_gaps():
+    f = pl.DataFrame({"src_addr": ["a"] * 4, "dst_addr": ["b"] * 4, "start_ns": [0, 10, 1000, 2000],
+                      "end_ns": [5, 20, 1010, 2010]})
+    assert burst_counts(f, 100)["bursts"].to_list() == [3]
+
+
+def test_millisecond_timestamps_are_seen_as_such():
+    t = 1_794_881_340_000_000_000 + np.arange(50) * 7_000_000 + 128  # float blur in the last digits
+    assert timestamp_resolution_ns(t) == 1_000_000
+    assert timestamp_resolution_ns(np.arange(1, 50) * 137) == 1
+
+
+def _rail(offset_ns, rng, period=300_000_000, steps=8):
+    starts = np.array([s * period + int(rng.normal(0, 1e6)) for s in range(steps)]) + offset_ns
+    return starts, starts + 100_000_000
+
+
+def test_rails_of_one_job_correlate_and_two_jobs_do_not_with_ms_stamps():
+    rng = np.random.default_rng(0)
+    rows = []
+    for c, (off, period) in enumerate([(0, 300_000_000), (4_000_000, 300_000_000), (0, 410_000_000)]):
+        s, e = _rail(off, rng, period)
+        s, e = s // 1_000_000 * 1_000_000, e // 1_000_000 * 1_000_000
+        rows += [(c, int(a), int(b), 1e9) for a, b in zip(s, e)]
+    f = pl.DataFrame(rows, schema=["c", "start_ns", "end_ns", "est_bytes"], orient="row")
+    corr, bin_ns = rail_correlations(f, [0, 1, 2], FlowConfig(), 1_000_000)
+    assert bin_ns >= 4_000_000
+    assert corr[(0, 1)][0] > 0.8 and corr[(0, 2)][0] < 0.8
+
+
+def test_whole_step_from_a_sub_period():
+    # four bursts a step, the last one (gradient sync) much bigger: a link's period is a quarter step
+    rows = []
+    for s in range(8):
+        for q in range(4):
+            t = s * 1_000_000_000 + q * 250_000_000
+            rows.append((t, t + 50_000_000, 5e9 if q == 3 else 1e9))
+    f = pl.DataFrame(rows, schema=["start_ns", "end_ns", "est_bytes"], orient="row")
+    w = whole_step(f, 250_000_000, 1)
+    assert w["multiple"] == 4 and abs(w["step_ns"] - 1e9) < 1e6
+
+
+def _ring_records(n=6, steps=6, step=1_000_000_000, late=None, slow=None, res=1_000_000):
+    rows = []
+    rng = np.random.default_rng(1)
+    for s in range(steps):
+        for i in range(n):
+            src, dst = f"10.0.{i}.1", f"10.0.{(i + 1) % n}.1"
+            t = s * step + 600_000_000 + int(rng.normal(0, 2e6)) + (150_000_000 if src == late else 0)
+            dur = 200_000_000 * (2.5 if slow in (src, dst) else 1.0) * (1 + rng.normal(0, 0.01))
+            a, b = t // res * res, int(t + dur) // res * res
+            rows.append((src, dst, a, b, 4e9, True))
+    return pl.DataFrame(rows, schema=["src_addr", "dst_addr", "start_ns", "end_ns", "est_bytes", "is_data"],
+                        orient="row")
+
+
+def test_flow_stragglers_name_a_slow_nic_and_a_late_sender():
+    from rankscope.analysis.diagnosis import Steps, Strategy
+    from rankscope.analysis.flow_stragglers import flow_straggler_section
+
+    strat = Strategy(dp=6, dp_groups=[[f"10.0.{i}.1" for i in range(6)]])
+    steps = Steps(count=6, median_ns=1e9)
+    nic = flow_straggler_section(_ring_records(slow="10.0.3.1"), strat, steps, 1_000_000)
+    assert nic.verdict == "communication" and nic.top_workers[0]["endpoint"] == "10.0.3.1"
+    late = flow_straggler_section(_ring_records(late="10.0.4.1"), strat, steps, 1_000_000)
+    assert late.verdict == "worker" and late.top_workers[0]["endpoint"] == "10.0.4.1"
+    calm = flow_straggler_section(_ring_records(), strat, steps, 1_000_000)
+    assert calm.verdict == "none" and not calm.top_workers
