@@ -123,8 +123,11 @@ def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3) -
         for _ in range(max_rounds):
             both = pl.concat([e.select(n="a"), e.select(n="b")]).group_by("n").agg(links=pl.len())
             top = both.filter(pl.col("links") == pl.col("links").max())["n"].to_list()
-            if len(removed) + len(top) > len(members) // 4:
-                break
+            if len(removed) + len(top) > max(len(members) // 4, 1):
+                # no busiest endpoint to spare: a server one or two hosts talk to hangs off the end
+                top = both.filter(pl.col("links") == 1)["n"].to_list()
+                if not top or len(removed) + len(top) > max(len(members) // 2, 1):
+                    break
             removed.extend(top)
             e = e.filter(~pl.col("a").is_in(top) & ~pl.col("b").is_in(top))
             rest = sorted(set(e["a"].to_list()) | set(e["b"].to_list()), key=address_key)

@@ -138,6 +138,11 @@ def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, li
     if len(set(psize.tolist())) > 1:
         valid = False
         notes.append(f"pipelines of unequal length {sorted(set(psize.tolist()))}")
+    # every stage boundary passes the same activations: a pipeline's links are of one byte mode
+    if len(pa) and pl.DataFrame({"c": pl_lab[pa], "m": modes[is_pp]}).group_by("c").agg(
+            k=pl.col("m").n_unique())["k"].max() > 1:
+        valid = False
+        notes.append("a pipeline's links carry different byte volumes")
     # activations go downstream and gradients upstream: a pipeline link carries payload both ways
     if is_pp.any() and (data_sym[is_pp] >= TWO_WAY).mean() < 0.5:
         valid = False
