@@ -156,9 +156,16 @@ def build_findings(stragglers: Stragglers, regressions: Iterable[dict] = (), ext
     # then by factor
     order = {"slow_worker": 0, "slow_stage": 1, "sequence_imbalance": 2, "kernel_regression": 3,
              "misaligned_gemm": 4, "slow_link": 5}
+    # the report contract wants a number: a finding that measured none is no finding
+    rest = [f for f in rest if isinstance(f.get("factor"), (int, float))]
     rest.sort(key=lambda f: (order.get(f["kind"], 6), -(f.get("factor") or 0.0)))
     if first is not None:
         first = {**first, "evidence": {**first.get("evidence", {}), "verdict": stragglers.verdict}}
+        if not isinstance(first.get("factor"), (int, float)):
+            # this basis gives no per-culprit ratio (arrival skew of a collective, a stage the replay
+            # blamed): the culprit still carries the cost it was blamed for, the job's S
+            first["factor"] = float(stragglers.slowdown)
+            first["evidence"]["factor_is"] = "the job's slowdown S: this basis measured no ratio for the culprit"
         return [first, *rest]
     return rest
 

@@ -78,8 +78,10 @@ def group_kind(members: list[int], ea: np.ndarray, eb: np.ndarray, two_way: np.n
         return "all_to_all" if two_way.mean() >= 0.5 else None
     if m == n and (deg == 2).all():
         return "ring"  # a cycle: one-way payload round it, or a ring run in both directions
-    # a tree link carries the reduction up and the broadcast down: the same bytes both ways
-    if balanced.mean() < 0.75 or not n - 1 <= m <= 2 * (n - 1) or deg.max() > 6:
+    # a tree link carries the reduction up and the broadcast down: the same bytes both ways. NCCL runs
+    # two complementary binary trees (gloo's halving-doubling pairs up likewise), so the union of the
+    # links holds a cycle: n - 1 links, a single tree or a path, is a pipeline's shape, not a collective's
+    if balanced.mean() < 0.75 or not n <= m <= 2 * (n - 1) or deg.max() > 6:
         return None
     # NCCL's trees are binary and balanced: depth ~log2(n); a long chain of links is not one
     radius = min(_eccentricity(adj, members, s) for s in members)

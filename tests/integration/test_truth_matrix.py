@@ -68,8 +68,6 @@ SCENARIOS = {
 # that neither outcome breaks the run, and their reasons give the measured range.
 _REPLAY = "compute what-if replay of real CPU Kineto traces (generic model) misranks causes: "
 KNOWN_MISSES: dict[tuple[str, str, str], str] = {
-    ("clean_dp2_pp2_tp2", "both", "verdict"): _REPLAY + "clean 8-rank job gives S 1.11-1.50 (mixed, "
-                                                         "stage_imbalance)",
     ("seq_skew_dp2_pp2", "hooks", "verdict"): "hook records have no compute: per-microbatch work is invisible "
                                               "to arrival skew (measured worker/stage_imbalance/mixed, S 1.12-1.16)",
     ("seq_skew_dp2_pp2", "kineto", "verdict"): _REPLAY + "imbalance detected (agreement 11/20, p 2e-5..6e-4) and "
@@ -79,6 +77,8 @@ KNOWN_MISSES: dict[tuple[str, str, str], str] = {
                                                         "mixed, S 1.34-1.51",
 }
 FLAKY_MISSES: dict[tuple[str, str, str], str] = {
+    ("clean_dp2_pp2_tp2", "both", "verdict"): _REPLAY + "clean 8-rank job gives S 1.11-1.50 (mixed, "
+                                                         "stage_imbalance) in 4 of 5 runs; passed in the 5th",
     ("clean_dp2_pp2_tp2", "hooks", "verdict"): "arrival skew of the clean 8-rank job on a loaded host: S 1.03-1.08, "
                                                "verdict communication in 2 of 4 runs",
     ("clean_dp2_pp2_tp2", "kineto", "verdict"): _REPLAY + "clean 8-rank job: S 1.08-1.48, failed in 3 of 4 runs "

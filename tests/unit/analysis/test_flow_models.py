@@ -24,7 +24,11 @@ def test_a_ring_is_a_collective_and_a_long_path_is_not():
     assert _kind(16, path, [True] * 15) is None  # a 16-stage pipeline is no tree all-reduce
     assert _kind(16, path, [False] * 15) is None  # nor a ring
     heap = [(i, (i - 1) // 2) for i in range(1, 15)]
-    assert _kind(15, heap, [True] * 14) == "tree"
+    # NCCL's double binary tree: the heap and its mirror (a leaf of one is inner in the other)
+    mirror = [(14 - a, 14 - b) for a, b in heap]
+    double = sorted({tuple(sorted(e)) for e in heap + mirror})
+    assert _kind(15, double, [True] * len(double)) == "tree"
+    assert _kind(15, heap, [True] * 14) is None  # one tree alone (n - 1 links) is no collective's shape
     assert _kind(2, [(0, 1)], [True]) == "pair"
 
 
