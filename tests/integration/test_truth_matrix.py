@@ -77,6 +77,12 @@ KNOWN_MISSES: dict[tuple[str, str, str], str] = {
                                                         "mixed, S 1.34-1.51",
 }
 FLAKY_MISSES: dict[tuple[str, str, str], str] = {
+    ("slow_rank_pp4", "kineto", "verdict"): "sequence imbalance without batch_meta fires on a slow rank (verdict "
+                                            "sequence_imbalance, S 2.45-2.47, worker share 0.48) in one full make "
+                                            "test run: at the last stage 1F1B runs F_i then B_i back to back, so one "
+                                            "descheduling stretches both and fakes their agreement",
+    ("slow_rank_pp4", "both", "verdict"): "as kineto: sequence_imbalance (S 2.47, worker share 0.48) in one full "
+                                          "make test run",
     ("clean_dp2_pp2_tp2", "both", "verdict"): _REPLAY + "clean 8-rank job gives S 1.11-1.50 (mixed, "
                                                          "stage_imbalance) in 4 of 5 runs; passed in the 5th",
     ("clean_dp2_pp2_tp2", "hooks", "verdict"): "arrival skew of the clean 8-rank job on a loaded host: S 1.03-1.08, "
