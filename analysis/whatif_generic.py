@@ -109,7 +109,7 @@ def generic_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> What
     synced = group >= 0
     latest = np.full(int(group.max()) + 1 if synced.any() else 0, -np.inf)
     np.maximum.at(latest, group[synced], start[synced])
-    actual = np.where(synced, end - latest[np.where(synced, group, 0)], end - start)
+    actual = np.where(synced, _transfer_end(ops, group, end) - latest[np.where(synced, group, 0)], end - start)
     actual = np.maximum(actual, 0.0)
     steps = np.sort(ops["step"].unique().to_numpy())
     step_index = np.searchsorted(steps, ops["step"].to_numpy())
@@ -120,6 +120,22 @@ def generic_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> What
                        step_index=step_index, steps=steps, model="generic",
                        notes={"dp": len(set(dp_of.values())) or 1, "pp": len(set(stage_of.values())) or 1,
                               "edges_contradicted": int(contradicted.sum())})
+
+
+def _transfer_end(ops: pl.DataFrame, group: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """End of each op's transfer: a send paired with its recv ends no later than the recv.
+
+    An async send (isend) is only waited on later, often at the step's end: its span then ends at
+    that wait, not when the receiver had the data. Left as is, the pair's sync group would last that
+    long and hold the receiver in the replay (and the ideal, a median of such spans, would hold
+    every receiver)."""
+    stream = ops["stream"].to_numpy()
+    send, recv = (stream == "send") & (group >= 0), (stream == "recv") & (group >= 0)
+    if not (send.any() and recv.any()):
+        return end
+    recv_end = np.full(int(group.max()) + 1, np.inf)
+    np.minimum.at(recv_end, group[recv], end[recv])
+    return np.where(send, np.minimum(end, recv_end[np.where(send, group, 0)]), end)
 
 
 def _stream_edges(ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
