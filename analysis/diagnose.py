@@ -142,6 +142,8 @@ def _stragglers(model: JobModel, strategy: Strategy, config: DiagnoseConfig):
     kw = {}
     if "layout" in inspect.signature(straggler_section).parameters:
         kw["layout"] = model.layout_columns()
+    if "steps" in inspect.signature(straggler_section).parameters:
+        kw["steps"] = model.steps
     return straggler_section(model.frames, strategy, config.stragglers, **kw)
 
 

@@ -12,12 +12,13 @@ when no cause explains at least half of the slowdown.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import polars as pl
 
 from rankscope.analysis.arrival_skew import arrival_skew
+from rankscope.analysis.steps import WARMUP_FACTOR
 from rankscope.analysis.diagnosis import Stragglers, Strategy
 from rankscope.analysis.whatif_batch import Scenarios, step_times
 from rankscope.analysis.whatif_causes import CAUSES, cause_shares
@@ -410,8 +411,36 @@ def layout_from_strategy(strategy: Strategy | None) -> pl.DataFrame | None:
                                                      "dp_rank": pl.Int64, "tp_rank": pl.Int64})
 
 
+def startup_steps(steps: pl.DataFrame | None) -> dict:
+    """Leading warm-up steps (the one step definition's) that stand out from the job's pace: {step: why}.
+
+    The what-if replays every step it is given and averages them; a start-up step several times the
+    steady step (rendezvous, allocator, profiler start) would count as slowdown of a clean job, and
+    its ops would lengthen every op type's ideal. A first step that does not stand out stays (a
+    trace of steady steps, e.g. OSDI'25's, is replayed whole)."""
+    if steps is None or steps.is_empty() or "warmup" not in steps.columns:
+        return {}
+    steady = steps.filter(~pl.col("warmup"))
+    if steady.is_empty():
+        return {}
+    pace = float(steady["duration_ns"].median())
+    out = steps.filter(pl.col("warmup") & (pl.col("duration_ns") > WARMUP_FACTOR * pace))
+    return {int(r["step"]): f"warm-up, {r['duration_ns'] / pace:.2f}x the steady median step (> {WARMUP_FACTOR}x)"
+            for r in out.iter_rows(named=True)}
+
+
+def _without_steps(frames: JobFrames, left_out: list[int]) -> JobFrames:
+    def keep(df: pl.DataFrame) -> pl.DataFrame:
+        if df.is_empty() or "step" not in df.columns:
+            return df
+        return df.filter(pl.col("step").is_null() | ~pl.col("step").is_in(left_out))
+
+    return replace(frames, comm_op=keep(frames.comm_op), compute_op=keep(frames.compute_op),
+                   step_mark=keep(frames.step_mark), batch_meta=keep(frames.batch_meta))
+
+
 def straggler_section(frames: JobFrames, strategy: Strategy | None, config=None,
-                      layout: pl.DataFrame | None = None) -> Stragglers:
+                      layout: pl.DataFrame | None = None, steps: pl.DataFrame | None = None) -> Stragglers:
     """What-if attribution of one job (see module docstring).
 
     Needs comm_op and, for the compute basis, compute_op (any source); batch_meta when the job
@@ -425,8 +454,14 @@ def straggler_section(frames: JobFrames, strategy: Strategy | None, config=None,
         config = StragglerConfig(none_below=float(config))
     elif config is not None and not isinstance(config, StragglerConfig):
         config = StragglerConfig(none_below=getattr(config, "none_below", 1.05))
+    left_out = startup_steps(steps)
+    if left_out:
+        frames = _without_steps(frames, sorted(left_out))
     try:
-        return analyze_stragglers(frames, config, layout)[0]
+        s = analyze_stragglers(frames, config, layout)[0]
+        if left_out:
+            s.extra["warmup_left_out"] = [{"step": k, "why": v} for k, v in sorted(left_out.items())]
+        return s
     except WhatIfInputError as e:
         return Stragglers(extra={"evaluated": False, "why": str(e)})
     except (RankscopeError, ValueError, IndexError) as e:

@@ -88,7 +88,8 @@ def generic_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> What
         "rank", "step", "microbatch", pl.col("own").alias("stage"), optype.alias("optype"),
         pl.when(pl.col("op").is_in(["send", "recv"])).then(pl.col("op")).otherwise(stream).alias("stream"),
         "start_ns", "end_ns", "group_id", "seq", "peer", "op", "size_bytes")
-    ops = pl.concat([comp.cast(comm.schema), comm]).with_columns(
+    comp, split = _split_at_nested_comm(comp.cast(comm.schema), comm)
+    ops = pl.concat([comp, comm]).with_columns(
         pl.col("start_ns").cast(pl.Float64), pl.col("end_ns").cast(pl.Float64),
         pl.col("rank").replace_strict(stage_of, default=0, return_dtype=pl.Int32).alias("stage"),
         pl.col("rank").replace_strict(dp_of, default=0, return_dtype=pl.Int32).alias("dp_rank"),
@@ -119,7 +120,41 @@ def generic_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> What
     return WhatIfGraph(ops=out.drop("row", "group_id", "peer", "op"), src=src, dst=dst, group=group,
                        step_index=step_index, steps=steps, model="generic",
                        notes={"dp": len(set(dp_of.values())) or 1, "pp": len(set(stage_of.values())) or 1,
-                              "edges_contradicted": int(contradicted.sum())})
+                              "edges_contradicted": int(contradicted.sum()), "compute_split_at_comm": split})
+
+
+def _split_at_nested_comm(comp: pl.DataFrame, comm: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """Compute spans that enclose a comm op of their rank (a TP all-reduce inside a forward or
+    backward span) cut into the pieces between those ops.
+
+    A span's time inside an enclosed collective is that collective's wait and transfer, not the
+    span's work: counted as compute it makes a rank that waited for its TP peer look slow (and its
+    ideal, an op-type mean, longer). The pieces keep the span's op type, step and microbatch and
+    run in order on the compute stream, so the enclosed op follows the piece before it and, when
+    it blocks, holds the piece after it. Returns (compute ops, how many spans were cut)."""
+    if comp.is_empty() or comm.is_empty():
+        return comp, 0
+    c = comp.with_row_index("cid").sort("start_ns")
+    enclosed = comm.select("rank", "step", pl.col("start_ns").alias("cs"), pl.col("end_ns").alias("ce")).sort(
+        "cs").join_asof(c.select("rank", "step", "cid", "start_ns", "end_ns"), left_on="cs", right_on="start_ns",
+                        by=["rank", "step"], strategy="backward", check_sortedness=False).filter(
+        pl.col("cid").is_not_null() & (pl.col("ce") <= pl.col("end_ns")) & (pl.col("cs") >= pl.col("start_ns")))
+    if enclosed.is_empty():
+        return comp, 0
+    # cuts per span: each enclosed op's start ends a piece, its end (the latest so far: overlapping
+    # enclosed ops are one cut) starts the next
+    cuts = enclosed.sort("cid", "cs").with_columns(pl.col("ce").cum_max().over("cid").alias("ce"))
+    cut_ids = cuts["cid"].unique()
+    pieces = cuts.select("cid", pl.col("ce").shift(1).over("cid").fill_null(pl.col("start_ns")).alias("s"),
+                         pl.col("cs").alias("e"))
+    tail = cuts.group_by("cid").agg(pl.col("ce").max().alias("s"), pl.col("end_ns").first().alias("e"))
+    pieces = pl.concat([pieces, tail.select("cid", "s", "e")]).with_columns(
+        pl.min_horizontal("s", "e").alias("s"))
+    whole = c.filter(~pl.col("cid").is_in(cut_ids.implode()))
+    cut = c.drop("start_ns", "end_ns").join(pieces, on="cid").rename({"s": "start_ns", "e": "end_ns"}).with_columns(
+        pl.col("start_ns").cast(c.schema["start_ns"]), pl.col("end_ns").cast(c.schema["end_ns"]))
+    out = pl.concat([whole, cut.select(whole.columns)]).sort("cid", "start_ns").drop("cid")
+    return out, int(cut_ids.len())
 
 
 def _transfer_end(ops: pl.DataFrame, group: np.ndarray, end: np.ndarray) -> np.ndarray:
