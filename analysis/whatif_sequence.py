@@ -15,7 +15,9 @@ both its forward and its backward. Two ways to see it:
   descheduled passes on a busy host spoil the correlation, from agreement:
   the microbatch with the longest forward of a (rank, step) is also the one
   with the longest backward far more often than chance (1 in m) says, and
-  by a clear margin over that step's median. Its share comes from replaying
+  by a clear margin over that step's median; a (rank, step) whose heaviest
+  forward is directly followed by its own backward (1F1B's last stage) is
+  left out, as one descheduling stretches both. Its share comes from replaying
   with each microbatch's compute at its step's mean, each rank keeping its
   own long-run speed.
 
@@ -56,7 +58,7 @@ def _compute_ops(graph: WhatIfGraph, actual: np.ndarray) -> pl.DataFrame:
     return graph.ops.with_row_index("row").with_columns(pl.Series("a", actual)).filter(
         pl.col("optype").is_in([FWD, BWD]) & pl.col("microbatch").is_not_null()).select(
         "row", "rank", pl.col("dp_rank").fill_null(0), pl.col("stage").fill_null(0), "step", "microbatch",
-        "optype", "a")
+        "optype", "a", "start_ns")
 
 
 def fwd_bwd_pearson(cops: pl.DataFrame) -> float:
@@ -96,8 +98,17 @@ def heaviest_agreement(cops: pl.DataFrame, min_ratio: float) -> dict:
     g = w.group_by("rank", "step").agg(
         m=pl.len(), fmax=pl.col("microbatch").sort_by("f").last(), bmax=pl.col("microbatch").sort_by("b").last(),
         fr=pl.col("f").max() / pl.col("f").median(), br=pl.col("b").max() / pl.col("b").median()).filter(pl.col("m") >= 3)
+    adjacent = 0
+    if "start_ns" in cops.columns:
+        # where a microbatch's backward directly follows its own forward (the last stage of 1F1B), one
+        # descheduling of the rank stretches both: their agreement is no independent evidence
+        back_to_back = _back_to_back(cops)
+        n0 = g.height
+        g = g.join(back_to_back, left_on=["rank", "step", "fmax"], right_on=["rank", "step", "microbatch"],
+                   how="anti")
+        adjacent = n0 - g.height
     if g.is_empty():
-        return {"groups": 0, "agree": 0, "chance": None, "p_value": 1.0}
+        return {"groups": 0, "agree": 0, "chance": None, "p_value": 1.0, "left_out_back_to_back": adjacent}
     fh, bh = pl.col("fr") >= min_ratio, pl.col("br") >= min_ratio
     agree = int(g.filter((pl.col("fmax") == pl.col("bmax")) & fh & bh).height)
     # without sequence effects the two passes stand out independently (a descheduled pass is one pass):
@@ -105,7 +116,18 @@ def heaviest_agreement(cops: pl.DataFrame, min_ratio: float) -> dict:
     rates = g.select(fh.mean().alias("f"), bh.mean().alias("b"), (1.0 / pl.col("m")).mean().alias("m")).row(0)
     chance = float(rates[0] * rates[1] * rates[2])
     p = float(binomtest(agree, g.height, chance, alternative="greater").pvalue) if agree and chance < 1 else 1.0
-    return {"groups": int(g.height), "agree": agree, "chance": chance, "p_value": p}
+    return {"groups": int(g.height), "agree": agree, "chance": chance, "p_value": p,
+            "left_out_back_to_back": adjacent}
+
+
+def _back_to_back(cops: pl.DataFrame) -> pl.DataFrame:
+    """(rank, step, microbatch) whose backward is the rank's next pass after its forward."""
+    units = cops.group_by("rank", "step", "microbatch", "optype").agg(pl.col("start_ns").min()).sort(
+        "rank", "step", "start_ns")
+    nxt = units.with_columns(pl.col("microbatch").shift(-1).over("rank", "step").alias("next_mb"),
+                             pl.col("optype").shift(-1).over("rank", "step").alias("next_type"))
+    return nxt.filter((pl.col("optype") == FWD) & (pl.col("next_type") == BWD)
+                      & (pl.col("next_mb") == pl.col("microbatch"))).select("rank", "step", "microbatch")
 
 
 def _balanced_without_lengths(cops: pl.DataFrame) -> pl.DataFrame:
