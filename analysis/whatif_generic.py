@@ -124,8 +124,8 @@ def generic_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> What
 
 
 def _split_at_nested_comm(comp: pl.DataFrame, comm: pl.DataFrame) -> tuple[pl.DataFrame, int]:
-    """Compute spans that enclose a comm op of their rank (a TP all-reduce inside a forward or
-    backward span) cut into the pieces between those ops.
+    """Compute spans that enclose a blocking comm op of their rank (a TP all-reduce inside a forward
+    or backward span) cut into the pieces between those ops.
 
     A span's time inside an enclosed collective is that collective's wait and transfer, not the
     span's work: counted as compute it makes a rank that waited for its TP peer look slow (and its
@@ -135,6 +135,9 @@ def _split_at_nested_comm(comp: pl.DataFrame, comm: pl.DataFrame) -> tuple[pl.Da
     if comp.is_empty() or comm.is_empty():
         return comp, 0
     c = comp.with_row_index("cid").sort("start_ns")
+    # only ops that block the rank's compute: p2p is posted and waited apart, and a data-parallel
+    # collective overlapping a backward runs beside it (its own stream on a GPU), not inside it
+    comm = comm.filter(~pl.col("stream").is_in(["send", "recv", "dp"]))
     enclosed = comm.select("rank", "step", pl.col("start_ns").alias("cs"), pl.col("end_ns").alias("ce")).sort(
         "cs").join_asof(c.select("rank", "step", "cid", "start_ns", "end_ns"), left_on="cs", right_on="start_ns",
                         by=["rank", "step"], strategy="backward", check_sortedness=False).filter(
