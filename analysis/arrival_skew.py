@@ -99,8 +99,16 @@ def _transfer_excess(comm: pl.DataFrame, steps: list[int]) -> tuple[float, dict]
     gain = float(per["x"].max()) / len(steps) if per.height else 0.0  # x is per group already typical
     worst = inst.with_columns((pl.col("own") / pl.col("typ")).alias("r")).filter(pl.col("typ") > 0).sort(
         "r", descending=True).head(1)
-    slow = ({"group_id": worst["group_id"][0], "ranks": sorted(int(r) for r in worst["rank"][0]),
-             "transfer_ratio": float(worst["r"][0])} if worst.height else None)
+    slow = None
+    if worst.height:
+        # persistence: the group's transfers against their typical, step by step (a slow link is slow in
+        # every step; a descheduled member makes its group slow in some steps only)
+        by_step = inst.filter((pl.col("group_id") == worst["group_id"][0]) & (pl.col("typ") > 0)).group_by(
+            "step").agg((pl.col("transfer") / pl.col("typ")).median().alias("r"))
+        slow = {"group_id": worst["group_id"][0], "ranks": sorted(int(r) for r in worst["rank"][0]),
+                "transfer_ratio": float(worst["r"][0]),
+                "min_step_ratio": float(by_step["r"].min()) if by_step.height >= 2 else None,
+                "steps_seen": int(by_step.height)}
     return gain, {"collectives": int(inst.height), "slowest_group": slow,
                   "max_group_transfer_vs_typical": float(ratio.max()) if ratio.len() else None}
 

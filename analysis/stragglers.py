@@ -18,13 +18,14 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.arrival_skew import arrival_skew
-from rankscope.analysis.steps import WARMUP_FACTOR
 from rankscope.analysis.diagnosis import Stragglers, Strategy
+from rankscope.analysis.steps import WARMUP_FACTOR
 from rankscope.analysis.whatif_batch import Scenarios, step_times
 from rankscope.analysis.whatif_causes import CAUSES, cause_shares
 from rankscope.analysis.whatif_comm import comm_whatif
 from rankscope.analysis.whatif_evidence import (
     link_evidence,
+    persistent_links,
     slow_ranks,
     stage_evidence,
     work_or_hardware,
@@ -92,6 +93,23 @@ def verdict(S: float, shares: dict[str, float], config: StragglerConfig) -> str:
     return next(c for c in CAUSES if capped[c] >= best - config.tie_margin)
 
 
+def linked_verdict(S: float, shares: dict[str, float], config: StragglerConfig, link: dict | None) -> tuple[str, str | None]:
+    """The verdict, where ``communication`` also needs link evidence: (verdict, why communication was
+    set aside or None).
+
+    The communication what-if puts every transfer at its op type's typical time; on a busy host
+    that also removes descheduled transfers scattered over ranks and steps, which no link explains.
+    Without a link whose transfers stand out from its peers' step after step (``link``), the
+    verdict is taken from the other causes, and the section says so."""
+    v = verdict(S, shares, config)
+    if v != "communication" or link:
+        return v, None
+    why = (f"communication explains {min(shares['communication'], 1.0):.0%} of the slowdown, but no link's "
+           f"transfers are >= {config.slow_link_at}x its peers' in most steps: transfer-time noise (a busy "
+           "host), not a slow link")
+    return verdict(S, {**shares, "communication": 0.0}, config), why
+
+
 def _residual_stage_share(graph: WhatIfGraph, balanced: np.ndarray, ideal: np.ndarray, t_bal: float,
                           m: WhatIfMetrics, stage_id: int) -> float:
     work = graph.ops.select((pl.col("stage").fill_null(0) == stage_id) & ~pl.col("comm")
@@ -142,7 +160,9 @@ def _section_from_graph(frames: JobFrames, config: StragglerConfig, layout) -> t
     vshares = cause_shares(results)
     stage_ev = stage_evidence(graph, actual)
     top = worker_evidence(graph, actual, m, config.top_workers)
-    s = Stragglers(slowdown=float(m.S), verdict=verdict(m.S, vshares, config), by_cause=shares,
+    links = persistent_links(graph, actual, ideal, config.slow_link_at)
+    v, set_aside = linked_verdict(m.S, vshares, config, links[0] if links else None)
+    s = Stragglers(slowdown=float(m.S), verdict=v, by_cause=shares,
                    top_workers=top, waste_fraction=float(m.waste), by_optype=dict(m.by_optype))
     culprits = {"worker": {"rank": top[0]["endpoint"], "stage": top[0]["stage"], "dp_rank": top[0]["dp_rank"],
                            "factor": top[0]["compute_vs_stage_peers"]} if top else None,
@@ -158,13 +178,16 @@ def _section_from_graph(frames: JobFrames, config: StragglerConfig, layout) -> t
         "evidence": {"worker": m.M_W, "stage_imbalance": {**m.M_S, **stage_ev},
                      "sequence_imbalance": seq, "communication": comm,
                      "slow_ranks": slow_ranks(graph, actual, config.slow_worker_at),
-                     "slow_links": link_evidence(graph, actual, ideal, config.slow_link_at)},
+                     "slow_links": link_evidence(graph, actual, ideal, config.slow_link_at),
+                     "persistent_links": links},
         "culprits": culprits,
         "per_step": {k: {str(a): b for a, b in v.items()} for k, v in m.per_step.items()},
         "heatmap": m.heatmap,
         "launch_delay": launch,
         "graph": {k: v for k, v in graph.notes.items() if not k.startswith("_")},
     }
+    if set_aside:
+        s.extra["communication_set_aside"] = set_aside
     _settle_ambiguity(s, graph, actual, m)
     return s, {"graph": graph, "metrics": m, "ideal": ideal}
 
@@ -207,7 +230,11 @@ def _arrival_section(frames: JobFrames, config: StragglerConfig, layout) -> Stra
             "last_arrival_share": x["last_arrival_share"]} for x in r["ranks"][:config.top_workers]]
     S = float(r["S"])
     vshares = cause_shares(r["shares"])
-    s = Stragglers(slowdown=S, verdict=verdict(S, vshares, config), by_cause=dict(vshares), top_workers=top,
+    # the arrival basis's link evidence: the slowest group's transfers are slow in every step
+    group = r["communication"].get("slowest_group")
+    link = group if group and (group.get("min_step_ratio") or 0.0) >= config.slow_link_at else None
+    v, set_aside = linked_verdict(S, vshares, config, link)
+    s = Stragglers(slowdown=S, verdict=v, by_cause=dict(vshares), top_workers=top,
                    waste_fraction=1 - 1 / S if S > 0 else 0.0)
     stage = r["stage"].get("worst_stage")
     s.extra = {"evaluated": True, "basis": "arrival_skew", "model": "arrival_skew", "verdict_shares": vshares,
@@ -227,6 +254,8 @@ def _arrival_section(frames: JobFrames, config: StragglerConfig, layout) -> Stra
                                            # slow in most steps: one descheduled step on a busy host is not a slow GPU
                                            and 2 * len(x["slow_steps"]) > len(r["steps"])]},
                "why_no_compute": "no compute_op records: S and the verdict come from collective arrival skew"}
+    if set_aside:
+        s.extra["communication_set_aside"] = set_aside
     _no_peer_ambiguity(s, layout)
     return s
 
