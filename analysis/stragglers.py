@@ -93,21 +93,22 @@ def verdict(S: float, shares: dict[str, float], config: StragglerConfig) -> str:
     return next(c for c in CAUSES if capped[c] >= best - config.tie_margin)
 
 
-def linked_verdict(S: float, shares: dict[str, float], config: StragglerConfig, link: dict | None) -> tuple[str, str | None]:
-    """The verdict, where ``communication`` also needs link evidence: (verdict, why communication was
-    set aside or None).
+def evidenced_verdict(S: float, shares: dict[str, float], config: StragglerConfig,
+                      lacking: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """The verdict, where a cause also needs its own evidence: (verdict, {cause set aside: why}).
 
-    The communication what-if puts every transfer at its op type's typical time; on a busy host
-    that also removes descheduled transfers scattered over ranks and steps, which no link explains.
-    Without a link whose transfers stand out from its peers' step after step (``link``), the
-    verdict is taken from the other causes, and the section says so."""
+    A what-if share says how much fixing a cause would remove; on a busy host it also removes noise
+    that no culprit explains (descheduled transfers scattered over ranks and steps; passes that run
+    longer in some steps). ``lacking`` names the causes whose evidence is missing, with why; such a
+    cause cannot be the verdict, which then comes from the other causes, and the section says so."""
+    shares = dict(shares)
+    aside: dict[str, str] = {}
     v = verdict(S, shares, config)
-    if v != "communication" or link:
-        return v, None
-    why = (f"communication explains {min(shares['communication'], 1.0):.0%} of the slowdown, but no link's "
-           f"transfers are >= {config.slow_link_at}x its peers' in most steps: transfer-time noise (a busy "
-           "host), not a slow link")
-    return verdict(S, {**shares, "communication": 0.0}, config), why
+    while v in lacking and v not in aside:
+        aside[v] = f"{v} explains {min(shares[v], 1.0):.0%} of the slowdown, but " + lacking[v]
+        shares[v] = 0.0
+        v = verdict(S, shares, config)
+    return v, aside
 
 
 def _residual_stage_share(graph: WhatIfGraph, balanced: np.ndarray, ideal: np.ndarray, t_bal: float,
@@ -161,7 +162,15 @@ def _section_from_graph(frames: JobFrames, config: StragglerConfig, layout) -> t
     stage_ev = stage_evidence(graph, actual)
     top = worker_evidence(graph, actual, m, config.top_workers)
     links = persistent_links(graph, actual, ideal, config.slow_link_at)
-    v, set_aside = linked_verdict(m.S, vshares, config, links[0] if links else None)
+    lacking = {}
+    if not links:
+        lacking["communication"] = (f"no rank's transfers are >= {config.slow_link_at}x its peers' in every "
+                                    "step: transfer-time noise (a busy host), not a slow link")
+    if worst is not None and worst not in stage_ev.get("slower_in_every_step", []):
+        lacking["stage_imbalance"] = (f"stage {worst}'s passes are not slower than the other stages' in every step "
+                                      f"(min over steps {stage_ev.get('stage_vs_others_min_over_steps', {}).get(str(worst))}): "
+                                      "no stage has more work")
+    v, set_aside = evidenced_verdict(m.S, vshares, config, lacking)
     s = Stragglers(slowdown=float(m.S), verdict=v, by_cause=shares,
                    top_workers=top, waste_fraction=float(m.waste), by_optype=dict(m.by_optype))
     culprits = {"worker": {"rank": top[0]["endpoint"], "stage": top[0]["stage"], "dp_rank": top[0]["dp_rank"],
@@ -187,7 +196,7 @@ def _section_from_graph(frames: JobFrames, config: StragglerConfig, layout) -> t
         "graph": {k: v for k, v in graph.notes.items() if not k.startswith("_")},
     }
     if set_aside:
-        s.extra["communication_set_aside"] = set_aside
+        s.extra["set_aside"] = set_aside
     _settle_ambiguity(s, graph, actual, m)
     return s, {"graph": graph, "metrics": m, "ideal": ideal}
 
@@ -232,8 +241,10 @@ def _arrival_section(frames: JobFrames, config: StragglerConfig, layout) -> Stra
     vshares = cause_shares(r["shares"])
     # the arrival basis's link evidence: the slowest group's transfers are slow in every step
     group = r["communication"].get("slowest_group")
-    link = group if group and (group.get("min_step_ratio") or 0.0) >= config.slow_link_at else None
-    v, set_aside = linked_verdict(S, vshares, config, link)
+    lacking = {} if group and (group.get("min_step_ratio") or 0.0) >= config.slow_link_at else {
+        "communication": f"no group's transfers are >= {config.slow_link_at}x their typical in every step: "
+                         "transfer-time noise (a busy host), not a slow link"}
+    v, set_aside = evidenced_verdict(S, vshares, config, lacking)
     s = Stragglers(slowdown=S, verdict=v, by_cause=dict(vshares), top_workers=top,
                    waste_fraction=1 - 1 / S if S > 0 else 0.0)
     stage = r["stage"].get("worst_stage")
@@ -255,7 +266,7 @@ def _arrival_section(frames: JobFrames, config: StragglerConfig, layout) -> Stra
                                            and 2 * len(x["slow_steps"]) > len(r["steps"])]},
                "why_no_compute": "no compute_op records: S and the verdict come from collective arrival skew"}
     if set_aside:
-        s.extra["communication_set_aside"] = set_aside
+        s.extra["set_aside"] = set_aside
     _no_peer_ambiguity(s, layout)
     return s
 

@@ -88,8 +88,8 @@ def generic_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> What
         "rank", "step", "microbatch", pl.col("own").alias("stage"), optype.alias("optype"),
         pl.when(pl.col("op").is_in(["send", "recv"])).then(pl.col("op")).otherwise(stream).alias("stream"),
         "start_ns", "end_ns", "group_id", "seq", "peer", "op", "size_bytes")
-    comp, split = _split_at_nested_comm(comp.cast(comm.schema), comm)
-    ops = pl.concat([comp, comm]).with_columns(
+    comp, nested = _without_nested_comm(comp.cast(comm.schema), comm)
+    ops = pl.concat([comp, comm.with_columns(pl.lit(None, dtype=pl.Float64).alias("work_ns"))]).with_columns(
         pl.col("start_ns").cast(pl.Float64), pl.col("end_ns").cast(pl.Float64),
         pl.col("rank").replace_strict(stage_of, default=0, return_dtype=pl.Int32).alias("stage"),
         pl.col("rank").replace_strict(dp_of, default=0, return_dtype=pl.Int32).alias("dp_rank"),
@@ -111,27 +111,32 @@ def generic_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> What
     latest = np.full(int(group.max()) + 1 if synced.any() else 0, -np.inf)
     np.maximum.at(latest, group[synced], start[synced])
     actual = np.where(synced, _transfer_end(ops, group, end) - latest[np.where(synced, group, 0)], end - start)
+    work = ops["work_ns"].to_numpy()
+    actual = np.where(np.isnan(work), actual, work)
     actual = np.maximum(actual, 0.0)
     steps = np.sort(ops["step"].unique().to_numpy())
     step_index = np.searchsorted(steps, ops["step"].to_numpy())
     out = ops.with_columns(
         pl.Series("synced", synced), pl.col("op").is_not_null().alias("comm"), pl.Series("actual", actual),
         pl.col("seq"))
-    return WhatIfGraph(ops=out.drop("row", "group_id", "peer", "op"), src=src, dst=dst, group=group,
+    return WhatIfGraph(ops=out.drop("row", "group_id", "peer", "op", "work_ns"), src=src, dst=dst, group=group,
                        step_index=step_index, steps=steps, model="generic",
                        notes={"dp": len(set(dp_of.values())) or 1, "pp": len(set(stage_of.values())) or 1,
-                              "edges_contradicted": int(contradicted.sum()), "compute_split_at_comm": split})
+                              "edges_contradicted": int(contradicted.sum()), "compute_spans_enclosing_comm": nested})
 
 
-def _split_at_nested_comm(comp: pl.DataFrame, comm: pl.DataFrame) -> tuple[pl.DataFrame, int]:
-    """Compute spans that enclose a blocking comm op of their rank (a TP all-reduce inside a forward
-    or backward span) cut into the pieces between those ops.
+def _without_nested_comm(comp: pl.DataFrame, comm: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """Compute spans that enclose blocking comm ops of their rank (a TP all-reduce inside a forward or
+    backward span): their work without those ops, replayed after them.
 
     A span's time inside an enclosed collective is that collective's wait and transfer, not the
     span's work: counted as compute it makes a rank that waited for its TP peer look slow (and its
-    ideal, an op-type mean, longer). The pieces keep the span's op type, step and microbatch and
-    run in order on the compute stream, so the enclosed op follows the piece before it and, when
-    it blocks, holds the piece after it. Returns (compute ops, how many spans were cut)."""
+    ideal, an op-type mean, longer). Such a span keeps one op (per-span work stays comparable across
+    ranks and stages, whatever number of collectives each encloses) whose duration (``work_ns``) is
+    its time outside the enclosed ops, and whose start moves to the last enclosed op's end: in the
+    replay the enclosed collectives run first (after the compute before them) and block the span.
+    Returns (compute ops with ``work_ns`` where changed, how many spans enclose comm)."""
+    comp = comp.with_columns(pl.lit(None, dtype=pl.Float64).alias("work_ns"))
     if comp.is_empty() or comm.is_empty():
         return comp, 0
     c = comp.with_row_index("cid").sort("start_ns")
@@ -144,20 +149,18 @@ def _split_at_nested_comm(comp: pl.DataFrame, comm: pl.DataFrame) -> tuple[pl.Da
         pl.col("cid").is_not_null() & (pl.col("ce") <= pl.col("end_ns")) & (pl.col("cs") >= pl.col("start_ns")))
     if enclosed.is_empty():
         return comp, 0
-    # cuts per span: each enclosed op's start ends a piece, its end (the latest so far: overlapping
-    # enclosed ops are one cut) starts the next
+    # the span's time outside its enclosed ops: the pieces between them (overlapping enclosed ops are one)
     cuts = enclosed.sort("cid", "cs").with_columns(pl.col("ce").cum_max().over("cid").alias("ce"))
-    cut_ids = cuts["cid"].unique()
     pieces = cuts.select("cid", pl.col("ce").shift(1).over("cid").fill_null(pl.col("start_ns")).alias("s"),
                          pl.col("cs").alias("e"))
     tail = cuts.group_by("cid").agg(pl.col("ce").max().alias("s"), pl.col("end_ns").first().alias("e"))
-    pieces = pl.concat([pieces, tail.select("cid", "s", "e")]).with_columns(
-        pl.min_horizontal("s", "e").alias("s"))
-    whole = c.filter(~pl.col("cid").is_in(cut_ids.implode()))
-    cut = c.drop("start_ns", "end_ns").join(pieces, on="cid").rename({"s": "start_ns", "e": "end_ns"}).with_columns(
-        pl.col("start_ns").cast(c.schema["start_ns"]), pl.col("end_ns").cast(c.schema["end_ns"]))
-    out = pl.concat([whole, cut.select(whole.columns)]).sort("cid", "start_ns").drop("cid")
-    return out, int(cut_ids.len())
+    work = pl.concat([pieces, tail.select("cid", "s", "e")]).group_by("cid").agg(
+        (pl.col("e") - pl.col("s")).cast(pl.Float64).clip(lower_bound=0).sum().alias("w"))
+    last = tail.select("cid", pl.col("s").alias("after"))
+    out = c.join(work, on="cid", how="left").join(last, on="cid", how="left").with_columns(
+        pl.coalesce("w", "work_ns").alias("work_ns"),
+        pl.coalesce(pl.col("after").cast(c.schema["start_ns"]), "start_ns").alias("start_ns")).sort("cid")
+    return out.select(comp.columns), int(work.height)
 
 
 def _transfer_end(ops: pl.DataFrame, group: np.ndarray, end: np.ndarray) -> np.ndarray:
