@@ -6,7 +6,9 @@ OSDI'25 defines it, whatever the verdict), by_cause.sequence_imbalance and
 by_cause.communication = the shares of the two extra what-ifs, by_optype =
 S_t, top_workers = workers by S_w with their evidence. Verdict: ``none``
 when S < none_below; otherwise the cause with the largest share, ``mixed``
-when no cause explains at least half of the slowdown.
+when no cause explains at least half of the slowdown. A cause also needs its
+own evidence (a link slow in every step, a stage slower in every step), else
+it is set aside with why (:func:`evidenced_verdict`).
 """
 
 from __future__ import annotations
