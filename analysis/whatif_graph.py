@@ -174,9 +174,16 @@ class WhatIfGraph:
         delay = None
         if launch_delay is not None:
             delay = np.append(np.asarray(launch_delay, dtype=np.float64), 0.0)[delay_idx]
+        # scratch arrays kept between calls (see replay_waves): the op durations extended by one 0,
+        # the plan-ordered node durations, and the replay's own
+        ext = np.zeros(self.ops.height + 1)
+        node_dur = np.empty(in_idx.size)
+        work: dict = {}
 
         def run(duration: np.ndarray) -> np.ndarray:
-            s_end = replay_waves(plan, np.append(np.asarray(duration, dtype=np.float64), 0.0)[in_idx], delay)
+            ext[:-1] = duration
+            np.take(ext, in_idx, out=node_dur)
+            s_end = replay_waves(plan, node_dur, delay, work)
             out = np.full(len(self.steps), -np.inf)
             if step_super.size:
                 out[present] = np.maximum.reduceat(s_end[step_super], first)
