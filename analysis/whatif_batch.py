@@ -43,18 +43,9 @@ class Scenarios:
     select: np.ndarray
     remove: np.ndarray
 
-    def durations(self, k: int, actual: np.ndarray, ideal: np.ndarray, out: np.ndarray | None = None,
-                  mask: np.ndarray | None = None) -> np.ndarray:
-        """Scenario k's per-op durations; ``out``/``mask`` (float, bool; n) are reused scratch arrays."""
-        if out is None:
-            use_actual = self.select[k, self.labels] != self.remove[k]
-            return np.where(use_actual, actual, ideal)
-        np.take(self.select[k], self.labels, out=mask)
-        if self.remove[k]:
-            np.logical_not(mask, out=mask)
-        np.copyto(out, ideal)
-        np.copyto(out, actual, where=mask)
-        return out
+    def durations(self, k: int, actual: np.ndarray, ideal: np.ndarray) -> np.ndarray:
+        use_actual = self.select[k, self.labels] != self.remove[k]
+        return np.where(use_actual, actual, ideal)
 
 
 def step_times(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, sc: Scenarios,
@@ -68,11 +59,10 @@ def step_times(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, sc: Sc
     if graph.template is None:
         # every scenario through one replay plan (built once); one scenario per pass: the replay is
         # bound by memory access, so wider passes cost as much per scenario and more memory
-        run = graph.step_replayer(launch_delay)
+        run = graph.choice_replayer(actual, ideal, sc.labels, launch_delay)
         out = np.empty((len(graph.steps), k))
-        dur, use_actual = np.empty(len(actual)), np.empty(len(actual), dtype=bool)
         for i in range(k):
-            out[:, i] = run(sc.durations(i, actual, ideal, out=dur, mask=use_actual))
+            out[:, i] = run(sc.select[i], bool(sc.remove[i]))
         return out
     plan = _plan(graph)
     n_inst = graph.template.rows.shape[0]
