@@ -26,6 +26,8 @@ from rankscope.collectors.job_frames import JobFrames
 
 _STATE_ORDER = {"completed": 2, "failed": 1, "pending": 0}
 _P2P = ("send", "recv")
+_COLUMNS = ("rank", "op", "group_id", "group_ranks", "peer", "size_bytes", "dtype", "start_ns", "end_ns", "state",
+            "seq", "step", "source")
 
 
 def hang_section(frames: JobFrames) -> list[dict]:
@@ -67,7 +69,9 @@ def _ranks_with_records(frames: JobFrames) -> set[int]:
 def _prepare(comm: pl.DataFrame) -> pl.DataFrame:
     if comm.height == 0 or "seq" not in comm.columns:
         return comm.head(0)
-    df = comm.filter(pl.col("seq").is_not_null()).with_columns(
+    # only the columns the section reads: the sort and de-duplication below copy every column they carry
+    df = comm.select([c for c in _COLUMNS if c in comm.columns])
+    df = df.filter(pl.col("seq").is_not_null()).with_columns(
         pl.col("source").fill_null("?"),
         pl.col("state").fill_null(pl.when(pl.col("end_ns").is_null()).then(pl.lit("pending"))
                                   .otherwise(pl.lit("completed"))),
@@ -208,7 +212,8 @@ def _last_completed(df: pl.DataFrame) -> dict[int, dict]:
     if done.height == 0:
         return {}
     # Flight recorder entries of gloo have zero times, so order by seq as well.
-    last = done.sort(["end_ns", "start_ns", "seq"]).group_by("rank").agg(pl.all().last())
+    last = done.select("rank", "op", "group_id", "_gkey", "seq", "step", "end_ns", "start_ns").sort(
+        ["end_ns", "start_ns", "seq"]).group_by("rank").agg(pl.all().last())
     return {r["rank"]: {"op": r["op"], "group": r["group_id"] if r["group_id"] is not None else r["_gkey"],
                         "seq": r["seq"], "step": r["step"]} for r in last.iter_rows(named=True)}
 
