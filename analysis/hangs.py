@@ -103,8 +103,12 @@ def _prepare(comm: pl.DataFrame) -> pl.DataFrame:
         pl.col("state").replace_strict(_STATE_ORDER, default=0, return_dtype=pl.Int8).alias("_state_rank")
     ).drop("_mtxt", "group_ranks", "_src", "_dst", "_ptxt", "_plist")  # one copy of the member lists
     # A rank dumped by two writers of one source keeps its most advanced state per op.
-    return (df.sort(["_state_rank", "start_ns"], descending=[True, False])
-            .unique(["source", "rank", "_gkey", "seq", "op"], keep="first", maintain_order=True))
+    df = df.sort(["_state_rank", "start_ns"], descending=[True, False])
+    key = ["source", "rank", "_gkey", "seq", "op"]
+    # the common case has no such duplicate: the check costs a third of the ordered de-duplication
+    if not df.select(pl.struct(key).is_duplicated().any()).item():
+        return df
+    return df.unique(key, keep="first", maintain_order=True)
 
 
 def _source_hangs(df: pl.DataFrame, source: str, present: set[int]) -> list[dict]:
