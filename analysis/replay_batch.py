@@ -98,6 +98,23 @@ def _edge_runs(tgt_ops: np.ndarray, e_from: np.ndarray, reached: np.ndarray, n: 
     return tgt, src_sorted, runs
 
 
+def _super_nodes(g: np.ndarray) -> np.ndarray:
+    """Super-node of each op: ops of one sync group (>= 0) share one, every other op (-1) has its own.
+
+    Numbered as ``np.unique(where(g < 0, -(i + 1), g), return_inverse=True)`` would (lone ops first, the
+    last op lowest; then groups by id), in linear time instead of a sort of every op.
+    """
+    lone = g < 0
+    n_lone = int(lone.sum())
+    node = np.empty(g.size, dtype=np.int64)
+    node[lone] = n_lone - np.cumsum(lone)[lone]
+    if n_lone < g.size:
+        gs = g[~lone]
+        present = np.bincount(gs) > 0
+        node[~lone] = n_lone + (np.cumsum(present) - 1)[gs]
+    return node
+
+
 def _idx(a: np.ndarray, n: int) -> np.ndarray:
     # int32 indices halve the plan's memory on big jobs (4,096 GPUs: ~10 M nodes)
     return a.astype(np.int32 if n < 2**31 - 1 else np.int64, copy=False)
@@ -115,10 +132,7 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
     if sync_group is None:
         node = np.arange(n)
     else:
-        g = np.asarray(sync_group, dtype=np.int64)
-        key = np.where(g < 0, -(np.arange(n) + 1), g)
-        _, node = np.unique(key, return_inverse=True)
-        node = node.reshape(-1)
+        node = _super_nodes(np.asarray(sync_group, dtype=np.int64))
     n_super = int(node.max()) + 1 if n else 0
     ssrc, sdst = node[src], node[dst]
     if np.any(ssrc == sdst):
@@ -165,7 +179,13 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
         if np.any(s_block[node] != b) or np.any(b[src] != b[dst]):
             s_block[:] = 0  # blocks that share groups or edges are no independent components
     m_count = m_off[1:] - m_off[:-1]
-    super_order = np.lexsort((m_count, wave_of, s_block))
+    # one stable sort of a combined key: the same order as lexsort((m_count, wave_of, s_block)), at a third
+    # of its cost
+    top_m, top_w = int(m_count.max()) + 1 if n_super else 1, wave_no + 1
+    if (int(s_block.max()) + 1 if n_super else 1) * top_w * top_m < 2**62:
+        super_order = np.argsort((s_block * top_w + wave_of) * top_m + m_count, kind="stable")
+    else:
+        super_order = np.lexsort((m_count, wave_of, s_block))
     new_super = np.empty(n_super, dtype=np.int64)
     new_super[super_order] = np.arange(n_super)
     op_order = members[_gather(m_off, super_order)] if n_super else np.zeros(0, np.int64)

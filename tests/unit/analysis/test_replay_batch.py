@@ -124,3 +124,14 @@ def test_choice_replayer_equals_step_times_of_the_scenario_durations():
     got = step_times(graph, actual, ideal, sc, launch_delay=delay)
     for k in range(6):
         np.testing.assert_array_equal(got[:, k], graph.step_times(sc.durations(k, actual, ideal), delay))
+
+
+def test_super_nodes_number_like_unique_of_the_group_keys():
+    from rankscope.analysis.replay_batch import _super_nodes
+
+    rng = np.random.default_rng(1)
+    for n in (0, 1, 7, 5000):
+        for p_lone in (0.0, 0.4, 1.0):
+            g = np.where(rng.random(n) < p_lone, -1, rng.integers(0, max(1, n // 3), n))
+            _, ref = np.unique(np.where(g < 0, -(np.arange(n) + 1), g), return_inverse=True)
+            np.testing.assert_array_equal(_super_nodes(g), ref.reshape(-1))
