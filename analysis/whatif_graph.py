@@ -184,7 +184,7 @@ class WhatIfGraph:
             ext[:-1] = duration
             # "wrap": no buffered copy of out, and -1 (a synced member) still reads the appended 0
             np.take(ext, in_idx, out=node_dur, mode="wrap")
-            return self._step_ends(replay_waves(plan, node_dur, delay, work))
+            return self._step_ends(replay_waves(plan, node_dur, delay, work), work)
 
         return run
 
@@ -218,16 +218,24 @@ class WhatIfGraph:
                 np.logical_not(mask, out=mask)
             np.copyto(dur, idl)
             np.copyto(dur, act, where=mask)
-            return self._step_ends(replay_waves(plan, dur, delay, work))
+            return self._step_ends(replay_waves(plan, dur, delay, work), work)
 
         return run
 
-    def _step_ends(self, s_end: np.ndarray) -> np.ndarray:
-        """Latest end of each step's ops from the replay's super-node ends (-inf: a step without ops)."""
+    def _step_ends(self, s_end: np.ndarray, work: dict | None = None) -> np.ndarray:
+        """Latest end of each step's ops from the replay's super-node ends (-inf: a step without ops).
+
+        ``work`` keeps the per-op gather buffer between calls (one scenario after another)."""
         step_super, first, present = self._replay_plan()[4:]
         out = np.full(len(self.steps), -np.inf)
         if step_super.size:
-            out[present] = np.maximum.reduceat(s_end[step_super], first)
+            buf = work.get("op_end") if work is not None else None
+            if buf is None or buf.shape != step_super.shape:
+                buf = np.empty(step_super.shape)
+                if work is not None:
+                    work["op_end"] = buf
+            np.take(s_end, step_super, out=buf, mode="clip")  # indices are in range: unbuffered
+            out[present] = np.maximum.reduceat(buf, first)
         return out
 
     def step_times_many(self, duration: np.ndarray, launch_delay: np.ndarray | None = None) -> np.ndarray:
