@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from rankscope.collectors.job_frames import JobFrames  # noqa: F401  (re-exported)
@@ -68,7 +68,9 @@ class Diagnosis:
     def to_dict(self) -> dict:
         """The report JSON object: each section's ``extra`` keys are merged into the section."""
         d = {}
-        for key, value in asdict(self).items():
+        # _fields_plain, not dataclasses.asdict: asdict deep-copies every leaf, and jsonable below copies
+        # the containers again (a 4,096-rank report has ~170k objects)
+        for key, value in _fields_plain(self).items():
             if isinstance(value, dict) and "extra" in value:
                 extra = value.pop("extra")
                 value.update(extra)
@@ -79,6 +81,18 @@ class Diagnosis:
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+
+def _fields_plain(x):
+    """Dataclasses to dicts of their fields, recursively through dicts, lists and tuples (as ``asdict``,
+    without copying the leaves; tuples become lists, which jsonable does anyway)."""
+    if is_dataclass(x) and not isinstance(x, type):
+        return {f.name: _fields_plain(getattr(x, f.name)) for f in fields(x)}
+    if isinstance(x, dict):
+        return {k: _fields_plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_fields_plain(v) for v in x]
+    return x
 
 
 def jsonable(x):

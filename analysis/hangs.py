@@ -26,6 +26,8 @@ from rankscope.collectors.job_frames import JobFrames
 
 _STATE_ORDER = {"completed": 2, "failed": 1, "pending": 0}
 _P2P = ("send", "recv")
+_COLUMNS = ("rank", "op", "group_id", "group_ranks", "peer", "size_bytes", "dtype", "start_ns", "end_ns", "state",
+            "seq", "step", "source")
 
 
 def hang_section(frames: JobFrames) -> list[dict]:
@@ -67,33 +69,46 @@ def _ranks_with_records(frames: JobFrames) -> set[int]:
 def _prepare(comm: pl.DataFrame) -> pl.DataFrame:
     if comm.height == 0 or "seq" not in comm.columns:
         return comm.head(0)
-    df = comm.filter(pl.col("seq").is_not_null()).with_columns(
+    # only the columns the section reads: the sort and de-duplication below copy every column they carry
+    df = comm.select([c for c in _COLUMNS if c in comm.columns])
+    df = df.filter(pl.col("seq").is_not_null()).with_columns(
         pl.col("source").fill_null("?"),
         pl.col("state").fill_null(pl.when(pl.col("end_ns").is_null()).then(pl.lit("pending"))
-                                  .otherwise(pl.lit("completed"))),
-        pl.col("group_ranks").list.sort().alias("_members"))
+                                  .otherwise(pl.lit("completed"))))
     is_p2p = pl.col("op").is_in(list(_P2P)) & pl.col("peer").is_not_null()
     src = pl.when(pl.col("op") == "send").then(pl.col("rank")).otherwise(pl.col("peer"))
     dst = pl.when(pl.col("op") == "send").then(pl.col("peer")).otherwise(pl.col("rank"))
     # Collectives are keyed by their sorted member list, which every rank and source spells the same
     # way; group ids differ between sources. Point-to-point ops are keyed by direction, so the n-th
     # send of a to b meets the n-th recv of b from a.
-    # the member text once per distinct member list, not once per op (a 64-member text on millions of ops
-    # was most of a big job's memory); the join hands each op a view of it
-    uniq = df.select("_members").unique().with_columns(
+    # Member lists are sorted and spelled once per distinct list, and p2p keys once per (sender,
+    # receiver): per op, on millions of ops, that was most of a big job's time and memory; the joins
+    # hand each op a view of them.
+    lists = df.select("group_ranks").unique().with_columns(pl.col("group_ranks").list.sort().alias("_members"))
+    lists = lists.with_columns(
         (pl.lit("ranks ") + pl.col("_members").cast(pl.List(pl.String)).list.join(",")).alias("_mtxt"))
-    df = df.with_columns(df.select("_members").join(uniq, on="_members", how="left", maintain_order="left")["_mtxt"])
+    df = df.with_columns(src.alias("_src"), dst.alias("_dst")).join(
+        lists, on="group_ranks", how="left", maintain_order="left", nulls_equal=True)
+    pairs = df.filter(is_p2p).select("_src", "_dst").unique().with_columns(
+        (pl.lit("p2p ") + pl.col("_src").cast(pl.String) + pl.lit("->") + pl.col("_dst").cast(pl.String))
+        .alias("_ptxt"),
+        pl.concat_list(["_src", "_dst"]).cast(pl.List(pl.Int32)).alias("_plist"))
+    df = df.join(pairs, on=["_src", "_dst"], how="left", maintain_order="left")
     df = df.with_columns(
-        pl.when(is_p2p).then(pl.lit("p2p ") + src.cast(pl.String) + pl.lit("->") + dst.cast(pl.String))
+        pl.when(is_p2p).then(pl.col("_ptxt"))
         .when(pl.col("_members").list.len() > 0).then(pl.col("_mtxt"))
         .otherwise(pl.lit("id ") + pl.col("group_id").fill_null("?")).alias("_gkey"),
-        pl.when(is_p2p).then(pl.concat_list([src, dst]).cast(pl.List(pl.Int32)))
+        pl.when(is_p2p).then(pl.col("_plist"))
         .otherwise(pl.col("_members").cast(pl.List(pl.Int32))).alias("_members"),
         pl.col("state").replace_strict(_STATE_ORDER, default=0, return_dtype=pl.Int8).alias("_state_rank")
-    ).drop("_mtxt", "group_ranks")  # _members replaces the member lists: one copy of them, not two
+    ).drop("_mtxt", "group_ranks", "_src", "_dst", "_ptxt", "_plist")  # one copy of the member lists
     # A rank dumped by two writers of one source keeps its most advanced state per op.
-    return (df.sort(["_state_rank", "start_ns"], descending=[True, False])
-            .unique(["source", "rank", "_gkey", "seq", "op"], keep="first", maintain_order=True))
+    df = df.sort(["_state_rank", "start_ns"], descending=[True, False])
+    key = ["source", "rank", "_gkey", "seq", "op"]
+    # the common case has no such duplicate: the check costs a third of the ordered de-duplication
+    if not df.select(pl.struct(key).is_duplicated().any()).item():
+        return df
+    return df.unique(key, keep="first", maintain_order=True)
 
 
 def _source_hangs(df: pl.DataFrame, source: str, present: set[int]) -> list[dict]:
@@ -208,7 +223,8 @@ def _last_completed(df: pl.DataFrame) -> dict[int, dict]:
     if done.height == 0:
         return {}
     # Flight recorder entries of gloo have zero times, so order by seq as well.
-    last = done.sort(["end_ns", "start_ns", "seq"]).group_by("rank").agg(pl.all().last())
+    last = done.select("rank", "op", "group_id", "_gkey", "seq", "step", "end_ns", "start_ns").sort(
+        ["end_ns", "start_ns", "seq"]).group_by("rank").agg(pl.all().last())
     return {r["rank"]: {"op": r["op"], "group": r["group_id"] if r["group_id"] is not None else r["_gkey"],
                         "seq": r["seq"], "step": r["step"]} for r in last.iter_rows(named=True)}
 

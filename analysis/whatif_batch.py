@@ -59,10 +59,10 @@ def step_times(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, sc: Sc
     if graph.template is None:
         # every scenario through one replay plan (built once); one scenario per pass: the replay is
         # bound by memory access, so wider passes cost as much per scenario and more memory
-        run = graph.step_replayer(launch_delay)
+        run = graph.choice_replayer(actual, ideal, sc.labels, launch_delay)
         out = np.empty((len(graph.steps), k))
         for i in range(k):
-            out[:, i] = run(sc.durations(i, actual, ideal))
+            out[:, i] = run(sc.select[i], bool(sc.remove[i]))
         return out
     plan = _plan(graph)
     n_inst = graph.template.rows.shape[0]

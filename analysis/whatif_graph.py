@@ -170,19 +170,73 @@ class WhatIfGraph:
         """
         from rankscope.analysis.replay_batch import replay_waves
 
-        plan, in_idx, delay_idx, _, step_super, first, present = self._replay_plan()
+        plan, in_idx, delay_idx, *_ = self._replay_plan()
         delay = None
         if launch_delay is not None:
             delay = np.append(np.asarray(launch_delay, dtype=np.float64), 0.0)[delay_idx]
+        # scratch arrays kept between calls (see replay_waves): the op durations extended by one 0,
+        # the plan-ordered node durations, and the replay's own
+        ext = np.zeros(self.ops.height + 1)
+        node_dur = np.empty(in_idx.size)
+        work: dict = {}
 
         def run(duration: np.ndarray) -> np.ndarray:
-            s_end = replay_waves(plan, np.append(np.asarray(duration, dtype=np.float64), 0.0)[in_idx], delay)
-            out = np.full(len(self.steps), -np.inf)
-            if step_super.size:
-                out[present] = np.maximum.reduceat(s_end[step_super], first)
-            return out
+            ext[:-1] = duration
+            # "wrap": no buffered copy of out, and -1 (a synced member) still reads the appended 0
+            np.take(ext, in_idx, out=node_dur, mode="wrap")
+            return self._step_ends(replay_waves(plan, node_dur, delay, work), work)
 
         return run
+
+    def choice_replayer(self, actual: np.ndarray, ideal: np.ndarray, labels: np.ndarray,
+                        launch_delay: np.ndarray | None = None):
+        """A function ``run(select, remove)`` -> replayed time of each step, where op i takes its actual
+        duration when ``select[labels[i]] != remove`` and its ideal one otherwise (a what-if scenario).
+
+        Equal to ``step_replayer(launch_delay)`` on those durations, but actual, ideal and labels are
+        placed in the plan's node order once, so a scenario costs one look-up over the nodes instead of
+        building the op durations and gathering them.
+        """
+        from rankscope.analysis.replay_batch import replay_waves
+
+        plan, in_idx, delay_idx, *_ = self._replay_plan()
+        delay = None
+        if launch_delay is not None:
+            delay = np.append(np.asarray(launch_delay, dtype=np.float64), 0.0)[delay_idx]
+        # a synced op's zero-length member node takes 0 either way
+        act = np.append(np.asarray(actual, dtype=np.float64), 0.0)[in_idx]
+        idl = np.append(np.asarray(ideal, dtype=np.float64), 0.0)[in_idx]
+        lab = np.append(np.asarray(labels), 0)[in_idx]
+        lab = lab.astype(np.int32 if lab.size and lab.max() < 2**31 - 1 else np.int64)
+        mask = np.empty(in_idx.size, dtype=bool)
+        dur = np.empty(in_idx.size)
+        work: dict = {}
+
+        def run(select: np.ndarray, remove: bool) -> np.ndarray:
+            np.take(np.asarray(select, dtype=bool), lab, out=mask, mode="clip")
+            if remove:
+                np.logical_not(mask, out=mask)
+            np.copyto(dur, idl)
+            np.copyto(dur, act, where=mask)
+            return self._step_ends(replay_waves(plan, dur, delay, work), work)
+
+        return run
+
+    def _step_ends(self, s_end: np.ndarray, work: dict | None = None) -> np.ndarray:
+        """Latest end of each step's ops from the replay's super-node ends (-inf: a step without ops).
+
+        ``work`` keeps the per-op gather buffer between calls (one scenario after another)."""
+        step_super, first, present = self._replay_plan()[4:]
+        out = np.full(len(self.steps), -np.inf)
+        if step_super.size:
+            buf = work.get("op_end") if work is not None else None
+            if buf is None or buf.shape != step_super.shape:
+                buf = np.empty(step_super.shape)
+                if work is not None:
+                    work["op_end"] = buf
+            np.take(s_end, step_super, out=buf, mode="clip")  # indices are in range: unbuffered
+            out[present] = np.maximum.reduceat(buf, first)
+        return out
 
     def step_times_many(self, duration: np.ndarray, launch_delay: np.ndarray | None = None) -> np.ndarray:
         """:meth:`step_times` for K duration sets: ``duration`` (n, K) -> (n_steps, K)."""

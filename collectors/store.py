@@ -38,14 +38,17 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from rankscope.collectors.errors import StoreError, UsageError
-from rankscope.collectors.schema import SCHEMAS, empty, schema
+from rankscope.collectors.schema import SCHEMAS, empty, polars_schema, schema
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as pads
 
 MANIFEST_DIR = "_manifest"
 LOCK_FILE = ".writer.lock"
@@ -332,6 +335,9 @@ class Store:
         return sorted(out)
 
     def dataset(self, kind: str, job: str | None = None) -> pads.Dataset | None:
+        # pyarrow.dataset imports pandas (~0.2 s): only DuckDB and read_arrow need it
+        import pyarrow.dataset as pads
+
         paths = self.parts(kind, job)
         if not paths:
             return None
@@ -340,26 +346,25 @@ class Store:
 
     def scan(self, kind: str, job: str | None = None) -> pl.LazyFrame:
         """A LazyFrame over one record kind (optionally one job); empty when absent."""
-        ds = self.dataset(kind, job)
-        if ds is None:
+        paths = self.parts(kind, job)
+        if not paths:
             return pl.from_arrow(empty(kind)).lazy()
-        return pl.scan_pyarrow_dataset(ds)
+        # polars' own reader: no pyarrow dataset (and no pandas import), and no Arrow copy of the columns
+        # beside the frame. The explicit schema unifies parts written before a column was appended.
+        return pl.scan_parquet([str(p) for p in paths], schema=polars_schema(kind), missing_columns="insert",
+                               extra_columns="ignore", hive_partitioning=False)
 
     def read(self, kind: str, job: str | None = None, columns: Iterable[str] | None = None) -> pl.DataFrame:
         """One kind eagerly as a polars DataFrame."""
-        ds = self.dataset(kind, job)
-        if ds is None:
-            df = pl.from_arrow(empty(kind))
-            return df.select(list(columns)) if columns else df
-        return pl.from_arrow(ds.to_table(columns=list(columns) if columns else None))
+        lf = self.scan(kind, job)
+        return lf.select(list(columns)).collect() if columns else lf.collect()
 
     def read_arrow(self, kind: str, job: str | None = None) -> pa.Table:
         ds = self.dataset(kind, job)
         return empty(kind) if ds is None else ds.to_table()
 
     def count(self, kind: str, job: str | None = None) -> int:
-        ds = self.dataset(kind, job)
-        return 0 if ds is None else ds.count_rows()
+        return sum(pq.read_metadata(p).num_rows for p in self.parts(kind, job))
 
     def duckdb(self, job: str | None = None):
         """An in-memory DuckDB connection with a view per record kind over the store."""

@@ -100,3 +100,38 @@ def test_blocks_replay_like_one_graph(joined):
     block = np.r_[np.zeros(n, int), np.ones(n, int)]
     got = replay_many(plan_replay(2 * n, src2, dst2, group2, block=block), dur)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_choice_replayer_equals_step_times_of_the_scenario_durations():
+    sim = pytest.importorskip("rankscope.datasets.simulator")
+    import polars as pl
+
+    from rankscope.analysis.job_model import build_job_model
+    from rankscope.analysis.whatif_batch import Scenarios, step_times
+    from rankscope.analysis.whatif_graph import build_graph
+    from rankscope.analysis.whatif_metrics import ideal_durations
+    from rankscope.collectors.job_frames import JobFrames
+
+    res = sim.simulate(sim.SimConfig(dp=2, pp=2, tp=2, steps=3, microbatches=2, flows=False))
+    frames = JobFrames.from_frames("default", **{k: pl.from_arrow(v) for k, v in res.tables.items()
+                                                 if k in ("comm_op", "compute_op", "step_mark")})
+    graph = build_graph(build_job_model(frames).frames)
+    actual, ideal = graph.actual, ideal_durations(graph)
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 5, len(actual))
+    sc = Scenarios(labels, rng.random((6, 5)) < 0.5, np.array([False, True, False, True, True, False]))
+    delay = graph.launch_delays()
+    got = step_times(graph, actual, ideal, sc, launch_delay=delay)
+    for k in range(6):
+        np.testing.assert_array_equal(got[:, k], graph.step_times(sc.durations(k, actual, ideal), delay))
+
+
+def test_super_nodes_number_like_unique_of_the_group_keys():
+    from rankscope.analysis.replay_batch import _super_nodes
+
+    rng = np.random.default_rng(1)
+    for n in (0, 1, 7, 5000):
+        for p_lone in (0.0, 0.4, 1.0):
+            g = np.where(rng.random(n) < p_lone, -1, rng.integers(0, max(1, n // 3), n))
+            _, ref = np.unique(np.where(g < 0, -(np.arange(n) + 1), g), return_inverse=True)
+            np.testing.assert_array_equal(_super_nodes(g), ref.reshape(-1))

@@ -1,0 +1,42 @@
+"""_prepare keeps one row per (source, rank, group, seq, op): the most advanced state, when a rank is dumped twice."""
+import polars as pl
+
+from rankscope.analysis.hangs import _prepare
+
+
+def _comm(rows):
+    return pl.DataFrame(rows, schema={"rank": pl.Int32, "op": pl.String, "group_id": pl.String,
+                                      "group_ranks": pl.List(pl.Int32), "peer": pl.Int32, "size_bytes": pl.Int64,
+                                      "dtype": pl.String, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                                      "state": pl.String, "seq": pl.Int64, "step": pl.Int64, "source": pl.String,
+                                      "microbatch": pl.Int32})
+
+
+def test_duplicate_dump_keeps_the_completed_row_and_keys_are_spelled_once():
+    base = dict(op="all_reduce", group_id="g", group_ranks=[1, 0], peer=None, size_bytes=4, dtype="f32",
+                step=0, source="hook", microbatch=None)
+    df = _prepare(_comm([
+        {**base, "rank": 0, "start_ns": 5, "end_ns": None, "state": "pending", "seq": 1},
+        {**base, "rank": 0, "start_ns": 5, "end_ns": 9, "state": "completed", "seq": 1},
+        {**base, "rank": 1, "start_ns": 6, "end_ns": 9, "state": "completed", "seq": 1},
+        {**base, "op": "send", "group_ranks": None, "peer": 1, "rank": 0, "start_ns": 10, "end_ns": 11,
+         "state": "completed", "seq": 2},
+        {**base, "op": "recv", "group_ranks": None, "peer": 0, "rank": 1, "start_ns": 10, "end_ns": 11,
+         "state": "completed", "seq": 2},
+    ]))
+    assert df.height == 4
+    assert df.filter(pl.col("rank") == 0, pl.col("seq") == 1)["state"].to_list() == ["completed"]
+    assert set(df["_gkey"].to_list()) == {"ranks 0,1", "p2p 0->1"}
+    assert df.filter(pl.col("op") == "recv")["_members"].to_list() == [[0, 1]]
+    assert "microbatch" not in df.columns  # only the columns the section reads are carried
+
+
+def test_no_duplicates_keeps_every_row_in_state_then_start_order():
+    base = dict(op="all_reduce", group_id="g", group_ranks=[0, 1], peer=None, size_bytes=4, dtype="f32",
+                step=0, source="hook", microbatch=None)
+    df = _prepare(_comm([
+        {**base, "rank": 0, "start_ns": 7, "end_ns": None, "state": "pending", "seq": 3},
+        {**base, "rank": 1, "start_ns": 6, "end_ns": 9, "state": "completed", "seq": 3},
+        {**base, "rank": 0, "start_ns": 2, "end_ns": 3, "state": "completed", "seq": 2},
+    ]))
+    assert df["start_ns"].to_list() == [2, 6, 7]
