@@ -112,7 +112,8 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
     symmetry (smaller direction / larger, 0 for one-way traffic), and the same from payload records
     only: data_ab, data_ba, data_symmetry (a ring link carries payload one way and ACKs back; a
     pipeline link carries activations one way and gradients back). first_ab/first_ba are the first
-    payload record of each direction (the pair's first record when it has no payload at all).
+    payload record of each direction (the pair's first record when it has no payload at all);
+    last_link is the end of the link's last record, either direction.
     """
     p = pairs.with_columns(a=pl.min_horizontal("src", "dst"), b=pl.max_horizontal("src", "dst"),
                            fwd=pl.col("src") < pl.col("dst"))
@@ -123,6 +124,7 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
         first_ba=pl.coalesce(pl.col("first_data_ns"), pl.col("first_ns")).filter(~pl.col("fwd")).min(),
         data_ab=pl.col("data_bytes").filter(pl.col("fwd")).sum(),
         data_ba=pl.col("data_bytes").filter(~pl.col("fwd")).sum(),
+        last_link=pl.col("last_ns").max(),
         num_records=pl.col("num_records").sum())
     return e.with_columns(
         bytes=pl.col("bytes_ab") + pl.col("bytes_ba"),

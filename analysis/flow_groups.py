@@ -260,57 +260,110 @@ def _shape(f: GridFit) -> tuple:
     return tuple(tuple(g) for g in f.dp_groups), tuple(tuple(p) for p in f.pipelines)
 
 
-def _cut_cycle(path: list[str], first: dict) -> list[str]:
+MIN_PP_LAG_NS = 1_000_000
+"""a gap between the first payload of the two directions of a link smaller than this says nothing about
+which came first: a transport's ACK/CTS (RoCE) or delayed ACKs (TCP) share the reverse 5-tuple with
+the gradients and open its record microseconds after (or, for a CTS, before) the data, while a
+pipeline's gradients follow its activations by at least one micro-batch's forward and backward."""
+
+
+def _link_times(pe: pl.DataFrame) -> tuple[dict, dict, dict]:
+    """(first payload per direction, first payload per link, last record per link) of pipeline links."""
+    first, link_first, link_last = {}, {}, {}
+    has_last = "last_link" in pe.columns
+    for row in pe.iter_rows(named=True):
+        a, b, fa, fb = row["a"], row["b"], row["first_ab"], row["first_ba"]
+        first[(a, b)], first[(b, a)] = fa, fb
+        t = min((x for x in (fa, fb) if x is not None), default=None)
+        link_first[frozenset((a, b))] = t
+        link_last[frozenset((a, b))] = row["last_link"] if has_last else None
+    return first, link_first, link_last
+
+
+def _cut_cycle(path: list[str], link_first: dict) -> list[str]:
     """Open an interleaved pipeline's cycle at its wrap-around link: going round the cycle the
     first activation reaches each next stage later, and the last stage's link back to the first
-    stage starts latest of all."""
+    stage starts latest of all (link times, either direction: the reverse direction's record may
+    open with the transport's ACKs)."""
     n = len(path)
-    t = [first.get((path[i], path[(i + 1) % n])) for i in range(n)]
+    t = [link_first.get(frozenset((path[i], path[(i + 1) % n]))) for i in range(n)]
     t = [x if x is not None else -1 for x in t]
     i = int(np.argmax(t))
     return path[i + 1:] + path[:i + 1]
 
 
-def order_pipelines(fit: GridFit, edges: pl.DataFrame) -> tuple[list[list[str]], float]:
+def _walk(p: list[str], adj: dict) -> tuple[list[str], bool]:
+    """A pipeline's members in link order from one end (any member for a cycle); whether it is a cycle."""
+    ends = sorted((x for x in p if len(adj[x]) == 1), key=address_key)
+    path = [ends[0]] if ends else [p[0]]
+    while len(path) < len(p):
+        nxt = [y for y in adj[path[-1]] if y not in path]
+        if not nxt:
+            break
+        path.append(nxt[0])
+    return path, not ends and len(path) > 2
+
+
+def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1) -> tuple[list[list[str]], float]:
     """Order each pipeline first stage to last; returns (pipelines, share of consistent votes).
 
-    Needs edges a, b, first_ab, first_ba and the fit's pipeline edges.
+    Three kinds of votes, summed per pair of stages (DP groups) over all pipelines:
+
+    - *link chronology*: the first micro-batch's activations reach each next stage later, so going
+      downstream each link's first payload comes later than the previous link's; the last
+      gradients leave each stage earlier than its upstream neighbour's, so each link's last
+      record ends earlier going downstream. Both are link-level times (either direction) and so
+      hold with ACK flows and TCP, where the reverse direction opens with the data;
+    - *direction lag*: on one link the activation direction starts before the gradient direction;
+      counted only when the two starts are clearly apart (see MIN_PP_LAG_NS).
+
+    Needs edges a, b, first_ab, first_ba (last_link when present) and the fit's pipeline edges.
     """
     stage_key = {x: i for i, g in enumerate(fit.dp_groups) for x in g}
     pe = edges.filter(pl.Series(fit.is_pp))
+    first, link_first, link_last = _link_times(pe)
+    floor = max(20 * int(resolution_ns), MIN_PP_LAG_NS)
     votes: dict[tuple[int, int], float] = defaultdict(float)
+
+    def vote(u: str, v: str, s: float) -> None:  # s > 0: u is upstream of v
+        votes[(stage_key[u], stage_key[v])] += s
+        votes[(stage_key[v], stage_key[u])] -= s
+
     for a, b, fa, fb in pe.select("a", "b", "first_ab", "first_ba").iter_rows():
-        if fa is None or fb is None or fa == fb:
+        if fa is None or fb is None or abs(fa - fb) <= floor:
             continue
-        s = 1.0 if fa < fb else -1.0  # a's traffic to b started first: a is upstream
-        votes[(stage_key[a], stage_key[b])] += s
-        votes[(stage_key[b], stage_key[a])] -= s
-    first = {}
-    for a, b, fa, fb in pe.select("a", "b", "first_ab", "first_ba").iter_rows():
-        first[(a, b)], first[(b, a)] = fa, fb
+        vote(a, b, 1.0 if fa < fb else -1.0)  # a's traffic to b started first: a is upstream
     adj: dict[str, list[str]] = defaultdict(list)
     for a, b in pe.select("a", "b").iter_rows():
         adj[a].append(b)
         adj[b].append(a)
+    walks = [(p, *_walk(p, adj)) if len(p) > 1 else (p, p, False) for p in fit.pipelines]
+    for _, path, cyclic in walks:
+        links = [frozenset(x) for x in zip(path, path[1:] + ([path[0]] if cyclic else []))]
+        # consecutive links x=(u,v), y=(v,w) along the walk: later first / earlier last on y says u->v->w
+        for i in range(len(links) - 1):
+            u, v = path[i], path[i + 1]
+            s = 0.0
+            f1, f2 = link_first.get(links[i]), link_first.get(links[i + 1])
+            if f1 is not None and f2 is not None and f1 != f2:
+                s += 1.0 if f2 > f1 else -1.0
+            l1, l2 = link_last.get(links[i]), link_last.get(links[i + 1])
+            if l1 is not None and l2 is not None and l1 != l2:
+                s += 1.0 if l2 < l1 else -1.0
+            if s:
+                vote(u, v, s)
+                vote(v, path[(i + 2) % len(path)], s)
     out, agree, total = [], 0.0, 0.0
-    for p in fit.pipelines:
+    for p, path, cyclic in walks:
         if len(p) == 1:
             out.append(p)
             continue
-        ends = sorted((x for x in p if len(adj[x]) == 1), key=address_key)
-        path = [ends[0]] if ends else [p[0]]
-        while len(path) < len(p):
-            nxt = [y for y in adj[path[-1]] if y not in path]
-            if not nxt:
-                break
-            path.append(nxt[0])
-        cyclic = not ends and len(path) > 2
         links = list(zip(path, path[1:] + ([path[0]] if cyclic else [])))
         s = sum(votes.get((stage_key[u], stage_key[v]), 0.0) for u, v in links)
         if s < 0:
             path = path[::-1]
         if cyclic:
-            path = _cut_cycle(path, first)
+            path = _cut_cycle(path, link_first)
         for u, v in zip(path, path[1:]):
             w = votes.get((stage_key[u], stage_key[v]), 0.0)
             agree += max(w, 0.0)
