@@ -280,16 +280,21 @@ def _link_times(pe: pl.DataFrame) -> tuple[dict, dict, dict]:
     return first, link_first, link_last
 
 
-def _cut_cycle(path: list[str], link_first: dict) -> list[str]:
-    """Open an interleaved pipeline's cycle at its wrap-around link: going round the cycle the
-    first activation reaches each next stage later, and the last stage's link back to the first
-    stage starts latest of all (link times, either direction: the reverse direction's record may
-    open with the transport's ACKs)."""
+def _wrap_scores(path: list[str], link_first: dict, link_last: dict) -> np.ndarray:
+    """Per link of a cycle (link i joins path[i] and path[i+1]): how much it looks like the
+    interleaved pipeline's wrap-around link. Going round the cycle the first activation reaches each
+    next stage later, so the last stage's link back to the first starts latest of all, and the last
+    gradients leave it earliest of all (it is the most downstream link). Link times (either
+    direction: the reverse direction's record may open with the transport's ACKs), ranked."""
     n = len(path)
-    t = [link_first.get(frozenset((path[i], path[(i + 1) % n]))) for i in range(n)]
-    t = [x if x is not None else -1 for x in t]
-    i = int(np.argmax(t))
-    return path[i + 1:] + path[:i + 1]
+    links = [frozenset((path[i], path[(i + 1) % n])) for i in range(n)]
+    score = np.zeros(n)
+    for times, sign in ((link_first, 1.0), (link_last, -1.0)):
+        t = [times.get(x) for x in links]
+        if any(x is None for x in t):
+            continue
+        score += sign * np.argsort(np.argsort(np.array(t, dtype=float)))
+    return score
 
 
 def _walk(p: list[str], adj: dict) -> tuple[list[str], bool]:
@@ -353,17 +358,30 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1) -
             if s:
                 vote(u, v, s)
                 vote(v, path[(i + 2) % len(path)], s)
-    out, agree, total = [], 0.0, 0.0
+    oriented = []
     for p, path, cyclic in walks:
+        if len(p) > 1:
+            links = list(zip(path, path[1:] + ([path[0]] if cyclic else [])))
+            if sum(votes.get((stage_key[u], stage_key[v]), 0.0) for u, v in links) < 0:
+                path = path[::-1]
+        oriented.append((p, path, cyclic))
+    # every pipeline wraps between the same two stages: pool the wrap evidence over pipelines, so that
+    # one exporter's clock offset on one link cannot move the cut
+    wrap: dict[frozenset, float] = defaultdict(float)
+    for _, path, cyclic in oriented:
+        if cyclic:
+            for i, sc in enumerate(_wrap_scores(path, link_first, link_last).tolist()):
+                wrap[frozenset((stage_key[path[i]], stage_key[path[(i + 1) % len(path)]]))] += sc
+    out, agree, total = [], 0.0, 0.0
+    for p, path, cyclic in oriented:
         if len(p) == 1:
             out.append(p)
             continue
-        links = list(zip(path, path[1:] + ([path[0]] if cyclic else [])))
-        s = sum(votes.get((stage_key[u], stage_key[v]), 0.0) for u, v in links)
-        if s < 0:
-            path = path[::-1]
         if cyclic:
-            path = _cut_cycle(path, link_first)
+            n = len(path)
+            sc = [wrap[frozenset((stage_key[path[i]], stage_key[path[(i + 1) % n]]))] for i in range(n)]
+            i = int(np.argmax(sc))
+            path = path[i + 1:] + path[:i + 1]
         for u, v in zip(path, path[1:]):
             w = votes.get((stage_key[u], stage_key[v]), 0.0)
             agree += max(w, 0.0)
