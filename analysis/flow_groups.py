@@ -372,7 +372,7 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1) -
         if cyclic:
             for i, sc in enumerate(_wrap_scores(path, link_first, link_last).tolist()):
                 wrap[frozenset((stage_key[path[i]], stage_key[path[(i + 1) % len(path)]]))] += sc
-    out, agree, total = [], 0.0, 0.0
+    out, agree, total, cycles, unclear = [], 0.0, 0.0, 0, 0
     for p, path, cyclic in oriented:
         if len(p) == 1:
             out.append(p)
@@ -381,10 +381,15 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1) -
             n = len(path)
             sc = [wrap[frozenset((stage_key[path[i]], stage_key[path[(i + 1) % n]]))] for i in range(n)]
             i = int(np.argmax(sc))
+            cycles += 1
+            unclear += int(sorted(sc)[-2] >= sc[i])  # two links look equally like the wrap: a guess
             path = path[i + 1:] + path[:i + 1]
         for u, v in zip(path, path[1:]):
             w = votes.get((stage_key[u], stage_key[v]), 0.0)
             agree += max(w, 0.0)
             total += abs(w)
         out.append(path)
-    return sorted(out, key=lambda m: address_key(m[0])), (agree / total if total else 0.0)
+    share = agree / total if total else 0.0
+    # a cycle cut at a guessed link has the right neighbours but maybe the wrong first stage
+    share *= 1.0 - 0.5 * (unclear / cycles if cycles else 0.0)
+    return sorted(out, key=lambda m: address_key(m[0])), share

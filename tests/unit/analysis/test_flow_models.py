@@ -32,6 +32,22 @@ def test_a_ring_is_a_collective_and_a_long_path_is_not():
     assert _kind(2, [(0, 1)], [True]) == "pair"
 
 
+def test_a_cycle_with_the_same_payload_both_ways_is_no_ring():
+    # an interleaved pipeline's links (activations one way, gradients back) close a cycle too
+    cyc = [(i, (i + 1) % 16) for i in range(16)]
+    a, b = np.array([x for x, _ in cyc]), np.array([y for _, y in cyc])
+    adj = adjacency(16, a, b)
+    assert group_kind(list(range(16)), a, b, np.ones(16, bool), adj, np.ones(16, bool)) is None
+    assert group_kind(list(range(16)), a, b, np.zeros(16, bool), adj, np.zeros(16, bool)) == "ring"
+
+
+def test_interleaved_pipeline_cycle_is_not_read_as_a_data_parallel_ring():
+    # 16 stages in a cycle, balanced payload both ways, both directions starting together (ACK flows)
+    rows = [(f"n{i:02d}", f"n{(i + 1) % 16:02d}", 1e9, 100 * i, 100 * i, 1.0) for i in range(16)]
+    fit = fit_grid([f"n{i:02d}" for i in range(16)], _edges(rows), FlowConfig())
+    assert fit.valid and len(fit.pipelines) == 1 and len(fit.pipelines[0]) == 16
+
+
 def _edges(rows):
     return pl.DataFrame(rows, schema=["a", "b", "bytes", "first_ab", "first_ba", "data_symmetry"], orient="row")
 
