@@ -120,8 +120,38 @@ def early_traffic(edges: pl.DataFrame) -> np.ndarray:
     return out
 
 
+def staggered_cycle(members: list[int], ea: np.ndarray, eb: np.ndarray, link_t: np.ndarray,
+                    min_members: int = 6) -> bool:
+    """True when a group's links form one cycle whose first payload times rise link after link round
+    it, with one drop (the wrap): the first micro-batch passing an interleaved pipeline's stages. One
+    collective's links (ring, tree) all open within the collective; their order round the cycle is
+    as good as random, and a random order of 6 or more links rises like this by chance < 2 %."""
+    n = len(members)
+    if n < min_members or len(ea) != n or not np.isfinite(link_t).all():
+        return False
+    nxt: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for x, y, t in zip(ea.tolist(), eb.tolist(), link_t.tolist()):
+        nxt[x].append((y, t))
+        nxt[y].append((x, t))
+    if any(len(v) != 2 for v in nxt.values()):
+        return False
+    start, prev, cur, times = members[0], None, members[0], []
+    for _ in range(n):
+        (y0, t0), (y1, t1) = nxt[cur]
+        y, t = (y0, t0) if y0 != prev else (y1, t1)
+        if prev is None:
+            y, t = y0, t0
+        times.append(t)
+        prev, cur = cur, y
+    if cur != start:
+        return False
+    d = np.diff(np.r_[times, times[0]])
+    up, down = int((d > 0).sum()), int((d < 0).sum())
+    return max(up, down) >= n - 1 and min(up, down) == 1
+
+
 def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, like: np.ndarray,
-         modes: np.ndarray, data_sym: np.ndarray) -> GridFit:
+         modes: np.ndarray, data_sym: np.ndarray, link_t: np.ndarray | None = None) -> GridFit:
     n = len(nodes)
     notes: list[str] = []
     pa, pb = ai[is_pp], bi[is_pp]
@@ -163,9 +193,14 @@ def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, li
         members[c].append(i)
     link_group = dp_lab[da]
     kinds: dict[int, str | None] = {}
+    dt = link_t[dmask] if link_t is not None else None
     for c, m in members.items():
         sel = link_group == c
         kinds[c] = group_kind(m, da[sel], db[sel], two[sel], adj, balanced[sel])
+        # a cycle of two-way links whose first payload walks round it stage by stage is a pipeline
+        if kinds[c] in ("tree", "ring") and dt is not None and two[sel].all() \
+                and staggered_cycle(m, da[sel], db[sel], dt[sel]):
+            kinds[c] = None
     bad = [c for c, k in kinds.items() if k is None]
     if bad:
         valid = False
@@ -220,6 +255,8 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
     data_sym = edges[col].fill_null(0.0).fill_nan(0.0).to_numpy().astype(float)
     two = data_sym >= TWO_WAY
     modes = byte_modes(edges["bytes"].to_numpy().astype(float), cfg.mode_gap, cfg.max_modes)
+    link_t = edges.select(pl.min_horizontal("first_ab", "first_ba")).to_series().cast(pl.Float64) \
+        .fill_null(float("nan")).to_numpy()
     k = int(modes.max()) + 1 if len(modes) else 0
     subsets = [np.isin(modes, s) for r in range(k + 1) for s in itertools.combinations(range(k), r)]
     cands = list(subsets)
@@ -235,7 +272,7 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
     for c in cands:
         key = np.packbits(c).tobytes()
         if key not in fits:
-            fits[key] = _fit(nodes, ai, bi, c, like, modes, data_sym)
+            fits[key] = _fit(nodes, ai, bi, c, like, modes, data_sym, link_t)
     ranked = sorted(fits.values(), key=lambda f: -f.score)
     best = ranked[0]
     if not best.valid:
@@ -293,7 +330,9 @@ def _wrap_scores(path: list[str], link_first: dict, link_last: dict) -> np.ndarr
         t = [times.get(x) for x in links]
         if any(x is None for x in t):
             continue
-        score += sign * np.argsort(np.argsort(np.array(t, dtype=float)))
+        from scipy.stats import rankdata
+
+        score += sign * rankdata(np.array(t, dtype=float))  # tied times (coarse clocks) share a rank
     return score
 
 
@@ -368,10 +407,13 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1) -
     # every pipeline wraps between the same two stages: pool the wrap evidence over pipelines, so that
     # one exporter's clock offset on one link cannot move the cut
     wrap: dict[frozenset, float] = defaultdict(float)
+    pooled: dict[frozenset, int] = defaultdict(int)
     for _, path, cyclic in oriented:
         if cyclic:
             for i, sc in enumerate(_wrap_scores(path, link_first, link_last).tolist()):
-                wrap[frozenset((stage_key[path[i]], stage_key[path[(i + 1) % len(path)]]))] += sc
+                key = frozenset((stage_key[path[i]], stage_key[path[(i + 1) % len(path)]]))
+                wrap[key] += sc
+                pooled[key] += 1
     out, agree, total, cycles, unclear = [], 0.0, 0.0, 0, 0
     for p, path, cyclic in oriented:
         if len(p) == 1:
@@ -382,7 +424,10 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1) -
             sc = [wrap[frozenset((stage_key[path[i]], stage_key[path[(i + 1) % n]]))] for i in range(n)]
             i = int(np.argmax(sc))
             cycles += 1
-            unclear += int(sorted(sc)[-2] >= sc[i])  # two links look equally like the wrap: a guess
+            # when both link times agree, the wrap outscores its upstream neighbour by 2 per pipeline
+            # pooled; less means one of them disagrees or ties (millisecond clocks): a guess
+            npool = pooled[frozenset((stage_key[path[i]], stage_key[path[(i + 1) % n]]))]
+            unclear += int(sc[i] - sorted(sc)[-2] < 2 * max(npool, 1))
             path = path[i + 1:] + path[:i + 1]
         for u, v in zip(path, path[1:]):
             w = votes.get((stage_key[u], stage_key[v]), 0.0)

@@ -144,3 +144,19 @@ def test_flow_stragglers_name_a_slow_nic_and_a_late_sender():
     assert late.verdict == "worker" and late.top_workers[0]["endpoint"] == "10.0.4.1"
     calm = flow_straggler_section(_ring_records(), strat, steps, 1_000_000)
     assert calm.verdict == "none" and not calm.top_workers
+
+
+def test_a_cycle_whose_first_payload_walks_round_it_is_a_pipeline_not_a_tree():
+    from rankscope.analysis.flow_groups import staggered_cycle
+
+    n = 8
+    a, b = np.arange(n), (np.arange(n) + 1) % n
+    walk = np.arange(n, dtype=float) * 5e6  # each next stage's link opens 5 ms later, the wrap last
+    assert staggered_cycle(list(range(n)), a, b, walk)
+    together = np.array([3, 1, 4, 1, 5, 9, 2, 6], dtype=float)  # one collective: an arbitrary order
+    assert not staggered_cycle(list(range(n)), a, b, together)
+    assert not staggered_cycle(list(range(4)), a[:4] % 4, b[:4] % 4, walk[:4])  # too short to tell
+    # fit_grid: a two-way balanced 8-cycle with staggered links is one pipeline, not a tree all-reduce
+    rows = [(f"n{i}", f"n{(i + 1) % n}", 1e9, 5_000_000 * i, 5_000_000 * i, 1.0) for i in range(n)]
+    fit = fit_grid([f"n{i}" for i in range(n)], _edges(rows), FlowConfig())
+    assert fit.valid and len(fit.pipelines) == 1 and len(fit.pipelines[0]) == n
