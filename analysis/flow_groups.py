@@ -297,11 +297,12 @@ def _shape(f: GridFit) -> tuple:
     return tuple(tuple(g) for g in f.dp_groups), tuple(tuple(p) for p in f.pipelines)
 
 
-MIN_PP_LAG_NS = 1_000_000
+MIN_PP_LAG_NS = 100_000
 """a gap between the first payload of the two directions of a link smaller than this says nothing about
 which came first: a transport's ACK/CTS (RoCE) or delayed ACKs (TCP) share the reverse 5-tuple with
-the gradients and open its record microseconds after (or, for a CTS, before) the data, while a
-pipeline's gradients follow its activations by at least one micro-batch's forward and backward."""
+the gradients and open its record a round trip (microseconds, tens under load) after (or, for a CTS,
+before) the data, while a pipeline's gradients follow its activations by at least one micro-batch's
+forward and backward."""
 
 
 def _link_times(pe: pl.DataFrame) -> tuple[dict, dict, dict]:
