@@ -110,3 +110,15 @@ def test_stage_order_from_link_chronology_when_ack_flows_open_both_directions_to
     inf, truth = run(dp=2, pp=4, gpus_per_host=1, schedule="1f1b", realism=realism, seed=3)
     assert inf.strategy.extra["stage_order_agreement"] > 0.9
     assert sorted(inf.strategy.pp_groups) == sorted(truth["pp_groups_by_address"])
+
+
+def test_confidence_comes_from_the_evidence():
+    from rankscope.analysis.strategy_flows import grid_confidence
+
+    assert grid_confidence(True, 0, 1, 0.0) > 0.9  # one valid labelling, no pipeline to order
+    assert grid_confidence(True, 1, 1, 0.0) < 0.5  # an equally good alternative halves it
+    assert grid_confidence(False, 0, 1, 0.0) < grid_confidence(True, 0, 1, 0.0)
+    # stage order: unanimous votes keep it, a coin flip of votes gives nothing, no votes the address prior
+    assert grid_confidence(True, 0, 4, 1.0) == grid_confidence(True, 0, 1, 0.0)
+    assert grid_confidence(True, 0, 4, 0.5) == 0.0
+    assert 0.5 < grid_confidence(True, 0, 4, 0.0) < 0.7
