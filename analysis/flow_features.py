@@ -19,6 +19,9 @@ import polars as pl
 
 from rankscope.analysis.flow_config import FlowConfig
 
+MAJOR_CONNECTION_SHARE = 0.01
+"""a connection (5-tuple) carrying less than this share of its address pair's bytes does not time the pair."""
+
 PAIR_COLUMNS = ("src", "dst", "bytes", "num_records", "first_ns", "last_ns", "data_bytes", "first_data_ns")
 
 
@@ -83,11 +86,17 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
     ctl = f.filter(pl.col("_ctl"))
     loops = f.filter(pl.col("_self") & ~pl.col("_ctl"))
     keep = f.filter(~pl.col("_ctl") & ~pl.col("_self")).drop("_ctl", "_self")
-    per_exp = (keep.group_by(["src_addr", "dst_addr", "exporter"])
+    # the pair's timing comes from the connections that carry its traffic: a stray small exchange on
+    # another port (bootstrap, monitoring, a barrier) opens whenever it likes
+    conn = ["src_addr", "dst_addr", "src_port", "dst_port", "protocol"]
+    major = (pl.col("est_bytes").sum().over(conn).fill_null(0.0)
+             >= MAJOR_CONNECTION_SHARE * pl.col("est_bytes").sum().over(["src_addr", "dst_addr"]))
+    per_exp = (keep.with_columns(_major=major).group_by(["src_addr", "dst_addr", "exporter"])
                .agg(bytes=pl.col("est_bytes").sum(), num_records=pl.len().cast(pl.Int64),
                     first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max(),
                     data_bytes=pl.col("est_bytes").filter(pl.col("is_data")).sum(),
-                    first_data_ns=pl.col("start_ns").filter(pl.col("is_data")).min()))
+                    first_data_ns=pl.coalesce(pl.col("start_ns").filter(pl.col("is_data") & pl.col("_major")).min(),
+                                              pl.col("start_ns").filter(pl.col("is_data")).min())))
     # one exporter per directed pair: the one that saw the most bytes (the others saw the same transfer)
     pairs = (per_exp.sort("bytes", descending=True).group_by(["src_addr", "dst_addr"]).first()
              .rename({"src_addr": "src", "dst_addr": "dst"}).drop("exporter").sort(["src", "dst"]))
@@ -112,7 +121,8 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
     symmetry (smaller direction / larger, 0 for one-way traffic), and the same from payload records
     only: data_ab, data_ba, data_symmetry (a ring link carries payload one way and ACKs back; a
     pipeline link carries activations one way and gradients back). first_ab/first_ba are the first
-    payload record of each direction (the pair's first record when it has no payload at all).
+    payload record of each direction (the pair's first record when it has no payload at all);
+    last_link is the end of the link's last record, either direction.
     """
     p = pairs.with_columns(a=pl.min_horizontal("src", "dst"), b=pl.max_horizontal("src", "dst"),
                            fwd=pl.col("src") < pl.col("dst"))
@@ -123,6 +133,7 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
         first_ba=pl.coalesce(pl.col("first_data_ns"), pl.col("first_ns")).filter(~pl.col("fwd")).min(),
         data_ab=pl.col("data_bytes").filter(pl.col("fwd")).sum(),
         data_ba=pl.col("data_bytes").filter(~pl.col("fwd")).sum(),
+        last_link=pl.col("last_ns").max(),
         num_records=pl.col("num_records").sum())
     return e.with_columns(
         bytes=pl.col("bytes_ab") + pl.col("bytes_ba"),

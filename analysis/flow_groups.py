@@ -120,8 +120,38 @@ def early_traffic(edges: pl.DataFrame) -> np.ndarray:
     return out
 
 
+def staggered_cycle(members: list[int], ea: np.ndarray, eb: np.ndarray, link_t: np.ndarray,
+                    min_members: int = 6) -> bool:
+    """True when a group's links form one cycle whose first payload times rise link after link round
+    it, with one drop (the wrap): the first micro-batch passing an interleaved pipeline's stages. One
+    collective's links (ring, tree) all open within the collective; their order round the cycle is
+    as good as random, and a random order of 6 or more links rises like this by chance < 2 %."""
+    n = len(members)
+    if n < min_members or len(ea) != n or not np.isfinite(link_t).all():
+        return False
+    nxt: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for x, y, t in zip(ea.tolist(), eb.tolist(), link_t.tolist()):
+        nxt[x].append((y, t))
+        nxt[y].append((x, t))
+    if any(len(v) != 2 for v in nxt.values()):
+        return False
+    start, prev, cur, times = members[0], None, members[0], []
+    for _ in range(n):
+        (y0, t0), (y1, t1) = nxt[cur]
+        y, t = (y0, t0) if y0 != prev else (y1, t1)
+        if prev is None:
+            y, t = y0, t0
+        times.append(t)
+        prev, cur = cur, y
+    if cur != start:
+        return False
+    d = np.diff(np.r_[times, times[0]])
+    up, down = int((d > 0).sum()), int((d < 0).sum())
+    return max(up, down) >= n - 1 and min(up, down) == 1
+
+
 def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, like: np.ndarray,
-         modes: np.ndarray, data_sym: np.ndarray) -> GridFit:
+         modes: np.ndarray, data_sym: np.ndarray, link_t: np.ndarray | None = None) -> GridFit:
     n = len(nodes)
     notes: list[str] = []
     pa, pb = ai[is_pp], bi[is_pp]
@@ -163,9 +193,14 @@ def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, li
         members[c].append(i)
     link_group = dp_lab[da]
     kinds: dict[int, str | None] = {}
+    dt = link_t[dmask] if link_t is not None else None
     for c, m in members.items():
         sel = link_group == c
         kinds[c] = group_kind(m, da[sel], db[sel], two[sel], adj, balanced[sel])
+        # a cycle of two-way links whose first payload walks round it stage by stage is a pipeline
+        if kinds[c] in ("tree", "ring") and dt is not None and two[sel].all() \
+                and staggered_cycle(m, da[sel], db[sel], dt[sel]):
+            kinds[c] = None
     bad = [c for c, k in kinds.items() if k is None]
     if bad:
         valid = False
@@ -220,6 +255,8 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
     data_sym = edges[col].fill_null(0.0).fill_nan(0.0).to_numpy().astype(float)
     two = data_sym >= TWO_WAY
     modes = byte_modes(edges["bytes"].to_numpy().astype(float), cfg.mode_gap, cfg.max_modes)
+    link_t = edges.select(pl.min_horizontal("first_ab", "first_ba")).to_series().cast(pl.Float64) \
+        .fill_null(float("nan")).to_numpy()
     k = int(modes.max()) + 1 if len(modes) else 0
     subsets = [np.isin(modes, s) for r in range(k + 1) for s in itertools.combinations(range(k), r)]
     cands = list(subsets)
@@ -235,7 +272,7 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
     for c in cands:
         key = np.packbits(c).tobytes()
         if key not in fits:
-            fits[key] = _fit(nodes, ai, bi, c, like, modes, data_sym)
+            fits[key] = _fit(nodes, ai, bi, c, like, modes, data_sym, link_t)
     ranked = sorted(fits.values(), key=lambda f: -f.score)
     best = ranked[0]
     if not best.valid:
@@ -260,60 +297,145 @@ def _shape(f: GridFit) -> tuple:
     return tuple(tuple(g) for g in f.dp_groups), tuple(tuple(p) for p in f.pipelines)
 
 
-def _cut_cycle(path: list[str], first: dict) -> list[str]:
-    """Open an interleaved pipeline's cycle at its wrap-around link: going round the cycle the
-    first activation reaches each next stage later, and the last stage's link back to the first
-    stage starts latest of all."""
+MIN_PP_LAG_NS = 100_000
+"""a gap between the first payload of the two directions of a link smaller than this says nothing about
+which came first: a transport's ACK/CTS (RoCE) or delayed ACKs (TCP) share the reverse 5-tuple with
+the gradients and open its record a round trip (microseconds, tens under load) after (or, for a CTS,
+before) the data, while a pipeline's gradients follow its activations by at least one micro-batch's
+forward and backward."""
+
+
+def _link_times(pe: pl.DataFrame) -> tuple[dict, dict, dict]:
+    """(first payload per direction, first payload per link, last record per link) of pipeline links."""
+    first, link_first, link_last = {}, {}, {}
+    has_last = "last_link" in pe.columns
+    for row in pe.iter_rows(named=True):
+        a, b, fa, fb = row["a"], row["b"], row["first_ab"], row["first_ba"]
+        first[(a, b)], first[(b, a)] = fa, fb
+        t = min((x for x in (fa, fb) if x is not None), default=None)
+        link_first[frozenset((a, b))] = t
+        link_last[frozenset((a, b))] = row["last_link"] if has_last else None
+    return first, link_first, link_last
+
+
+def _wrap_scores(path: list[str], link_first: dict, link_last: dict) -> np.ndarray:
+    """Per link of a cycle (link i joins path[i] and path[i+1]): how much it looks like the
+    interleaved pipeline's wrap-around link. Going round the cycle the first activation reaches each
+    next stage later, so the last stage's link back to the first starts latest of all, and the last
+    gradients leave it earliest of all (it is the most downstream link). Link times (either
+    direction: the reverse direction's record may open with the transport's ACKs), ranked."""
     n = len(path)
-    t = [first.get((path[i], path[(i + 1) % n])) for i in range(n)]
-    t = [x if x is not None else -1 for x in t]
-    i = int(np.argmax(t))
-    return path[i + 1:] + path[:i + 1]
+    links = [frozenset((path[i], path[(i + 1) % n])) for i in range(n)]
+    score = np.zeros(n)
+    for times, sign in ((link_first, 1.0), (link_last, -1.0)):
+        t = [times.get(x) for x in links]
+        if any(x is None for x in t):
+            continue
+        from scipy.stats import rankdata
+
+        score += sign * rankdata(np.array(t, dtype=float))  # tied times (coarse clocks) share a rank
+    return score
 
 
-def order_pipelines(fit: GridFit, edges: pl.DataFrame) -> tuple[list[list[str]], float]:
+def _walk(p: list[str], adj: dict) -> tuple[list[str], bool]:
+    """A pipeline's members in link order from one end (any member for a cycle); whether it is a cycle."""
+    ends = sorted((x for x in p if len(adj[x]) == 1), key=address_key)
+    path = [ends[0]] if ends else [p[0]]
+    while len(path) < len(p):
+        nxt = [y for y in adj[path[-1]] if y not in path]
+        if not nxt:
+            break
+        path.append(nxt[0])
+    return path, not ends and len(path) > 2
+
+
+def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1) -> tuple[list[list[str]], float]:
     """Order each pipeline first stage to last; returns (pipelines, share of consistent votes).
 
-    Needs edges a, b, first_ab, first_ba and the fit's pipeline edges.
+    Three kinds of votes, summed per pair of stages (DP groups) over all pipelines:
+
+    - *link chronology*: the first micro-batch's activations reach each next stage later, so going
+      downstream each link's first payload comes later than the previous link's; the last
+      gradients leave each stage earlier than its upstream neighbour's, so each link's last
+      record ends earlier going downstream. Both are link-level times (either direction) and so
+      hold with ACK flows and TCP, where the reverse direction opens with the data;
+    - *direction lag*: on one link the activation direction starts before the gradient direction;
+      counted only when the two starts are clearly apart (see MIN_PP_LAG_NS).
+
+    Needs edges a, b, first_ab, first_ba (last_link when present) and the fit's pipeline edges.
     """
     stage_key = {x: i for i, g in enumerate(fit.dp_groups) for x in g}
     pe = edges.filter(pl.Series(fit.is_pp))
+    first, link_first, link_last = _link_times(pe)
+    floor = max(20 * int(resolution_ns), MIN_PP_LAG_NS)
     votes: dict[tuple[int, int], float] = defaultdict(float)
+
+    def vote(u: str, v: str, s: float) -> None:  # s > 0: u is upstream of v
+        votes[(stage_key[u], stage_key[v])] += s
+        votes[(stage_key[v], stage_key[u])] -= s
+
     for a, b, fa, fb in pe.select("a", "b", "first_ab", "first_ba").iter_rows():
-        if fa is None or fb is None or fa == fb:
+        if fa is None or fb is None or abs(fa - fb) <= floor:
             continue
-        s = 1.0 if fa < fb else -1.0  # a's traffic to b started first: a is upstream
-        votes[(stage_key[a], stage_key[b])] += s
-        votes[(stage_key[b], stage_key[a])] -= s
-    first = {}
-    for a, b, fa, fb in pe.select("a", "b", "first_ab", "first_ba").iter_rows():
-        first[(a, b)], first[(b, a)] = fa, fb
+        vote(a, b, 1.0 if fa < fb else -1.0)  # a's traffic to b started first: a is upstream
     adj: dict[str, list[str]] = defaultdict(list)
     for a, b in pe.select("a", "b").iter_rows():
         adj[a].append(b)
         adj[b].append(a)
-    out, agree, total = [], 0.0, 0.0
-    for p in fit.pipelines:
+    walks = [(p, *_walk(p, adj)) if len(p) > 1 else (p, p, False) for p in fit.pipelines]
+    for _, path, cyclic in walks:
+        links = [frozenset(x) for x in zip(path, path[1:] + ([path[0]] if cyclic else []))]
+        # consecutive links x=(u,v), y=(v,w) along the walk: later first / earlier last on y says u->v->w
+        for i in range(len(links) - 1):
+            u, v = path[i], path[i + 1]
+            s = 0.0
+            f1, f2 = link_first.get(links[i]), link_first.get(links[i + 1])
+            if f1 is not None and f2 is not None and f1 != f2:
+                s += 1.0 if f2 > f1 else -1.0
+            l1, l2 = link_last.get(links[i]), link_last.get(links[i + 1])
+            if l1 is not None and l2 is not None and l1 != l2:
+                s += 1.0 if l2 < l1 else -1.0
+            if s:
+                vote(u, v, s)
+                vote(v, path[(i + 2) % len(path)], s)
+    oriented = []
+    for p, path, cyclic in walks:
+        if len(p) > 1:
+            links = list(zip(path, path[1:] + ([path[0]] if cyclic else [])))
+            if sum(votes.get((stage_key[u], stage_key[v]), 0.0) for u, v in links) < 0:
+                path = path[::-1]
+        oriented.append((p, path, cyclic))
+    # every pipeline wraps between the same two stages: pool the wrap evidence over pipelines, so that
+    # one exporter's clock offset on one link cannot move the cut
+    wrap: dict[frozenset, float] = defaultdict(float)
+    pooled: dict[frozenset, int] = defaultdict(int)
+    for _, path, cyclic in oriented:
+        if cyclic:
+            for i, sc in enumerate(_wrap_scores(path, link_first, link_last).tolist()):
+                key = frozenset((stage_key[path[i]], stage_key[path[(i + 1) % len(path)]]))
+                wrap[key] += sc
+                pooled[key] += 1
+    out, agree, total, cycles, unclear = [], 0.0, 0.0, 0, 0
+    for p, path, cyclic in oriented:
         if len(p) == 1:
             out.append(p)
             continue
-        ends = sorted((x for x in p if len(adj[x]) == 1), key=address_key)
-        path = [ends[0]] if ends else [p[0]]
-        while len(path) < len(p):
-            nxt = [y for y in adj[path[-1]] if y not in path]
-            if not nxt:
-                break
-            path.append(nxt[0])
-        cyclic = not ends and len(path) > 2
-        links = list(zip(path, path[1:] + ([path[0]] if cyclic else [])))
-        s = sum(votes.get((stage_key[u], stage_key[v]), 0.0) for u, v in links)
-        if s < 0:
-            path = path[::-1]
         if cyclic:
-            path = _cut_cycle(path, first)
+            n = len(path)
+            sc = [wrap[frozenset((stage_key[path[i]], stage_key[path[(i + 1) % n]]))] for i in range(n)]
+            i = int(np.argmax(sc))
+            cycles += 1
+            # when both link times agree, the wrap outscores its upstream neighbour by 2 per pipeline
+            # pooled; less means one of them disagrees or ties (millisecond clocks): a guess
+            npool = pooled[frozenset((stage_key[path[i]], stage_key[path[(i + 1) % n]]))]
+            unclear += int(sc[i] - sorted(sc)[-2] < 2 * max(npool, 1))
+            path = path[i + 1:] + path[:i + 1]
         for u, v in zip(path, path[1:]):
             w = votes.get((stage_key[u], stage_key[v]), 0.0)
             agree += max(w, 0.0)
             total += abs(w)
         out.append(path)
-    return sorted(out, key=lambda m: address_key(m[0])), (agree / total if total else 0.0)
+    share = agree / total if total else 0.0
+    # a cycle cut at a guessed link has the right neighbours but maybe the wrong first stage
+    share *= 1.0 - 0.5 * (unclear / cycles if cycles else 0.0)
+    return sorted(out, key=lambda m: address_key(m[0])), share

@@ -76,8 +76,10 @@ def group_kind(members: list[int], ea: np.ndarray, eb: np.ndarray, two_way: np.n
     deg = np.array([len(adj[x]) for x in members])
     if m == n * (n - 1) // 2 and n > 3:
         return "all_to_all" if two_way.mean() >= 0.5 else None
-    if m == n and (deg == 2).all():
-        return "ring"  # a cycle: one-way payload round it, or a ring run in both directions
+    if m == n and (deg == 2).all() and not balanced.all():
+        return "ring"  # a cycle: one-way payload round it, or a ring run in both directions unevenly
+    # a cycle whose every link carries the same payload both ways is an interleaved pipeline's shape
+    # (activations one way, gradients back), or a small tree; a ring all-reduce sends round one way
     # a tree link carries the reduction up and the broadcast down: the same bytes both ways. NCCL runs
     # two complementary binary trees (gloo's halving-doubling pairs up likewise), so the union of the
     # links holds a cycle: n - 1 links, a single tree or a path, is a pipeline's shape, not a collective's

@@ -95,6 +95,7 @@ def score_fabric(fab) -> list[dict]:
                  and same_sets(wb.dp_groups, t["dp_groups"]) and same_pipelines(wb.pp_groups, t["pp_groups"]))
         rows.append({"world": t["world_size"], "recognised": rec is not None, "found_jobs": len(found.jobs),
                      "true_jobs": len(fab.jobs), "shape_ok": shape, "ok": shape and s.tp == deg["tp"],
+                     "ok_reported": shape and s.tp in (None, deg["tp"]),
                      "tp_null": bool(s and s.tp is None), "tp_one_wrong": bool(s and s.tp == 1 and deg["tp"] > 1),
                      "confidence": float(s.confidence) if s else float("nan"),
                      "wb_ok": wb_ok, "kineto": cfg.realism.kineto_records, **_features(cfg),
@@ -130,15 +131,15 @@ def run(n_jobs: int, max_world: int, seed: int, only: tuple[str, ...] | None = N
     return pl.DataFrame(rows, infer_schema_length=None), time.perf_counter() - t0, errors
 
 
-def calibration(df: pl.DataFrame) -> list[tuple[str, int, float, float]]:
-    """(bin, jobs, mean confidence, share exact) per confidence bin, over jobs with a strategy."""
+def calibration(df: pl.DataFrame, col: str = "ok") -> list[tuple[str, int, float, float]]:
+    """(bin, jobs, mean confidence, share right by ``col``) per confidence bin, over jobs with a strategy."""
     d = df.filter(pl.col("confidence").is_not_nan())
     out = []
     for lo, hi in zip(BINS[:-1], BINS[1:]):
         b = d.filter((pl.col("confidence") >= lo) & (pl.col("confidence") < hi))
         label = f"[{lo:.1f}, {min(hi, 1.0):.1f}{']' if hi > 1 else ')'}"
         out.append((label, b.height, float(b["confidence"].mean()) if b.height else float("nan"),
-                    float(b["ok"].mean()) if b.height else float("nan")))
+                    float(b[col].mean()) if b.height else float("nan")))
     return out
 
 
@@ -153,6 +154,12 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
           f"{'>= 200':>10}")
     print(f"{'black-box exact: dp, pp, tp, groups, stage order':<60}{df['ok'].mean():>12.1%}{'>= 98%':>10}")
     print(f"{'black-box exact apart from tp':<60}{df['shape_ok'].mean():>12.1%}{'':>10}")
+    if "ok_reported" in df.columns:
+        print(f"{'black-box right as reported (tp null allowed, never wrong)':<60}"
+              f"{df['ok_reported'].fill_null(False).mean():>12.1%}{'':>10}")
+        wrong = df.filter(pl.col("recognised").fill_null(False) & ~pl.col("ok_reported").fill_null(False))
+        print(f"{'black-box wrong answers (recognised, a reported field wrong)':<60}"
+              f"{wrong.height / max(df.height, 1):>12.1%}{'':>10}")
     print(f"{'jobs recognised on their fabric (exact endpoint set)':<60}{df['recognised'].mean():>12.1%}{'':>10}")
     if "tp_null" in df.columns:
         shared = df.filter(pl.col("shared_address"))
@@ -174,6 +181,13 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
     for label, k, conf, acc in calibration(df):
         gap = f"{(acc - conf) * 100:+.0f} pt" if k else ""
         print(f"  {label:<14}{k:>6}{conf:>10.2f}{acc:>10.1%}{gap:>10}" if k else f"  {label:<14}{k:>6}")
+    if "ok_reported" in df.columns:
+        print("calibration against 'right as reported' (the confidence is of the fields reported; tp null is "
+              "reported as unknown, not as a value):")
+        for label, k, conf, acc in calibration(df.with_columns(pl.col("ok_reported").fill_null(False)),
+                                               "ok_reported"):
+            gap = f"{(acc - conf) * 100:+.0f} pt" if k else ""
+            print(f"  {label:<14}{k:>6}{conf:>10.2f}{acc:>10.1%}{gap:>10}" if k else f"  {label:<14}{k:>6}")
     print("exact share by realism feature (jobs with it / without it):")
     for feat in ("tcp", "reverse", "ms_clock", "pods", "exporter_offsets", "rail_jitter", "shared_address",
                  "tree", "wild_background", "pure_pp", "pure_dp", "sampled"):

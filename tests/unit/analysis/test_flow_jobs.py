@@ -60,5 +60,15 @@ def test_pairs_merge_queue_pairs_and_scale_sampling():
     assert (p["first_ns"][0], p["last_ns"][0], p["num_records"][0]) == (1, 12, 3)
 
 
+def test_a_stray_small_connection_does_not_time_the_pair():
+    # a 4 KB monitoring exchange at t=0 on its own ports, the pair's RoCE data from t=43
+    f = pl.DataFrame({"exporter": ["e"] * 3, "src_addr": ["a"] * 3, "dst_addr": ["b"] * 3,
+                      "src_port": [51989, 59960, 64363], "dst_port": [53116, 4791, 4791], "protocol": [6, 17, 17],
+                      "size_bytes": [4148, 60_000_000, 60_000_000], "num_packets": [1, 15_000, 15_000],
+                      "sampling_rate": [1, 1, 1], "start_ns": [0, 43, 43], "end_ns": [0, 550, 550]})
+    p = pair_traffic(f).pairs
+    assert (p["first_ns"][0], p["first_data_ns"][0]) == (0, 43)
+
+
 def test_address_key_orders_numerically():
     assert sorted(["10.0.0.10", "10.0.0.9", "host-a"], key=address_key) == ["10.0.0.9", "10.0.0.10", "host-a"]

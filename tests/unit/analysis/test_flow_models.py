@@ -32,6 +32,22 @@ def test_a_ring_is_a_collective_and_a_long_path_is_not():
     assert _kind(2, [(0, 1)], [True]) == "pair"
 
 
+def test_a_cycle_with_the_same_payload_both_ways_is_no_ring():
+    # an interleaved pipeline's links (activations one way, gradients back) close a cycle too
+    cyc = [(i, (i + 1) % 16) for i in range(16)]
+    a, b = np.array([x for x, _ in cyc]), np.array([y for _, y in cyc])
+    adj = adjacency(16, a, b)
+    assert group_kind(list(range(16)), a, b, np.ones(16, bool), adj, np.ones(16, bool)) is None
+    assert group_kind(list(range(16)), a, b, np.zeros(16, bool), adj, np.zeros(16, bool)) == "ring"
+
+
+def test_interleaved_pipeline_cycle_is_not_read_as_a_data_parallel_ring():
+    # 16 stages in a cycle, balanced payload both ways, both directions starting together (ACK flows)
+    rows = [(f"n{i:02d}", f"n{(i + 1) % 16:02d}", 1e9, 100 * i, 100 * i, 1.0) for i in range(16)]
+    fit = fit_grid([f"n{i:02d}" for i in range(16)], _edges(rows), FlowConfig())
+    assert fit.valid and len(fit.pipelines) == 1 and len(fit.pipelines[0]) == 16
+
+
 def _edges(rows):
     return pl.DataFrame(rows, schema=["a", "b", "bytes", "first_ab", "first_ba", "data_symmetry"], orient="row")
 
@@ -128,3 +144,19 @@ def test_flow_stragglers_name_a_slow_nic_and_a_late_sender():
     assert late.verdict == "worker" and late.top_workers[0]["endpoint"] == "10.0.4.1"
     calm = flow_straggler_section(_ring_records(), strat, steps, 1_000_000)
     assert calm.verdict == "none" and not calm.top_workers
+
+
+def test_a_cycle_whose_first_payload_walks_round_it_is_a_pipeline_not_a_tree():
+    from rankscope.analysis.flow_groups import staggered_cycle
+
+    n = 8
+    a, b = np.arange(n), (np.arange(n) + 1) % n
+    walk = np.arange(n, dtype=float) * 5e6  # each next stage's link opens 5 ms later, the wrap last
+    assert staggered_cycle(list(range(n)), a, b, walk)
+    together = np.array([3, 1, 4, 1, 5, 9, 2, 6], dtype=float)  # one collective: an arbitrary order
+    assert not staggered_cycle(list(range(n)), a, b, together)
+    assert not staggered_cycle(list(range(4)), a[:4] % 4, b[:4] % 4, walk[:4])  # too short to tell
+    # fit_grid: a two-way balanced 8-cycle with staggered links is one pipeline, not a tree all-reduce
+    rows = [(f"n{i}", f"n{(i + 1) % n}", 1e9, 5_000_000 * i, 5_000_000 * i, 1.0) for i in range(n)]
+    fit = fit_grid([f"n{i}" for i in range(n)], _edges(rows), FlowConfig())
+    assert fit.valid and len(fit.pipelines) == 1 and len(fit.pipelines[0]) == n

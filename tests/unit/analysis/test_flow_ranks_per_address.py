@@ -66,12 +66,21 @@ def test_no_clear_gap_between_data_and_other_connections_gives_none():
     assert rpa.ranks is None and "no clear split" in rpa.why
 
 
-def test_udp_without_queue_pairs_cannot_tell_and_keeps_the_address_reading():
+def test_udp_source_ports_count_queue_pairs_one_is_one_rank():
     conns = [(x, 49152 + i, y, 4791, 10_000_000) for i, (x, y) in enumerate(PAIRS)]
     rpa = ranks_per_address(rows(conns, protocol=17), PAIRS)
+    assert (rpa.ranks, rpa.basis) == (1, "roce_source_ports")
+    world, tp, note = degrees_with_hidden_ranks(8, 2, 2, rpa)
+    assert (world, tp) == (8, 2)
+
+
+def test_no_ports_at_all_gives_tp_null_not_the_address_reading():
+    conns = [(x, 49152 + i, y, 4791, 10_000_000) for i, (x, y) in enumerate(PAIRS)]
+    f = rows(conns, protocol=17).with_columns(src_port=pl.lit(None, pl.Int32), dst_port=pl.lit(None, pl.Int32))
+    rpa = ranks_per_address(f, PAIRS)
     assert (rpa.ranks, rpa.basis) == (None, "none")
     world, tp, note = degrees_with_hidden_ranks(8, 2, 2, rpa)
-    assert (world, tp) == (8, 2) and "unknown" in note
+    assert (world, tp) == (8, None) and "unknown" in note
 
 
 def roce(qps_per_pair):
@@ -134,3 +143,24 @@ def test_infer_flows_reports_tp_from_ranks_per_address():
     assert sorted(map(sorted, s.dp_groups)) == [[A, B], [C, D]]
     # no lag and two-way links: the DP/PP swap explains the traffic as well, and the report says so
     assert s.extra["ambiguous"] and s.confidence <= 0.5
+
+
+def test_roce_odd_queue_pair_count_is_one_rank_even_count_lists_candidates():
+    rpa = ranks_per_address(roce(3), PAIRS)
+    assert (rpa.ranks, rpa.hidden_factor) == (1, 3)
+    rpa = ranks_per_address(roce(4), PAIRS)
+    assert (rpa.ranks, rpa.candidates) == (None, [1, 2, 4])
+    _, tp, note = degrees_with_hidden_ranks(8, 2, 2, rpa)
+    assert tp is None and "[2, 4, 8]" in note
+
+
+def test_roce_count_needs_enough_sampled_packets():
+    thin = roce(1).with_columns(num_packets=pl.lit(5, pl.Int64))
+    assert ranks_per_address(thin, PAIRS).ranks is None
+    assert ranks_per_address(roce(1).with_columns(num_packets=pl.lit(500, pl.Int64)), PAIRS).ranks == 1
+
+
+def test_a_stray_tcp_connection_does_not_outvote_the_roce_transport():
+    stray = rows([(A, 41000, B, 50000, 3_000)])
+    f = pl.concat([roce(1), stray], how="diagonal_relaxed")
+    assert ranks_per_address(f, PAIRS).basis == "roce_dst_qp"

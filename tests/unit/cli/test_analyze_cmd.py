@@ -24,8 +24,9 @@ def job_store(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fabric_store(tmp_path_factory):
     d = tmp_path_factory.mktemp("fab")
-    cfgs = [sim.SimConfig(job="a", dp=4, pp=2, gpus_per_host=1, steps=3, seed=1),
-            sim.SimConfig(job="b", dp=2, pp=1, tp=2, gpus_per_host=2, steps=3, seed=2)]
+    # one queue pair per rank pair: several would hide how many ranks share an address (tp null)
+    cfgs = [sim.SimConfig(job="a", dp=4, pp=2, gpus_per_host=1, steps=3, seed=1, qps=1),
+            sim.SimConfig(job="b", dp=2, pp=1, tp=2, gpus_per_host=2, steps=3, seed=2, qps=1)]
     fab = sim.simulate_fabric(cfgs, background=True, capture="fabric")
     # flows only: the store holds the capture and nothing else
     from rankscope.collectors.store import Store
