@@ -17,6 +17,12 @@ same key are paired call by call in order, and the group whose members end
 closest together (median gap) wins. A stream whose best group is not clearly
 closer than the next (``margin``) or whose peers do not have the same calls
 stays unlabelled, and the notes say how many.
+
+Without declared memberships (traces from before ``pg_config``, or stripped
+of it), :func:`label_groups_by_timing` finds the groups from the end times
+alone: the ranks that share a stream key (op, bytes, calls) are clustered by
+how far their paired end times drift apart once each pair's constant clock
+offset is taken out (see its docstring).
 """
 
 from __future__ import annotations
@@ -33,6 +39,11 @@ P2P = ("send", "recv")
 class StreamConfig:
     margin: float = 0.5
     """the best group's median end gap must be at most this fraction of the runner-up's."""
+    split_ratio: float = 3.0
+    """timing clusters: the closest ranks of two groups must drift apart at least this many times more than
+    the farthest members of one group do."""
+    max_calls: int = 48
+    """timing clusters: compare at most this many calls per stream (evenly spread), to bound the cost."""
 
 
 def _streams(coll: pl.DataFrame) -> dict[tuple, np.ndarray]:
@@ -128,3 +139,113 @@ def memberships_from(declared: list[dict]) -> dict[int, list[list[int]]]:
                 if members not in out.setdefault(r, []):
                     out[r].append(members)
     return out
+
+
+def _drift(rows: np.ndarray) -> np.ndarray:
+    """Pairwise drift of ranks' end times: median over calls of |d - median(d)|, d the pair's end gaps.
+
+    A constant clock offset between two hosts cancels (it is the median gap), so ranks on clocks that
+    are milliseconds apart still read 0 when they leave every call together.
+    """
+    n = len(rows)
+    out = np.zeros((n, n))
+    for i in range(n - 1):
+        d = rows[i + 1:] - rows[i]
+        d = d - np.median(d, axis=1, keepdims=True)
+        out[i, i + 1:] = out[i + 1:, i] = np.median(np.abs(d), axis=1)
+    return out
+
+
+def _resolution_ns(ends: np.ndarray) -> float:
+    """The clock's tick as the records show it (1 ns .. 1 ms): drift below it is no evidence."""
+    v = ends[np.isfinite(ends)].astype(np.int64)
+    tick = 1
+    while tick < 1_000_000 and v.size and not np.any(v % (tick * 10)):
+        tick *= 10
+    return float(tick)
+
+
+def _cluster(drift: np.ndarray, duration_ns: float, floor_ns: float, ratio: float) -> tuple[list | None, str]:
+    """Equal-size groups of ranks (indices) from a drift matrix, or None with the reason.
+
+    Complete linkage: a cut into k groups of one size is kept when the next merge is ``ratio`` times
+    the largest merge inside the groups. With no such cut the ranks are one group if they drift apart
+    by less than one call's duration (members of a collective cannot: each leaves after the last one
+    arrived), else undecided.
+    """
+    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.spatial.distance import squareform
+
+    n = len(drift)
+    if n < 2:
+        return None, "one rank"
+    z = linkage(squareform(drift, checks=False), "complete")
+    h = z[:, 2]
+    best, best_score = None, 0.0
+    for size in range(2, n // 2 + 1):
+        if n % size:
+            continue
+        k = n // size
+        inside = h[n - k - 1]
+        score = h[n - k] / max(inside, floor_ns)
+        if score <= best_score or inside > duration_ns:
+            continue
+        labels = fcluster(z, k, "maxclust")
+        if len(set(labels)) == k and (np.bincount(labels)[1:] == size).all():
+            best, best_score = labels, score
+    if best is not None and best_score >= ratio:
+        return [list(np.flatnonzero(best == lab)) for lab in np.unique(best)], ""
+    if h[-1] <= max(duration_ns, floor_ns):
+        return [list(range(n))], ""
+    return None, f"no split {ratio:g}x clearer than the drift inside (best {best_score:.1f}x)"
+
+
+def label_groups_by_timing(comm_op: pl.DataFrame, config: StreamConfig | None = None) -> tuple[pl.DataFrame, dict]:
+    """Fill ``group_ranks`` of collectives that lack it, from end times alone (no declared memberships).
+
+    A rank's stream is its calls of one (op, size_bytes); ranks whose streams have the same key and
+    call count may be members of one group. Paired call by call, members of one group end together
+    (a constant clock offset apart), while ranks of two groups drift apart by their own jitter, so the
+    ranks of a key are clustered on that drift (:func:`_cluster`). Needs comm_op columns rank, op,
+    group_ranks, size_bytes, start_ns, end_ns. Returns (comm_op with group_ranks filled where decided,
+    notes: streams, labelled, undecided and why).
+    """
+    config = config or StreamConfig()
+    todo = (~pl.col("op").is_in(P2P)) & pl.col("group_ranks").is_null() & pl.col("end_ns").is_not_null()
+    if comm_op.is_empty():
+        return comm_op, {}
+    coll = comm_op.filter(todo)
+    if coll.is_empty():
+        return comm_op, {}
+    streams = _streams(coll)
+    dur = (coll.group_by("rank", "op", "size_bytes")
+           .agg(d=(pl.col("end_ns") - pl.col("start_ns")).median()))
+    dur_of = {(int(r), o, s): float(d) for r, o, s, d in dur.iter_rows()}
+    floor = _resolution_ns(coll["end_ns"].to_numpy())
+    by_key: dict[tuple, list[int]] = {}
+    for (rank, op, size), ends in streams.items():
+        by_key.setdefault((op, size, len(ends)), []).append(rank)
+    rows, undecided = [], {}
+    for (op, size, calls), ranks in sorted(by_key.items(), key=lambda kv: str(kv[0])):
+        ranks = sorted(ranks)
+        cols = np.unique(np.linspace(0, calls - 1, min(calls, config.max_calls)).round().astype(int))
+        mat = np.stack([streams[(r, op, size)][cols] for r in ranks])
+        duration = float(np.median([dur_of[(r, op, size)] for r in ranks]))
+        groups, why = _cluster(_drift(mat), duration, floor, config.split_ratio)
+        if groups is None or any(len(g) < 2 for g in groups):
+            undecided[f"{op}:{size}:{calls}"] = why or "one rank"
+            continue
+        for g in groups:
+            members = [ranks[i] for i in g]
+            rows.extend((r, op, size, members) for r in members)
+    notes = {"streams": len(streams), "labelled": len({(r, o, s) for r, o, s, _ in rows}),
+             "undecided": len(streams) - len({(r, o, s) for r, o, s, _ in rows}), "undecided_keys": undecided}
+    if not rows:
+        return comm_op, notes
+    lab = pl.DataFrame(rows, schema={"rank": comm_op.schema["rank"], "op": pl.Utf8,
+                                     "size_bytes": comm_op.schema["size_bytes"], "_g": pl.List(pl.Int64)},
+                       orient="row").with_columns(pl.col("_g").cast(comm_op.schema["group_ranks"]))
+    out = comm_op.with_row_index("_i").join(lab, on=["rank", "op", "size_bytes"], how="left")
+    out = out.with_columns(_hit=todo & pl.col("_g").is_not_null())
+    out = out.with_columns(pl.when("_hit").then(pl.col("_g")).otherwise(pl.col("group_ranks")).alias("group_ranks"))
+    return _group_ids(out).sort("_i").drop("_i", "_g", "_hit"), notes

@@ -265,6 +265,18 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
         notes.append(f"pipelines of unequal length {sorted(pp_sizes)}")
     pp = max(pp_sizes) if pp_sizes else 1
 
+    timing = {}
+    if comm_op.filter(~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_null()).height:
+        from rankscope.analysis.collective_streams import label_groups_by_timing
+
+        comm_op, timing = label_groups_by_timing(comm_op)
+        if timing.get("labelled"):
+            notes.append(f"process groups of {timing['labelled']} of {timing['streams']} collective stream(s) "
+                         "found from end times alone (no group ids in the records)")
+            conf_factor = 0.9
+        if timing.get("undecided"):
+            notes.append(f"{timing['undecided']} collective stream(s) left without a group: "
+                         + "; ".join(f"{k} ({v})" for k, v in list(timing["undecided_keys"].items())[:4]))
     fams = _partition_families(group_families(comm_op), pipelines)
     ep_f = [f for f in fams if "all_to_all" in f["ops"]]
     full = max((f["covered"] for f in fams), default=0)
