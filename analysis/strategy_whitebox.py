@@ -133,25 +133,31 @@ def group_families(comm_op: pl.DataFrame) -> pl.DataFrame:
 
     Needs comm_op columns rank, op, group_ranks, size_bytes. Returns one row per
     distinct member set: members (sorted list), size, calls (records per member),
-    bytes (per member), ops (sorted list of op names).
+    stream_calls (records per member of its busiest (op, size_bytes): a gradient bucket
+    runs once per step, a layer's activation once per microbatch), bytes (per member),
+    ops (sorted list of op names).
     """
     coll = comm_op.select("op", "group_ranks", "size_bytes", "microbatch").filter(
         ~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_not_null())
     if coll.is_empty():
         return pl.DataFrame(schema={"members": pl.List(pl.Int64), "size": pl.Int64, "calls": pl.Float64, "mb_frac": pl.Float64,
-                                    "bytes": pl.Float64, "ops": pl.List(pl.Utf8)})
+                                    "stream_calls": pl.Float64, "bytes": pl.Float64, "ops": pl.List(pl.Utf8)})
     # aggregate per list as recorded, then sort the (few) distinct lists and merge equal member sets
-    per_list = (coll.group_by("group_ranks")
-                .agg(n=pl.len(), bytes=pl.col("size_bytes").fill_null(0).sum().cast(pl.Float64),
-                     n_mb=pl.col("microbatch").is_not_null().sum(), ops=pl.col("op").unique())
+    per_key = (coll.group_by("group_ranks", "op", "size_bytes")
+               .agg(n=pl.len(), n_mb=pl.col("microbatch").is_not_null().sum()))
+    per_list = (per_key.group_by("group_ranks")
+                .agg(pl.col("n").sum(), key_n=pl.col("n").max(),
+                     bytes=(pl.col("size_bytes").fill_null(0) * pl.col("n")).sum().cast(pl.Float64),
+                     n_mb=pl.col("n_mb").sum(), ops=pl.col("op").unique())
                 .with_columns(members=pl.col("group_ranks").list.eval(pl.element().cast(pl.Int64)).list.sort()))
     return (per_list.group_by("members")
-            .agg(n=pl.col("n").sum(), bytes=pl.col("bytes").sum(),
+            .agg(n=pl.col("n").sum(), bytes=pl.col("bytes").sum(), key_n=pl.col("key_n").max(),
                  mb_frac=pl.col("n_mb").sum() / pl.col("n").sum(),
                  ops=pl.col("ops").list.explode(keep_nulls=False, empty_as_null=False).unique().sort())
             .with_columns(size=pl.col("members").list.len().cast(pl.Int64))
-            .with_columns(calls=pl.col("n") / pl.col("size"), bytes=pl.col("bytes") / pl.col("size"))
-            .drop("n").sort("members"))
+            .with_columns(calls=pl.col("n") / pl.col("size"), bytes=pl.col("bytes") / pl.col("size"),
+                          stream_calls=pl.col("key_n") / pl.col("size"))
+            .drop("n", "key_n").sort("members"))
 
 
 def _partition_families(groups: pl.DataFrame, pipelines: list[list]) -> list[dict]:
@@ -184,6 +190,7 @@ def _partition_families(groups: pl.DataFrame, pipelines: list[list]) -> list[dic
         out.append({"size": f["size"], "groups": sorted(list(r["members"]) for r in keep),
                     "ops": sorted({o for r in keep for o in r["ops"]}),
                     "calls": float(np.median([r["calls"] for r in keep])),
+                    "stream_calls": float(np.median([r["stream_calls"] for r in keep])),
                     "bytes": float(np.median([r["bytes"] for r in keep])), "covered": len(f["seen"]),
                     "mb_frac": float(np.mean([r["mb_frac"] for r in keep]))})
     # families that cover the most ranks first: a stray group (a barrier subset) is not a dimension
@@ -217,7 +224,24 @@ def unlabelled_family(comm_op: pl.DataFrame, pipelines: list[list]) -> dict | No
     if not groups or len(sizes) != 1 or sizes == {1}:
         return None
     return {"size": sizes.pop(), "groups": sorted(groups), "ops": sorted(set(coll["op"].to_list())),
-            "calls": 0.0, "bytes": 0.0, "covered": sum(len(g) for g in groups), "mb_frac": 0.0}
+            "calls": 0.0, "stream_calls": 0.0, "bytes": 0.0, "covered": sum(len(g) for g in groups),
+            "mb_frac": 0.0}
+
+
+def per_microbatch(family: dict, comm_op: pl.DataFrame) -> bool:
+    """Whether a collective family runs once per microbatch or more (tensor parallel), not once per step.
+
+    From the microbatch labels where the records have any; else (Kineto) from the pipeline: a stage
+    sends one activation per microbatch to its next stage, so a family whose busiest stream makes at
+    least as many calls as a rank's sends to one peer runs per microbatch, while a gradient bucket runs
+    once per step. Without labels and without a pipeline there is no yardstick: False (data parallel).
+    """
+    if "microbatch" in comm_op.columns and comm_op["microbatch"].drop_nulls().len():
+        return family["mb_frac"] > 0.5
+    sends = comm_op.filter((pl.col("op") == "send") & pl.col("peer").is_not_null()).group_by("rank", "peer").len()
+    if sends.is_empty():
+        return False
+    return family["stream_calls"] >= float(sends["len"].median())
 
 
 def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
@@ -281,10 +305,10 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
     ep_f = [f for f in fams if "all_to_all" in f["ops"]]
     full = max((f["covered"] for f in fams), default=0)
     rest = sorted((f for f in fams if "all_to_all" not in f["ops"] and f["covered"] == full),
-                  key=lambda f: (round(f["mb_frac"]), f["calls"], -f["size"]))
+                  key=lambda f: (round(f["mb_frac"]), f["stream_calls"], f["calls"], -f["size"]))
     dp_f = rest[0] if rest else None
     tp_f = rest[-1] if len(rest) >= 2 else None
-    if len(rest) == 1 and rest[0]["mb_frac"] > 0.5:
+    if len(rest) == 1 and per_microbatch(rest[0], comm_op):
         dp_f, tp_f = None, rest[0]  # the only family runs inside microbatches: tensor parallel, dp = 1
     if len(rest) > 2:
         notes.append(f"{len(rest)} collective group families; kept the least and most frequent as dp and tp")
