@@ -217,7 +217,9 @@ def label_groups_by_timing(comm_op: pl.DataFrame, config: StreamConfig | None = 
     coll = comm_op.filter(todo)
     if coll.is_empty():
         return comm_op, {}
-    streams = _streams(coll)
+    # ns since the first call, in int64 before any float: epoch ns as float64 keep only 256 ns steps
+    t0 = coll["start_ns"].min()
+    streams = _streams(coll.with_columns(pl.col("start_ns") - t0, pl.col("end_ns") - t0))
     dur = (coll.group_by("rank", "op", "size_bytes")
            .agg(d=(pl.col("end_ns") - pl.col("start_ns")).median()))
     dur_of = {(int(r), o, s): float(d) for r, o, s, d in dur.iter_rows()}
