@@ -166,12 +166,12 @@ def _resolution_ns(ends: np.ndarray) -> float:
 
 
 def _cluster(drift: np.ndarray, duration_ns: float, floor_ns: float, ratio: float) -> tuple[list | None, str]:
-    """Equal-size groups of ranks (indices) from a drift matrix, or None with the reason.
+    """Equal-size groups of ranks (indices) from a drift matrix: (groups, how) or (None, why not).
 
-    Complete linkage: a cut into k groups of one size is kept when the next merge is ``ratio`` times
-    the largest merge inside the groups. With no such cut the ranks are one group if they drift apart
-    by less than one call's duration (members of a collective cannot: each leaves after the last one
-    arrived), else undecided.
+    Complete linkage: a cut into k groups of one size is kept (how = ``split``) when the next merge is
+    ``ratio`` times the largest merge inside the groups. With no such cut the ranks are one group
+    (how = ``one``) if they drift apart by less than one call's duration (members of a collective
+    cannot: each leaves after the last one arrived), else undecided.
     """
     from scipy.cluster.hierarchy import fcluster, linkage
     from scipy.spatial.distance import squareform
@@ -194,10 +194,44 @@ def _cluster(drift: np.ndarray, duration_ns: float, floor_ns: float, ratio: floa
         if len(set(labels)) == k and (np.bincount(labels)[1:] == size).all():
             best, best_score = labels, score
     if best is not None and best_score >= ratio:
-        return [list(np.flatnonzero(best == lab)) for lab in np.unique(best)], ""
+        return [list(np.flatnonzero(best == lab)) for lab in np.unique(best)], "split"
     if h[-1] <= max(duration_ns, floor_ns):
-        return [list(range(n))], ""
+        return [list(range(n))], "one"
     return None, f"no split {ratio:g}x clearer than the drift inside (best {best_score:.1f}x)"
+
+
+def _decide(streams: dict, dur_of: dict, floor: float, config: StreamConfig) -> tuple[list, dict]:
+    """(rank, op, size, members) per decided stream, and {key: why} for the undecided ones.
+
+    Keys with the same ranks and call count (a stage's gradient buckets) are clustered together: more
+    calls, the same groups. A one-group answer that holds two members of a group another key split
+    off clearly is a contradiction (a grid's groups of two dimensions share one rank), so undecided.
+    """
+    by_key: dict[tuple, list[int]] = {}
+    for (rank, op, size), ends in streams.items():
+        by_key.setdefault((op, size, len(ends)), []).append(rank)
+    by_set: dict[tuple, list[tuple]] = {}
+    for (op, size, calls), ranks in by_key.items():
+        by_set.setdefault((calls, tuple(sorted(ranks))), []).append((op, size))
+    decided, undecided = [], {}
+    for (calls, ranks), keys in sorted(by_set.items(), key=str):
+        cols = np.unique(np.linspace(0, calls - 1, min(calls, config.max_calls)).round().astype(int))
+        mat = np.stack([np.concatenate([streams[(r, op, size)][cols] for op, size in keys]) for r in ranks])
+        duration = float(np.median([dur_of[(r, op, size)] for r in ranks for op, size in keys]))
+        groups, how = _cluster(_drift(mat), duration, floor, config.split_ratio)
+        if groups is None:
+            undecided.update({f"{op}:{size}:{calls}": how for op, size in keys})
+            continue
+        decided.append((keys, how, [[ranks[i] for i in g] for g in groups]))
+    split = [set(g) for _, how, gs in decided if how == "split" for g in gs]
+    rows = []
+    for keys, how, groups in decided:
+        if how == "one" and any(len(h & set(groups[0])) >= 2 and h != set(groups[0]) for h in split):
+            undecided.update({f"{op}:{size}": "one group would hold two members of a clearer group"
+                              for op, size in keys})
+            continue
+        rows.extend((r, op, size, g) for op, size in keys for g in groups for r in g)
+    return rows, undecided
 
 
 def label_groups_by_timing(comm_op: pl.DataFrame, config: StreamConfig | None = None) -> tuple[pl.DataFrame, dict]:
@@ -224,22 +258,7 @@ def label_groups_by_timing(comm_op: pl.DataFrame, config: StreamConfig | None = 
            .agg(d=(pl.col("end_ns") - pl.col("start_ns")).median()))
     dur_of = {(int(r), o, s): float(d) for r, o, s, d in dur.iter_rows()}
     floor = _resolution_ns(coll["end_ns"].to_numpy())
-    by_key: dict[tuple, list[int]] = {}
-    for (rank, op, size), ends in streams.items():
-        by_key.setdefault((op, size, len(ends)), []).append(rank)
-    rows, undecided = [], {}
-    for (op, size, calls), ranks in sorted(by_key.items(), key=lambda kv: str(kv[0])):
-        ranks = sorted(ranks)
-        cols = np.unique(np.linspace(0, calls - 1, min(calls, config.max_calls)).round().astype(int))
-        mat = np.stack([streams[(r, op, size)][cols] for r in ranks])
-        duration = float(np.median([dur_of[(r, op, size)] for r in ranks]))
-        groups, why = _cluster(_drift(mat), duration, floor, config.split_ratio)
-        if groups is None or any(len(g) < 2 for g in groups):
-            undecided[f"{op}:{size}:{calls}"] = why or "one rank"
-            continue
-        for g in groups:
-            members = [ranks[i] for i in g]
-            rows.extend((r, op, size, members) for r in members)
+    rows, undecided = _decide(streams, dur_of, floor, config)
     notes = {"streams": len(streams), "labelled": len({(r, o, s) for r, o, s, _ in rows}),
              "undecided": len(streams) - len({(r, o, s) for r, o, s, _ in rows}), "undecided_keys": undecided}
     if not rows:

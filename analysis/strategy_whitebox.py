@@ -299,6 +299,7 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
                          "found from end times alone (no group ids in the records)")
             conf_factor = 0.9
         if timing.get("undecided"):
+            conf_factor = 0.6  # a dimension's groups may be missing
             notes.append(f"{timing['undecided']} collective stream(s) left without a group: "
                          + "; ".join(f"{k} ({v})" for k, v in list(timing["undecided_keys"].items())[:4]))
     fams = _partition_families(group_families(comm_op), pipelines)
