@@ -200,13 +200,30 @@ def _cluster(drift: np.ndarray, duration_ns: float, floor_ns: float, ratio: floa
     return None, f"no split {ratio:g}x clearer than the drift inside (best {best_score:.1f}x)"
 
 
-def _decide(streams: dict, dur_of: dict, floor: float, config: StreamConfig) -> tuple[list, dict]:
+def _one_clock_agrees(mat: np.ndarray, ranks: list, groups: list, host_of: dict, duration_ns: float) -> bool:
+    """Members that share a host read one clock, so there their end times must meet, not only drift alike:
+    two groups running in lockstep a constant phase apart look like one group to the drift alone."""
+    for g in groups:
+        by_host: dict = {}
+        for i in g:
+            if host_of.get(ranks[i]) is not None:
+                by_host.setdefault(host_of[ranks[i]], []).append(i)
+        for idx in by_host.values():
+            gaps = np.median(np.abs(mat[idx] - mat[idx[0]]), axis=1)
+            if gaps.max() > duration_ns:
+                return False
+    return True
+
+
+def _decide(streams: dict, dur_of: dict, floor: float, config: StreamConfig,
+            host_of: dict | None = None) -> tuple[list, dict]:
     """(rank, op, size, members) per decided stream, and {key: why} for the undecided ones.
 
     Keys with the same ranks and call count (a stage's gradient buckets) are clustered together: more
     calls, the same groups. A one-group answer that holds two members of a group another key split
     off clearly is a contradiction (a grid's groups of two dimensions share one rank), so undecided.
     """
+    host_of = host_of or {}
     by_key: dict[tuple, list[int]] = {}
     for (rank, op, size), ends in streams.items():
         by_key.setdefault((op, size, len(ends)), []).append(rank)
@@ -219,6 +236,9 @@ def _decide(streams: dict, dur_of: dict, floor: float, config: StreamConfig) -> 
         mat = np.stack([np.concatenate([streams[(r, op, size)][cols] for op, size in keys]) for r in ranks])
         duration = float(np.median([dur_of[(r, op, size)] for r in ranks for op, size in keys]))
         groups, how = _cluster(_drift(mat), duration, floor, config.split_ratio)
+        if groups is not None and not _one_clock_agrees(mat, list(ranks), groups,
+                                                        host_of, duration):
+            groups, how = None, "members on one host's clock end more than a call apart"
         if groups is None:
             undecided.update({f"{op}:{size}:{calls}": how for op, size in keys})
             continue
@@ -240,8 +260,9 @@ def label_groups_by_timing(comm_op: pl.DataFrame, config: StreamConfig | None = 
     A rank's stream is its calls of one (op, size_bytes); ranks whose streams have the same key and
     call count may be members of one group. Paired call by call, members of one group end together
     (a constant clock offset apart), while ranks of two groups drift apart by their own jitter, so the
-    ranks of a key are clustered on that drift (:func:`_cluster`). Needs comm_op columns rank, op,
-    group_ranks, size_bytes, start_ns, end_ns. Returns (comm_op with group_ranks filled where decided,
+    ranks of a key are clustered on that drift (:func:`_cluster`); ranks that share a ``host`` (one
+    clock) must also end together. Needs comm_op columns rank, op, group_ranks, size_bytes, start_ns,
+    end_ns (host optional). Returns (comm_op with group_ranks filled where decided,
     notes: streams, labelled, undecided and why).
     """
     config = config or StreamConfig()
@@ -258,7 +279,9 @@ def label_groups_by_timing(comm_op: pl.DataFrame, config: StreamConfig | None = 
            .agg(d=(pl.col("end_ns") - pl.col("start_ns")).median()))
     dur_of = {(int(r), o, s): float(d) for r, o, s, d in dur.iter_rows()}
     floor = _resolution_ns(coll["end_ns"].to_numpy())
-    rows, undecided = _decide(streams, dur_of, floor, config)
+    host_of = ({int(r): h for r, h in coll.select("rank", "host").unique("rank").iter_rows()}
+               if "host" in coll.columns else {})
+    rows, undecided = _decide(streams, dur_of, floor, config, host_of)
     notes = {"streams": len(streams), "labelled": len({(r, o, s) for r, o, s, _ in rows}),
              "undecided": len(streams) - len({(r, o, s) for r, o, s, _ in rows}), "undecided_keys": undecided}
     if not rows:

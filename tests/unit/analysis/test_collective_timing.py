@@ -1,0 +1,142 @@
+"""Process groups of collectives from end times alone (Kineto of gloo jobs without pg_config), and the
+TP/DP roles of the groups found, with per-host clock offsets and epoch timestamps."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from rankscope.analysis.collective_streams import label_groups_by_timing
+from rankscope.analysis.strategy_whitebox import infer_whitebox
+from rankscope.datasets.sim_config import Fault, SimConfig
+from rankscope.datasets.sim_realism import Realism
+from rankscope.datasets.simulator import simulate
+from tests.unit.analysis.test_collective_streams import DP, PIPES, TP, _calls
+
+MS = 1_000_000
+EPOCH = 1_764_000_000_000_000_000
+
+
+def _jittered(seed: int = 0, hosts: bool = True) -> pl.DataFrame:
+    """DP2 x PP2 x TP2 as gloo Kineto shows it, each group on its own jitter: members of a group end
+    within 20 us, two groups wander apart by up to a few ms within a step; a TP pair shares a host."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for step in range(4):
+        t0 = step * 1000 * MS
+        for g in TP:
+            t = t0 + (g[0] >= 4) * 100 * MS
+            for _ in range(8):
+                t += 20 * MS + int(rng.integers(0, 3 * MS))
+                for r in g:
+                    rows.append((r, "all_reduce", 1024, t - 5 * MS, t + int(rng.integers(0, 20_000))))
+        for g in DP:
+            t = t0 + 400 * MS + (g[0] >= 4) * 100 * MS
+            for size in (4224, 12416):
+                t += 10 * MS + int(rng.integers(0, 3 * MS))
+                for r in g:
+                    rows.append((r, "all_reduce", size + 64 * (r >= 4), t - 2 * MS, t + int(rng.integers(0, 20_000))))
+        for a, b in PIPES:
+            for mb in range(4):
+                rows.append((a, "send", 1024, t0 + (30 + mb) * MS, t0 + (31 + mb) * MS, b))
+                rows.append((b, "recv", 1024, t0 + (29 + mb) * MS, t0 + (31 + mb) * MS, a))
+    df = pl.DataFrame([r if len(r) == 6 else (*r, None) for r in rows],
+                      schema={"rank": pl.Int32, "op": pl.Utf8, "size_bytes": pl.Int64, "start_ns": pl.Int64,
+                              "end_ns": pl.Int64, "peer": pl.Int32}, orient="row")
+    return df.with_columns(pl.lit(None, dtype=pl.List(pl.Int32)).alias("group_ranks"),
+                           pl.lit(None, dtype=pl.Int64).alias("microbatch"),
+                           ((pl.lit("host") + (pl.col("rank") // 2).cast(pl.Utf8)) if hosts
+                            else pl.lit(None, pl.Utf8)).alias("host"))
+
+
+def _groups(comm: pl.DataFrame, small: bool) -> set[tuple]:
+    rows = comm.filter((pl.col("op") == "all_reduce") & ((pl.col("size_bytes") == 1024) == small))
+    return {tuple(g) if g is not None else None for g in rows["group_ranks"].to_list()}
+
+
+def _shifted(df: pl.DataFrame, offset_ms_of_rank: dict[int, float]) -> pl.DataFrame:
+    """The records as each rank's own clock reads them: epoch time plus its host's offset."""
+    off = pl.col("rank").replace_strict({r: int(o * MS) for r, o in offset_ms_of_rank.items()}, default=0)
+    return df.with_columns(pl.col("start_ns") + EPOCH + off, pl.col("end_ns") + EPOCH + off)
+
+
+def test_tp_and_dp_groups_from_end_times_alone():
+    comm, notes = label_groups_by_timing(_jittered())
+    assert notes["labelled"] == notes["streams"] and notes["undecided"] == 0
+    assert _groups(comm, True) == set(map(tuple, TP)) and _groups(comm, False) == set(map(tuple, DP))
+    s = infer_whitebox(_jittered())
+    assert (s.dp, s.pp, s.tp) == (2, 2, 2)
+    assert sorted(s.tp_groups) == TP and sorted(s.dp_groups) == DP and sorted(s.pp_groups) == PIPES
+    assert 0 < s.confidence < 1 and any("end times alone" in n for n in s.extra["notes"])
+
+
+def test_host_clock_offsets_and_epoch_nanoseconds_change_nothing():
+    # every host (a TP pair) milliseconds off, larger than the gaps between groups; epoch ns as float64
+    # would keep only 256 ns steps, which once faked drift inside one group
+    rng = np.random.default_rng(3)
+    off = {r: float(rng.uniform(-30, 30)) for r in range(0, 8, 2)}
+    off.update({r + 1: off[r] for r in range(0, 8, 2)})
+    s = infer_whitebox(_shifted(_jittered(hosts=False), off))
+    assert (s.dp, s.pp, s.tp) == (2, 2, 2)
+    assert sorted(s.tp_groups) == TP and sorted(s.dp_groups) == DP
+
+
+def test_scattered_members_stay_undecided():
+    # four ranks whose 1 ms calls end up to 40 ms apart at random: neither a split nor one group
+    rng = np.random.default_rng(0)
+    ends = [(r, k * 100 * MS + int(rng.integers(0, 40 * MS))) for k in range(20) for r in range(4)]
+    rows = [(r, "all_reduce", 64, e - MS, e) for r, e in ends]
+    df = pl.DataFrame(rows, schema={"rank": pl.Int32, "op": pl.Utf8, "size_bytes": pl.Int64, "start_ns": pl.Int64,
+                                    "end_ns": pl.Int64}, orient="row").with_columns(
+        pl.lit(None, dtype=pl.List(pl.Int32)).alias("group_ranks"))
+    comm, notes = label_groups_by_timing(df)
+    assert notes["labelled"] == 0 and notes["undecided"] == 4
+    assert comm["group_ranks"].null_count() == comm.height
+
+
+def test_one_group_that_swallows_a_clear_group_is_undecided():
+    df = _jittered()
+    # both DP groups of a stage end at the same instants: timing would call the stage one group of 4,
+    # which holds a whole TP pair that the TP stream split off clearly
+    dp = (pl.col("op") == "all_reduce") & (pl.col("size_bytes") > 1024)
+    df = df.with_columns(pl.when(dp).then(pl.col("end_ns").min().over(
+        "size_bytes", pl.int_range(pl.len()).over("rank", "size_bytes"))).otherwise(pl.col("end_ns")).alias("end_ns"))
+    comm, notes = label_groups_by_timing(df)
+    assert notes["undecided"] == 16 and all("clearer group" in v for v in notes["undecided_keys"].values())
+    assert _groups(comm, True) == set(map(tuple, TP)) and _groups(comm, False) == {None}
+    s = infer_whitebox(df)
+    assert s.confidence <= 0.6 and any("left without a group" in n for n in s.extra["notes"])
+
+
+def test_groups_in_lockstep_on_one_host_are_not_one_group():
+    # every TP group runs the same calls a constant 6 ms apart (no jitter of their own): the drift alone
+    # would read each stage as one group of 4; a TP pair per host, two hosts per stage, says otherwise
+    df = _calls().with_columns(host=pl.lit("h") + (pl.col("rank") // 4).cast(pl.Utf8))
+    comm, notes = label_groups_by_timing(df)
+    assert any("one host" in v for v in notes["undecided_keys"].values())
+    assert all(g is None or len(g) <= 2 for g in comm.filter(pl.col("size_bytes") == 1024)["group_ranks"].to_list())
+
+
+def _sim(**kw) -> tuple[pl.DataFrame, dict]:
+    cfg = SimConfig(job="t", steps=4, layers=4, flows=False, realism=Realism(kineto_records=True),
+                    gpus_per_host=kw.get("tp", 1), **kw)
+    res = simulate(cfg)
+    return pl.from_arrow(res.tables["comm_op"]), res.truth
+
+
+@pytest.mark.parametrize("kw", [
+    {"dp": 1, "pp": 4, "tp": 2},  # one family, and it runs per microbatch: tensor parallel, dp = 1
+    {"dp": 2, "pp": 2, "tp": 2, "dp_sync": "zero3"},  # ZeRO-3 DP makes more calls per rank than TP
+    {"dp": 4, "pp": 1, "tp": 2, "faults": (Fault("clock-skew", {"max_ms": 3.0, "exporter_max_ms": 0.0}),)},
+    {"dp": 4, "pp": 2, "tp": 1},  # one family, once per step: data parallel
+])
+def test_simulated_kineto_records_give_exact_groups(kw):
+    comm, t = _sim(**kw)
+    assert comm["group_ranks"].null_count() == comm.height  # the layout really is stripped
+    s = infer_whitebox(comm)
+    deg = t["degrees"]
+    assert (s.dp, s.pp, s.tp) == (deg["dp"], deg["pp"], deg["tp"]), s.extra["notes"]
+    assert sorted(map(sorted, s.dp_groups)) == sorted(map(sorted, t["dp_groups"]))
+    assert sorted(map(sorted, s.tp_groups)) == sorted(map(sorted, t["tp_groups"]))
+    assert sorted(s.pp_groups) == sorted(t["pp_groups"])
