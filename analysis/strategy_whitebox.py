@@ -320,7 +320,8 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
         covered = {m for g in f["groups"] for m in g}
         return f["groups"] + [[r] for r in ranks if r not in covered], f["size"]
 
-    if dp_f is None and tp_f is None and not ep_f:
+    if dp_f is None and tp_f is None and not ep_f and not timing.get("undecided"):
+        # (after undecided timing, matching sizes would lump the TP and DP streams it could not tell apart)
         dp_f = unlabelled_family(comm_op, pipelines)
         if dp_f is not None:
             notes.append("no process-group members in the records: DP groups from matching collective "
@@ -328,9 +329,12 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
             conf_factor = 0.8
     dp_groups, dp = groups_or_singletons(dp_f)
     tp_groups, tp = groups_or_singletons(tp_f)
+    if tp_f is None and timing.get("undecided"):
+        tp_groups, tp = None, None  # an undecided stream may be the TP one: unknown, not 1
+        notes.append("tp unknown: collective streams without a group")
     ep = ep_f[0]["size"] if ep_f else None
     cp = len(rings[0]) if rings else None
-    product = dp * pp * tp * (cp or 1) * (1 if ep is None else 1)
+    product = dp * pp * (tp or 1) * (cp or 1) * (1 if ep is None else 1)
     conf = conf_factor
     if product != world:
         conf *= 0.5

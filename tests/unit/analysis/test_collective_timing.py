@@ -93,6 +93,8 @@ def test_scattered_members_stay_undecided():
     comm, notes = label_groups_by_timing(df)
     assert notes["labelled"] == 0 and notes["undecided"] == 4
     assert comm["group_ranks"].null_count() == comm.height
+    s = infer_whitebox(df.with_columns(pl.lit(None, dtype=pl.Int32).alias("peer"), pl.lit(None, dtype=pl.Int32).alias("microbatch")))
+    assert s.tp is None and s.tp_groups is None and s.confidence <= 0.6  # unknown, never a guessed 1
 
 
 def test_one_group_that_swallows_a_clear_group_is_undecided():
