@@ -230,28 +230,93 @@ def _decide(streams: dict, dur_of: dict, floor: float, config: StreamConfig,
     by_set: dict[tuple, list[tuple]] = {}
     for (op, size, calls), ranks in by_key.items():
         by_set.setdefault((calls, tuple(sorted(ranks))), []).append((op, size))
-    decided, undecided = [], {}
+    sets, undecided = [], {}
     for (calls, ranks), keys in sorted(by_set.items(), key=str):
         cols = np.unique(np.linspace(0, calls - 1, min(calls, config.max_calls)).round().astype(int))
         mat = np.stack([np.concatenate([streams[(r, op, size)][cols] for op, size in keys]) for r in ranks])
         duration = float(np.median([dur_of[(r, op, size)] for r in ranks for op, size in keys]))
-        groups, how = _cluster(_drift(mat), duration, floor, config.split_ratio)
-        if groups is not None and not _one_clock_agrees(mat, list(ranks), groups,
-                                                        host_of, duration):
+        drift = _drift(mat)
+        groups, how = _cluster(drift, duration, floor, config.split_ratio)
+        if groups is not None and not _one_clock_agrees(mat, list(ranks), groups, host_of, duration):
             groups, how = None, "members on one host's clock end more than a call apart"
-        if groups is None:
-            undecided.update({f"{op}:{size}:{calls}": how for op, size in keys})
-            continue
-        decided.append((keys, how, [[ranks[i] for i in g] for g in groups]))
-    split = [set(g) for _, how, gs in decided if how == "split" for g in gs]
+        sets.append({"keys": keys, "calls": calls, "ranks": list(ranks), "mat": mat, "drift": drift,
+                     "duration": duration, "groups": groups, "how": how})
+    for st in sets:
+        if st["how"] == "split" and _echoes_busier(st, sets):
+            st["groups"], st["how"] = None, "its groups are those of a busier stream (concurrent, not shared)"
+    split = [set(s["ranks"][i] for i in g) for s in sets if s["how"] == "split" for g in s["groups"]]
     rows = []
-    for keys, how, groups in decided:
-        if how == "one" and any(len(h & set(groups[0])) >= 2 and h != set(groups[0]) for h in split):
-            undecided.update({f"{op}:{size}": "one group would hold two members of a clearer group"
-                              for op, size in keys})
-            continue
-        rows.extend((r, op, size, g) for op, size in keys for g in groups for r in g)
+    for st in sets:
+        groups, how, ranks = st["groups"], st["how"], st["ranks"]
+        if how == "one" and any(len(h & set(ranks)) >= 2 and h != set(ranks) for h in split):
+            groups, how = None, "one group would hold two members of a clearer group"
+        if groups is None:
+            # the grid may still decide: one member from each group that another key split off clearly
+            groups, why = _across(st, split, floor, config.split_ratio)
+            if groups is not None and not _one_clock_agrees(st["mat"], ranks, groups, host_of, st["duration"]):
+                groups, why = None, "members on one host's clock end more than a call apart"
+            if groups is None:
+                undecided.update({f"{op}:{size}:{st['calls']}": f"{how}; {why}" for op, size in st["keys"]})
+                continue
+        rows.extend((ranks[i], op, size, [ranks[k] for k in g]) for op, size in st["keys"]
+                    for g in groups for i in g)
     return rows, undecided
+
+
+def _echoes_busier(st: dict, sets: list[dict]) -> bool:
+    """Whether every group split off for these ranks is a group that a busier stream split off too.
+
+    Two dimensions of a grid never have the same groups. A TP pair's gradient buckets start together
+    and are equally large, so they end close together although each goes to its own DP group; when
+    the per-step stream's groups repeat the per-microbatch stream's, that is the likelier reading.
+    """
+    mine = {tuple(sorted(st["ranks"][i] for i in g)) for g in st["groups"]}
+    for other in sets:
+        if other is st or other["how"] != "split" or other["calls"] <= st["calls"]:
+            continue
+        theirs = {tuple(sorted(other["ranks"][i] for i in g)) for g in other["groups"]}
+        if mine <= theirs:
+            return True
+    return False
+
+
+def _across(st: dict, split: list[set], floor_ns: float, ratio: float) -> tuple[list | None, str]:
+    """Groups of ranks (indices) that each take one member of every group of a clearer family.
+
+    In a grid, a DP group meets each TP group once. When the groups another key split off clearly
+    tile these ranks, each of them in turn is matched to the groups built so far by least summed
+    drift (an assignment problem); a match counts when every other assignment drifts ``ratio`` times
+    more.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    ranks = st["ranks"]
+    where = {r: i for i, r in enumerate(ranks)}
+    tiles = sorted({tuple(sorted(h)) for h in split if h <= set(ranks)})
+    sizes = {len(t) for t in tiles}
+    if len(tiles) < 2 or len(sizes) != 1 or sum(len(t) for t in tiles) != len(ranks) or sizes == {1}:
+        return None, "no clearer family tiles these ranks"
+    groups = [[where[r]] for r in tiles[0]]
+    for t in tiles[1:]:
+        other = [where[r] for r in t]
+        # drift to every member matched so far: all the evidence, not only the first tile's
+        cost = np.stack([st["drift"][np.ix_(g, other)].sum(axis=0) for g in groups])
+        rows, cols = linear_sum_assignment(cost)
+        best = cost[rows, cols].sum()
+        second = np.inf
+        for a, b in zip(rows, cols):  # the best assignment that avoids one of the chosen pairs
+            c = cost.copy()
+            c[a, b] = np.inf
+            try:
+                r2, c2 = linear_sum_assignment(c)
+            except ValueError:
+                continue
+            second = min(second, c[r2, c2].sum())
+        if second < ratio * max(best, floor_ns) or (cost[rows, cols] / len(groups[0])).max() > st["duration"]:
+            return None, f"members of the clearer groups not matched {ratio:g}x better than otherwise"
+        for a, b in zip(rows, cols):
+            groups[a].append(other[b])
+    return groups, ""
 
 
 def label_groups_by_timing(comm_op: pl.DataFrame, config: StreamConfig | None = None) -> tuple[pl.DataFrame, dict]:
@@ -283,7 +348,8 @@ def label_groups_by_timing(comm_op: pl.DataFrame, config: StreamConfig | None = 
                if "host" in coll.columns else {})
     rows, undecided = _decide(streams, dur_of, floor, config, host_of)
     notes = {"streams": len(streams), "labelled": len({(r, o, s) for r, o, s, _ in rows}),
-             "undecided": len(streams) - len({(r, o, s) for r, o, s, _ in rows}), "undecided_keys": undecided}
+             "undecided": len(streams) - len({(r, o, s) for r, o, s, _ in rows}), "undecided_keys": undecided,
+             "undecided_calls": sorted({int(k.rsplit(":", 1)[1]) for k in undecided})}
     if not rows:
         return comm_op, notes
     lab = pl.DataFrame(rows, schema={"rank": comm_op.schema["rank"], "op": pl.Utf8,

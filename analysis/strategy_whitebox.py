@@ -244,6 +244,21 @@ def per_microbatch(family: dict, comm_op: pl.DataFrame) -> bool:
     return family["stream_calls"] >= float(sends["len"].median())
 
 
+def lone_role(family: dict, comm_op: pl.DataFrame, undecided_calls: list[int]) -> str | None:
+    """``tp`` or ``dp`` for the only group family found, None when the evidence cannot say.
+
+    Streams whose groups stayed undecided are another family: the busier of the two is tensor
+    parallel. Without such streams, :func:`per_microbatch` decides.
+    """
+    if undecided_calls:
+        if family["stream_calls"] > max(undecided_calls):
+            return "tp"
+        if family["stream_calls"] < min(undecided_calls):
+            return "dp"
+        return None
+    return "tp" if per_microbatch(family, comm_op) else "dp"
+
+
 def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
     """Strategy of one job from its comm_op records.
 
@@ -309,8 +324,13 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
                   key=lambda f: (round(f["mb_frac"]), f["stream_calls"], f["calls"], -f["size"]))
     dp_f = rest[0] if rest else None
     tp_f = rest[-1] if len(rest) >= 2 else None
-    if len(rest) == 1 and per_microbatch(rest[0], comm_op):
+    role = lone_role(rest[0], comm_op, timing.get("undecided_calls") or []) if len(rest) == 1 else None
+    if role == "tp":
         dp_f, tp_f = None, rest[0]  # the only family runs inside microbatches: tensor parallel, dp = 1
+    elif role is None and len(rest) == 1:
+        dp_f = None
+        conf_factor = min(conf_factor, 0.3)
+        notes.append("the only group family found could be tensor or data parallel: its groups are not reported")
     if len(rest) > 2:
         notes.append(f"{len(rest)} collective group families; kept the least and most frequent as dp and tp")
 
@@ -344,7 +364,9 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
         notes.append("pipeline stage order not confirmed by first-message direction")
     if len(pp_sizes) > 1:
         conf *= 0.7
+    unknown = [d for d, f in (("dp", dp_f), ("tp", tp_f)) if f is None and timing.get("undecided")]
     extra = {"method": "comm_op", "evaluated": True, "notes": notes, "interleaved": interleaved,
+             "groups_unknown": unknown,
              "ep_groups": ep_f[0]["groups"] if ep_f else None,
              "cp_groups": rings or None}
     return Strategy(world_size=world, dp=dp, pp=pp, tp=tp, dp_groups=dp_groups,

@@ -142,3 +142,48 @@ def test_simulated_kineto_records_give_exact_groups(kw):
     assert sorted(map(sorted, s.dp_groups)) == sorted(map(sorted, t["dp_groups"]))
     assert sorted(map(sorted, s.tp_groups)) == sorted(map(sorted, t["tp_groups"]))
     assert sorted(s.pp_groups) == sorted(t["pp_groups"])
+
+
+def test_grid_matches_dp_members_across_clear_tp_groups():
+    # real gloo on a loaded host: a TP pair's bucket all-reduces end closer together than the DP
+    # members do, so no clustering of the 8 ranks is clear; but each DP group takes one rank of every
+    # TP pair, and matching the pairs to each other by drift is
+    from rankscope.analysis.collective_streams import _across, _cluster
+
+    dp_of = {r: r % 2 for r in range(8)}
+    d = np.array([[0.0 if a == b else 0.4 if a // 2 == b // 2 else 1.0 if dp_of[a] == dp_of[b] else 4.0
+                   for b in range(8)] for a in range(8)])
+    # the drift alone pairs the TP partners: the busier TP stream's groups again (see the next test)
+    assert sorted(sorted(g) for g in _cluster(d, 10.0, 0.0, 3.0)[0]) == TP
+    groups, why = _across({"ranks": list(range(8)), "drift": d, "duration": 10.0},
+                          [set(g) for g in TP], 0.0, 3.0)
+    assert sorted(sorted(g) for g in groups) == [[0, 2, 4, 6], [1, 3, 5, 7]], why
+    even = np.where(d == 4.0, 1.2, d)  # DP members hardly closer than the others: undecided
+    assert _across({"ranks": list(range(8)), "drift": even, "duration": 10.0},
+                   [set(g) for g in TP], 0.0, 3.0)[0] is None
+
+
+def test_lone_family_role_from_the_undecided_streams():
+    from rankscope.analysis.strategy_whitebox import lone_role
+
+    fam = {"stream_calls": 60.0, "mb_frac": 0.0}
+    none = pl.DataFrame(schema={"op": pl.Utf8, "peer": pl.Int32, "rank": pl.Int32, "microbatch": pl.Int32})
+    assert lone_role(fam, none, [5]) == "tp"  # busier than the streams left undecided
+    assert lone_role({**fam, "stream_calls": 5.0}, none, [60]) == "dp"
+    assert lone_role(fam, none, [5, 60]) is None
+    assert lone_role(fam, none, []) == "dp"  # no pipeline, no labels: the data-parallel default
+
+
+def test_bucket_groups_that_repeat_the_tp_groups_are_not_taken():
+    # the DP buckets of a TP pair end together (equal size, started together), DP members 1 ms apart
+    df = _jittered()
+    dp = (pl.col("op") == "all_reduce") & (pl.col("size_bytes") > 1024)
+    pair_end = pl.col("end_ns").min().over(pl.col("rank") // 2, "size_bytes", pl.int_range(pl.len()).over(
+        "rank", "size_bytes"))
+    df = df.with_columns(pl.when(dp).then(pair_end + (pl.col("rank") // 2 % 2) * MS + pl.col("rank") % 2 * 10_000)
+                         .otherwise(pl.col("end_ns")).alias("end_ns"))
+    comm, notes = label_groups_by_timing(df)
+    assert _groups(comm, True) == set(map(tuple, TP))
+    assert not (_groups(comm, False) & set(map(tuple, TP)))  # never the TP pairs as DP groups
+    s = infer_whitebox(df)
+    assert sorted(s.tp_groups or []) in (TP, []) and sorted(map(sorted, s.dp_groups)) != TP
