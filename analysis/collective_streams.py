@@ -216,21 +216,28 @@ def _one_clock_agrees(mat: np.ndarray, ranks: list, groups: list, host_of: dict,
 
 
 def _decide(streams: dict, dur_of: dict, floor: float, config: StreamConfig,
-            host_of: dict | None = None) -> tuple[list, dict]:
+            host_of: dict | None = None, overlap_of: dict | None = None) -> tuple[list, dict]:
     """(rank, op, size, members) per decided stream, and {key: why} for the undecided ones.
 
     Keys with the same ranks and call count (a stage's gradient buckets) are clustered together: more
     calls, the same groups. A one-group answer that holds two members of a group another key split
     off clearly is a contradiction (a grid's groups of two dimensions share one rank), so undecided.
     """
-    host_of = host_of or {}
+    host_of, overlap_of = host_of or {}, overlap_of or {}
     by_key: dict[tuple, list[int]] = {}
     for (rank, op, size), ends in streams.items():
         by_key.setdefault((op, size, len(ends)), []).append(rank)
+    undecided = {}
+    for (op, size, calls), ranks in list(by_key.items()):
+        # one group runs its calls one after another: a stream whose calls overlap is on a clock that
+        # restarts (relative time per step) or mixes groups, and its ends cannot be paired
+        if any(overlap_of.get((r, op, size), 0.0) > 0.1 for r in ranks):
+            undecided[f"{op}:{size}:{calls}"] = "calls of one stream overlap in time"
+            del by_key[(op, size, calls)]
     by_set: dict[tuple, list[tuple]] = {}
     for (op, size, calls), ranks in by_key.items():
         by_set.setdefault((calls, tuple(sorted(ranks))), []).append((op, size))
-    sets, undecided = [], {}
+    sets = []
     for (calls, ranks), keys in sorted(by_set.items(), key=str):
         cols = np.unique(np.linspace(0, calls - 1, min(calls, config.max_calls)).round().astype(int))
         mat = np.stack([np.concatenate([streams[(r, op, size)][cols] for op, size in keys]) for r in ranks])
@@ -343,10 +350,13 @@ def label_groups_by_timing(comm_op: pl.DataFrame, config: StreamConfig | None = 
     dur = (coll.group_by("rank", "op", "size_bytes")
            .agg(d=(pl.col("end_ns") - pl.col("start_ns")).median()))
     dur_of = {(int(r), o, s): float(d) for r, o, s, d in dur.iter_rows()}
+    ov = (coll.sort("start_ns").group_by("rank", "op", "size_bytes", maintain_order=True)
+          .agg(o=(pl.col("start_ns") < pl.col("end_ns").shift(1)).mean()))
+    overlap_of = {(int(r), o, s): float(v or 0.0) for r, o, s, v in ov.iter_rows()}
     floor = _resolution_ns(coll["end_ns"].to_numpy())
     host_of = ({int(r): h for r, h in coll.select("rank", "host").unique("rank").iter_rows()}
                if "host" in coll.columns else {})
-    rows, undecided = _decide(streams, dur_of, floor, config, host_of)
+    rows, undecided = _decide(streams, dur_of, floor, config, host_of, overlap_of)
     notes = {"streams": len(streams), "labelled": len({(r, o, s) for r, o, s, _ in rows}),
              "undecided": len(streams) - len({(r, o, s) for r, o, s, _ in rows}), "undecided_keys": undecided,
              "undecided_calls": sorted({int(k.rsplit(":", 1)[1]) for k in undecided})}

@@ -259,8 +259,12 @@ def lone_role(family: dict, comm_op: pl.DataFrame, undecided_calls: list[int]) -
     return "tp" if per_microbatch(family, comm_op) else "dp"
 
 
-def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
+def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True) -> Strategy:
     """Strategy of one job from its comm_op records.
+
+    ``timing``: collectives without group members may get them from their end times
+    (:func:`label_groups_by_timing`); pass False for records on relative time (clocks restart
+    every step), where end times cannot be paired.
 
     Needs comm_op columns rank, op, group_ranks, peer, size_bytes, start_ns.
     Returns a Strategy with int-rank endpoints: dp/pp/tp/ep groups (singletons
@@ -304,19 +308,23 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
         notes.append(f"pipelines of unequal length {sorted(pp_sizes)}")
     pp = max(pp_sizes) if pp_sizes else 1
 
-    timing = {}
-    if comm_op.filter(~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_null()).height:
+    timed = {}
+    if timing and comm_op.filter(~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_null()).height:
         from rankscope.analysis.collective_streams import label_groups_by_timing
 
-        comm_op, timing = label_groups_by_timing(comm_op)
-        if timing.get("labelled"):
-            notes.append(f"process groups of {timing['labelled']} of {timing['streams']} collective stream(s) "
+        comm_op, timed = label_groups_by_timing(comm_op)
+        if not timed.get("labelled") and all(v.startswith("calls of one stream overlap")
+                                             for v in timed.get("undecided_keys", {}).values()):
+            notes.append("end times not usable for process groups (calls of a stream overlap in time)")
+            timed = {}  # as on relative time: no timing evidence either way
+        if timed.get("labelled"):
+            notes.append(f"process groups of {timed['labelled']} of {timed['streams']} collective stream(s) "
                          "found from end times alone (no group ids in the records)")
             conf_factor = 0.9
-        if timing.get("undecided"):
+        if timed.get("undecided"):
             conf_factor = 0.6  # a dimension's groups may be missing
-            notes.append(f"{timing['undecided']} collective stream(s) left without a group: "
-                         + "; ".join(f"{k} ({v})" for k, v in list(timing["undecided_keys"].items())[:4]))
+            notes.append(f"{timed['undecided']} collective stream(s) left without a group: "
+                         + "; ".join(f"{k} ({v})" for k, v in list(timed["undecided_keys"].items())[:4]))
     fams = _partition_families(group_families(comm_op), pipelines)
     ep_f = [f for f in fams if "all_to_all" in f["ops"]]
     full = max((f["covered"] for f in fams), default=0)
@@ -324,7 +332,7 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
                   key=lambda f: (round(f["mb_frac"]), f["stream_calls"], f["calls"], -f["size"]))
     dp_f = rest[0] if rest else None
     tp_f = rest[-1] if len(rest) >= 2 else None
-    role = lone_role(rest[0], comm_op, timing.get("undecided_calls") or []) if len(rest) == 1 else None
+    role = lone_role(rest[0], comm_op, timed.get("undecided_calls") or []) if len(rest) == 1 else None
     if role == "tp":
         dp_f, tp_f = None, rest[0]  # the only family runs inside microbatches: tensor parallel, dp = 1
     elif role is None and len(rest) == 1:
@@ -340,8 +348,8 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
         covered = {m for g in f["groups"] for m in g}
         return f["groups"] + [[r] for r in ranks if r not in covered], f["size"]
 
-    if dp_f is None and tp_f is None and not ep_f and not timing.get("undecided"):
-        # (after undecided timing, matching sizes would lump the TP and DP streams it could not tell apart)
+    if dp_f is None and tp_f is None and not ep_f and not timed.get("undecided"):
+        # (after undecided timed, matching sizes would lump the TP and DP streams it could not tell apart)
         dp_f = unlabelled_family(comm_op, pipelines)
         if dp_f is not None:
             notes.append("no process-group members in the records: DP groups from matching collective "
@@ -349,7 +357,7 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
             conf_factor = 0.8
     dp_groups, dp = groups_or_singletons(dp_f)
     tp_groups, tp = groups_or_singletons(tp_f)
-    if tp_f is None and timing.get("undecided"):
+    if tp_f is None and timed.get("undecided"):
         tp_groups, tp = None, None  # an undecided stream may be the TP one: unknown, not 1
         notes.append("tp unknown: collective streams without a group")
     ep = ep_f[0]["size"] if ep_f else None
@@ -364,7 +372,7 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
         notes.append("pipeline stage order not confirmed by first-message direction")
     if len(pp_sizes) > 1:
         conf *= 0.7
-    unknown = [d for d, f in (("dp", dp_f), ("tp", tp_f)) if f is None and timing.get("undecided")]
+    unknown = [d for d, f in (("dp", dp_f), ("tp", tp_f)) if f is None and timed.get("undecided")]
     extra = {"method": "comm_op", "evaluated": True, "notes": notes, "interleaved": interleaved,
              "groups_unknown": unknown,
              "ep_groups": ep_f[0]["groups"] if ep_f else None,

@@ -187,3 +187,13 @@ def test_bucket_groups_that_repeat_the_tp_groups_are_not_taken():
     assert not (_groups(comm, False) & set(map(tuple, TP)))  # never the TP pairs as DP groups
     s = infer_whitebox(df)
     assert sorted(s.tp_groups or []) in (TP, []) and sorted(map(sorted, s.dp_groups)) != TP
+
+
+def test_clocks_that_restart_every_step_give_no_timing_evidence():
+    # relative time per step (OSDI'25 traces): a stream's calls end out of order, so nothing is paired
+    df = _jittered().with_columns(pl.col("start_ns") % (1000 * MS), pl.col("end_ns") % (1000 * MS))
+    comm, notes = label_groups_by_timing(df)
+    assert notes["labelled"] == 0 and set(notes["undecided_keys"].values()) == {"calls of one stream overlap in time"}
+    s = infer_whitebox(df)
+    assert any("not usable" in n for n in s.extra["notes"])
+    assert infer_whitebox(df, timing=False).extra["notes"] == [n for n in s.extra["notes"] if "not usable" not in n]
