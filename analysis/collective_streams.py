@@ -227,13 +227,16 @@ def _decide(streams: dict, dur_of: dict, floor: float, config: StreamConfig,
     by_key: dict[tuple, list[int]] = {}
     for (rank, op, size), ends in streams.items():
         by_key.setdefault((op, size, len(ends)), []).append(rank)
-    undecided = {}
+    undecided, overlapping = {}, []
     for (op, size, calls), ranks in list(by_key.items()):
         # one group runs its calls one after another: a stream whose calls overlap is on a clock that
         # restarts (relative time per step) or mixes groups, and its ends cannot be paired
         if any(overlap_of.get((r, op, size), 0.0) > 0.1 for r in ranks):
             undecided[f"{op}:{size}:{calls}"] = "calls of one stream overlap in time"
             del by_key[(op, size, calls)]
+            # still a stream at its rate over these ranks, with no groups: the grid checks count it
+            overlapping.append({"keys": [(op, size)], "calls": calls, "ranks": sorted(ranks), "groups": None,
+                                "how": "overlap"})
     by_set: dict[tuple, list[tuple]] = {}
     for (op, size, calls), ranks in by_key.items():
         by_set.setdefault((calls, tuple(sorted(ranks))), []).append((op, size))
@@ -248,12 +251,24 @@ def _decide(streams: dict, dur_of: dict, floor: float, config: StreamConfig,
             groups, how = None, "members on one host's clock end more than a call apart"
         sets.append({"keys": keys, "calls": calls, "ranks": list(ranks), "mat": mat, "drift": drift,
                      "duration": duration, "groups": groups, "how": how})
-    for st in sets:
-        if st["how"] == "split" and _echoes_busier(st, sets):
+    sets += overlapping
+    changed = True
+    while changed:  # each demotion may expose another, until the answers agree with a grid
+        lone = [st for st in sets if st["how"] == "one" and _rate_twin_unsplit(st, sets)]
+        coarse = [st for st in sets if st["how"] == "split" and _swallows_unsplit(st, sets)]
+        echo = [st for st in sets if st["how"] == "split" and _echoes_busier(st, sets)]
+        for st in lone:
+            st["groups"], st["how"] = None, "a stream at another rate over these ranks does not split either"
+        for st in coarse:
+            st["groups"], st["how"] = None, "a group holds every rank of a stream at another rate with no split"
+        for st in echo:
             st["groups"], st["how"] = None, "its groups are those of a busier stream (concurrent, not shared)"
+        changed = bool(lone or coarse or echo)
     split = [set(s["ranks"][i] for i in g) for s in sets if s["how"] == "split" for g in s["groups"]]
     rows = []
     for st in sets:
+        if st["how"] == "overlap":
+            continue
         groups, how, ranks = st["groups"], st["how"], st["ranks"]
         if how == "one" and any(len(h & set(ranks)) >= 2 and h != set(ranks) for h in split):
             groups, how = None, "one group would hold two members of a clearer group"
@@ -270,6 +285,45 @@ def _decide(streams: dict, dur_of: dict, floor: float, config: StreamConfig,
     return rows, undecided
 
 
+RATE_GAP = 2.0
+"""streams whose call counts differ by more than this factor run at different rates (per step vs per
+microbatch and layer); within one dimension, FSDP gathers twice (forward, backward) per scatter."""
+
+
+def _rate_twin_unsplit(st: dict, sets: list[dict]) -> bool:
+    """Whether a stream at another rate over two or more of these ranks found no split either.
+
+    Two dimensions of a grid never share a group, so two rates that both read as one group are not
+    both right, and the drift cannot say which one is: that happens when the members' own noise hides
+    how far apart the groups run.
+    """
+    mine = set(st["ranks"])
+    for other in sets:
+        if other is st or other["how"] == "split" or len(mine & set(other["ranks"])) < 2:
+            continue
+        if max(other["calls"], st["calls"]) > RATE_GAP * min(other["calls"], st["calls"]):
+            return True
+    return False
+
+
+def _swallows_unsplit(st: dict, sets: list[dict]) -> bool:
+    """Whether one of these groups holds all ranks of a stream at another rate that found no split.
+
+    That stream is another dimension, so its groups meet each of these groups at most once; inside
+    one of them it would have no group of two: this split is too coarse (the stage, say, where the
+    members' own noise hid the TP groups), not a dimension's groups.
+    """
+    groups = [{st["ranks"][i] for i in g} for g in st["groups"]]
+    for other in sets:
+        if other is st or other["how"] == "split" or len(other["ranks"]) < 2:
+            continue
+        if max(other["calls"], st["calls"]) <= RATE_GAP * min(other["calls"], st["calls"]):
+            continue
+        if any(set(other["ranks"]) <= g for g in groups):
+            return True
+    return False
+
+
 def _echoes_busier(st: dict, sets: list[dict]) -> bool:
     """Whether every group split off for these ranks is a group that a busier stream split off too.
 
@@ -279,7 +333,7 @@ def _echoes_busier(st: dict, sets: list[dict]) -> bool:
     """
     mine = {tuple(sorted(st["ranks"][i] for i in g)) for g in st["groups"]}
     for other in sets:
-        if other is st or other["how"] != "split" or other["calls"] <= st["calls"]:
+        if other is st or other["how"] != "split" or other["calls"] <= RATE_GAP * st["calls"]:
             continue
         theirs = {tuple(sorted(other["ranks"][i] for i in g)) for g in other["groups"]}
         if mine <= theirs:

@@ -197,3 +197,27 @@ def test_clocks_that_restart_every_step_give_no_timing_evidence():
     s = infer_whitebox(df)
     assert any("not usable" in n for n in s.extra["notes"])
     assert infer_whitebox(df, timing=False).extra["notes"] == [n for n in s.extra["notes"] if "not usable" not in n]
+
+
+@pytest.mark.parametrize("kw", [
+    {"dp": 4, "pp": 2, "tp": 4, "dp_sync": "zero1"},
+    {"dp": 8, "pp": 1, "tp": 2},
+    {"dp": 2, "pp": 4, "tp": 2, "schedule": "gpipe"},
+])
+@pytest.mark.parametrize("noise_us", [200, 2000])
+def test_member_noise_that_hides_the_groups_gives_unknown_not_a_wrong_grid(kw, noise_us):
+    # the simulator's DP replicas run microseconds apart; end times with member noise far above that
+    # cannot tell a replica's TP group from the whole stage, nor a DP group from the stage: the grid
+    # checks (two rates that both read as one group; a group that swallows another rate's ranks) must
+    # leave it unknown
+    comm, t = _sim(**kw)
+    rng = np.random.default_rng(1)
+    comm = comm.with_columns(pl.col("end_ns") + pl.Series(rng.integers(0, noise_us * 1000, comm.height)))
+    s = infer_whitebox(comm)
+    deg = t["degrees"]
+    exact = ((s.dp, s.pp, s.tp) == (deg["dp"], deg["pp"], deg["tp"])
+             and sorted(map(sorted, s.dp_groups)) == sorted(map(sorted, t["dp_groups"]))
+             and sorted(map(sorted, s.tp_groups or [])) == sorted(map(sorted, t["tp_groups"])))
+    assert exact or s.confidence < 0.5, (s.dp, s.tp, s.confidence, s.extra["notes"])
+    if not exact:
+        assert s.extra["groups_unknown"]
