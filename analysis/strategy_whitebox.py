@@ -310,7 +310,7 @@ def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True) -> Strategy:
 
     timed = {}
     if timing and comm_op.filter(~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_null()).height:
-        from rankscope.analysis.collective_streams import label_groups_by_timing
+        from rankscope.analysis.collective_timing import label_groups_by_timing
 
         comm_op, timed = label_groups_by_timing(comm_op)
         if not timed.get("labelled") and all(v.startswith("calls of one stream overlap")

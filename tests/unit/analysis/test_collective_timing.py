@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from rankscope.analysis.collective_streams import label_groups_by_timing
+from rankscope.analysis.collective_timing import label_groups_by_timing
 from rankscope.analysis.strategy_whitebox import infer_whitebox
 from rankscope.datasets.sim_config import Fault, SimConfig
 from rankscope.datasets.sim_realism import Realism
@@ -148,7 +148,7 @@ def test_grid_matches_dp_members_across_clear_tp_groups():
     # real gloo on a loaded host: a TP pair's bucket all-reduces end closer together than the DP
     # members do, so no clustering of the 8 ranks is clear; but each DP group takes one rank of every
     # TP pair, and matching the pairs to each other by drift is
-    from rankscope.analysis.collective_streams import _across, _cluster
+    from rankscope.analysis.collective_timing import _across, _cluster
 
     dp_of = {r: r % 2 for r in range(8)}
     d = np.array([[0.0 if a == b else 0.4 if a // 2 == b // 2 else 1.0 if dp_of[a] == dp_of[b] else 4.0
