@@ -15,6 +15,11 @@ of each group family:
   tensor-parallel (Megatron's TP runs collectives in every layer of every
   microbatch); the other is data-parallel (gradient buckets once per step,
   plain or ZeRO).
+
+Collectives whose records name no group (Kineto of gloo jobs) get their
+groups from end times first (:mod:`rankscope.analysis.collective_timing`);
+there the family whose busiest stream runs at least once per microbatch is
+tensor-parallel. What timing leaves undecided is reported unknown, not guessed.
 """
 
 from __future__ import annotations
