@@ -17,6 +17,10 @@ same key are paired call by call in order, and the group whose members end
 closest together (median gap) wins. A stream whose best group is not clearly
 closer than the next (``margin``) or whose peers do not have the same calls
 stays unlabelled, and the notes say how many.
+
+Without declared memberships (traces from before ``pg_config``, or stripped
+of it), :mod:`rankscope.analysis.collective_timing` finds the groups from the
+end times alone.
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ P2P = ("send", "recv")
 class StreamConfig:
     margin: float = 0.5
     """the best group's median end gap must be at most this fraction of the runner-up's."""
+    split_ratio: float = 3.0
+    """timing clusters: the closest ranks of two groups must drift apart at least this many times more than
+    the farthest members of one group do."""
+    max_calls: int = 48
+    """timing clusters: compare at most this many calls per stream (evenly spread), to bound the cost."""
 
 
 def _streams(coll: pl.DataFrame) -> dict[tuple, np.ndarray]:
@@ -128,3 +137,4 @@ def memberships_from(declared: list[dict]) -> dict[int, list[list[int]]]:
                 if members not in out.setdefault(r, []):
                     out[r].append(members)
     return out
+

@@ -91,7 +91,8 @@ def build_job_model(frames: JobFrames, clock: ClockConfig | None = None) -> JobM
     notes: list[str] = []
     frames = _one_source_each(frames, notes)
     frames = _groups_from_streams(frames, notes)
-    strategy = infer_whitebox(frames.comm_op) if not frames.comm_op.is_empty() else None
+    strategy = (infer_whitebox(frames.comm_op, timing=not frames.relative_time)
+                if not frames.comm_op.is_empty() else None)
     layout = rank_layout(frames, strategy)
     # steps from the records as given (labels and marks), on the aligned clock
     offsets = (rank_clock_offsets(frames.comm_op, clock) if not frames.relative_time

@@ -231,7 +231,7 @@ def _strategy_rows(a: JobFrames, b: JobFrames) -> list[dict]:
 
     if a.comm_op.height == 0 or b.comm_op.height == 0:
         return []
-    sa, sb = infer_whitebox(a.comm_op), infer_whitebox(b.comm_op)
+    sa, sb = (infer_whitebox(f.comm_op, timing=not f.relative_time) for f in (a, b))
     out = []
     for name in ("world_size", "dp", "pp", "tp", "ep"):
         va, vb = getattr(sa, name), getattr(sb, name)

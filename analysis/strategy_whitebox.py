@@ -15,6 +15,11 @@ of each group family:
   tensor-parallel (Megatron's TP runs collectives in every layer of every
   microbatch); the other is data-parallel (gradient buckets once per step,
   plain or ZeRO).
+
+Collectives whose records name no group (Kineto of gloo jobs) get their
+groups from end times first (:mod:`rankscope.analysis.collective_timing`);
+there the family whose busiest stream runs at least once per microbatch is
+tensor-parallel. What timing leaves undecided is reported unknown, not guessed.
 """
 
 from __future__ import annotations
@@ -142,25 +147,31 @@ def group_families(comm_op: pl.DataFrame) -> pl.DataFrame:
 
     Needs comm_op columns rank, op, group_ranks, size_bytes. Returns one row per
     distinct member set: members (sorted list), size, calls (records per member),
-    bytes (per member), ops (sorted list of op names).
+    stream_calls (records per member of its busiest (op, size_bytes): a gradient bucket
+    runs once per step, a layer's activation once per microbatch), bytes (per member),
+    ops (sorted list of op names).
     """
     coll = comm_op.select("op", "group_ranks", "size_bytes", "microbatch").filter(
         ~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_not_null())
     if coll.is_empty():
         return pl.DataFrame(schema={"members": pl.List(pl.Int64), "size": pl.Int64, "calls": pl.Float64, "mb_frac": pl.Float64,
-                                    "bytes": pl.Float64, "ops": pl.List(pl.Utf8)})
+                                    "stream_calls": pl.Float64, "bytes": pl.Float64, "ops": pl.List(pl.Utf8)})
     # aggregate per list as recorded, then sort the (few) distinct lists and merge equal member sets
-    per_list = (coll.group_by("group_ranks")
-                .agg(n=pl.len(), bytes=pl.col("size_bytes").fill_null(0).sum().cast(pl.Float64),
-                     n_mb=pl.col("microbatch").is_not_null().sum(), ops=pl.col("op").unique())
+    per_key = (coll.group_by("group_ranks", "op", "size_bytes")
+               .agg(n=pl.len(), n_mb=pl.col("microbatch").is_not_null().sum()))
+    per_list = (per_key.group_by("group_ranks")
+                .agg(pl.col("n").sum(), key_n=pl.col("n").max(),
+                     bytes=(pl.col("size_bytes").fill_null(0) * pl.col("n")).sum().cast(pl.Float64),
+                     n_mb=pl.col("n_mb").sum(), ops=pl.col("op").unique())
                 .with_columns(members=pl.col("group_ranks").list.eval(pl.element().cast(pl.Int64)).list.sort()))
     return (per_list.group_by("members")
-            .agg(n=pl.col("n").sum(), bytes=pl.col("bytes").sum(),
+            .agg(n=pl.col("n").sum(), bytes=pl.col("bytes").sum(), key_n=pl.col("key_n").max(),
                  mb_frac=pl.col("n_mb").sum() / pl.col("n").sum(),
                  ops=pl.col("ops").list.explode(keep_nulls=False, empty_as_null=False).unique().sort())
             .with_columns(size=pl.col("members").list.len().cast(pl.Int64))
-            .with_columns(calls=pl.col("n") / pl.col("size"), bytes=pl.col("bytes") / pl.col("size"))
-            .drop("n").sort("members"))
+            .with_columns(calls=pl.col("n") / pl.col("size"), bytes=pl.col("bytes") / pl.col("size"),
+                          stream_calls=pl.col("key_n") / pl.col("size"))
+            .drop("n", "key_n").sort("members"))
 
 
 def _partition_families(groups: pl.DataFrame, pipelines: list[list]) -> list[dict]:
@@ -193,6 +204,7 @@ def _partition_families(groups: pl.DataFrame, pipelines: list[list]) -> list[dic
         out.append({"size": f["size"], "groups": sorted(list(r["members"]) for r in keep),
                     "ops": sorted({o for r in keep for o in r["ops"]}),
                     "calls": float(np.median([r["calls"] for r in keep])),
+                    "stream_calls": float(np.median([r["stream_calls"] for r in keep])),
                     "bytes": float(np.median([r["bytes"] for r in keep])), "covered": len(f["seen"]),
                     "mb_frac": float(np.mean([r["mb_frac"] for r in keep]))})
     # families that cover the most ranks first: a stray group (a barrier subset) is not a dimension
@@ -226,11 +238,47 @@ def unlabelled_family(comm_op: pl.DataFrame, pipelines: list[list]) -> dict | No
     if not groups or len(sizes) != 1 or sizes == {1}:
         return None
     return {"size": sizes.pop(), "groups": sorted(groups), "ops": sorted(set(coll["op"].to_list())),
-            "calls": 0.0, "bytes": 0.0, "covered": sum(len(g) for g in groups), "mb_frac": 0.0}
+            "calls": 0.0, "stream_calls": 0.0, "bytes": 0.0, "covered": sum(len(g) for g in groups),
+            "mb_frac": 0.0}
 
 
-def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
+def per_microbatch(family: dict, comm_op: pl.DataFrame) -> bool:
+    """Whether a collective family runs once per microbatch or more (tensor parallel), not once per step.
+
+    From the microbatch labels where the records have any; else (Kineto) from the pipeline: a stage
+    sends one activation per microbatch to its next stage, so a family whose busiest stream makes at
+    least as many calls as a rank's sends to one peer runs per microbatch, while a gradient bucket runs
+    once per step. Without labels and without a pipeline there is no yardstick: False (data parallel).
+    """
+    if "microbatch" in comm_op.columns and comm_op["microbatch"].drop_nulls().len():
+        return family["mb_frac"] > 0.5
+    sends = comm_op.filter((pl.col("op") == "send") & pl.col("peer").is_not_null()).group_by("rank", "peer").len()
+    if sends.is_empty():
+        return False
+    return family["stream_calls"] >= float(sends["len"].median())
+
+
+def lone_role(family: dict, comm_op: pl.DataFrame, undecided_calls: list[int]) -> str | None:
+    """``tp`` or ``dp`` for the only group family found, None when the evidence cannot say.
+
+    Streams whose groups stayed undecided are another family: the busier of the two is tensor
+    parallel. Without such streams, :func:`per_microbatch` decides.
+    """
+    if undecided_calls:
+        if family["stream_calls"] > max(undecided_calls):
+            return "tp"
+        if family["stream_calls"] < min(undecided_calls):
+            return "dp"
+        return None
+    return "tp" if per_microbatch(family, comm_op) else "dp"
+
+
+def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True) -> Strategy:
     """Strategy of one job from its comm_op records.
+
+    ``timing``: collectives without group members may get them from their end times
+    (:func:`label_groups_by_timing`); pass False for records on relative time (clocks restart
+    every step), where end times cannot be paired.
 
     Needs comm_op columns rank, op, group_ranks, peer, size_bytes, start_ns.
     Returns a Strategy with int-rank endpoints: dp/pp/tp/ep groups (singletons
@@ -274,15 +322,37 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
         notes.append(f"pipelines of unequal length {sorted(pp_sizes)}")
     pp = max(pp_sizes) if pp_sizes else 1
 
+    timed = {}
+    if timing and comm_op.filter(~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_null()).height:
+        from rankscope.analysis.collective_timing import label_groups_by_timing
+
+        comm_op, timed = label_groups_by_timing(comm_op)
+        if not timed.get("labelled") and all(v.startswith("calls of one stream overlap")
+                                             for v in timed.get("undecided_keys", {}).values()):
+            notes.append("end times not usable for process groups (calls of a stream overlap in time)")
+            timed = {}  # as on relative time: no timing evidence either way
+        if timed.get("labelled"):
+            notes.append(f"process groups of {timed['labelled']} of {timed['streams']} collective stream(s) "
+                         "found from end times alone (no group ids in the records)")
+            conf_factor = 0.9
+        if timed.get("undecided"):
+            conf_factor = 0.6  # a dimension's groups may be missing
+            notes.append(f"{timed['undecided']} collective stream(s) left without a group: "
+                         + "; ".join(f"{k} ({v})" for k, v in list(timed["undecided_keys"].items())[:4]))
     fams = _partition_families(group_families(comm_op), pipelines)
     ep_f = [f for f in fams if "all_to_all" in f["ops"]]
     full = max((f["covered"] for f in fams), default=0)
     rest = sorted((f for f in fams if "all_to_all" not in f["ops"] and f["covered"] == full),
-                  key=lambda f: (round(f["mb_frac"]), f["calls"], -f["size"]))
+                  key=lambda f: (round(f["mb_frac"]), f["stream_calls"], f["calls"], -f["size"]))
     dp_f = rest[0] if rest else None
     tp_f = rest[-1] if len(rest) >= 2 else None
-    if len(rest) == 1 and rest[0]["mb_frac"] > 0.5:
+    role = lone_role(rest[0], comm_op, timed.get("undecided_calls") or []) if len(rest) == 1 else None
+    if role == "tp":
         dp_f, tp_f = None, rest[0]  # the only family runs inside microbatches: tensor parallel, dp = 1
+    elif role is None and len(rest) == 1:
+        dp_f = None
+        conf_factor = min(conf_factor, 0.3)
+        notes.append("the only group family found could be tensor or data parallel: its groups are not reported")
     if len(rest) > 2:
         notes.append(f"{len(rest)} collective group families; kept the least and most frequent as dp and tp")
 
@@ -292,7 +362,8 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
         covered = {m for g in f["groups"] for m in g}
         return f["groups"] + [[r] for r in ranks if r not in covered], f["size"]
 
-    if dp_f is None and tp_f is None and not ep_f:
+    if dp_f is None and tp_f is None and not ep_f and not timed.get("undecided"):
+        # (after undecided timed, matching sizes would lump the TP and DP streams it could not tell apart)
         dp_f = unlabelled_family(comm_op, pipelines)
         if dp_f is not None:
             notes.append("no process-group members in the records: DP groups from matching collective "
@@ -300,9 +371,12 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
             conf_factor = 0.8
     dp_groups, dp = groups_or_singletons(dp_f)
     tp_groups, tp = groups_or_singletons(tp_f)
+    if tp_f is None and timed.get("undecided"):
+        tp_groups, tp = None, None  # an undecided stream may be the TP one: unknown, not 1
+        notes.append("tp unknown: collective streams without a group")
     ep = ep_f[0]["size"] if ep_f else None
     cp = len(rings[0]) if rings else None
-    product = dp * pp * tp * (cp or 1) * (1 if ep is None else 1)
+    product = dp * pp * (tp or 1) * (cp or 1) * (1 if ep is None else 1)
     conf = conf_factor
     if product != world:
         conf *= 0.5
@@ -312,7 +386,9 @@ def infer_whitebox(comm_op: pl.DataFrame) -> Strategy:
         notes.append("pipeline stage order not confirmed by first-message direction")
     if len(pp_sizes) > 1:
         conf *= 0.7
+    unknown = [d for d, f in (("dp", dp_f), ("tp", tp_f)) if f is None and timed.get("undecided")]
     extra = {"method": "comm_op", "evaluated": True, "notes": notes, "interleaved": interleaved,
+             "groups_unknown": unknown,
              "ep_groups": ep_f[0]["groups"] if ep_f else None,
              "cp_groups": rings or None}
     return Strategy(world_size=world, dp=dp, pp=pp, tp=tp, dp_groups=dp_groups,

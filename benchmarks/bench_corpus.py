@@ -99,6 +99,8 @@ def score_fabric(fab) -> list[dict]:
                      "tp_null": bool(s and s.tp is None), "tp_one_wrong": bool(s and s.tp == 1 and deg["tp"] > 1),
                      "confidence": float(s.confidence) if s else float("nan"),
                      "wb_ok": wb_ok, "kineto": cfg.realism.kineto_records, **_features(cfg),
+                     "wb_miss": "" if wb_ok else f"{cfg.job}: dp{deg['dp']} pp{deg['pp']} tp{deg['tp']} {cfg.schedule} "
+                                f"-> dp{wb.dp} pp{wb.pp} tp{wb.tp} conf {wb.confidence:.2f}",
                      "cfg": f"dp{deg['dp']} pp{deg['pp']} tp{deg['tp']} rpa{cfg.realism.ranks_per_address} "
                             f"{cfg.realism.transport} s{cfg.sampling} {cfg.algorithm} {cfg.schedule} "
                             f"-> {'unrecognised' if not s else f'dp{s.dp} pp{s.pp} tp{s.tp}'}"})
@@ -195,6 +197,9 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
         print(f"  {feat:<20}{_share(on)}  /  {_share(off)}")
     for r in df.filter(~pl.col("ok")).head(10).iter_rows(named=True):
         print(f"  miss: {r['cfg']}")
+    if "wb_miss" in df.columns:
+        for r in df.filter(pl.col("wb_miss").fill_null("") != "").iter_rows(named=True):
+            print(f"  white-box miss ({'no ' if r['kineto'] else ''}layout columns): {r['wb_miss']}")
 
 
 def main(argv: list[str] | None = None) -> int:
