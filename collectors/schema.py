@@ -212,7 +212,10 @@ def columns(kind: str) -> list[str]:
 
 def empty(kind: str) -> pa.Table:
     """An empty table of the kind (views exist even when the store holds none)."""
-    return schema(kind).empty_table()
+    sch = schema(kind)
+    # not sch.empty_table(): that converts from Python objects, and pyarrow's first such conversion imports
+    # pandas (~50 MB, 0.3 s) into every ingest that never uses it
+    return pa.Table.from_arrays([pa.nulls(0, f.type) for f in sch], schema=sch)
 
 
 def polars_schema(kind: str) -> dict[str, pl.DataType]:

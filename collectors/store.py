@@ -38,14 +38,17 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from rankscope.collectors.errors import StoreError, UsageError
 from rankscope.collectors.schema import SCHEMAS, empty, schema
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as pads
 
 MANIFEST_DIR = "_manifest"
 LOCK_FILE = ".writer.lock"
@@ -335,6 +338,8 @@ class Store:
         paths = self.parts(kind, job)
         if not paths:
             return None
+        # imported here: pyarrow.dataset pulls in pandas (~50 MB, 0.3 s), which ingest never needs
+        import pyarrow.dataset as pads
         # An explicit schema unifies parts written before a column was appended.
         return pads.dataset([str(p) for p in paths], schema=schema(kind).remove_metadata(), format="parquet")
 
