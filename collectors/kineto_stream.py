@@ -31,7 +31,7 @@ import orjson
 from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.formats import LIMITS
 
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 524288
 """Raw JSON bytes parsed at a time (the dicts of one chunk take about 5x this)."""
 _BLOCK = 1 << 20
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
