@@ -222,6 +222,7 @@ def _streamed(path: Path) -> tuple:
         frames.append(f)
         n_events += len(item)
         n_bad += bad
+        del item  # before the next chunk is parsed: one chunk's dicts alive at a time
     if doc is None:
         raise Irregular("no document")
     return doc, frames, arg_map, n_events, n_bad, False, False

@@ -31,7 +31,7 @@ import orjson
 from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.formats import LIMITS
 
-CHUNK_BYTES = 524288
+CHUNK_BYTES = 256 << 10
 """Raw JSON bytes parsed at a time (the dicts of one chunk take about 5x this)."""
 _BLOCK = 1 << 20
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -137,7 +137,7 @@ def stream_events(path: Path, chunk_bytes: int | None = None) -> Iterator[list |
     if buf.find(b'"traceEvents"', 0, m.start()) >= 0:
         raise Irregular("traceEvents named more than once")
     head = bytes(buf[:m.end() - 1])
-    del buf[:m.end()]
+    buf = buf[m.end():]
     done = False
     want = chunk_bytes
     while not done:
@@ -149,21 +149,21 @@ def stream_events(path: Path, chunk_bytes: int | None = None) -> Iterator[list |
             buf += block
         if done:
             break
-        got = _cut(buf, len(buf))
+        got = _cut(buf, min(len(buf), want))  # blocks are bigger than a chunk: cut within the first one
         if got is None:
             if len(buf) > 16 * chunk_bytes:
                 raise Irregular("no event boundary in 16 chunks")
             want = len(buf) + chunk_bytes  # one element bigger than a chunk: read on
             continue
         events, off = got
-        del buf[:off]
+        buf = buf[off:]  # a copy: del buf[:off] keeps the freed front allocated
         want = chunk_bytes
         yield events
     # at the end: all but the last element as usual, so that only it and the keys after the array are left
     got = _cut(buf, len(buf))
     if got is not None:
         events, off = got
-        del buf[:off]
+        buf = buf[off:]  # a copy: del buf[:off] keeps the freed front allocated
         yield events
     yield from _finish(head, buf)
 
