@@ -31,11 +31,18 @@ RANKSCOPE = [sys.executable, "-m", "rankscope.cli.main"]
 class Measure:
     walls_s: list[float] = field(default_factory=list)
     rss_mib: list[float] = field(default_factory=list)
+    cpus_s: list[float] = field(default_factory=list)
+    """user + system CPU of the process tree (children waited for included): on a loaded machine the
+    figure that wall time inflates and this does not"""
     error: str | None = None
 
     @property
     def wall_s(self) -> float:
         return statistics.median(self.walls_s)
+
+    @property
+    def cpu_s(self) -> float:
+        return statistics.median(self.cpus_s) if self.cpus_s else float("nan")
 
     @property
     def peak_mib(self) -> float:
@@ -47,8 +54,8 @@ class Measure:
 
 
 def run_once(cmd: list[str] | str, *, cwd: Path | None = None, env: dict | None = None,
-             timeout_s: float = 1800) -> tuple[float, float, int, str]:
-    """(wall s, peak RSS MiB of the process tree, exit status, stderr tail) of one whole process."""
+             timeout_s: float = 1800) -> tuple[float, float, int, str, float]:
+    """(wall s, peak RSS MiB of the process tree, exit status, stderr tail, CPU s) of one whole process."""
     err = tempfile.TemporaryFile()
     t = time.perf_counter()
     p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err, shell=isinstance(cmd, str))
@@ -66,7 +73,7 @@ def run_once(cmd: list[str] | str, *, cwd: Path | None = None, env: dict | None 
     p.returncode = os.waitstatus_to_exitcode(status)
     err.seek(0)
     tail = err.read()[-600:].decode(errors="replace")
-    return wall, ru.ru_maxrss / 1024, p.returncode, tail
+    return wall, ru.ru_maxrss / 1024, p.returncode, tail, ru.ru_utime + ru.ru_stime
 
 
 def measure(cmd, *, runs: int = RUNS, before=None, **kw) -> Measure:
@@ -75,12 +82,13 @@ def measure(cmd, *, runs: int = RUNS, before=None, **kw) -> Measure:
     for _ in range(runs):
         if before is not None:
             before()
-        wall, rss, rc, tail = run_once(cmd, **kw)
+        wall, rss, rc, tail, cpu = run_once(cmd, **kw)
         if rc != 0:
             m.error = f"exit {rc}: {tail.strip()}"
             return m
         m.walls_s.append(wall)
         m.rss_mib.append(rss)
+        m.cpus_s.append(cpu)
     return m
 
 
@@ -135,3 +143,6 @@ def print_rows(rows: list[tuple], anchor_name: str) -> None:
         ow = ", ".join(f"{w:.2f}" for w in ours.walls_s)
         tw = ", ".join(f"{w:.2f}" for w in theirs.walls_s) if isinstance(theirs, Measure) else "-"
         print(f"    {label}: rankscope [{ow}]  anchor [{tw}]")
+        if ours.ok and isinstance(theirs, Measure) and theirs.ok:
+            print(f"      CPU (user+sys, median): rankscope {ours.cpu_s:.2f} s, anchor {theirs.cpu_s:.2f} s, "
+                  f"ratio {theirs.cpu_s / ours.cpu_s:.2f}x (the figure to read when the machine is loaded)")

@@ -76,15 +76,26 @@ def limits(lim: Limits):
         LIMITS.reset(token)
 
 
+def check_size(path: Path) -> None:
+    """Raise InputFormatError naming --max-bytes when the file is larger than :data:`LIMITS` allow."""
+    lim = LIMITS.get()
+    size = os.path.getsize(path)
+    if lim.max_bytes is not None and size > lim.max_bytes:
+        raise InputFormatError(path, None, f"at most {lim.max_bytes:,} bytes (--max-bytes)", got=f"{size:,} bytes")
+
+
+def is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
 def read_limited(path: Path) -> tuple[bytes, bool]:
     """The whole file, gunzipped within :data:`LIMITS`; the flag says a gzip stream ended early.
 
     Raises InputFormatError naming the limit when the file is (or expands to) more than allowed.
     """
     lim = LIMITS.get()
-    size = os.path.getsize(path)
-    if lim.max_bytes is not None and size > lim.max_bytes:
-        raise InputFormatError(path, None, f"at most {lim.max_bytes:,} bytes (--max-bytes)", got=f"{size:,} bytes")
+    check_size(path)
     with open(path, "rb") as f:
         raw = f.read()
     if raw[:2] != b"\x1f\x8b":

@@ -196,17 +196,30 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions
         res.status = "skipped"
         return
     imp = formats.importer(name)
-    total = formats.ImportBatch()
-    for b in formats.as_batches(imp.read(path, opts)):
-        total.merge(b)
-    entry = ManifestEntry(key=key, source=str(path.resolve()), format=name,
-                          job=opts.job or "", sha256=sha, relative_time=total.relative_time,
-                          notes=total.notes)
-    res.rejects.update(total.rejects)
-    res.warnings.extend(str(total.notes[k]) for k in ASSUMPTION_NOTES if total.notes.get(k))
-    entry.samples.update(total.samples)
+    result = imp.read(path, opts)
+    if isinstance(result, formats.ImportBatch) or getattr(imp, "same_records_any_form", False):
+        _write_whole(store, path, name, imp, result, key, known, sha, opts, res)
+    else:
+        _write_streamed(store, path, name, imp, result, key, known, sha, opts, res)
+
+
+def _entry(path: Path, name: str, key: str, sha: str, opts: formats.ImportOptions) -> ManifestEntry:
+    return ManifestEntry(key=key, source=str(path.resolve()), format=name, job=opts.job or "", sha256=sha)
+
+
+def _take_notes(entry: ManifestEntry, batch: formats.ImportBatch, res: FileResult) -> None:
+    entry.relative_time = entry.relative_time or batch.relative_time
+    entry.notes.update(batch.notes)
+    res.rejects.update(batch.rejects)
+    for k, v in batch.samples.items():
+        entry.samples.setdefault(k, v)
+
+
+def _validated(batch: formats.ImportBatch, imp, name: str, opts: formats.ImportOptions, entry: ManifestEntry,
+               res: FileResult) -> list[tuple[str, pa.Table]]:
+    """The batch's tables checked against their record kinds (rejects counted into ``res``)."""
     valid: list[tuple[str, pa.Table]] = []
-    for kind, tables in total.tables.items():
+    for kind, tables in batch.tables.items():
         for t in tables:
             df = _fill_job_source(t, kind, opts.job, getattr(imp, "source", name))
             v = validate(df, kind)
@@ -215,11 +228,43 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions
                 entry.samples.setdefault(reason, f"{kind} row {idx}")
             if v.table.num_rows:
                 valid.append((kind, v.table))
-    del total.tables
-    if not valid and res.rejects and not total.notes.get("flow_sets_held_for_template"):
+    return valid
+
+
+def _none_valid(path: Path, res: FileResult, entry: ManifestEntry) -> None:
+    if res.rejects and not entry.notes.get("flow_sets_held_for_template"):
         top, n = res.rejects.most_common(1)[0]
         raise InputFormatError(path, None, "at least one record that decodes and fits its record kind",
                                got=f"all {sum(res.rejects.values()):,} rejected, most for {top!r} ({n:,})")
+
+
+def _commit(store: Store, tx, key: str, entry: ManifestEntry, res: FileResult, jobs: set, opts, rows_key=None):
+    entry.records = dict(res.records)
+    entry.rejects = dict(res.rejects)
+    entry.job = opts.job or ",".join(sorted(jobs))
+    if rows_key:
+        entry.notes["rows_key"] = rows_key
+    template_state.stage(key)  # flow template state left by this file: adopted iff the entry commits
+    tx.commit(entry)
+    template_state.promote(key)
+    if rows_key:
+        store.add_alias(rows_key, key)
+    res.status = "ingested"
+
+
+def _write_whole(store: Store, path: Path, name: str, imp, result, key: str, known: list[str], sha: str,
+                 opts: formats.ImportOptions, res: FileResult) -> None:
+    """Decode everything, then write it in one transaction (one batch, or a fingerprinted format)."""
+    total = formats.ImportBatch()
+    for b in formats.as_batches(result):
+        total.merge(b)
+    entry = _entry(path, name, key, sha, opts)
+    _take_notes(entry, total, res)
+    res.warnings.extend(str(total.notes[k]) for k in ASSUMPTION_NOTES if total.notes.get(k))
+    valid = _validated(total, imp, name, opts, entry, res)
+    del total.tables
+    if not valid:
+        _none_valid(path, res, entry)
     rows_key = _fingerprint(imp, valid, opts.job or default_job_for_format(name))
     with store.transaction(key) as tx:
         # Re-check under the lock: a concurrent ingest of the same source may have committed.
@@ -232,17 +277,34 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions
             tx.write(kind, table)
             res.records[kind] = res.records.get(kind, 0) + table.num_rows
             jobs.update(table.column("job").unique().to_pylist())
-        entry.records = dict(res.records)
-        entry.rejects = dict(res.rejects)
-        entry.job = opts.job or ",".join(sorted(jobs))
-        if rows_key:
-            entry.notes["rows_key"] = rows_key
-        template_state.stage(key)  # flow template state left by this file: adopted iff the entry commits
-        tx.commit(entry)
-        template_state.promote(key)
-        if rows_key:
-            store.add_alias(rows_key, key)
-    res.status = "ingested"
+        _commit(store, tx, key, entry, res, jobs, opts, rows_key)
+
+
+def _write_streamed(store: Store, path: Path, name: str, imp, batches, key: str, known: list[str], sha: str,
+                    opts: formats.ImportOptions, res: FileResult) -> None:
+    """Validate and write each batch as the importer yields it, so memory holds one batch, not the file.
+
+    The parts stay invisible until the manifest entry commits; a file that fails on the way (or whose
+    records were all rejected) is rolled back as a whole, as in the one-batch path.
+    """
+    entry = _entry(path, name, key, sha, opts)
+    with store.transaction(key) as tx:
+        if any(store.has_source(k) for k in known):
+            res.status = "skipped"
+            return
+        jobs: set = set()
+        for b in batches:
+            _take_notes(entry, b, res)
+            for kind, table in _validated(b, imp, name, opts, entry, res):
+                tx.write(kind, table)
+                res.records[kind] = res.records.get(kind, 0) + table.num_rows
+                jobs.update(table.column("job").unique().to_pylist())
+            b.tables.clear()
+        res.warnings.extend(str(entry.notes[k]) for k in ASSUMPTION_NOTES if entry.notes.get(k))
+        if not res.records:
+            _none_valid(path, res, entry)
+        _commit(store, tx, key, entry, res, jobs, opts)
+
 
 
 def ingest(store: Store, paths: Iterable[str | os.PathLike], fmt: str = "auto",

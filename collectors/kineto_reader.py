@@ -1,10 +1,12 @@
 """Load a PyTorch profiler (Kineto) Chrome-trace JSON into event columns.
 
-The file is parsed once with orjson; complete events (``ph == "X"``) become a
-polars frame (``idx, name, cat, pid, tid, ts_ns, dur_ns``) whose ``idx``
-points back into the event list, so the few events whose ``args`` matter are
-looked up by index instead of decoding every event's args. A truncated file
-(a job killed while writing) is cut back to its last complete event.
+The event array is streamed in chunks that orjson parses one at a time
+(kineto_stream); complete events (``ph == "X"``) become a polars frame
+(``idx, name, cat, pid, tid, ts_ns, dur_ns``) whose ``idx`` is the event's
+position in the file, and only the ``args`` of the events an importer reads
+(ARGS_NEEDED) are kept, by that index. A file the stream does not take (a
+truncated one: a job killed while writing) is read whole and cut back to its
+last complete event.
 
 Times: ``baseTimeNanoseconds + ts * 1000`` (epoch ns on the rank's clock)
 where the trace has a base time; without one the source is relative and times
@@ -14,6 +16,7 @@ are stored from the trace's first event (``relative_time``).
 from __future__ import annotations
 
 import re
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,10 +26,59 @@ import polars as pl
 
 from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.formats import MAX_RANK, read_limited
+from rankscope.collectors.kineto_stream import Irregular, stream_events
 
 _MAX_REPAIR_TRIES = 64
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+class ArgStore:
+    """The args of some events, by event index, as compact JSON in one growing buffer.
+
+    Why not the dicts: they take about five times the memory, and thousands of small
+    objects that outlive each parsed chunk keep its freed memory from going back.
+    Events must be added in increasing index order.
+    """
+
+    def __init__(self) -> None:
+        self._blob = bytearray()
+        self._idx = array("q")
+        self._end = array("q")
+        self._odd: dict[int, dict] = {}
+        """args orjson reads but will not write back (an int beyond 64 bits): kept as they are"""
+
+    def add(self, i: int, args: object) -> None:
+        if type(args) is not dict:
+            return  # read back as {}
+        try:
+            self._blob += orjson.dumps(args)
+        except (orjson.JSONEncodeError, TypeError):
+            self._odd[i] = args
+            return
+        self._idx.append(i)
+        self._end.append(len(self._blob))
+
+    def __len__(self) -> int:
+        return len(self._idx) + len(self._odd)
+
+    def get(self, idx) -> list[dict]:
+        """The args dict of each event index (a new empty dict where none was kept)."""
+        want = np.asarray(idx, dtype=np.int64)
+        have = np.frombuffer(self._idx, dtype=np.int64) if len(self._idx) else np.zeros(0, np.int64)
+        pos = np.searchsorted(have, want)
+        found = pos < len(have)
+        found[found] = have[pos[found]] == want[found]
+        ends = np.frombuffer(self._end, dtype=np.int64) if len(self._end) else np.zeros(0, np.int64)
+        view, loads, odd = memoryview(self._blob), orjson.loads, self._odd
+        out = []
+        for i, p, f in zip(want.tolist(), pos.tolist(), found.tolist(), strict=True):
+            if f:
+                out.append(loads(view[(ends[p - 1] if p else 0):ends[p]]))
+            else:
+                a = odd.get(i)
+                out.append(a if a is not None else {})
+        return out
 
 
 @dataclass
@@ -34,8 +86,8 @@ class KinetoTrace:
     """One rank's trace: metadata and its complete events as columns."""
 
     path: Path
-    events: list
-    """every event of traceEvents (dicts), indexed by ``frame['idx']``"""
+    arg_map: ArgStore
+    """the args of the events an importer reads (ARGS_NEEDED), by ``frame['idx']``"""
     frame: pl.DataFrame
     """complete events: idx, name, cat, pid, tid, ts_ns, dur_ns (end = ts_ns + dur_ns)"""
     rank: int
@@ -54,13 +106,7 @@ class KinetoTrace:
 
     def args(self, idx) -> list[dict]:
         """The args dict of each event index (empty dict when absent or not a dict)."""
-        ev = self.events
-        out = []
-        for i in idx:
-            e = ev[i]
-            a = e.get("args") if e is not None else None
-            out.append(a if type(a) is dict else {})
-        return out
+        return self.arg_map.get(idx)
 
     def reject(self, reason: str, sample: str, count: int = 1) -> None:
         self.rejects[reason] = self.rejects.get(reason, 0) + count
@@ -152,8 +198,37 @@ def read_bytes(path: Path) -> tuple[bytes, bool]:
 def load(path: Path, rank: int | None = None) -> KinetoTrace:
     """Read one Kineto trace; raises InputFormatError only when nothing in it can be read.
 
-    ``rank`` (from ``--opt rank=N``) overrides the rank the trace declares.
+    ``rank`` (from ``--opt rank=N``) overrides the rank the trace declares. The
+    event array is streamed in chunks (kineto_stream); a file of any other shape
+    (truncated, invalid, oddly nested) is read whole, as it always was.
     """
+    try:
+        parts = _streamed(path)
+    except (Irregular, InputFormatError):
+        parts = None  # the whole-file path gives such files their exact old treatment and errors
+    if parts is None:
+        parts = _whole(path)
+    return _trace(path, rank, *parts)
+
+
+def _streamed(path: Path) -> tuple:
+    frames, arg_map, n_events, n_bad = [], ArgStore(), 0, 0
+    doc = None
+    for item in stream_events(path):
+        if type(item) is dict:
+            doc = item
+            break
+        f, bad = _chunk_columns(item, n_events, arg_map)
+        frames.append(f)
+        n_events += len(item)
+        n_bad += bad
+        del item  # before the next chunk is parsed: one chunk's dicts alive at a time
+    if doc is None:
+        raise Irregular("no document")
+    return doc, frames, arg_map, n_events, n_bad, False, False
+
+
+def _whole(path: Path) -> tuple:
     data, gz_cut = read_bytes(path)
     doc, truncated = _parse(path, data)
     del data
@@ -161,30 +236,48 @@ def load(path: Path, rank: int | None = None) -> KinetoTrace:
         raise InputFormatError(path, None, "a JSON object with a traceEvents list",
                                got=type(doc).__name__ if type(doc) is not dict else sorted(doc)[:8])
     events = doc["traceEvents"]
-    info = doc.get("distributedInfo") if type(doc.get("distributedInfo")) is dict else {}
-    rank, rank_note = _rank(path, info if "distributedInfo" in doc else None, rank)
+    arg_map = ArgStore()
+    frame, n_bad = _chunk_columns(events, 0, arg_map)
+    return doc, [frame], arg_map, len(events), n_bad, truncated, gz_cut
+
+
+def _chunk_columns(events: list, base: int, arg_map: ArgStore) -> tuple[pl.DataFrame, int]:
+    """The complete events of one chunk as columns (``idx`` counts from the file's first event),
+    and the number of elements that are not objects; the args an importer reads go to ``arg_map``."""
     xs = [i for i, e in enumerate(events) if type(e) is dict and e.get("ph") == "X"]
     n_bad = sum(1 for e in events if type(e) is not dict)
-    get = events.__getitem__
+    x_events = [events[i] for i in xs]
     frame = pl.DataFrame({
-        "idx": pl.Series(xs, dtype=pl.Int64),
-        "name": _num_column([get(i).get("name") for i in xs], pl.String),
-        "cat": _num_column([get(i).get("cat") for i in xs], pl.String),
-        "pid": _num_column([get(i).get("pid") for i in xs], pl.Int64),
-        "tid": _num_column([get(i).get("tid") for i in xs], pl.Int64),
-        "ts": _num_column([get(i).get("ts") for i in xs], pl.Float64),
-        "dur": _num_column([get(i).get("dur", 0) for i in xs], pl.Float64),
+        "idx": pl.Series(xs, dtype=pl.Int64) + base,
+        "name": _num_column([e.get("name") for e in x_events], pl.String),
+        "cat": _num_column([e.get("cat") for e in x_events], pl.String),
+        "pid": _num_column([e.get("pid") for e in x_events], pl.Int64),
+        "tid": _num_column([e.get("tid") for e in x_events], pl.Int64),
+        "ts": _num_column([e.get("ts") for e in x_events], pl.Float64),
+        "dur": _num_column([e.get("dur", 0) for e in x_events], pl.Float64),
     })
+    # keep only the args an importer will read: the parsed dicts of everything else are freed with the chunk
+    for i in frame.filter(ARGS_NEEDED)["idx"].to_list():
+        arg_map.add(i, events[i - base].get("args"))
+    return frame, n_bad
+
+
+def _trace(path: Path, rank: int | None, doc: dict, frames: list[pl.DataFrame], arg_map: ArgStore,
+           n_events: int, n_bad: int, truncated: bool, gz_cut: bool) -> KinetoTrace:
+    info = doc.get("distributedInfo") if type(doc.get("distributedInfo")) is dict else {}
+    rank, rank_note = _rank(path, info if "distributedInfo" in doc else None, rank)
+    frame = frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
+    del frames
     base = doc.get("baseTimeNanoseconds")
     base = base if isinstance(base, int) and not isinstance(base, bool) and 0 <= base < 4 * 10**18 else None
-    tr = KinetoTrace(path=path, events=events, frame=frame, rank=rank,
+    tr = KinetoTrace(path=path, arg_map=arg_map, frame=frame, rank=rank,
                      world_size=info.get("world_size") if isinstance(info.get("world_size"), int) else None,
                      host=doc.get("host_name") if isinstance(doc.get("host_name"), str) else None,
                      pid=None, base_ns=base, relative=base is None, origin_us=0.0, dist_info=info,
                      rank_note=rank_note)
     if truncated or gz_cut:
         tr.reject("truncated file (events after the last complete one lost)", f"{path.name}: cut after "
-                  f"{len(events)} events")
+                  f"{n_events} events")
     if n_bad:
         tr.reject("event is not a JSON object", f"{n_bad} events")
     bad = frame.filter(pl.col("ts").is_null() | pl.col("dur").is_null() | pl.col("name").is_null()
@@ -194,7 +287,7 @@ def load(path: Path, rank: int | None = None) -> KinetoTrace:
         frame = frame.join(bad.select("idx"), on="idx", how="anti")
     if frame.height == 0:
         raise InputFormatError(path, "traceEvents", "at least one complete ('X') event with ts",
-                               got=f"{len(events)} events, none usable")
+                               got=f"{n_events} events, none usable")
     if tr.relative:
         tr.origin_us = float(frame["ts"].min())
     ts_ns = (frame["ts"] - tr.origin_us) * 1000.0
@@ -205,7 +298,6 @@ def load(path: Path, rank: int | None = None) -> KinetoTrace:
     tr.frame = frame
     cpu = frame.filter(pl.col("cat") == "cpu_op")["pid"].drop_nulls()
     tr.pid = int(cpu.mode().sort()[0]) if cpu.len() else None
-    _drop_unused_events(tr)
     return tr
 
 
@@ -217,15 +309,6 @@ ARGS_NEEDED = (
     | pl.col("name").str.starts_with("c10d::") | pl.col("name").str.starts_with("gloo:")
     | pl.col("name").str.starts_with("nccl:")
 )
-
-
-def _drop_unused_events(tr: KinetoTrace) -> None:
-    """Free the parsed dicts nobody will read (half or more of a GPU trace: flows, most cpu_ops)."""
-    keep = np.zeros(len(tr.events), dtype=bool)
-    keep[tr.frame.filter(ARGS_NEEDED)["idx"].to_numpy()] = True
-    ev = tr.events
-    for i in np.nonzero(~keep)[0].tolist():
-        ev[i] = None
 
 
 def step_frame(tr: KinetoTrace) -> pl.DataFrame:

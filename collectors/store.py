@@ -335,7 +335,7 @@ class Store:
         return sorted(out)
 
     def dataset(self, kind: str, job: str | None = None) -> pads.Dataset | None:
-        # pyarrow.dataset imports pandas (~0.2 s): only DuckDB and read_arrow need it
+        # pyarrow.dataset imports pandas (~50 MB, 0.2-0.3 s): only DuckDB and read_arrow need it
         import pyarrow.dataset as pads
 
         paths = self.parts(kind, job)

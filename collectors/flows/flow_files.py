@@ -57,6 +57,22 @@ def ipfix_file_messages(data: bytes, dec: FlowDecoder):
         pos += length
 
 
+def ipfix_stream_messages(path: Path, dec: FlowDecoder):
+    """:func:`ipfix_file_messages` reading the file as it goes (same messages, same rejects)."""
+    with open(path, "rb") as f:
+        while head := f.read(16):
+            if len(head) < 16 or head[:2] != b"\x00\x0a":
+                dec.reject("ipfix file: bytes after the last message are not an IPFIX message",
+                           (head + f.read(16))[:32])
+                return
+            length = struct.unpack_from(">H", head, 2)[0]
+            body = f.read(max(length - 16, 16)) if length < 16 else f.read(length - 16)
+            if length < 16 or len(body) < length - 16:
+                dec.reject("ipfix file: message length runs past the end of the file", (head + body)[:32])
+                return
+            yield head + body, "file", 0
+
+
 # ----------------------------------------------------------------- captures
 def _udp_payload(frame: bytes, linktype: int):
     """(source address, payload) of a UDP datagram in a captured frame, or None."""

@@ -13,9 +13,11 @@ from pathlib import Path
 
 from rankscope.collectors.flows import flow_files, template_state
 from rankscope.collectors.flows.flow_decoder import FlowDecoder
-from rankscope.collectors.formats import ImportBatch, ImportOptions, open_maybe_gzip
+from rankscope.collectors.formats import ImportBatch, ImportOptions, check_size, is_gzip, open_maybe_gzip
 
-CHUNK_RECORDS = 500_000
+CHUNK_RECORDS = 32_768
+"""Records decoded before they are handed on as one batch (ingest validates and writes each batch on its
+own, so this, not the file's size, bounds an import's memory: about 1 KB a record while it is held)."""
 
 
 def _batch(dec: FlowDecoder, final: bool, reported: dict) -> ImportBatch:
@@ -53,9 +55,13 @@ class _IpfixFile:
         return flow_files.looks_like_ipfix_file(head)
 
     def read(self, path: Path, opts: ImportOptions):
+        dec = template_state.new_decoder()
+        if not is_gzip(path):
+            # read message by message: a plain file's memory is one message plus a batch of records
+            check_size(path)
+            return _decode(flow_files.ipfix_stream_messages(path, dec), dec)
         with open_maybe_gzip(path) as f:
             data = f.read()
-        dec = template_state.new_decoder()
         return _decode(flow_files.ipfix_file_messages(data, dec), dec)
 
 
