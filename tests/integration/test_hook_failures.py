@@ -25,13 +25,17 @@ BIN = Path(sys.executable).parent
 JOB_ARGS = ["--steps", "6", "--pp", "2", "--step-sleep-ms", "150"]
 
 KILLER = '''
-import ctypes, os, threading, time
+import ctypes, os, sys, threading, time
 
 def _kill_writer_once_recording():
-    from rankscope.collectors.hooks.hook_comm import HUB
+    # Never import the hook from this thread: racing the main thread's import of the same package can
+    # end in an import deadlock error that silently kills this thread (a writer left alive, seen once
+    # in a full make test). Wait for the hook's module instead.
     deadline = time.time() + 120
     while time.time() < deadline:
-        s = HUB.session
+        mod = sys.modules.get("rankscope.collectors.hooks.hook_comm")
+        hub = getattr(mod, "HUB", None)
+        s = getattr(hub, "session", None)
         if s is not None and s.buffer.appended >= 1 and s.writer.alive():
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(s.writer.thread.ident),
                                                        ctypes.py_object(SystemExit))
@@ -108,7 +112,8 @@ def test_writer_thread_killed(tmp_path, reference):
                        timeout=240, cwd=REPO, env=env(PYTHONPATH=str(site), KILL_MARK=str(mark)))
     assert r.returncode == 0, r.stderr[-3000:]
     assert losses(out) == reference
-    assert len(list(tmp_path.glob("killed.*"))) == 2  # the writer really died in both ranks
+    # the writer really died in both ranks
+    assert len(list(tmp_path.glob("killed.*"))) == 2, r.stderr[-3000:]
     assert "writer thread died; restarting it" in r.stderr
     from rankscope.collectors.store import Store
 
