@@ -253,12 +253,32 @@ def persistent_links(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, 
     per = df.group_by("rank", "step", "optype").agg((pl.col("a") / pl.col("i")).median().alias("x"))
     if per["rank"].n_unique() < MIN_LINK_RANKS:
         return []
-    # the peers' median per (step, op type), without the rank itself
-    peers = per.join(per.select("step", "optype", pl.col("rank").alias("peer"), pl.col("x").alias("px")),
-                     on=["step", "optype"]).filter(pl.col("peer") != pl.col("rank")).group_by(
-        "rank", "step", "optype").agg(pl.col("x").first(), pl.col("px").median())
-    out = peers.with_columns((pl.col("x") / pl.col("px")).alias("vs_peers")).group_by("rank", "optype").agg(
+    peers = per.sort("step", "optype", "x").with_columns(px=pl.Series(_median_of_others(
+        per.sort("step", "optype", "x"))))
+    out = peers.filter(pl.col("px").is_not_nan()).with_columns((pl.col("x") / pl.col("px")).alias("vs_peers")).group_by("rank", "optype").agg(
         pl.col("vs_peers").min().alias("factor"), pl.col("step").sort().alias("steps")).filter(
         (pl.col("factor") >= at_least) & (pl.col("steps").list.len() >= MIN_LINK_STEPS)).sort("factor", descending=True)
     return [{"rank": int(r["rank"]), "op": r["optype"], "factor": float(r["factor"]),
              "steps": [int(s) for s in r["steps"]]} for r in out.to_dicts()]
+
+
+def _median_of_others(per: pl.DataFrame) -> np.ndarray:
+    """Per row of ``per`` (sorted by step, optype, x), the median x of the other rows of its (step,
+    optype): a leave-one-out median read off the sorted group, O(n) where the self-join it replaces
+    was O(ranks^2) per step (5 s and 3 GB at 512 GPUs). NaN where a row has no peer."""
+    x = per["x"].to_numpy().astype(float)
+    key = per.select(pl.struct("step", "optype").rle_id()).to_series().to_numpy()
+    n_rows = len(x)
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if n_rows else np.array([], dtype=np.int64)
+    sizes = np.diff(np.r_[starts, n_rows])
+    o = np.repeat(starts, sizes)
+    n = np.repeat(sizes, sizes)
+    k = np.arange(n_rows) - o
+    m = n - 1
+    lo, hi = (m - 1) // 2, m // 2
+    lo = np.where(lo < k, lo, lo + 1)  # index among the others -> index in the group
+    hi = np.where(hi < k, hi, hi + 1)
+    ok = m >= 1
+    out = np.full(n_rows, np.nan)
+    out[ok] = (x[(o + lo)[ok]] + x[(o + hi)[ok]]) / 2
+    return out
