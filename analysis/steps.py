@@ -140,3 +140,21 @@ def steps_frame(table: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(schema={"step": pl.Int64, "duration_ns": pl.Int64, "span_ns": pl.Int64,
                                     "warmup": pl.Boolean})
     return table.select("step", "duration_ns", "span_ns", "warmup")
+
+
+def startup_steps(steps: pl.DataFrame | None) -> dict:
+    """Leading warm-up steps (the one step definition's) that stand out from the job's pace: {step: why}.
+
+    The what-if replays every step it is given and averages them; a start-up step several times the
+    steady step (rendezvous, allocator, profiler start) would count as slowdown of a clean job, and
+    its ops would lengthen every op type's ideal. A first step that does not stand out stays (a
+    trace of steady steps, e.g. OSDI'25's, is replayed whole)."""
+    if steps is None or steps.is_empty() or "warmup" not in steps.columns:
+        return {}
+    steady = steps.filter(~pl.col("warmup"))
+    if steady.is_empty():
+        return {}
+    pace = float(steady["duration_ns"].median())
+    out = steps.filter(pl.col("warmup") & (pl.col("duration_ns") > WARMUP_FACTOR * pace))
+    return {int(r["step"]): f"warm-up, {r['duration_ns'] / pace:.2f}x the steady median step (> {WARMUP_FACTOR}x)"
+            for r in out.iter_rows(named=True)}

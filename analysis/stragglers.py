@@ -21,7 +21,7 @@ import polars as pl
 
 from rankscope.analysis.arrival_skew import arrival_skew
 from rankscope.analysis.diagnosis import Stragglers, Strategy
-from rankscope.analysis.steps import WARMUP_FACTOR
+from rankscope.analysis.steps import startup_steps
 from rankscope.analysis.whatif_batch import Scenarios, step_times
 from rankscope.analysis.whatif_causes import CAUSES, cause_shares
 from rankscope.analysis.whatif_comm import comm_whatif
@@ -451,24 +451,6 @@ def layout_from_strategy(strategy: Strategy | None) -> pl.DataFrame | None:
         return None  # flow-only strategies name endpoints by address, not rank
     return pl.DataFrame(list(rows.values()), schema={"rank": pl.Int64, "stage": pl.Int64, "pipeline": pl.Int64,
                                                      "dp_rank": pl.Int64, "tp_rank": pl.Int64})
-
-
-def startup_steps(steps: pl.DataFrame | None) -> dict:
-    """Leading warm-up steps (the one step definition's) that stand out from the job's pace: {step: why}.
-
-    The what-if replays every step it is given and averages them; a start-up step several times the
-    steady step (rendezvous, allocator, profiler start) would count as slowdown of a clean job, and
-    its ops would lengthen every op type's ideal. A first step that does not stand out stays (a
-    trace of steady steps, e.g. OSDI'25's, is replayed whole)."""
-    if steps is None or steps.is_empty() or "warmup" not in steps.columns:
-        return {}
-    steady = steps.filter(~pl.col("warmup"))
-    if steady.is_empty():
-        return {}
-    pace = float(steady["duration_ns"].median())
-    out = steps.filter(pl.col("warmup") & (pl.col("duration_ns") > WARMUP_FACTOR * pace))
-    return {int(r["step"]): f"warm-up, {r['duration_ns'] / pace:.2f}x the steady median step (> {WARMUP_FACTOR}x)"
-            for r in out.iter_rows(named=True)}
 
 
 def _without_steps(frames: JobFrames, left_out: list[int]) -> JobFrames:

@@ -253,8 +253,8 @@ def persistent_links(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, 
     per = df.group_by("rank", "step", "optype").agg((pl.col("a") / pl.col("i")).median().alias("x"))
     if per["rank"].n_unique() < MIN_LINK_RANKS:
         return []
-    peers = per.sort("step", "optype", "x").with_columns(px=pl.Series(_median_of_others(
-        per.sort("step", "optype", "x"))))
+    per = per.sort("step", "optype", "x")
+    peers = per.with_columns(px=pl.Series(_median_of_others(per)))
     out = peers.filter(pl.col("px").is_not_nan()).with_columns((pl.col("x") / pl.col("px")).alias("vs_peers")).group_by("rank", "optype").agg(
         pl.col("vs_peers").min().alias("factor"), pl.col("step").sort().alias("steps")).filter(
         (pl.col("factor") >= at_least) & (pl.col("steps").list.len() >= MIN_LINK_STEPS)).sort("factor", descending=True)

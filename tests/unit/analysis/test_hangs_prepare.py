@@ -12,9 +12,14 @@ def _comm(rows):
                                       "microbatch": pl.Int32})
 
 
-def test_duplicate_dump_keeps_the_completed_row_and_keys_are_spelled_once():
-    base = dict(op="all_reduce", group_id="g", group_ranks=[1, 0], peer=None, size_bytes=4, dtype="f32",
+def _base(group_ranks):
+    """The fields every row of these tests shares: one all_reduce of the group."""
+    return dict(op="all_reduce", group_id="g", group_ranks=group_ranks, peer=None, size_bytes=4, dtype="f32",
                 step=0, source="hook", microbatch=None)
+
+
+def test_duplicate_dump_keeps_the_completed_row_and_keys_are_spelled_once():
+    base = _base([1, 0])
     df = _prepare(_comm([
         {**base, "rank": 0, "start_ns": 5, "end_ns": None, "state": "pending", "seq": 1},
         {**base, "rank": 0, "start_ns": 5, "end_ns": 9, "state": "completed", "seq": 1},
@@ -32,8 +37,7 @@ def test_duplicate_dump_keeps_the_completed_row_and_keys_are_spelled_once():
 
 
 def test_no_duplicates_keeps_every_row_in_state_then_start_order():
-    base = dict(op="all_reduce", group_id="g", group_ranks=[0, 1], peer=None, size_bytes=4, dtype="f32",
-                step=0, source="hook", microbatch=None)
+    base = _base([0, 1])
     df = _prepare(_comm([
         {**base, "rank": 0, "start_ns": 7, "end_ns": None, "state": "pending", "seq": 3},
         {**base, "rank": 1, "start_ns": 6, "end_ns": 9, "state": "completed", "seq": 3},

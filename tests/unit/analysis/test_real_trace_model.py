@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.stragglers import StragglerConfig, evidenced_verdict, startup_steps
+from rankscope.analysis.steps import startup_steps
+from rankscope.analysis.stragglers import StragglerConfig, evidenced_verdict
 from rankscope.analysis.whatif_evidence import persistent_links
 from rankscope.analysis.whatif_generic import generic_graph
 from rankscope.analysis.whatif_graph import BWD, FWD
