@@ -1,0 +1,156 @@
+"""Decode the files of one ingest ahead of the write loop, in a few forked worker processes.
+
+Why processes: the decode (orjson, and the per-event Python around it) holds the
+GIL, so threads would not use a second core. Only importers that say
+``parallel_decode = True`` (a pure, per-file ``read`` returning one
+ImportBatch: Kineto) are decoded ahead. The parent still validates and writes
+every file, in input order and in its own transaction, so the store ends up
+exactly as with a serial ingest.
+
+Why fork, and only from a single-threaded process: a forked worker starts
+without re-importing polars and pyarrow (about 0.3 s and 90 MB each), but a
+child forked after polars started its thread pool deadlocks in its first
+parallel polars call. So workers are forked before the parent computes
+anything, and only while the process has one thread; otherwise (and on
+systems without fork) the ingest stays serial.
+
+Memory: at most ``workers + 1`` decoded files wait for the parent at a time.
+Each worker holds one file's decode, so the tree holds up to ``workers`` more
+decodes than a serial ingest; the peak RSS of any one process does not grow.
+
+A worker that fails on a file hands back nothing, and the parent decodes that
+file itself: errors, rejects and messages are the serial ones.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+from rankscope.collectors import formats
+
+WORKERS_ENV = "RANKSCOPE_INGEST_WORKERS"
+"""the number of decode workers; 0 or 1 keeps the ingest serial (default: one per CPU core)"""
+
+
+_POOL_THREADS = re.compile(r"^(polars-\d+|tokio-|rayon)")
+"""compute pools that do not survive a fork (jemalloc's and polars' housekeeping threads do)"""
+_PROBE_S = 20.0
+
+
+def _fork_safe() -> bool:
+    """No Python thread besides this one, and no compute pool started (names from /proc: Linux)."""
+    import threading
+
+    if threading.active_count() != 1:
+        return False
+    try:
+        names = [Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return False  # cannot tell: do not fork
+    return not any(_POOL_THREADS.match(n) for n in names)
+
+
+def _probe() -> None:
+    """Worker start: one parallel polars call, under a watchdog. Should the parent's pool have started
+    after all, the call hangs, the watchdog ends the worker, and the parent decodes every file itself."""
+    import threading
+
+    import polars as pl
+
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(_PROBE_S):
+            os._exit(70)
+
+    threading.Thread(target=watch, daemon=True).start()
+    pl.DataFrame({"a": [1, 2, 3]}).filter(pl.col("a") > 1).height  # noqa: B018 - starts this worker's pool
+    done.set()
+
+
+def _workers(n_files: int) -> int:
+    want = os.environ.get(WORKERS_ENV, "").strip()
+    try:
+        n = int(want) if want else (os.cpu_count() or 1)
+    except ValueError:
+        n = 1
+    return max(0, min(n, n_files, 32))
+
+
+def _decode(name: str, path: Path, opts: formats.ImportOptions, lim: formats.Limits):
+    """In a worker: the file's ImportBatch, or None (the parent then decodes it itself)."""
+    try:
+        with formats.limits(lim):
+            out = formats.importer(name).read(path, opts)
+        return out if isinstance(out, formats.ImportBatch) else None
+    except BaseException:  # noqa: BLE001 - the parent meets the same error on its own decode
+        return None
+
+
+class Ahead:
+    """Decoded files by path, in input order; ``take`` returns None for a file not decoded ahead."""
+
+    def __init__(self, pool: ProcessPoolExecutor | None, todo: list[tuple[Path, str]],
+                 opts: formats.ImportOptions, lim: formats.Limits, depth: int):
+        self._pool, self._todo, self._opts, self._lim, self._depth = pool, deque(todo), opts, lim, depth
+        self._running: deque[tuple[Path, Future]] = deque()
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._pool is not None and self._todo and len(self._running) < self._depth:
+            path, name = self._todo.popleft()
+            try:
+                fut = self._pool.submit(_decode, name, path, self._opts, self._lim)
+            except Exception:  # noqa: BLE001 - a broken pool (a worker died): the rest is decoded serially
+                self._pool, self._todo = None, deque()
+                return
+            self._running.append((path, fut))
+
+    def take(self, path: Path) -> formats.ImportBatch | None:
+        """The file's decode, or None; files decoded ahead of ``path`` that were never taken (skipped as
+        already in the store) are dropped."""
+        if not any(p == path for p, _ in self._running):
+            return None
+        while True:
+            p, fut = self._running.popleft()
+            if p == path:
+                break
+            fut.cancel()
+        try:
+            out = fut.result()
+        except Exception:  # noqa: BLE001 - a lost worker: the parent decodes the file itself
+            out = None
+        self._fill()
+        return out
+
+
+@contextmanager
+def ahead(files: list[Path], fmt: str, opts: formats.ImportOptions, lim: formats.Limits,
+          skip: Callable[[Path, str], bool]) -> Iterator[Ahead]:
+    """Start decoding the files whose importer allows it and that ``skip`` (already in the store) does not
+    rule out; yields the Ahead to ``take`` them from, in the order of ``files``."""
+    todo = []
+    for p in files:
+        try:
+            name = formats.detect(p) if fmt == "auto" else fmt
+            if name is not None and getattr(formats.importer(name), "parallel_decode", False) and not skip(p, name):
+                todo.append((p, name))
+        except Exception:  # noqa: BLE001 - the serial path reports unreadable files and unknown formats
+            continue
+    n = _workers(len(todo))
+    if n < 2 or not hasattr(os, "fork") or not _fork_safe():
+        yield Ahead(None, [], opts, lim, 0)
+        return
+    import multiprocessing
+
+    pool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork"), initializer=_probe)
+    try:
+        yield Ahead(pool, todo, opts, lim, depth=n + 1)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
