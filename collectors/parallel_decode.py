@@ -24,6 +24,7 @@ file itself: errors, rejects and messages are the serial ones.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 from collections import deque
@@ -89,7 +90,7 @@ def _decode(name: str, path: Path, opts: formats.ImportOptions, lim: formats.Lim
         with formats.limits(lim):
             out = formats.importer(name).read(path, opts)
         return out if isinstance(out, formats.ImportBatch) else None
-    except BaseException:  # noqa: BLE001 - the parent meets the same error on its own decode
+    except Exception:  # noqa: BLE001 - the parent meets the same error on its own decode
         return None
 
 
@@ -149,8 +150,11 @@ def ahead(files: list[Path], fmt: str, opts: formats.ImportOptions, lim: formats
         return
     import multiprocessing
 
+    # objects of the parent that the workers' collector would otherwise walk (and so copy, page by page)
+    gc.freeze()
     pool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork"), initializer=_probe)
     try:
         yield Ahead(pool, todo, opts, lim, depth=n + 1)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        gc.unfreeze()

@@ -95,3 +95,32 @@ def test_no_fork_once_polars_pool_runs(tmp_path, monkeypatch):
     monkeypatch.setenv(parallel_decode.WORKERS_ENV, "2")
     s = ingest(Store(tmp_path / "st"), _corpus(tmp_path)[-5:])
     assert [f.status for f in s.files].count("ingested") == 4
+
+
+_HUNG = textwrap.dedent("""
+    import json, sys
+    import polars as pl
+    from rankscope.collectors import parallel_decode
+    from rankscope.collectors.ingest import ingest
+    from rankscope.collectors.kineto_import import KINETO
+    from rankscope.collectors.store import Store
+    pl.DataFrame({"a": [1, 2, 3]}).filter(pl.col("a") > 1)  # polars' pool runs: a forked child hangs in it
+    parallel_decode._fork_safe = lambda: True  # as if the guard had missed it
+    parallel_decode._PROBE_S = 2.0
+    read, in_parent = KINETO.read, []
+    KINETO.read = lambda path, opts: (in_parent.append(path), read(path, opts))[1]
+    s = ingest(Store(sys.argv[1]), sys.argv[2:])
+    print(json.dumps({"status": [f.status for f in s.files], "decoded_in_parent": len(in_parent)}))
+""")
+
+
+def test_hung_worker_falls_back_to_serial(tmp_path):
+    """Should a worker be forked after polars' pool started, its probe hangs; the watchdog ends it and the
+    parent decodes every file itself."""
+    files = _corpus(tmp_path)[-5:-2]
+    env = {**os.environ, parallel_decode.WORKERS_ENV: "2"}
+    out = subprocess.run([sys.executable, "-c", _HUNG, str(tmp_path / "st"), *map(str, files)],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"status": ["ingested"] * 3, "decoded_in_parent": 3}
