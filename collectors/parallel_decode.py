@@ -29,11 +29,14 @@ import os
 import re
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rankscope.collectors import formats
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ProcessPoolExecutor
 
 WORKERS_ENV = "RANKSCOPE_INGEST_WORKERS"
 """the number of decode workers; 0 or 1 keeps the ingest serial (default: one per CPU core)"""
@@ -148,7 +151,9 @@ def ahead(files: list[Path], fmt: str, opts: formats.ImportOptions, lim: formats
     if n < 2 or not hasattr(os, "fork") or not _fork_safe():
         yield Ahead(None, [], opts, lim, 0)
         return
+    # imported here: they load multiprocessing, which only an ingest that forks needs
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
     # objects of the parent that the workers' collector would otherwise walk (and so copy, page by page)
     gc.freeze()
