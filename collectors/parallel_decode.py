@@ -101,19 +101,28 @@ class Ahead:
     """Decoded files by path, in input order; ``take`` returns None for a file not decoded ahead."""
 
     def __init__(self, pool: ProcessPoolExecutor | None, todo: list[tuple[Path, str]],
-                 opts: formats.ImportOptions, lim: formats.Limits, depth: int):
+                 opts: formats.ImportOptions, lim: formats.Limits, depth: int,
+                 skip: Callable[[Path, str], bool] | None = None):
         self._pool, self._todo, self._opts, self._lim, self._depth = pool, deque(todo), opts, lim, depth
+        self._skip = skip
         self._running: deque[tuple[Path, Future]] = deque()
+        self.submitted = 0
+        """files handed to the workers (the pool forks at the first)"""
         self._fill()
 
     def _fill(self) -> None:
         while self._pool is not None and self._todo and len(self._running) < self._depth:
             path, name = self._todo.popleft()
+            # already in the store: the parent skips it without a decode (checked here, as the window
+            # reaches the file, not for the whole set up front)
+            if self._skip is not None and self._skip(path, name):
+                continue
             try:
                 fut = self._pool.submit(_decode, name, path, self._opts, self._lim)
             except Exception:  # noqa: BLE001 - a broken pool (a worker died): the rest is decoded serially
                 self._pool, self._todo = None, deque()
                 return
+            self.submitted += 1
             self._running.append((path, fut))
 
     def take(self, path: Path) -> formats.ImportBatch | None:
@@ -143,7 +152,7 @@ def ahead(files: list[Path], fmt: str, opts: formats.ImportOptions, lim: formats
     for p in files:
         try:
             name = formats.detect(p) if fmt == "auto" else fmt
-            if name is not None and getattr(formats.importer(name), "parallel_decode", False) and not skip(p, name):
+            if name is not None and getattr(formats.importer(name), "parallel_decode", False):
                 todo.append((p, name))
         except Exception:  # noqa: BLE001 - the serial path reports unreadable files and unknown formats
             continue
@@ -159,7 +168,7 @@ def ahead(files: list[Path], fmt: str, opts: formats.ImportOptions, lim: formats
     gc.freeze()
     pool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork"), initializer=_probe)
     try:
-        yield Ahead(pool, todo, opts, lim, depth=n + 1)
+        yield Ahead(pool, todo, opts, lim, depth=n + 1, skip=skip)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         gc.unfreeze()

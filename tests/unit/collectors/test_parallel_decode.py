@@ -27,14 +27,14 @@ _INGEST = textwrap.dedent("""
     from rankscope.collectors import parallel_decode
     from rankscope.collectors.ingest import ingest
     from rankscope.collectors.store import Store
-    pools = []
+    made = []
     init = parallel_decode.Ahead.__init__
-    def spy(self, pool, *a, **k):
-        pools.append(pool is not None)
-        init(self, pool, *a, **k)
+    def spy(self, *a, **k):
+        made.append(self)
+        init(self, *a, **k)
     parallel_decode.Ahead.__init__ = spy
     s = ingest(Store(sys.argv[1]), sys.argv[2:])
-    print(json.dumps({"parallel": pools, "files": [[f.path, f.status, f.records, dict(f.rejects), f.error,
+    print(json.dumps({"parallel": [a.submitted for a in made], "files": [[f.path, f.status, f.records, dict(f.rejects), f.error,
                       f.warnings] for f in s.files]}))
 """)
 
@@ -76,16 +76,17 @@ def test_parallel_ingest_equals_serial(tmp_path):
     files = _corpus(tmp_path)
     serial = _run(tmp_path / "serial", files, workers=1)
     parallel = _run(tmp_path / "parallel", files, workers=2)
-    assert serial["parallel"] == [False] and parallel["parallel"] == [True]
+    assert serial["parallel"] == [0] and parallel["parallel"] == [len(files)]  # every file went to a worker
     assert parallel["files"] == serial["files"]
     statuses = [f[1] for f in serial["files"]]
     assert statuses.count("ingested") == len(files) - 1 and statuses.count("failed") == 1
     assert any("truncated" in r for f in serial["files"] for r in f[3])
     a, b = _contents(tmp_path / "serial"), _contents(tmp_path / "parallel")
     assert a == b and len(a["rows"]["compute_op"]) > 100 and a["rows"]["comm_op"]
-    # a second ingest of the same files skips them all and starts no worker
+    # a second ingest of the same files skips the stored ones without decoding them: only the failed file
+    # is decoded again
     again = _run(tmp_path / "parallel", files, workers=2)
-    assert again["parallel"] == [False] and {f[1] for f in again["files"]} == {"skipped", "failed"}
+    assert again["parallel"] == [1] and {f[1] for f in again["files"]} == {"skipped", "failed"}
 
 
 def test_no_fork_once_polars_pool_runs(tmp_path, monkeypatch):
