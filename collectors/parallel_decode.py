@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Future, ProcessPoolExecutor
 
 WORKERS_ENV = "RANKSCOPE_INGEST_WORKERS"
-"""the number of decode workers; 0 or 1 keeps the ingest serial (default: one per CPU core)"""
+"""the number of decode workers; 0 or 1 keeps the ingest serial (default: one per idle CPU core, plus one)"""
 
 
 _POOL_THREADS = re.compile(r"^(polars-\d+|tokio-|rayon)")
@@ -79,11 +79,22 @@ def _probe() -> None:
 
 
 def _workers(n_files: int) -> int:
+    """How many workers: the env's number where set, else one per core that is idle on average over the
+    last minute, plus the core this process holds (as ``make -l``): on a busy machine extra processes
+    add CPU and no wall time."""
     want = os.environ.get(WORKERS_ENV, "").strip()
-    try:
-        n = int(want) if want else (os.cpu_count() or 1)
-    except ValueError:
-        n = 1
+    if want:
+        try:
+            n = int(want)
+        except ValueError:
+            n = 1
+    else:
+        cores = os.cpu_count() or 1
+        try:
+            idle = cores - os.getloadavg()[0]
+        except OSError:
+            idle = cores
+        n = min(cores, round(idle) + 1)  # + this process's own core: it mostly waits while workers decode
     return max(0, min(n, n_files, 32))
 
 

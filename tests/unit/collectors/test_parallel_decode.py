@@ -125,3 +125,17 @@ def test_hung_worker_falls_back_to_serial(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"status": ["ingested"] * 3, "decoded_in_parent": 3}
+
+
+def test_workers_follow_idle_cores_unless_set(monkeypatch):
+    monkeypatch.delenv(parallel_decode.WORKERS_ENV, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    for load, want in ((0.1, 4), (1.2, 4), (2.6, 2), (3.8, 1), (9.0, 0)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        assert parallel_decode._workers(8) == want, load
+    assert parallel_decode._workers(2) == 0  # load 9: serial whatever the count
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert parallel_decode._workers(3) == 3  # never more workers than files
+    monkeypatch.setenv(parallel_decode.WORKERS_ENV, "2")
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    assert parallel_decode._workers(8) == 2  # set explicitly: the load is not asked
