@@ -4,8 +4,8 @@ Corpora: the two sampled HTA reference ranks, and ``nccl_data.json.gz``
 replicated to N ranks (its ``distributedInfo.rank`` rewritten; N = 8, or 32
 with BENCH_FULL=1). Each side runs as its own whole process (start-up
 included), median wall of 3 runs, peak RSS of the largest process of the tree
-(both sides may decode in worker processes: rankscope forks one per idle
-core plus one, serial on a busy machine, RANKSCOPE_INGEST_WORKERS=N forces N;
+(both sides decode in worker processes: rankscope forks one per idle core
+plus one, and one on a busy machine, RANKSCOPE_INGEST_WORKERS=N forces N;
 HTA parses ranks in a process pool), and the peak of the memory summed over the
 tree (PSS) in one more run: ``rankscope ingest DIR --store fresh`` (decode,
 validate and write Parquet) against a script that builds

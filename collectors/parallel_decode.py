@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     from concurrent.futures import Future, ProcessPoolExecutor
 
 WORKERS_ENV = "RANKSCOPE_INGEST_WORKERS"
-"""the number of decode workers; 0 or 1 keeps the ingest serial (default: one per idle CPU core, plus one)"""
+"""the number of decode workers; 0 decodes in the ingesting process (default: one per idle CPU core, plus
+one, and at least one)"""
 
 
 _POOL_THREADS = re.compile(r"^(polars-\d+|tokio-|rayon)")
@@ -80,8 +81,8 @@ def _probe() -> None:
 
 def _workers(n_files: int) -> int:
     """How many workers: the env's number where set, else one per core that is idle on average over the
-    last minute, plus the core this process holds (as ``make -l``): on a busy machine extra processes
-    add CPU and no wall time."""
+    last minute, plus the core this process holds (as ``make -l``; on a busy machine more processes add
+    CPU and no wall time), and at least one."""
     want = os.environ.get(WORKERS_ENV, "").strip()
     if want:
         try:
@@ -94,7 +95,9 @@ def _workers(n_files: int) -> int:
             idle = cores - os.getloadavg()[0]
         except OSError:
             idle = cores
-        n = min(cores, round(idle) + 1)  # + this process's own core: it mostly waits while workers decode
+        # + this process's own core: it mostly waits while workers decode. At least one worker even on a
+        # busy machine: decode and write then overlap, and no process holds both working sets
+        n = max(1, min(cores, round(idle) + 1))
     return max(0, min(n, n_files, 32))
 
 
@@ -167,8 +170,8 @@ def ahead(files: list[Path], fmt: str, opts: formats.ImportOptions, lim: formats
                 todo.append((p, name))
         except Exception:  # noqa: BLE001 - the serial path reports unreadable files and unknown formats
             continue
-    n = _workers(len(todo))
-    if n < 2 or not hasattr(os, "fork") or not _fork_safe():
+    n = _workers(len(todo)) if len(todo) > 1 else 0  # one file: nothing to overlap
+    if n < 1 or not hasattr(os, "fork") or not _fork_safe():
         yield Ahead(None, [], opts, lim, 0)
         return
     # imported here: they load multiprocessing, which only an ingest that forks needs

@@ -74,15 +74,17 @@ def _corpus(tmp: Path) -> list[Path]:
 
 def test_parallel_ingest_equals_serial(tmp_path):
     files = _corpus(tmp_path)
-    serial = _run(tmp_path / "serial", files, workers=1)
+    serial = _run(tmp_path / "serial", files, workers=0)
     parallel = _run(tmp_path / "parallel", files, workers=2)
-    assert serial["parallel"] == [0] and parallel["parallel"] == [len(files)]  # every file went to a worker
+    one = _run(tmp_path / "one", files, workers=1)  # one worker: decode and write overlap
+    assert serial["parallel"] == [0] and parallel["parallel"] == one["parallel"] == [len(files)]
     assert parallel["files"] == serial["files"]
+    assert [f[1:] for f in one["files"]] == [f[1:] for f in serial["files"]]
     statuses = [f[1] for f in serial["files"]]
     assert statuses.count("ingested") == len(files) - 1 and statuses.count("failed") == 1
     assert any("truncated" in r for f in serial["files"] for r in f[3])
     a, b = _contents(tmp_path / "serial"), _contents(tmp_path / "parallel")
-    assert a == b and len(a["rows"]["compute_op"]) > 100 and a["rows"]["comm_op"]
+    assert a == b == _contents(tmp_path / "one") and len(a["rows"]["compute_op"]) > 100 and a["rows"]["comm_op"]
     # a second ingest of the same files skips the stored ones without decoding them: only the failed file
     # is decoded again
     again = _run(tmp_path / "parallel", files, workers=2)
@@ -130,10 +132,10 @@ def test_hung_worker_falls_back_to_serial(tmp_path):
 def test_workers_follow_idle_cores_unless_set(monkeypatch):
     monkeypatch.delenv(parallel_decode.WORKERS_ENV, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
-    for load, want in ((0.1, 4), (1.2, 4), (2.6, 2), (3.8, 1), (9.0, 0)):
+    for load, want in ((0.1, 4), (1.2, 4), (2.6, 2), (3.8, 1), (9.0, 1)):
         monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
         assert parallel_decode._workers(8) == want, load
-    assert parallel_decode._workers(2) == 0  # load 9: serial whatever the count
+    assert parallel_decode._workers(2) == 1  # load 9: one worker, so that decode and write still overlap
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert parallel_decode._workers(3) == 3  # never more workers than files
     monkeypatch.setenv(parallel_decode.WORKERS_ENV, "2")
