@@ -3,8 +3,11 @@
 Corpora: the two sampled HTA reference ranks, and ``nccl_data.json.gz``
 replicated to N ranks (its ``distributedInfo.rank`` rewritten; N = 8, or 32
 with BENCH_FULL=1). Each side runs as its own whole process (start-up
-included), median wall of 3 runs, peak RSS of the process tree (HTA parses
-ranks in a process pool): ``rankscope ingest DIR --store fresh`` (decode,
+included), median wall of 3 runs, peak RSS of the largest process of the tree
+(both sides decode in worker processes: rankscope forks one per idle core
+plus one, and one on a busy machine, RANKSCOPE_INGEST_WORKERS=N forces N;
+HTA parses ranks in a process pool), and the peak of the memory summed over the
+tree (PSS) in one more run: ``rankscope ingest DIR --store fresh`` (decode,
 validate and write Parquet) against a script that builds
 ``TraceAnalysis(trace_dir=DIR)``. HTA (``holistictraceanalysis``) is installed
 from PyPI into a bench-only venv under bench-out/; when it cannot be installed
@@ -24,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from whole_process import RANKSCOPE, anchor_python, measure, print_rows  # noqa: E402
+from whole_process import RANKSCOPE, anchor_python, measure, print_rows, tree_pss_peak_mib  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 REF = Path(os.environ.get("RANKSCOPE_SHARED", REPO.parent / "shared")) / "reference" / "kineto-hta"
@@ -56,7 +59,7 @@ def main() -> int:
         return 0
     n = 32 if os.environ.get("BENCH_FULL") else 8
     hta = anchor_python("hta", ["holistictraceanalysis"])
-    rows = []
+    rows, sums = [], []
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     with tempfile.TemporaryDirectory() as tmp:
         small = Path(tmp) / "sampled"
@@ -74,7 +77,15 @@ def main() -> int:
                            before=lambda st=st: shutil.rmtree(st, ignore_errors=True))
             theirs = measure([str(hta), str(script), str(d)], env=env) if hta else "could not be installed"
             rows.append((f"{label} ({mb:.0f} MiB gz)", ours, theirs, ">= 3x, mem ratio <= 1"))
+            # both sides run worker processes (rankscope's decode workers, HTA's pool): the tree's sum too
+            sums.append((label, tree_pss_peak_mib([*RANKSCOPE, "ingest", "-q", str(d), "--store", str(st)], env=env,
+                                                  before=lambda st=st: shutil.rmtree(st, ignore_errors=True)),
+                         tree_pss_peak_mib([str(hta), str(script), str(d)], env=env) if hta else None))
     print_rows(rows, "HTA load")
+    for label, ours_sum, theirs_sum in sums:
+        fig = lambda v: f"{v:.0f} MiB" if v is not None else "n/a"  # noqa: E731
+        print(f"    {label}: memory summed over the process tree (PSS, one run, sampled every 20 ms): "
+              f"rankscope {fig(ours_sum)}, HTA {fig(theirs_sum)}")
     return 0 if all(r[1].ok for r in rows) else 1
 
 

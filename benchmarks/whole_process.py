@@ -92,6 +92,39 @@ def measure(cmd, *, runs: int = RUNS, before=None, **kw) -> Measure:
     return m
 
 
+def _tree_pss_kib(pid: int) -> int:
+    """Proportional set size of a process and all its descendants (Linux /proc), in KiB."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+                    break
+            for t in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{t}/children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def tree_pss_peak_mib(cmd: list[str], *, env: dict | None = None, before=None, every_s: float = 0.02) -> float | None:
+    """Peak of the memory summed over the whole process tree (PSS: shared pages split between the
+    processes that share them), sampled every ``every_s`` during one run; None where /proc cannot tell.
+    ``ru_maxrss`` (the peak column) is the largest single process, so a tree of workers needs this too."""
+    if not Path("/proc/self/smaps_rollup").exists():
+        return None
+    if before is not None:
+        before()
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak = 0
+    while p.poll() is None:
+        peak = max(peak, _tree_pss_kib(p.pid))
+        time.sleep(every_s)
+    return peak / 1024 if p.returncode == 0 else None
+
+
 def anchor_python(name: str, requirements: list[str]) -> Path | None:
     """A bench-only venv with ``requirements`` from the registry; None (with the reason printed) if it fails."""
     venv = BENCH_OUT / f"anchor-{name}"
@@ -136,8 +169,8 @@ def print_rows(rows: list[tuple], anchor_name: str) -> None:
         print(f"{label:38} {o} {a} {r}  {target}")
         if not ours.ok:
             print(f"    rankscope failed: {ours.error}")
-    print(f"whole processes, median of {RUNS} runs each (walls: rankscope/anchor listed below); peak RSS of the "
-          f"process tree; speed-up = anchor wall / rankscope wall; mem ratio = rankscope / anchor peak "
+    print(f"whole processes, median of {RUNS} runs each (walls: rankscope/anchor listed below); peak RSS: "
+          f"ru_maxrss, the largest single process of the tree (worker processes are not summed); speed-up = anchor wall / rankscope wall; mem ratio = rankscope / anchor peak "
           f"(<= 1 is at or under the anchor); {load_note()}")
     for label, ours, theirs, _ in rows:
         ow = ", ".join(f"{w:.2f}" for w in ours.walls_s)

@@ -65,8 +65,6 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
     Example:
       rankscope ingest rank0.json.gz rank1.json.gz --store st --job llama
     """
-    from tqdm import tqdm
-
     from rankscope.collectors import formats
     from rankscope.collectors.ingest import ingest as run_ingest
     from rankscope.collectors.store import Store, check_job_name
@@ -79,9 +77,12 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
     opt = formats.ImportOptions(job=job, kind=kind, extra=parse_opts(opts))
 
     def progress(files):
-        return tqdm(files, desc="ingest", unit="file", disable=quiet or None, leave=False)
+        from tqdm import tqdm  # here: -q (scripts, benches) does without its import
 
-    summary = run_ingest(store, paths, fmt, opt, progress=progress, lim=formats.Limits(max_bytes=max_bytes))
+        return tqdm(files, desc="ingest", unit="file", disable=None, leave=False)
+
+    summary = run_ingest(store, paths, fmt, opt, progress=None if quiet else progress,
+                         lim=formats.Limits(max_bytes=max_bytes))
     unknown = [f.path for f in summary.files if f.status == "unknown"]
     for f in summary.files:
         if f.status == "failed":

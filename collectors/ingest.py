@@ -21,7 +21,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
-from rankscope.collectors import formats
+from rankscope.collectors import formats, parallel_decode
 from rankscope.collectors.errors import InputFormatError, RankscopeError
 from rankscope.collectors.flows import template_state
 from rankscope.collectors.schema import validate
@@ -146,8 +146,11 @@ def _fingerprint(imp, valid: list[tuple[str, pa.Table]], job_key: str) -> str | 
 
 def ingest_file(store: Store, path: Path, fmt: str = "auto",
                 opts: formats.ImportOptions | None = None,
-                lim: formats.Limits | None = None) -> FileResult:
+                lim: formats.Limits | None = None,
+                decoded: Callable[[Path], formats.ImportBatch | None] | None = None) -> FileResult:
     """Ingest one file; never raises for bad input (the result says what happened).
+
+    ``decoded(path)``, when given, may hand over the file's decode done elsewhere (parallel_decode).
 
     The file's rows become visible only when its manifest entry is written (one
     transaction under the store's writer lock); a failed file leaves no rows.
@@ -156,7 +159,7 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
     res = FileResult(str(path), "failed")
     try:
         with formats.limits(lim or formats.Limits()), template_state.session(store, opts.job):
-            _ingest_file(store, path, fmt, opts, res)
+            _ingest_file(store, path, fmt, opts, res, decoded)
     except RankscopeError as e:
         res.status, res.error = "failed", str(e)
         res.rejects[f"file: {type(e).__name__}"] += 1
@@ -181,7 +184,8 @@ ASSUMPTION_NOTES = ("rank_assumed",)
 """Manifest notes that say an importer had to assume something the file did not tell."""
 
 
-def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions, res: FileResult) -> None:
+def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions, res: FileResult,
+                 decoded: Callable[[Path], formats.ImportBatch | None] | None = None) -> None:
     if not path.is_file():
         raise InputFormatError(path, None, "an existing regular file", got="missing")
     name = formats.detect(path) if fmt == "auto" else fmt
@@ -196,7 +200,9 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions
         res.status = "skipped"
         return
     imp = formats.importer(name)
-    result = imp.read(path, opts)
+    result = decoded(path) if decoded is not None else None
+    if result is None:
+        result = imp.read(path, opts)
     if isinstance(result, formats.ImportBatch) or getattr(imp, "same_records_any_form", False):
         _write_whole(store, path, name, imp, result, key, known, sha, opts, res)
     else:
@@ -318,6 +324,13 @@ def ingest(store: Store, paths: Iterable[str | os.PathLike], fmt: str = "auto",
     files = [p for p in expand_paths(paths) if fmt != "auto" or not formats.is_companion(p)]
     files = template_state.capture_order(files)  # flow captures: templates before the data they describe
     summary = IngestSummary()
-    for path in (progress(files) if progress else files):
-        summary.files.append(ingest_file(store, path, fmt, opts, lim))
+    lim = lim or formats.Limits()
+
+    def in_store(path: Path, name: str) -> bool:
+        return any(store.has_source(k) for k in source_keys(file_sha256(path), name, opts.job)[1])
+
+    # before anything else computes: decode workers can only be forked from a single-threaded process
+    with parallel_decode.ahead(files, fmt, opts, lim, skip=in_store) as pre:
+        for path in (progress(files) if progress else files):
+            summary.files.append(ingest_file(store, path, fmt, opts, lim, decoded=pre.take))
     return summary

@@ -178,11 +178,14 @@ def _kept(fields: list[dict], keep: list[bool]) -> list[dict]:
 
 def launches(tr: KinetoTrace, correlation: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """tid, ts_ns and External id of the runtime call that launched each kernel (-1 where unknown)."""
-    rt = tr.frame.filter(pl.col("cat").is_in(["cuda_runtime", "cuda_driver"]))
-    need = set(correlation)
-    by_corr = {a.get("correlation"): (tid, ts, a.get("External id"))
-               for a, tid, ts in zip(tr.args(rt["idx"]), rt["tid"], rt["ts_ns"], strict=True)
-               if a.get("correlation") in need}
+    by_corr = tr.memo.get("runtime_calls")
+    if by_corr is None:
+        # every runtime call (the last where a correlation repeats), decoded once per trace: comm and
+        # compute both ask
+        rt = tr.frame.filter(pl.col("cat").is_in(["cuda_runtime", "cuda_driver"]))
+        by_corr = {a.get("correlation"): (tid, ts, a.get("External id"))
+                   for a, tid, ts in zip(tr.args(rt["idx"]), rt["tid"].to_list(), rt["ts_ns"].to_list(), strict=True)}
+        tr.memo["runtime_calls"] = by_corr
     hits = [by_corr.get(c, (-1, -1, None)) for c in correlation]
     return (np.array([h[0] if h[0] is not None else -1 for h in hits], dtype=np.int64),
             np.array([h[1] for h in hits], dtype=np.int64), np.array([h[2] for h in hits], dtype=object))

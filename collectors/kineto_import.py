@@ -59,6 +59,8 @@ def _guarded(batch: ImportBatch, what: str, fn, *args):
 class _Kineto:
     name = "kineto"
     source = "kineto"
+    parallel_decode = True
+    """read is pure and per file: ingest may decode several files at once in worker processes"""
 
     def sniff(self, path: Path, head: bytes) -> bool:
         if b'"traceEvents"' not in head and b'"schemaVersion"' not in head:
