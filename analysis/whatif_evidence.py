@@ -153,7 +153,9 @@ def stage_evidence(graph: WhatIfGraph, actual: np.ndarray) -> dict:
     ps = comp.group_by("stage", "step").agg(pl.col("a").mean().alias("m")).with_columns(
         ((pl.col("m").sum().over("step") - pl.col("m")) / (pl.len().over("step") - 1)).alias("o")).filter(
         pl.col("o") > 0).with_columns((pl.col("m") / pl.col("o")).alias("r"))
-    lo = {str(s): float(x) for s, x in ps.group_by("stage").agg(pl.col("r").min()).iter_rows()} if len(m) > 1 else {}
+    # sorted: group_by's order varies run to run, and the report's key order should not
+    lo = ({str(s): float(x) for s, x in ps.group_by("stage").agg(pl.col("r").min()).sort("stage").iter_rows()}
+          if len(m) > 1 else {})
     consistent = [int(s) for s, x in lo.items() if x >= OUTLIER_FLOOR]
     return {"compute_mean_by_stage": dict(zip(per["stage"].to_list(), m.tolist(), strict=True)),
             "stage_vs_others": vs, "last_stage_vs_others": vs[str(per["stage"][-1])],

@@ -82,6 +82,14 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
         return tqdm(files, desc="ingest", unit="file", disable=quiet or None, leave=False)
 
     summary = run_ingest(store, paths, fmt, opt, progress=progress, lim=formats.Limits(max_bytes=max_bytes))
+    if not echo_summary(summary):
+        raise click.exceptions.Exit(1)
+
+
+def echo_summary(summary) -> bool:
+    """Print what an ingest did (failures and notes on stderr); False when it failed (exit 1)."""
+    from rankscope.collectors import formats
+
     unknown = [f.path for f in summary.files if f.status == "unknown"]
     for f in summary.files:
         if f.status == "failed":
@@ -98,5 +106,4 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
                f"already in the store, {summary.count('failed')} failed"
                + (f", {summary.count('unknown'):,} not recognised" if summary.count("unknown") else "") + f": {recs}")
     echo_rejects(summary.rejects)
-    if summary.count("failed") or (summary.files and all(f.status == "unknown" for f in summary.files)):
-        raise click.exceptions.Exit(1)
+    return not (summary.count("failed") or (summary.files and all(f.status == "unknown" for f in summary.files)))
