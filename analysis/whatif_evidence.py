@@ -259,7 +259,9 @@ def persistent_links(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, 
     peers = per.with_columns(px=pl.Series(_median_of_others(per)))
     out = peers.filter(pl.col("px").is_not_nan()).with_columns((pl.col("x") / pl.col("px")).alias("vs_peers")).group_by("rank", "optype").agg(
         pl.col("vs_peers").min().alias("factor"), pl.col("step").sort().alias("steps")).filter(
-        (pl.col("factor") >= at_least) & (pl.col("steps").list.len() >= MIN_LINK_STEPS)).sort("factor", descending=True)
+        (pl.col("factor") >= at_least) & (pl.col("steps").list.len() >= MIN_LINK_STEPS)).sort(
+        # rank and op break ties (a link's two directions often have one factor): group_by's order varies
+        "factor", "rank", "optype", descending=[True, False, False])
     return [{"rank": int(r["rank"]), "op": r["optype"], "factor": float(r["factor"]),
              "steps": [int(s) for s in r["steps"]]} for r in out.to_dicts()]
 
