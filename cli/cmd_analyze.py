@@ -146,12 +146,11 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
             click.echo("note: HTML report unavailable (rankscope.dashboard.report_html missing)", err=True)
     if address is not None and engine != "ray":
         raise UsageError("--address names a Ray cluster: use it with --engine ray")
-    from tqdm import tqdm
-
+    from rankscope.cli.progress import bar as progress_bar
     from rankscope.dashboard.report_text import render_text
 
     # a bar only on a terminal: scripts and CI read the summary lines alone
-    with tqdm(total=len(plan), desc="analyse", unit="job", disable=not sys.stderr.isatty(), leave=False) as bar:
+    with progress_bar(total=len(plan), desc="analyse", unit="job") as bar:
         for planned, d, tables in _results(store, plan, config, engine, address, fresh):
             name = planned.name
             (out / f"{name}.json").write_text(d.to_json())

@@ -65,8 +65,7 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
     Example:
       rankscope ingest rank0.json.gz rank1.json.gz --store st --job llama
     """
-    from tqdm import tqdm
-
+    from rankscope.cli.progress import bar
     from rankscope.collectors import formats
     from rankscope.collectors.ingest import ingest as run_ingest
     from rankscope.collectors.store import Store, check_job_name
@@ -79,7 +78,7 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
     opt = formats.ImportOptions(job=job, kind=kind, extra=parse_opts(opts))
 
     def progress(files):
-        return tqdm(files, desc="ingest", unit="file", disable=quiet or None, leave=False)
+        return bar(files, hidden=quiet, desc="ingest", unit="file")
 
     summary = run_ingest(store, paths, fmt, opt, progress=progress, lim=formats.Limits(max_bytes=max_bytes))
     if not echo_summary(summary):
