@@ -100,7 +100,11 @@ def whole_process() -> None:
     env = {**base, "RANKSCOPE_NO_CACHE": "1"}  # every run computes: no result cache across runs
     tmp = Path(tempfile.mkdtemp(prefix="bench-whatif-wp-"))
     rs = " ".join(RANKSCOPE)
-    jobs = {"floor": ([sys.executable, "-c", "import numpy, polars, pyarrow.parquet"], {"env": base})}
+    jobs = {"floor": ([sys.executable, "-c", "import numpy, polars, pyarrow.parquet"], {"env": base}),
+            # everything this command imports, and no work: what the one-process path pays before reading a file
+            "imports": ([sys.executable, "-c", "import rankscope.cli.cmd_analyze, rankscope.cli.cmd_ingest, "
+                         "rankscope.collectors.ingest, rankscope.collectors.fresh_rows, rankscope.analysis.diagnose, "
+                         "rankscope.collectors.whatif_parquet, yaml, pyarrow.compute"], {"env": base})}
     for name in ("ST", "AR", "SE"):
         trace, meta = OSDI / f"trace-{name}.parquet", OSDI / f"meta-{name}.yaml"
         st, out = tmp / f"st-{name}", tmp / f"out-{name}"
@@ -127,10 +131,13 @@ def whole_process() -> None:
         rows.append((f"OSDI'25 {name}: analyze --ingest (1 proc)", m[f"{name} one"], theirs, ">= 3x, mem ratio <= 1"))
         rows.append((f"OSDI'25 {name}: ingest && analyze (2)", m[f"{name} two"], theirs, "(for reference)"))
     print_rows(rows, "analyzer")
-    floor = m["floor"]
+    floor, imports = m["floor"], m["imports"]
     if floor.ok:
         print(f"import floor (python -c 'import numpy, polars, pyarrow.parquet'): {floor.cpu_s:.2f} s CPU, "
               f"{floor.wall_s:.2f} s wall, {floor.peak_mib:.0f} MiB")
+    if imports.ok:
+        print(f"imports of analyze --ingest, no work done: {imports.cpu_s:.2f} s CPU, {imports.wall_s:.2f} s wall, "
+              f"{imports.peak_mib:.0f} MiB")
         for name in ("ST", "AR", "SE"):
             a = m.get(f"{name} anchor")
             if a is not None and a.ok and a.cpu_s / 3 <= floor.cpu_s:

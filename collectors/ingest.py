@@ -24,7 +24,7 @@ import pyarrow as pa
 from rankscope.collectors import formats
 from rankscope.collectors.errors import InputFormatError, RankscopeError
 from rankscope.collectors.flows import template_state
-from rankscope.collectors.schema import validate
+from rankscope.collectors.schema import unique_values, validate
 from rankscope.collectors.store import ManifestEntry, Store, check_job_name, file_sha256
 
 FLOW_KINDS = ("flow", "interface_counter")
@@ -282,7 +282,7 @@ def _write_whole(store: Store, path: Path, name: str, imp, result, key: str, kno
         for kind, table in valid:
             tx.write(kind, table)
             res.records[kind] = res.records.get(kind, 0) + table.num_rows
-            jobs.update(table.column("job").unique().to_pylist())
+            jobs.update(unique_values(table.column("job")))
         _commit(store, tx, key, entry, res, jobs, opts, rows_key)
 
 
@@ -304,7 +304,7 @@ def _write_streamed(store: Store, path: Path, name: str, imp, batches, key: str,
             for kind, table in _validated(b, imp, name, opts, entry, res):
                 tx.write(kind, table)
                 res.records[kind] = res.records.get(kind, 0) + table.num_rows
-                jobs.update(table.column("job").unique().to_pylist())
+                jobs.update(unique_values(table.column("job")))
             b.tables.clear()
         res.warnings.extend(str(entry.notes[k]) for k in ASSUMPTION_NOTES if entry.notes.get(k))
         if not res.records:

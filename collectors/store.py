@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rankscope.collectors.errors import StoreError, UsageError
-from rankscope.collectors.schema import SCHEMAS, empty, polars_schema, schema
+from rankscope.collectors.schema import SCHEMAS, cast_to, empty, polars_schema, schema, unique_values
 
 if TYPE_CHECKING:
     import pyarrow.dataset as pads
@@ -231,15 +231,20 @@ class Store:
             table = table.set_column(i, sch.field(i), pa.array([job] * table.num_rows, pa.string()))
         if not table.schema.equals(sch, check_metadata=False):
             raise StoreError(f"{kind}: table schema differs from the declared one; validate it first")
-        jobs = table.column("job").unique().to_pylist()
+        jobs = unique_values(table.column("job"))
         out = []
         for j in jobs:
             check_job_name(j)
-            part = table if len(jobs) == 1 else table.filter(pa.compute.equal(table.column("job"), j))
+            if len(jobs) == 1:
+                part = table
+            else:
+                import pyarrow.compute as pc  # only here: its import is a tenth of a small ingest (schema.cast_to)
+
+                part = table.filter(pc.equal(table.column("job"), j))
             d = self.root / kind / f"job={j}"
             path = d / f"{prefix}-{time.time_ns():020d}-{uuid.uuid4().hex[:12]}.parquet"
             tmp = d / f".{path.name}.tmp"
-            rows = part.replace_schema_metadata(None).cast(sch)
+            rows = cast_to(part.replace_schema_metadata(None), sch)
             try:
                 d.mkdir(parents=True, exist_ok=True)
                 pq.write_table(rows, tmp, compression="zstd")
