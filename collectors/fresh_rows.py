@@ -27,11 +27,18 @@ class FreshRows:
 
     @classmethod
     def from_summary(cls, summary) -> FreshRows:
-        """From an :class:`~rankscope.collectors.ingest.IngestSummary` run with ``keep_rows``."""
-        return cls([k for f in summary.files for k in f.kept])
+        """From an :class:`~rankscope.collectors.ingest.IngestSummary` run with ``keep_rows``; the rows move
+        here (the summary's references are dropped, so :meth:`frames` can free them)."""
+        kept = []
+        for f in summary.files:
+            kept.extend(f.kept)
+            f.kept = []
+        return cls(kept)
 
     def frames(self, store: Store, job: str, kinds: tuple[str, ...]) -> dict[str, pl.DataFrame]:
-        """Frames of ``kinds`` for ``job`` that memory holds whole; kinds missing here are read from the store."""
+        """Frames of ``kinds`` for ``job`` that memory holds whole; kinds missing here are read from the store.
+
+        Each job's rows are handed over once (then freed here): a second call reads the store."""
         out = {}
         for kind in kinds:
             held = self._parts.get((kind, job))
@@ -42,4 +49,6 @@ class FreshRows:
                 continue  # the store holds other rows of this kind too: read them all from it
             tables = [held[p] for p in parts]
             out[kind] = pl.from_arrow(tables[0] if len(tables) == 1 else pa.concat_tables(tables)).rechunk()
+            # handed over once: the Arrow copy is not kept beside the frame for the whole analysis
+            del self._parts[(kind, job)], tables, held
         return out
