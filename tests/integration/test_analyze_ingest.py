@@ -131,3 +131,20 @@ def test_failed_file_stops_before_any_report(osdi, tmp_path):
                str(tmp_path / "st"), "--out-dir", str(out), "--no-html"])
     assert rc == 1
     assert not out.exists() or not list(out.iterdir())
+
+
+def test_one_process_imports_only_what_it_uses(osdi, tmp_path):
+    """A JSON-only ``analyze --ingest`` loads no plotly, scipy, pandas, pyarrow.compute or tqdm (off a terminal):
+    each is a measurable share of a small trace's whole run (see benchmarks/bench_whatif.py)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom rankscope.cli.main import main\n"
+            f"rc = main(['analyze', '--ingest', {str(osdi / 'trace-ST.parquet')!r}, '--store', "
+            f"{str(tmp_path / 'st')!r}, '--out-dir', {str(tmp_path / 'out')!r}, '--no-html'])\n"
+            "heavy = ('plotly', 'scipy', 'pandas', 'pyarrow.compute', 'pyarrow.dataset', 'tqdm')\n"
+            "print(rc, sorted(m for m in sys.modules if m in heavy))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "0 []"
