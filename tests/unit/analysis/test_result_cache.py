@@ -146,3 +146,34 @@ def test_export_and_diff_reuse_their_results(store_dir, tmp_path, monkeypatch):
     assert main(["export", "perfetto", "--store", str(store_dir), "--out", str(outs[0])]) == 0
     assert main(["diff", "--baseline", str(store_dir), "--store", str(store_dir)]) == 0
     assert n == {"graph": 2, "diff": 2}
+
+
+def test_job_recognition_on_a_capture_is_cached(tmp_path, monkeypatch):
+    """Planning a store's jobs (every analyze, every dashboard start) reuses job recognition on an unchanged
+    capture, gives the same plan from the cache, and recognises again once the capture changes."""
+    import rankscope.analysis.flow_jobs as flow_jobs_mod
+    from rankscope.analysis.jobs import plan_jobs
+
+    monkeypatch.delenv("RANKSCOPE_NO_CACHE", raising=False)
+    fab = sim.simulate_fabric([sim.SimConfig(job="a", dp=4, pp=2, gpus_per_host=1, steps=3, seed=1, qps=1),
+                               sim.SimConfig(job="b", dp=2, pp=1, tp=2, gpus_per_host=2, steps=3, seed=2, qps=1)],
+                              background=True, capture="fabric")
+    store = Store(tmp_path / "fab")
+    store.write("flow", fab.flow)
+    n = {"recognise": 0}
+    real = flow_jobs_mod.recognise_jobs
+
+    def counting(*a, **k):
+        n["recognise"] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(flow_jobs_mod, "recognise_jobs", counting)
+    first = plan_jobs(store)
+    again = plan_jobs(store)
+    assert n["recognise"] == 1, "an unchanged capture was recognised again"
+    assert [(p.name, p.endpoints) for p in first] == [(p.name, p.endpoints) for p in again]
+    assert [p.quality for p in first] == [p.quality for p in again]
+    assert len(first) == 2
+    store.write("flow", store.read_arrow("flow", "fabric").slice(0, 1))
+    plan_jobs(store)
+    assert n["recognise"] == 2, "a changed capture was answered from the cache"

@@ -1,0 +1,180 @@
+"""Flows-only diagnosis on the de-idealised corpus (issue 13): step time, slow link / NIC, slow endpoint.
+
+Each job of the de-idealised corpus (datasets/sim_corpus.py: RoCE with ACK/CTS
+flows or TCP, millisecond exporter clocks, per-pod exporters with offsets,
+jittered rails, storage traffic on any port, several ranks per address) is
+simulated alone on its fabric three times: clean, with one rank's links slowed
+(``slow-link``, factor 2-4) and with one rank's compute slowed
+(``slow-worker``, factor 1.3-2). Only the fabric's flow records go into a
+store, and the job is analysed the way ``rankscope analyze`` analyses a
+capture (job plan, then the flows-only analysis). Scored:
+
+- step time: within 1 % of the simulator's median step time, reported
+  uncertain (``steps.extra.ambiguous`` or not evaluated), or wrong (more than
+  1 % off without a flag; a whole multiple of the step counts as wrong unless
+  the report names the multiple);
+- slow link: verdict ``communication`` naming the slowed rank's address;
+- slow endpoint: verdict ``worker`` naming the slowed rank's address;
+- clean: no culprit named (a named one is a false alarm).
+
+The simulator shares our assumptions, so these figures say the model is
+self-consistent; outside evidence is ``bench_validation`` (V5's slow NIC).
+Seed: the unseen corpus seed unless ``--seed`` (development used 1 and 2).
+
+    python benchmarks/bench_flow_diagnosis.py --jobs 20 --max-world 256
+    BENCH_FULL=1 python benchmarks/bench_flow_diagnosis.py       # 60 jobs x 3, up to 1,024 GPUs
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rankscope.analysis.diagnose import analyze_job  # noqa: E402
+from rankscope.analysis.jobs import load_planned, plan_jobs  # noqa: E402
+from rankscope.collectors.store import Store  # noqa: E402
+from rankscope.datasets.sim_config import Fault  # noqa: E402
+from rankscope.datasets.sim_corpus import corpus_fabrics  # noqa: E402
+from rankscope.datasets.simulator import simulate_fabric  # noqa: E402
+
+CORPUS_SEED = 13_2026_12
+FULL = os.environ.get("BENCH_FULL") == "1"
+STEP_TOLERANCE = 0.01
+
+
+def _variants(cfg, rng: np.random.Generator) -> list[tuple[str, tuple, int | None]]:
+    """(name, faults, slowed rank) for the clean job and one job per fault kind."""
+    link_rank, worker_rank = (int(x) for x in rng.integers(0, cfg.world_size, 2))
+    return [("clean", (), None),
+            ("slow-link", (Fault("slow-link", {"rank": link_rank, "factor": float(rng.uniform(2, 4))}),), link_rank),
+            ("slow-worker", (Fault("slow-worker", {"rank": worker_rank, "factor": float(rng.uniform(1.3, 2))}),),
+             worker_rank)]
+
+
+def step_outcome(steps, truth_ns: float) -> str:
+    """ok / uncertain / wrong / multiple-unflagged for one job's flows-only step time."""
+    if not steps.count or not steps.median_ns or steps.extra.get("evaluated") is False:
+        return "uncertain"
+    err = abs(steps.median_ns - truth_ns) / truth_ns
+    if err <= STEP_TOLERANCE:
+        return "ok"
+    if steps.extra.get("ambiguous"):
+        return "uncertain"
+    ratio = steps.median_ns / truth_ns
+    if ratio > 1.5 and abs(ratio - round(ratio)) < 0.05:
+        return "multiple-named" if steps.extra.get("period_multiple", 1) > 1 else "multiple-unflagged"
+    return "wrong"
+
+
+def score_job(cfg, realism, variant: str, faults: tuple, rank: int | None, tmp: Path) -> dict:
+    cfg = dataclasses.replace(cfg, faults=tuple(f for f in cfg.faults if f.kind == "clock-skew") + faults)
+    fab = simulate_fabric([cfg], background=True, realism=realism)
+    res = fab.jobs[0]
+    t = res.truth
+    store = Store(tmp / f"{cfg.job}-{variant}")
+    store.write("flow", fab.flow, job="fabric")
+    eps = set(t["endpoints"].values())
+    plan = [p for p in plan_jobs(store) if p.kind == "capture"]
+    match = next((p for p in plan if set(p.endpoints) == eps), None)
+    row = {"variant": variant, "world": t["world_size"], "transport": cfg.realism.transport,
+           "rpa": cfg.realism.ranks_per_address, "ms_clock": realism.timestamp_ns >= 1_000_000,
+           "sampling": cfg.sampling, "recognised": match is not None, "step": "unrecognised",
+           "verdict": "", "culprit": "", "named_right": False, "false_alarm": False,
+           "cfg": f"dp{cfg.dp} pp{cfg.pp} tp{cfg.tp} {cfg.realism.transport} s{cfg.sampling} {variant}"}
+    if match is None:
+        return row
+    frames, _dq = load_planned(store, match)
+    d, _tables = analyze_job(frames, None)
+    truth_step = float(np.median(t["step_times_ns"])) if t["step_times_ns"] else float("nan")
+    row["step"] = step_outcome(d.steps, truth_step)
+    s = d.stragglers
+    culprit = str(s.top_workers[0]["endpoint"]) if s.top_workers and s.verdict not in ("none", "") else ""
+    row.update(verdict=s.verdict or "", culprit=culprit)
+    if variant == "clean":
+        row["false_alarm"] = bool(culprit)
+    else:
+        want = {"slow-link": "communication", "slow-worker": "worker"}[variant]
+        row["named_right"] = s.verdict == want and culprit == t["endpoints"][str(rank)]
+        row["false_alarm"] = bool(culprit) and culprit != t["endpoints"][str(rank)]
+    return row
+
+
+def run(n_jobs: int, max_world: int, seed: int) -> tuple[pl.DataFrame, int]:
+    rows, errors = [], 0
+    rng = np.random.default_rng(seed)
+    with tempfile.TemporaryDirectory(prefix="bench-flowdiag-") as tmp:
+        made = 0
+        for spec in corpus_fabrics(seed, n_jobs, max_world):
+            for cfg in spec.configs:
+                if made >= n_jobs:
+                    break
+                made += 1
+                for variant, faults, rank in _variants(cfg, rng):
+                    try:
+                        rows.append(score_job(cfg, spec.realism, variant, faults, rank, Path(tmp)))
+                    except Exception:  # a crash is a miss, and is shown
+                        errors += 1
+                        traceback.print_exc(limit=3)
+                        rows.append({"variant": variant, "world": cfg.world_size, "recognised": False,
+                                     "step": "crashed", "named_right": False, "false_alarm": False,
+                                     "cfg": f"crashed: {cfg.job} {variant}"})
+    return pl.DataFrame(rows, infer_schema_length=None), errors
+
+
+def report(df: pl.DataFrame, secs: float, errors: int) -> None:
+    rec = df.filter(pl.col("recognised"))
+
+    def share(d: pl.DataFrame, cond) -> str:
+        return f"{d.filter(cond).height / d.height:6.1%} ({d.filter(cond).height}/{d.height})" if d.height else "n/a"
+
+    print(f"{df.height} analyses ({df.filter(pl.col('variant') == 'clean').height} jobs x 3), "
+          f"{secs:.0f} s, {errors} crashed; recognised {share(df, pl.col('recognised'))}")
+    print(f"{'figure (recognised jobs)':<52}{'value':>22}  target")
+    print(f"{'step time within 1%':<52}{share(rec, pl.col('step') == 'ok'):>22}  >= 95%, or reported unknown")
+    print(f"{'step time reported uncertain':<52}{share(rec, pl.col('step') == 'uncertain'):>22}")
+    print(f"{'step time wrong, no flag (incl. unflagged multiple)':<52}"
+          f"{share(rec, pl.col('step').is_in(['wrong', 'multiple-unflagged'])):>22}  0")
+    print(f"{'step time a named multiple of the step':<52}{share(rec, pl.col('step') == 'multiple-named'):>22}")
+    for v, label in (("slow-link", "slow link/NIC: communication, address named"),
+                     ("slow-worker", "slow endpoint: worker, address named")):
+        d = rec.filter(pl.col("variant") == v)
+        print(f"{label:<52}{share(d, pl.col('named_right')):>22}")
+        print(f"{'  ... someone else named':<52}{share(d, pl.col('false_alarm')):>22}  0")
+    clean = rec.filter(pl.col("variant") == "clean")
+    print(f"{'clean jobs: a culprit named (false alarm)':<52}{share(clean, pl.col('false_alarm')):>22}  0")
+    by = (rec.group_by("variant", "transport").agg(n=pl.len(), step_ok=(pl.col("step") == "ok").mean(),
+                                                   named=pl.col("named_right").mean())
+          .sort("variant", "transport"))
+    print(by)
+    misses = rec.filter((pl.col("variant") != "clean") & ~pl.col("named_right")).select("cfg", "verdict", "culprit")
+    if misses.height:
+        print("missed faults (verdict, culprit):")
+        for r in misses.head(20).iter_rows():
+            print("  ", *r)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=60 if FULL else 20)
+    ap.add_argument("--max-world", type=int, default=1024 if FULL else 256)
+    ap.add_argument("--seed", type=int, default=CORPUS_SEED)
+    a = ap.parse_args(argv)
+    t = time.perf_counter()
+    df, errors = run(a.jobs, a.max_world, a.seed)
+    report(df, time.perf_counter() - t, errors)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
