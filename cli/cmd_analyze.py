@@ -54,14 +54,25 @@ def _results(store, plan, config, engine: str, address: str | None, fresh=None):
         yield planned, d, tables
 
 
+def _load(with_ingest: bool) -> None:
+    """The command's libraries, loaded once and kept out of the garbage collector's way (cli/startup.py)."""
+    from rankscope.cli.startup import import_frozen
+
+    modules = ["polars", "numpy", "pyarrow.parquet", "rankscope.analysis.diagnose", "rankscope.analysis.jobs",
+               "rankscope.analysis.findings", "rankscope.dashboard.report_text"]
+    if with_ingest:
+        if "pyarrow" not in sys.modules:
+            # Arrow buffers on this path are conversion copies freed within each file's ingest. Arrow's own
+            # pool (jemalloc/mimalloc, set up when pyarrow loads) keeps their pages beside polars' allocator
+            # for the rest of the analysis: ~40 MB more peak RSS on the OSDI AR trace (1.1 MB of Parquet);
+            # malloc hands them back, at no CPU cost measured. A user's own choice of pool is kept.
+            os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+        modules += ["rankscope.collectors.ingest", "rankscope.collectors.fresh_rows", "rankscope.cli.cmd_ingest"]
+    import_frozen(*modules)
+
+
 def _ingest_first(store_dir, paths):
     """``rankscope ingest PATHS --store`` in this process; the rows written, kept for the analysis."""
-    if "pyarrow" not in sys.modules:
-        # Arrow buffers on this path are conversion copies freed within each file's ingest. Arrow's own
-        # pool (jemalloc/mimalloc, set up when pyarrow loads) keeps their pages beside polars' allocator for
-        # the rest of the analysis: ~40 MB more peak RSS on the OSDI AR trace (1.1 MB of Parquet); malloc
-        # hands them back, at no CPU cost measured. A user's own choice of pool is kept.
-        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     from rankscope.cli.cmd_ingest import echo_summary
     from rankscope.collectors.fresh_rows import FreshRows
     from rankscope.collectors.ingest import ingest
@@ -116,6 +127,7 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
       rankscope analyze --store st --job fabric --out-dir reports
       rankscope analyze --store st --out-dir reports --engine ray --address 10.0.0.5:6379
     """
+    _load(with_ingest=bool(ingest_paths))
     fresh = _ingest_first(store_dir, ingest_paths) if ingest_paths else None
     from rankscope.analysis.diagnose import DiagnoseConfig
 

@@ -66,6 +66,9 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
       rankscope ingest rank0.json.gz rank1.json.gz --store st --job llama
     """
     from rankscope.cli.progress import bar
+    from rankscope.cli.startup import import_frozen
+
+    import_frozen("polars", "numpy", "pyarrow.parquet", "rankscope.collectors.ingest")
     from rankscope.collectors import formats
     from rankscope.collectors.ingest import ingest as run_ingest
     from rankscope.collectors.store import Store, check_job_name
