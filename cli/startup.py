@@ -13,10 +13,16 @@ from __future__ import annotations
 
 import gc
 import importlib
+import sys
 
 
 def import_frozen(*modules: str) -> None:
-    """Import ``modules`` with the collector paused, then freeze every object that exists so far."""
+    """Import ``modules`` with the collector paused, then freeze every object that exists so far.
+
+    Does nothing when they are all loaded already: a process that calls the CLI in-process again and again
+    (the tests) freezes once, not whatever it holds at each call."""
+    if all(name in sys.modules for name in modules):
+        return
     was_enabled = gc.isenabled()
     gc.disable()
     try:

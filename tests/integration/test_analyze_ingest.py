@@ -148,3 +148,14 @@ def test_one_process_imports_only_what_it_uses(osdi, tmp_path):
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "0 []"
+
+
+def test_import_frozen_freezes_only_when_it_loads_something():
+    import gc
+
+    from rankscope.cli.startup import import_frozen
+
+    before = gc.get_freeze_count()
+    import_frozen("json", "polars")  # loaded already
+    assert gc.get_freeze_count() == before
+    assert gc.isenabled()
