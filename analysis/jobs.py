@@ -93,16 +93,18 @@ def recognised_jobs(store: Store, capture: str, flow: FlowConfig) -> FabricJobs:
     return found
 
 
-def load_planned(store: Store, planned: PlannedJob) -> tuple[JobFrames, dict]:
+def load_planned(store: Store, planned: PlannedJob, fresh=None) -> tuple[JobFrames, dict]:
     """The frames of one planned job (named ``planned.name``) and what to add to its data_quality.
 
     A capture's job gets only the flows among its endpoints; a training job
-    compared with a capture that holds other jobs too keeps only its own addresses.
+    compared with a capture that holds other jobs too keeps only its own addresses. ``fresh``
+    (:class:`~rankscope.collectors.fresh_rows.FreshRows`): rows just ingested by this process, used
+    instead of re-reading a training job's Parquet where they are the whole of it.
     """
     from rankscope.analysis.flow_jobs import job_flows
 
     if planned.kind == "job":
-        frames = load_job(store, planned.source, flow_job=planned.flow_job)
+        frames = load_job(store, planned.source, flow_job=planned.flow_job, fresh=fresh)
         if planned.flow_job and not frames.endpoint_map.is_empty():
             frames.flow = job_flows(frames.flow, frames.endpoint_map["address"].to_list())
         frames.job = planned.name

@@ -153,7 +153,9 @@ def stage_evidence(graph: WhatIfGraph, actual: np.ndarray) -> dict:
     ps = comp.group_by("stage", "step").agg(pl.col("a").mean().alias("m")).with_columns(
         ((pl.col("m").sum().over("step") - pl.col("m")) / (pl.len().over("step") - 1)).alias("o")).filter(
         pl.col("o") > 0).with_columns((pl.col("m") / pl.col("o")).alias("r"))
-    lo = {str(s): float(x) for s, x in ps.group_by("stage").agg(pl.col("r").min()).iter_rows()} if len(m) > 1 else {}
+    # sorted: group_by's order varies run to run, and the report's key order should not
+    lo = ({str(s): float(x) for s, x in ps.group_by("stage").agg(pl.col("r").min()).sort("stage").iter_rows()}
+          if len(m) > 1 else {})
     consistent = [int(s) for s, x in lo.items() if x >= OUTLIER_FLOOR]
     return {"compute_mean_by_stage": dict(zip(per["stage"].to_list(), m.tolist(), strict=True)),
             "stage_vs_others": vs, "last_stage_vs_others": vs[str(per["stage"][-1])],
@@ -257,7 +259,9 @@ def persistent_links(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, 
     peers = per.with_columns(px=pl.Series(_median_of_others(per)))
     out = peers.filter(pl.col("px").is_not_nan()).with_columns((pl.col("x") / pl.col("px")).alias("vs_peers")).group_by("rank", "optype").agg(
         pl.col("vs_peers").min().alias("factor"), pl.col("step").sort().alias("steps")).filter(
-        (pl.col("factor") >= at_least) & (pl.col("steps").list.len() >= MIN_LINK_STEPS)).sort("factor", descending=True)
+        (pl.col("factor") >= at_least) & (pl.col("steps").list.len() >= MIN_LINK_STEPS)).sort(
+        # rank and op break ties (a link's two directions often have one factor): group_by's order varies
+        "factor", "rank", "optype", descending=[True, False, False])
     return [{"rank": int(r["rank"]), "op": r["optype"], "factor": float(r["factor"]),
              "steps": [int(s) for s in r["steps"]]} for r in out.to_dicts()]
 

@@ -125,6 +125,26 @@ def tree_pss_peak_mib(cmd: list[str], *, env: dict | None = None, before=None, e
     return peak / 1024 if p.returncode == 0 else None
 
 
+def interleaved(jobs: dict[str, tuple], runs: int = RUNS) -> dict[str, Measure]:
+    """``measure`` for several commands, round-robin: one untimed warm-up each (bytecode caches, page
+    cache), then ``runs`` rounds of one run per command, so a load change on a shared machine hits every
+    command alike. ``jobs``: name -> (cmd, keyword arguments of ``measure``)."""
+    out = {name: Measure() for name in jobs}
+    for rnd in range(runs + 1):
+        for name, (cmd, kw) in jobs.items():
+            m = out[name]
+            if m.error is not None:
+                continue
+            one = measure(cmd, runs=1, **kw)
+            if one.error is not None:
+                m.error = one.error
+            elif rnd > 0:
+                m.walls_s += one.walls_s
+                m.rss_mib += one.rss_mib
+                m.cpus_s += one.cpus_s
+    return out
+
+
 def anchor_python(name: str, requirements: list[str]) -> Path | None:
     """A bench-only venv with ``requirements`` from the registry; None (with the reason printed) if it fails."""
     venv = BENCH_OUT / f"anchor-{name}"

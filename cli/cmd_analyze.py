@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -27,8 +28,10 @@ def _summary(d) -> str:
             f"(confidence {s.confidence:.2f}{order}); {step}; {summary_text(d)}")
 
 
-def _results(store, plan, config, engine: str, address: str | None):
-    """(planned job, Diagnosis, tables) per planned job, from the chosen engine."""
+def _results(store, plan, config, engine: str, address: str | None, fresh=None):
+    """(planned job, Diagnosis, tables) per planned job, from the chosen engine.
+
+    ``fresh``: the rows ``--ingest`` just wrote, analysed from memory instead of re-read (embedded engine)."""
     if engine == "ray":
         from rankscope.analysis.ray_engine import analyse_with_ray
 
@@ -41,7 +44,7 @@ def _results(store, plan, config, engine: str, address: str | None):
     cache = ResultCache(store)
     for planned in plan:
         def compute(planned=planned):
-            frames, dq = load_planned(store, planned)
+            frames, dq = load_planned(store, planned, fresh)
             d, tables = analyze_job(frames, config)
             d.data_quality.update(dq)
             return d, tables
@@ -51,9 +54,44 @@ def _results(store, plan, config, engine: str, address: str | None):
         yield planned, d, tables
 
 
+def _load(with_ingest: bool) -> None:
+    """The command's libraries, loaded once and kept out of the garbage collector's way (cli/startup.py)."""
+    from rankscope.cli.startup import import_frozen
+
+    modules = ["polars", "numpy", "pyarrow.parquet", "rankscope.analysis.diagnose", "rankscope.analysis.jobs",
+               "rankscope.analysis.findings", "rankscope.dashboard.report_text"]
+    if with_ingest:
+        if "pyarrow" not in sys.modules:
+            # Arrow buffers on this path are conversion copies freed within each file's ingest. Arrow's own
+            # pool (jemalloc/mimalloc, set up when pyarrow loads) keeps their pages beside polars' allocator
+            # for the rest of the analysis: ~40 MB more peak RSS on the OSDI AR trace (1.1 MB of Parquet);
+            # malloc hands them back, at no CPU cost measured. A user's own choice of pool is kept.
+            os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+        modules += ["rankscope.collectors.ingest", "rankscope.collectors.fresh_rows", "rankscope.cli.cmd_ingest"]
+    import_frozen(*modules)
+
+
+def _ingest_first(store_dir, paths):
+    """``rankscope ingest PATHS --store`` in this process; the rows written, kept for the analysis."""
+    from rankscope.cli.cmd_ingest import echo_summary
+    from rankscope.collectors.fresh_rows import FreshRows
+    from rankscope.collectors.ingest import ingest
+    from rankscope.collectors.store import Store
+
+    store = Store(output_dir(store_dir, "--store"))
+    summary = ingest(store, paths, keep_rows=True)
+    if not echo_summary(summary):
+        # a failed file is not analysed around: the reports would silently miss its records
+        raise click.exceptions.Exit(1)
+    return FreshRows.from_summary(summary)
+
+
 @click.command()
 @click.option("--store", "store_dir", required=True, type=click.Path(file_okay=False),
-              help="trace store directory")
+              help="trace store directory (created by --ingest if missing)")
+@click.option("--ingest", "ingest_paths", multiple=True, type=click.Path(exists=True),
+              help="trace file or directory to ingest into --store first, as `rankscope ingest PATH --store` "
+                   "does, in this process (repeatable); its rows are analysed from memory, not read back")
 @click.option("--job", default=None, help="analyse only this job (a training job, a flow capture, or a "
                                           "job recognised in one, e.g. fabric-2)")
 @click.option("--flow-job", default=None, help="flow capture to compare with the job's comm_op records "
@@ -70,20 +108,27 @@ def _results(store, plan, config, engine: str, address: str | None):
                                               "one on 127.0.0.1 for this run)")
 @click.option("--format", "fmt", type=click.Choice(["summary", "text"]), default="summary", show_default=True,
               help="what to print per job: one summary line, or the report's key sections as text")
-def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_threshold, engine, address, fmt):
+def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below, regression_threshold, engine,
+            address, fmt):
     """Diagnose every job of a store: strategy, steps, stragglers, regressions, hangs.
 
     Writes OUT/<job>.json (the report contract) and OUT/<job>.html per job.
     Flow captures without other records are split into the jobs found in
     them (named <capture> when there is one, else <capture>-1, -2, ...).
+    With --ingest, the files are first ingested into the store (the store
+    stays the record), and the reports equal those of `rankscope ingest`
+    followed by `rankscope analyze`, in one process instead of two.
 
     \b
     Example:
       rankscope analyze --store st --out-dir reports
+      rankscope analyze --ingest traces/ --store st --out-dir reports --no-html
       rankscope analyze --store st --out-dir reports --format text
       rankscope analyze --store st --job fabric --out-dir reports
       rankscope analyze --store st --out-dir reports --engine ray --address 10.0.0.5:6379
     """
+    _load(with_ingest=bool(ingest_paths))
+    fresh = _ingest_first(store_dir, ingest_paths) if ingest_paths else None
     from rankscope.analysis.diagnose import DiagnoseConfig
 
     store = existing_store(store_dir)  # hardstore: missing store is a usage error (2) everywhere
@@ -113,13 +158,12 @@ def analyze(store_dir, job, flow_job, out_dir, no_html, none_below, regression_t
             click.echo("note: HTML report unavailable (rankscope.dashboard.report_html missing)", err=True)
     if address is not None and engine != "ray":
         raise UsageError("--address names a Ray cluster: use it with --engine ray")
-    from tqdm import tqdm
-
+    from rankscope.cli.progress import bar as progress_bar
     from rankscope.dashboard.report_text import render_text
 
     # a bar only on a terminal: scripts and CI read the summary lines alone
-    with tqdm(total=len(plan), desc="analyse", unit="job", disable=not sys.stderr.isatty(), leave=False) as bar:
-        for planned, d, tables in _results(store, plan, config, engine, address):
+    with progress_bar(total=len(plan), desc="analyse", unit="job") as bar:
+        for planned, d, tables in _results(store, plan, config, engine, address, fresh):
             name = planned.name
             (out / f"{name}.json").write_text(d.to_json())
             if render is not None:

@@ -65,6 +65,10 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
     Example:
       rankscope ingest rank0.json.gz rank1.json.gz --store st --job llama
     """
+    from rankscope.cli.progress import bar
+    from rankscope.cli.startup import import_frozen
+
+    import_frozen("polars", "numpy", "pyarrow.parquet", "rankscope.collectors.ingest")
     from rankscope.collectors import formats
     from rankscope.collectors.ingest import ingest as run_ingest
     from rankscope.collectors.store import Store, check_job_name
@@ -77,12 +81,17 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
     opt = formats.ImportOptions(job=job, kind=kind, extra=parse_opts(opts))
 
     def progress(files):
-        from tqdm import tqdm  # here: -q (scripts, benches) does without its import
+        return bar(files, hidden=quiet, desc="ingest", unit="file")
 
-        return tqdm(files, desc="ingest", unit="file", disable=None, leave=False)
+    summary = run_ingest(store, paths, fmt, opt, progress=progress, lim=formats.Limits(max_bytes=max_bytes))
+    if not echo_summary(summary):
+        raise click.exceptions.Exit(1)
 
-    summary = run_ingest(store, paths, fmt, opt, progress=None if quiet else progress,
-                         lim=formats.Limits(max_bytes=max_bytes))
+
+def echo_summary(summary) -> bool:
+    """Print what an ingest did (failures and notes on stderr); False when it failed (exit 1)."""
+    from rankscope.collectors import formats
+
     unknown = [f.path for f in summary.files if f.status == "unknown"]
     for f in summary.files:
         if f.status == "failed":
@@ -99,5 +108,4 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
                f"already in the store, {summary.count('failed')} failed"
                + (f", {summary.count('unknown'):,} not recognised" if summary.count("unknown") else "") + f": {recs}")
     echo_rejects(summary.rejects)
-    if summary.count("failed") or (summary.files and all(f.status == "unknown" for f in summary.files)):
-        raise click.exceptions.Exit(1)
+    return not (summary.count("failed") or (summary.files and all(f.status == "unknown" for f in summary.files)))

@@ -24,7 +24,7 @@ import pyarrow as pa
 from rankscope.collectors import formats, parallel_decode
 from rankscope.collectors.errors import InputFormatError, RankscopeError
 from rankscope.collectors.flows import template_state
-from rankscope.collectors.schema import validate
+from rankscope.collectors.schema import unique_values, validate
 from rankscope.collectors.store import ManifestEntry, Store, check_job_name, file_sha256
 
 FLOW_KINDS = ("flow", "interface_counter")
@@ -48,6 +48,9 @@ class FileResult:
     """The error was not one rankscope raises on purpose (a decoder bug: what the fuzzer counts)."""
     warnings: list[str] = field(default_factory=list)
     """What was assumed to read the file (also kept in its manifest entry's notes)."""
+    kept: list = field(default_factory=list, repr=False)
+    """``(kind, job, part path, rows)`` of each part the file committed, when ingest was asked to keep
+    them (``keep_rows``): ``analyze --ingest`` analyses these instead of reading the Parquet back."""
 
 
 @dataclass
@@ -147,7 +150,8 @@ def _fingerprint(imp, valid: list[tuple[str, pa.Table]], job_key: str) -> str | 
 def ingest_file(store: Store, path: Path, fmt: str = "auto",
                 opts: formats.ImportOptions | None = None,
                 lim: formats.Limits | None = None,
-                decoded: Callable[[Path], formats.ImportBatch | None] | None = None) -> FileResult:
+                decoded: Callable[[Path], formats.ImportBatch | None] | None = None,
+                keep_rows: bool = False) -> FileResult:
     """Ingest one file; never raises for bad input (the result says what happened).
 
     ``decoded(path)``, when given, may hand over the file's decode done elsewhere (parallel_decode).
@@ -159,7 +163,7 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
     res = FileResult(str(path), "failed")
     try:
         with formats.limits(lim or formats.Limits()), template_state.session(store, opts.job):
-            _ingest_file(store, path, fmt, opts, res, decoded)
+            _ingest_file(store, path, fmt, opts, res, decoded, keep_rows)
     except RankscopeError as e:
         res.status, res.error = "failed", str(e)
         res.rejects[f"file: {type(e).__name__}"] += 1
@@ -177,6 +181,7 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
         res.rejects[f"file: {type(e).__name__}"] += 1
     if res.status == "failed":
         res.records.clear()  # the transaction was rolled back: nothing of this file is stored
+        res.kept = []
     return res
 
 
@@ -185,7 +190,8 @@ ASSUMPTION_NOTES = ("rank_assumed",)
 
 
 def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions, res: FileResult,
-                 decoded: Callable[[Path], formats.ImportBatch | None] | None = None) -> None:
+                 decoded: Callable[[Path], formats.ImportBatch | None] | None = None,
+                 keep_rows: bool = False) -> None:
     if not path.is_file():
         raise InputFormatError(path, None, "an existing regular file", got="missing")
     name = formats.detect(path) if fmt == "auto" else fmt
@@ -204,9 +210,9 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions
     if result is None:
         result = imp.read(path, opts)
     if isinstance(result, formats.ImportBatch) or getattr(imp, "same_records_any_form", False):
-        _write_whole(store, path, name, imp, result, key, known, sha, opts, res)
+        _write_whole(store, path, name, imp, result, key, known, sha, opts, res, keep_rows)
     else:
-        _write_streamed(store, path, name, imp, result, key, known, sha, opts, res)
+        _write_streamed(store, path, name, imp, result, key, known, sha, opts, res, keep_rows)
 
 
 def _entry(path: Path, name: str, key: str, sha: str, opts: formats.ImportOptions) -> ManifestEntry:
@@ -256,10 +262,11 @@ def _commit(store: Store, tx, key: str, entry: ManifestEntry, res: FileResult, j
     if rows_key:
         store.add_alias(rows_key, key)
     res.status = "ingested"
+    res.kept = tx.kept or []
 
 
 def _write_whole(store: Store, path: Path, name: str, imp, result, key: str, known: list[str], sha: str,
-                 opts: formats.ImportOptions, res: FileResult) -> None:
+                 opts: formats.ImportOptions, res: FileResult, keep_rows: bool = False) -> None:
     """Decode everything, then write it in one transaction (one batch, or a fingerprinted format)."""
     total = formats.ImportBatch()
     for b in formats.as_batches(result):
@@ -272,7 +279,7 @@ def _write_whole(store: Store, path: Path, name: str, imp, result, key: str, kno
     if not valid:
         _none_valid(path, res, entry)
     rows_key = _fingerprint(imp, valid, opts.job or default_job_for_format(name))
-    with store.transaction(key) as tx:
+    with store.transaction(key, keep_rows) as tx:
         # Re-check under the lock: a concurrent ingest of the same source may have committed.
         if any(store.has_source(k) for k in known) or (rows_key and store.has_alias(rows_key)):
             res.status = "skipped"
@@ -282,19 +289,19 @@ def _write_whole(store: Store, path: Path, name: str, imp, result, key: str, kno
         for kind, table in valid:
             tx.write(kind, table)
             res.records[kind] = res.records.get(kind, 0) + table.num_rows
-            jobs.update(table.column("job").unique().to_pylist())
+            jobs.update(unique_values(table.column("job")))
         _commit(store, tx, key, entry, res, jobs, opts, rows_key)
 
 
 def _write_streamed(store: Store, path: Path, name: str, imp, batches, key: str, known: list[str], sha: str,
-                    opts: formats.ImportOptions, res: FileResult) -> None:
+                    opts: formats.ImportOptions, res: FileResult, keep_rows: bool = False) -> None:
     """Validate and write each batch as the importer yields it, so memory holds one batch, not the file.
 
     The parts stay invisible until the manifest entry commits; a file that fails on the way (or whose
     records were all rejected) is rolled back as a whole, as in the one-batch path.
     """
     entry = _entry(path, name, key, sha, opts)
-    with store.transaction(key) as tx:
+    with store.transaction(key, keep_rows) as tx:
         if any(store.has_source(k) for k in known):
             res.status = "skipped"
             return
@@ -304,7 +311,7 @@ def _write_streamed(store: Store, path: Path, name: str, imp, batches, key: str,
             for kind, table in _validated(b, imp, name, opts, entry, res):
                 tx.write(kind, table)
                 res.records[kind] = res.records.get(kind, 0) + table.num_rows
-                jobs.update(table.column("job").unique().to_pylist())
+                jobs.update(unique_values(table.column("job")))
             b.tables.clear()
         res.warnings.extend(str(entry.notes[k]) for k in ASSUMPTION_NOTES if entry.notes.get(k))
         if not res.records:
@@ -316,8 +323,11 @@ def _write_streamed(store: Store, path: Path, name: str, imp, batches, key: str,
 def ingest(store: Store, paths: Iterable[str | os.PathLike], fmt: str = "auto",
            opts: formats.ImportOptions | None = None,
            progress: Callable[[Iterable[Path]], Iterable[Path]] | None = None,
-           lim: formats.Limits | None = None) -> IngestSummary:
-    """Ingest files and directories; companion files (read by another importer) are skipped."""
+           lim: formats.Limits | None = None, keep_rows: bool = False) -> IngestSummary:
+    """Ingest files and directories; companion files (read by another importer) are skipped.
+
+    ``keep_rows`` keeps each committed part's rows in its :class:`FileResult` (``kept``), for a caller
+    that analyses them in the same process (:mod:`rankscope.collectors.fresh_rows`)."""
     opts = opts or formats.ImportOptions()
     if opts.job is not None:
         check_job_name(opts.job)
@@ -332,5 +342,5 @@ def ingest(store: Store, paths: Iterable[str | os.PathLike], fmt: str = "auto",
     # before anything else computes: decode workers can only be forked from a single-threaded process
     with parallel_decode.ahead(files, fmt, opts, lim, skip=in_store) as pre:
         for path in (progress(files) if progress else files):
-            summary.files.append(ingest_file(store, path, fmt, opts, lim, decoded=pre.take))
+            summary.files.append(ingest_file(store, path, fmt, opts, lim, decoded=pre.take, keep_rows=keep_rows))
     return summary

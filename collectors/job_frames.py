@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from rankscope.collectors.store import Store
+
+if TYPE_CHECKING:
+    from rankscope.collectors.fresh_rows import FreshRows
 
 KINDS_FOR_ANALYSIS = ("comm_op", "compute_op", "flow", "step_mark", "batch_meta", "endpoint_map")
 
@@ -43,9 +47,12 @@ class JobFrames:
         return cls(job=job, sources=srcs, **full)
 
 
-def load_job(store: Store, job: str, flow_job: str | None = None) -> JobFrames:
-    """Read one job's records. ``flow_job`` names the flow capture to attach (default: same job)."""
-    frames = {k: store.read(k, job) for k in KINDS_FOR_ANALYSIS}
+def load_job(store: Store, job: str, flow_job: str | None = None, fresh: FreshRows | None = None) -> JobFrames:
+    """Read one job's records. ``flow_job`` names the flow capture to attach (default: same job).
+
+    ``fresh``: rows this process just ingested; kinds it holds whole are taken from memory, not re-read."""
+    held = fresh.frames(store, job, KINDS_FOR_ANALYSIS) if fresh is not None else {}
+    frames = {k: held[k] if k in held else store.read(k, job) for k in KINDS_FOR_ANALYSIS}
     if flow_job is not None and flow_job != job:
         frames["flow"] = store.read("flow", flow_job)
     jf = JobFrames.from_frames(job, **frames)

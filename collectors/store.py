@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rankscope.collectors.errors import StoreError, UsageError
-from rankscope.collectors.schema import SCHEMAS, empty, polars_schema, schema
+from rankscope.collectors.schema import SCHEMAS, cast_to, empty, polars_schema, schema, unique_values
 
 if TYPE_CHECKING:
     import pyarrow.dataset as pads
@@ -155,7 +155,7 @@ class Store:
             os.close(fd)  # closing the descriptor releases the flock
 
     @contextlib.contextmanager
-    def transaction(self, key: str) -> Iterator[Transaction]:
+    def transaction(self, key: str, keep_rows: bool = False) -> Iterator[Transaction]:
         """Write parts and then the manifest entry (the commit) under the writer lock.
 
         Leaving the block by an exception removes every part written so far.
@@ -165,7 +165,7 @@ class Store:
             for p in self.root.glob(f"*/job=*/part-{key[:16]}-*.parquet"):
                 if not self.has_source(key):
                     p.unlink(missing_ok=True)
-            tx = Transaction(self, key)
+            tx = Transaction(self, key, keep_rows)
             try:
                 yield tx
             except BaseException:
@@ -216,34 +216,46 @@ class Store:
         The table must already be in the kind's schema (use schema.validate or
         schema.conform first). When ``job`` is given, it overrides the column.
         """
+        written = self.write_parts(kind, table, job, prefix=prefix)
+        return written[-1][1] if written else None
+
+    def write_parts(self, kind: str, table: pa.Table, job: str | None = None, *,
+                    prefix: str = "part") -> list[tuple[str, Path, pa.Table]]:
+        """:meth:`write`, returning ``(job, part path, rows as written)`` for each part file."""
         sch = schema(kind)
         if table.num_rows == 0:
-            return None
+            return []
         if job is not None:
             check_job_name(job)
             i = table.schema.get_field_index("job")
             table = table.set_column(i, sch.field(i), pa.array([job] * table.num_rows, pa.string()))
         if not table.schema.equals(sch, check_metadata=False):
             raise StoreError(f"{kind}: table schema differs from the declared one; validate it first")
-        jobs = table.column("job").unique().to_pylist()
-        last = None
+        jobs = unique_values(table.column("job"))
+        out = []
         for j in jobs:
             check_job_name(j)
-            part = table if len(jobs) == 1 else table.filter(pa.compute.equal(table.column("job"), j))
+            if len(jobs) == 1:
+                part = table
+            else:
+                import pyarrow.compute as pc  # only here: its import is a tenth of a small ingest (schema.cast_to)
+
+                part = table.filter(pc.equal(table.column("job"), j))
             d = self.root / kind / f"job={j}"
             path = d / f"{prefix}-{time.time_ns():020d}-{uuid.uuid4().hex[:12]}.parquet"
             tmp = d / f".{path.name}.tmp"
+            rows = cast_to(part.replace_schema_metadata(None), sch)
             try:
                 d.mkdir(parents=True, exist_ok=True)
-                pq.write_table(part.replace_schema_metadata(None).cast(sch), tmp, compression="zstd")
+                pq.write_table(rows, tmp, compression="zstd")
                 os.replace(tmp, path)
             except OSError as e:
                 raise StoreError(f"could not write {path}: {type(e).__name__}: {e.strerror or e}") from e
             finally:
                 if tmp.exists():
                     tmp.unlink()
-            last = path
-        return last
+            out.append((j, path, rows))
+        return out
 
     # ------------------------------------------------------------- manifest
     def manifest_dir(self) -> Path:
@@ -385,16 +397,19 @@ class Store:
 class Transaction:
     """Parts written for one source under the writer lock; :meth:`commit` writes the manifest entry."""
 
-    def __init__(self, store: Store, key: str):
+    def __init__(self, store: Store, key: str, keep_rows: bool = False):
         self.store, self.key = store, key
         self.written: list[Path] = []
         self.committed = False
+        self.kept: list[tuple[str, str, Path, pa.Table]] | None = [] if keep_rows else None
+        """``(kind, job, part path, rows)`` of every part written, when asked for: the caller that
+        analyses what it just ingested reuses them instead of reading the Parquet back."""
 
     def write(self, kind: str, table: pa.Table) -> None:
-        p = self.store.write(kind, table, prefix=f"part-{self.key[:16]}")
-        if p is not None:
-            # write() returns the last part only; a multi-job table leaves others with the same prefix
-            self.written.extend(self.store.root.glob(f"{kind}/job=*/part-{self.key[:16]}-*.parquet"))
+        for job, path, rows in self.store.write_parts(kind, table, prefix=f"part-{self.key[:16]}"):
+            self.written.append(path)
+            if self.kept is not None:
+                self.kept.append((kind, job, path, rows))
 
     def commit(self, entry: ManifestEntry) -> None:
         self.store.add_manifest(entry)
@@ -403,6 +418,7 @@ class Transaction:
     def rollback(self) -> None:
         if self.committed:
             return
+        self.kept = None if self.kept is None else []
         for p in set(self.written):
             with contextlib.suppress(OSError):
                 p.unlink()
