@@ -136,6 +136,9 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     if whole and whole["weak"]:
         extra["ambiguous"] = True
         extra["why"] = "the job's traffic does not repeat clearly at this period: the step time is uncertain"
+        if whole.get("short"):
+            extra["why"] = ("the capture holds this period fewer than twice: nothing confirms it, and it may "
+                            "be a whole multiple or fraction of the step")
     if cover > 0.5 or long_frac >= 0.5:
         extra["ambiguous"] = True
         extra["why"] = (f"flow records last up to {max(cover, long_frac):.0%} of the period: the exporter's "
