@@ -44,6 +44,8 @@ SLOW_FACTOR = 1.5
 """a group's or endpoint's links count as slow only when their peers run at least this much faster: DP
 groups (and pipeline links) that carry different collectives differ by some tens of per cent when
 records hold compute gaps, so a smaller difference is no evidence of a fault."""
+PEER_BYTES = 1.25
+"""DP rings are peers (the same collective) when their links move bytes within this factor of each other."""
 MIN_PACKETS = 30
 """a link's rate counts only with at least this many exported (sampled) packets: ~18 % error."""
 
@@ -71,12 +73,13 @@ def link_rates(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     """Payload rate of every directed link between the job's endpoints, and how well it is measured.
 
     Columns src_addr, dst_addr, g (the DP group both ends share, else -1), b (bytes), d (open time), n
-    (records), pk (exported packets), rate, noise (relative sd of the rate), trusted. Records shorter
+    (records), vol (all its payload bytes, records of any length), pk (exported packets), rate, noise (relative sd of the rate), trusted. Records shorter
     than ten clock ticks have no measurable rate; records longer than a step hold idle time (the
     exporter's timeouts let them run over several steps) and measure the job's duty cycle, not the link.
     Needs flow src_addr, dst_addr, est_bytes, start_ns, end_ns; is_data, num_packets, sampling_rate if known.
     """
     f = flow.filter(pl.col("is_data")) if "is_data" in flow.columns else flow
+    vol = f.group_by("src_addr", "dst_addr").agg(vol=pl.col("est_bytes").sum())
     f = f.with_columns(d=(pl.col("end_ns") - pl.col("start_ns"))).filter(pl.col("d") >= 10 * resolution_ns)
     if step_ns:
         f = f.filter(pl.col("d") <= step_ns)
@@ -95,7 +98,8 @@ def link_rates(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     return links.with_columns(
         g=pl.when(gs == gd).then(gs).otherwise(-1), rate=pl.col("b") / pl.col("d"),
         noise=(tick ** 2 + smp ** 2).sqrt(),
-        trusted=~pl.col("smp") | (pl.col("pk") >= MIN_PACKETS)).filter(pl.col("b") > 0)
+        trusted=~pl.col("smp") | (pl.col("pk") >= MIN_PACKETS)).filter(pl.col("b") > 0).join(
+        vol, on=["src_addr", "dst_addr"], how="left")
 
 
 def _extra_per_step(sel: pl.DataFrame, ref_rate: float, num_steps: int) -> float:
@@ -111,7 +115,9 @@ def slow_links(links: pl.DataFrame, num_steps: int) -> dict | None:
     ring's lowest rate (its neighbours have one each). A whole ring at one rate names nobody here
     (see slow_group). Needs link_rates' columns.
     """
-    dp = links.filter((pl.col("g") >= 0) & pl.col("trusted"))
+    # with packet sampling a record opens and closes at sampled packets: rates within one ring were
+    # seen to differ by 1.6x on a healthy sampled capture, so a ring's links are compared only unsampled
+    dp = links.filter((pl.col("g") >= 0) & ~pl.col("smp"))
     if dp.height < 3:
         return None
     lr = np.log(dp["rate"].to_numpy())
@@ -130,9 +136,7 @@ def slow_links(links: pl.DataFrame, num_steps: int) -> dict | None:
         if len(both) == 1:
             culprit, kind = both[0], "slow_nic"
             sel = low.filter((pl.col("src_addr") == culprit) | (pl.col("dst_addr") == culprit))
-        elif low.height == 1 and not low["smp"][0]:
-            # one link alone: with packet sampling a record opens and closes at sampled packets, so
-            # one link's rate is too noisy to name it on its own
+        elif low.height == 1:
             culprit, kind, sel = low["src_addr"][0], "slow_link", low
         else:
             continue  # the whole group at one rate: a slow path or a slow group, nobody to name
@@ -145,6 +149,10 @@ def slow_links(links: pl.DataFrame, num_steps: int) -> dict | None:
 def _slow_endpoints(other: pl.DataFrame) -> tuple[set, dict]:
     """Endpoints all of whose (trusted) links outside DP rings run SLOW_FACTOR below those links' median,
     and that median; other links are pipeline sends and receives."""
+    if other.height >= 3:
+        # links whose records hold the usual bytes (see slow_group: bigger records hold gaps too)
+        bpr = (other["b"] / other["n"]).to_numpy()
+        other = other.filter(pl.Series(np.abs(np.log(bpr / np.median(bpr))) <= np.log(PEER_BYTES)))
     if other.height < 3:
         return set(), {}
     lr = np.log(other["rate"].to_numpy())
@@ -166,10 +174,21 @@ def slow_group(links: pl.DataFrame, strategy: Strategy, num_steps: int) -> dict 
     t = links.filter(pl.col("trusted"))
     dp, other = t.filter(pl.col("g") >= 0), t.filter(pl.col("g") < 0)
     slow_ends, other_stats = _slow_endpoints(other)
-    groups = dp.group_by("g").agg(lr=pl.col("rate").log().median(), n=pl.len()).sort("lr")
+    groups = dp.group_by("g").agg(lr=pl.col("rate").log().median(), vol=pl.col("vol").median(),
+                                  bpr=(pl.col("b") / pl.col("n")).median(), n=pl.len()).sort("lr")
     if groups.height >= 2:
-        g0, lr0 = int(groups["g"][0]), float(groups["lr"][0])
-        rest = groups["lr"].to_numpy()[1:]
+        # a ring is compared only with rings that move the same bytes (the same collective: other TP
+        # ranks' rings, stages of equal size; small or latency-bound collectives run slower by design)
+        # in records of the same size: a record that holds two collectives (an exporter with a longer
+        # idle timeout) measures the gap between them as well
+        lrs, vols, bpr = groups["lr"].to_numpy(), groups["vol"].to_numpy(), groups["bpr"].to_numpy()
+        peers = ((np.abs(np.log(vols / vols[0])) <= np.log(PEER_BYTES))
+                 & (np.abs(np.log(bpr / bpr[0])) <= np.log(PEER_BYTES)))
+        peers[0] = False
+        if not peers.any():
+            return None
+        g0, lr0 = int(groups["g"][0]), float(lrs[0])
+        rest = lrs[peers]
         ref, sd = _robust(rest) if len(rest) >= 2 else (float(rest[0]), 0.0)
         sd = max(sd, 0.05)
         if ref - lr0 < max(np.log(SLOW_FACTOR), OUTLIER_MADS * sd):
@@ -273,7 +292,7 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
     found = [x for x in cands if x and x.get("culprit")]
     ambiguous = [x for x in cands if x and not x.get("culprit")]
     if ambiguous:
-        base["ambiguous"] = [{k: v for k, v in x.items() if k != "links"} for x in ambiguous]
+        base["ambiguous_flows"] = [{k: v for k, v in x.items() if k != "links"} for x in ambiguous]
     if not found:
         # evidence that a ring or pipeline is slow but not who: the cause is reported, nobody is named
         comm = next((x for x in ambiguous if x["kind"] == "slow_group"), None)
