@@ -261,6 +261,87 @@ def late_senders(dp: pl.DataFrame, step_ns: float, resolution_ns: int,
     return out
 
 
+def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolution_ns: int) -> dict | None:
+    """The endpoint whose pipeline's forward sends fall behind from its stage on, or None.
+
+    DP collectives start when their last member arrives, so a slow worker's ring sends need not start
+    late; its pipeline's activations do. Each pipeline's first forward send of a burst from stage k
+    is compared with the same stage's send in the other pipelines (DP replicas, which start each step
+    together after the previous gradient sync): a slow stage s delays its own sends and every later
+    stage's, not the earlier ones, so the culprit is the first stage from which its pipeline stays
+    late. Needs at least three pipelines with a known stage order; flow src_addr, dst_addr,
+    start_ns, end_ns (is_data if known).
+    """
+    pipes = [p for p in strategy.pp_groups or [] if len(p) > 1]
+    if len(pipes) < 3 or not step_ns or not (strategy.extra or {}).get("stage_order_known", False):
+        return None
+    pos = {(p[k], p[k + 1]): (i, k) for i, p in enumerate(pipes) for k in range(len(p) - 1)}
+    f = flow.filter(pl.col("is_data")) if "is_data" in flow.columns else flow
+    key = pl.concat_str(["src_addr", "dst_addr"], separator="|")
+    keep = {f"{a}|{b}": v for (a, b), v in pos.items()}
+    f = f.with_columns(key=key).filter(pl.col("key").is_in(list(keep)))
+    if f.is_empty():
+        return None
+    f = f.with_columns(pipe=pl.col("key").replace_strict({k: v[0] for k, v in keep.items()}, return_dtype=pl.Int64),
+                       stage=pl.col("key").replace_strict({k: v[1] for k, v in keep.items()}, return_dtype=pl.Int64))
+    f = f.sort("key", "start_ns")
+    gap = pl.col("start_ns") - pl.col("end_ns").cum_max().shift(1).over("key")
+    b = f.with_columns(gap=gap).filter(pl.col("gap").is_null() | (pl.col("gap") > 0.1 * step_ns))
+    # the same burst in every pipeline: burst starts of one stage cut where they pause for a quarter step
+    b = b.sort("stage", "start_ns").with_columns(
+        inst=((pl.col("start_ns").diff().over("stage").fill_null(0) > 0.25 * step_ns).cum_sum().over("stage")))
+    b = b.with_columns(late=pl.col("start_ns") - pl.col("start_ns").median().over("stage", "inst"),
+                       size=pl.len().over("stage", "inst"))
+    b = b.filter(pl.col("size") >= 3)
+    per = b.group_by("pipe", "stage").agg(late=pl.col("late").median(), n=pl.len())
+    if per.height < 3:
+        return None
+    table = {(r["pipe"], r["stage"]): r["late"] for r in per.iter_rows(named=True)}
+    stages = sorted({k for _, k in table})
+    z: dict = {}
+    for k in stages:
+        x = np.array([v for (p, kk), v in table.items() if kk == k], dtype=float)
+        if len(x) < 3:
+            continue
+        med, sd = _robust(x)
+        sd = max(sd, 2.0 * resolution_ns, 1e-4 * step_ns)
+        for (p, kk), v in table.items():
+            if kk == k:
+                z[(p, k)] = ((v - med) / sd, v - med)
+    if not z:
+        return None
+    last = max(k for _, k in z)
+    worst = max((p for p, k in z if k == last), key=lambda p: z[(p, last)][0])
+    row = [(k, *z[(worst, k)]) for k in stages if (worst, k) in z]
+    if not row or row[-1][1] < OUTLIER_MADS:
+        return None
+    # the first stage from which the pipeline stays late
+    first = row[-1][0]
+    for k, zz, _ in reversed(row):
+        if zz < OUTLIER_MADS:
+            break
+        first = k
+    if any(pp != worst and zz >= OUTLIER_MADS for (pp, k), (zz, _) in z.items() if k == first):
+        return None  # another pipeline is as late there: no single slow stage
+    # its forward time against the same stage's in the other pipelines (the gap from the previous
+    # stage's first send to its own; for stage 0, the other stages' median): the worker's compute
+    # factor. A slow stage paces its pipeline, and the gradient sync the whole job, so S ~ that factor.
+    j = b.with_columns(step=((pl.col("start_ns") - pl.col("start_ns").min()) / step_ns).floor().cast(pl.Int64))
+    a = j.group_by("pipe", "stage", "step").agg(t=pl.col("start_ns").min()).sort("pipe", "step", "stage")
+    a = a.with_columns(inc=pl.col("t") - pl.col("t").shift(1).over("pipe", "step"),
+                       prev=pl.col("stage") - pl.col("stage").shift(1).over("pipe", "step"))
+    inc = a.filter((pl.col("pipe") != worst) & (pl.col("prev") == 1) & (pl.col("inc") > 0))
+    own = inc.filter(pl.col("stage") == first)["inc"]
+    fwd = float(own.median()) if own.len() else (float(inc["inc"].median()) if inc.height else 0.0)
+    late = float(z[(worst, first)][1])
+    factor = 1.0 + late / fwd if fwd > 0 else None
+    return {"kind": "slow_worker", "culprit": pipes[worst][first],
+            "extra_ns": float(step_ns * (1 - 1 / factor)) if factor else late,
+            "factor": round(factor, 3) if factor else None, "forward_ns": fwd,
+            "late_ns": late, "stage": int(first), "pipeline": pipes[worst],
+            "late_by_stage_ns": {str(k): round(float(v), 1) for k, _, v in row}}
+
+
 def _slowdown(x: dict, step: float) -> float:
     return round(step / (step - min(x["extra_ns"], 0.9 * step)), 4)
 
@@ -287,8 +368,10 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
     if links.height and not links["trusted"].any():
         base["link_rates"]["why"] = f"every link holds fewer than {MIN_PACKETS} sampled packets"
     dp = _dp_links(flow, strategy)
-    cands = [slow_links(links, steps.count), slow_group(links, strategy, steps.count),
-             late_senders(dp, step, resolution_ns, strategy.pp_groups)]
+    late = late_senders(dp, step, resolution_ns, strategy.pp_groups)
+    if late is None or not late.get("culprit"):
+        late = late_stage(flow, strategy, step, resolution_ns) or late
+    cands = [slow_links(links, steps.count), slow_group(links, strategy, steps.count), late]
     found = [x for x in cands if x and x.get("culprit")]
     ambiguous = [x for x in cands if x and not x.get("culprit")]
     if ambiguous:
