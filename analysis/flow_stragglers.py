@@ -46,6 +46,8 @@ groups (and pipeline links) that carry different collectives differ by some tens
 records hold compute gaps, so a smaller difference is no evidence of a fault."""
 PEER_BYTES = 1.25
 """DP rings are peers (the same collective) when their links move bytes within this factor of each other."""
+LATE_SLACK = 0.25
+"""a later stage may absorb at most this share of a slow stage's lateness (jitter, its own bubble)."""
 MIN_PACKETS = 30
 """a link's rate counts only with at least this many exported (sampled) packets: ~18 % error."""
 
@@ -287,13 +289,15 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     f = f.sort("key", "start_ns")
     gap = pl.col("start_ns") - pl.col("end_ns").cum_max().shift(1).over("key")
     b = f.with_columns(gap=gap).filter(pl.col("gap").is_null() | (pl.col("gap") > 0.1 * step_ns))
-    # the same burst in every pipeline: burst starts of one stage cut where they pause for a quarter step
-    b = b.sort("stage", "start_ns").with_columns(
-        inst=((pl.col("start_ns").diff().over("stage").fill_null(0) > 0.25 * step_ns).cum_sum().over("stage")))
-    b = b.with_columns(late=pl.col("start_ns") - pl.col("start_ns").median().over("stage", "inst"),
-                       size=pl.len().over("stage", "inst"))
-    b = b.filter(pl.col("size") >= 3)
-    per = b.group_by("pipe", "stage").agg(late=pl.col("late").median(), n=pl.len())
+    # the first forward send of each step only: later ones also wait for the stages after them (1F1B
+    # interleaves their backward passes), the first microbatch's waits only for the stages before it.
+    # Steps are counted from each stage's first send (a tenth of a step early, for jitter)
+    b = b.with_columns(step=((pl.col("start_ns") - pl.col("start_ns").min().over("stage") + 0.1 * step_ns)
+                             / step_ns).floor().cast(pl.Int64))
+    a = b.group_by("pipe", "stage", "step").agg(t=pl.col("start_ns").min())
+    a = a.with_columns(late=pl.col("t") - pl.col("t").median().over("stage", "step"),
+                       size=pl.len().over("stage", "step")).filter(pl.col("size") >= 3)
+    per = a.group_by("pipe", "stage").agg(late=pl.col("late").median(), n=pl.len())
     if per.height < 3:
         return None
     table = {(r["pipe"], r["stage"]): r["late"] for r in per.iter_rows(named=True)}
@@ -323,12 +327,16 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
         first = k
     if any(pp != worst and zz >= OUTLIER_MADS for (pp, k), (zz, _) in z.items() if k == first):
         return None  # another pipeline is as late there: no single slow stage
+    # lateness, once a stage brings it in, carries on to every later stage (they wait for its
+    # activations); a pipeline that is later at its start than further on is late for another
+    # reason (its previous step, its gradient sync) and names nobody
+    lead = z[(worst, first)][1]
+    if any(v < (1 - LATE_SLACK) * lead for k, _, v in row if k > first):
+        return None
     # its forward time against the same stage's in the other pipelines (the gap from the previous
     # stage's first send to its own; for stage 0, the other stages' median): the worker's compute
     # factor. A slow stage paces its pipeline, and the gradient sync the whole job, so S ~ that factor.
-    j = b.with_columns(step=((pl.col("start_ns") - pl.col("start_ns").min()) / step_ns).floor().cast(pl.Int64))
-    a = j.group_by("pipe", "stage", "step").agg(t=pl.col("start_ns").min()).sort("pipe", "step", "stage")
-    a = a.with_columns(inc=pl.col("t") - pl.col("t").shift(1).over("pipe", "step"),
+    a = a.sort("pipe", "step", "stage").with_columns(inc=pl.col("t") - pl.col("t").shift(1).over("pipe", "step"),
                        prev=pl.col("stage") - pl.col("stage").shift(1).over("pipe", "step"))
     inc = a.filter((pl.col("pipe") != worst) & (pl.col("prev") == 1) & (pl.col("inc") > 0))
     own = inc.filter(pl.col("stage") == first)["inc"]
