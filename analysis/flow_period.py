@@ -64,6 +64,17 @@ def whole_step(flows: pl.DataFrame, period_ns: float, resolution_ns: int, max_mu
     # error); the period itself is kept when it is the step
     step = float(at[k]) if k > 1 else float(period_ns)
     out.update(multiple=k, step_ns=step, corr=corr, weak=corr.get(k, 0.0) < 0.5)
+    # the period may itself be a multiple of the step (records cut by the exporter's timer beat with
+    # the step): traffic that repeats as well at a whole fraction of it leaves the step undecided
+    frac = {}
+    for m in range(2, 5):
+        lag = step / m / bin_ns
+        if lag < 4:
+            break
+        lags = np.arange(max(1, int(lag * (1 - JITTER))), int(np.ceil(lag * (1 + JITTER))) + 1)
+        frac[m] = round(max(_corr(x, int(lg)) for lg in lags), 4)
+    out["fraction_corr"] = frac
+    out["fraction"] = next((m for m in sorted(frac, reverse=True) if frac[m] >= corr[k] - MARGIN), None)
     return out
 
 

@@ -139,11 +139,44 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
         if whole.get("short"):
             extra["why"] = ("the capture holds this period fewer than twice: nothing confirms it, and it may "
                             "be a whole multiple or fraction of the step")
+    if whole and whole.get("fraction"):
+        extra["ambiguous"] = True
+        extra["autocorrelation_by_fraction"] = {str(m): v for m, v in whole["fraction_corr"].items()}
+        extra["why"] = (f"the job's traffic repeats as well at 1/{whole['fraction']} of this period: the step time "
+                        "may be a whole fraction of it")
+    hidden = _hidden_bursts(f, bursts, dur, flow_resolution_ns(flows))
+    extra["record_coverage_between_bursts"] = round(hidden["coverage"], 3)
+    if hidden["timer_cut"] and hidden["coverage"] >= 0.5:
+        extra["ambiguous"] = True
+        extra["why"] = (f"{hidden['timer_share']:.0%} of the flow records were closed by the exporter's active timeout "
+                        f"(~{hidden['timer_ns'] / 1e6:.0f} ms) and they cover {hidden['coverage']:.0%} of the time "
+                        "between the bursts seen: bursts that start inside a record are not seen, so the step "
+                        "time may be a whole fraction of this")
     if cover > 0.5 or long_frac >= 0.5:
         extra["ambiguous"] = True
         extra["why"] = (f"flow records last up to {max(cover, long_frac):.0%} of the period: the exporter's "
                         "active timeout may hide steps, so the step time may be a whole fraction of this")
     return Steps(count=len(bounds), median_ns=period, boundaries_ns=bounds, extra=extra)
+
+
+def _hidden_bursts(f: pl.DataFrame, bursts: pl.DataFrame, dur: np.ndarray, resolution_ns: int) -> dict:
+    """Whether records could hide burst starts: records the exporter's active timeout closed all last
+    about as long as the longest (the timeout), run through any idle time inside them, and so hide a
+    burst that starts within them. Coverage: the median share of time, between a link's first and
+    last burst seen, that its records are open (an idle step shows as time no record covers)."""
+    out = {"timer_cut": False, "timer_share": 0.0, "timer_ns": 0.0, "coverage": 0.0}
+    if not len(dur) or bursts.height < 2:
+        return out
+    dmax = float(dur.max())
+    share = float((dur >= dmax - max(0.02 * dmax, 2 * resolution_ns)).mean())
+    first = bursts.group_by("key").agg(a=pl.col("start_ns").min(), b=pl.col("start_ns").max())
+    cov = (f.join(first, on="key").filter((pl.col("start_ns") >= pl.col("a")) & (pl.col("start_ns") < pl.col("b")))
+           .group_by("key").agg(open=(pl.col("end_ns") - pl.col("start_ns")).sum(), span=(pl.col("b") - pl.col("a")).first())
+           .filter(pl.col("span") > 0))
+    coverage = float((cov["open"] / cov["span"]).clip(upper_bound=1.0).median()) if cov.height else 0.0
+    out.update(timer_cut=dmax >= 10 * resolution_ns and share >= 0.2, timer_share=share, timer_ns=dmax,
+               coverage=coverage)
+    return out
 
 
 def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
