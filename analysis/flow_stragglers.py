@@ -48,6 +48,9 @@ PEER_BYTES = 1.25
 """DP rings are peers (the same collective) when their links move bytes within this factor of each other."""
 LATE_SLACK = 0.25
 """a later stage may absorb at most this share of a slow stage's lateness (jitter, its own bubble)."""
+RING_GAP = 0.01
+"""a link or NIC is named within its ring only when it runs at least this share below the ring's other
+links: healthy links of one ring differ by a fraction of a per cent (clock ticks, per-record jitter)."""
 MIN_PACKETS = 30
 """a link's rate counts only with at least this many exported (sampled) packets: ~18 % error."""
 
@@ -142,6 +145,16 @@ def slow_links(links: pl.DataFrame, num_steps: int) -> dict | None:
             culprit, kind, sel = low["src_addr"][0], "slow_link", low
         else:
             continue  # the whole group at one rate: a slow path or a slow group, nobody to name
+        # the named links must stand apart from the rest of their ring, not merely be its lowest: in a
+        # ring slowed as a whole, links jitter by a per cent or so and some two always come lowest
+        rest = gl.join(sel.select("src_addr", "dst_addr"), on=["src_addr", "dst_addr"], how="anti")
+        if rest.height >= 2:
+            rl = np.log(rest["rate"].to_numpy())
+            r_med, r_sd = _robust(rl)
+            # (the plain sd too: a median of absolute deviations of a few links can be near 0 by chance)
+            r_sd = max(r_sd, float(np.std(rl, ddof=1)), float(np.median(gl["noise"].to_numpy())))
+            if r_med - float(np.log(sel["rate"].max())) < max(OUTLIER_MADS * r_sd, np.log1p(RING_GAP)):
+                continue
         found.append({"kind": kind, "culprit": culprit, "factor": round(float(np.exp(med) / sel["rate"].min()), 3),
                       "extra_ns": _extra_per_step(sel, float(np.exp(med)), num_steps),
                       "links": [[r["src_addr"], r["dst_addr"]] for r in sel.iter_rows(named=True)]})
