@@ -112,7 +112,21 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     t = bursts["start_ns"].to_numpy()
     period = step_period(bursts["key"].to_numpy(), t)
     if period is None:
-        return Steps(extra={"evaluated": False, "why": "no periodic data-parallel traffic", "source": "flows"})
+        # records that follow their predecessor within a few clock ticks are one flow cut by the active
+        # timeout: the flow never idled long enough for the exporter to close it between steps
+        res = flow_resolution_ns(flows)
+        cont = f.filter(pl.col("gap").is_not_null())
+        share = float((cont["gap"] <= 10 * res).mean()) if cont.height else 0.0
+        med = float((f["end_ns"] - f["start_ns"]).median() or 0)
+        per_flow = bursts.height / max(f["key"].n_unique(), 1)
+        why = "no periodic data-parallel traffic"
+        if share >= 0.5 or per_flow <= 2:
+            why = (f"no periodic traffic seen: records last {med / 1e6:.0f} ms (median), a flow shows "
+                   f"{per_flow:.1f} burst starts and {share:.0%} of the records continue their flow's previous "
+                   "one: the exporter's timeouts, not the job's steps, set where records start, so the step "
+                   "time cannot be read from them")
+        return Steps(extra={"evaluated": False, "why": why, "source": "flows", "continued_records": round(share, 3),
+                            "median_record_ns": med, "burst_starts_per_flow": round(per_flow, 2)})
     # a link's bursts may repeat several times a step: the job's whole traffic repeats once a step
     payload = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
     whole = whole_step(payload, period, flow_resolution_ns(flows)) if "est_bytes" in flows.columns else None
