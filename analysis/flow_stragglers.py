@@ -389,7 +389,12 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
     if links.height and not links["trusted"].any():
         base["link_rates"]["why"] = f"every link holds fewer than {MIN_PACKETS} sampled packets"
     dp = _dp_links(flow, strategy)
-    late = late_senders(dp, step, resolution_ns, strategy.pp_groups)
+    # late ring sends: in a tree all-reduce a member sends up only once its children's data arrived, so
+    # its sends are late by design; and lateness needs the steps where they are
+    kinds = (strategy.extra or {}).get("dp_group_kinds")
+    rings = kinds is None or set(kinds) <= {"ring", "pair"}
+    late = (late_senders(dp, step, resolution_ns, strategy.pp_groups)
+            if rings and not steps.extra.get("ambiguous") else None)
     if late is None or not late.get("culprit"):
         late = late_stage(flow, strategy, step, resolution_ns) or late
     cands = [slow_links(links, steps.count), slow_group(links, strategy, steps.count), late]

@@ -127,6 +127,13 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
                    "time cannot be read from them")
         return Steps(extra={"evaluated": False, "why": why, "source": "flows", "continued_records": round(share, 3),
                             "median_record_ns": med, "burst_starts_per_flow": round(per_flow, 2)})
+    spacing = _burst_spacing(bursts, period)
+    if spacing and abs(spacing - period) > 0.01 * period:
+        # most links' consecutive bursts lie a whole number of steps apart: the period the phase
+        # coherence chose may sit on a minority of links (a tree's late senders, a timer's beat)
+        period_seen, period = period, spacing
+    else:
+        period_seen = None
     # a link's bursts may repeat several times a step: the job's whole traffic repeats once a step
     payload = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
     whole = whole_step(payload, period, flow_resolution_ns(flows)) if "est_bytes" in flows.columns else None
@@ -140,6 +147,9 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     extra = {"source": "flows: period of data-parallel traffic", "evaluated": True,
              "durations_ns": [int(round(period))] * len(bounds), "record_cover": round(cover, 3),
              "note": "flows give one period for all steps; boundaries are spaced by it"}
+    if period_seen:
+        extra["period_from_phase_coherence_ns"] = int(round(period_seen))
+        extra["period_note"] = "replaced by the median spacing of consecutive bursts over whole periods"
     if whole:
         extra["period_multiple"] = whole["multiple"]
         extra["autocorrelation_by_multiple"] = {str(k): v for k, v in whole["corr"].items()}
@@ -171,6 +181,19 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
         extra["why"] = (f"flow records last up to {max(cover, long_frac):.0%} of the period: the exporter's "
                         "active timeout may hide steps, so the step time may be a whole fraction of this")
     return Steps(count=len(bounds), median_ns=period, boundaries_ns=bounds, extra=extra)
+
+
+def _burst_spacing(bursts: pl.DataFrame, period: float) -> float | None:
+    """The median of d / round(d / period) over the gaps d between consecutive burst starts of a link
+    (a burst every step, or every few steps where the exporter hid some), iterated once."""
+    d = bursts.with_columns(d=pl.col("start_ns").diff().over("key"))["d"].drop_nulls().to_numpy().astype(float)
+    for _ in range(2):
+        k = np.round(d / period)
+        ok = k >= 1
+        if ok.sum() < 3:
+            return None
+        period = float(np.median(d[ok] / k[ok]))
+    return period
 
 
 def _hidden_bursts(f: pl.DataFrame, bursts: pl.DataFrame, dur: np.ndarray, resolution_ns: int) -> dict:

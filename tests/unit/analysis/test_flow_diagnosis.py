@@ -157,3 +157,13 @@ def test_a_slow_stage_is_the_first_from_which_its_pipeline_stays_late():
     f, strat = _pipeline_records(slow_pipe=2, slow_stage=1)
     strat.extra["stage_order_known"] = False
     assert late_stage(f, strat, STEP, 1) is None
+
+
+def test_the_period_follows_most_links_burst_spacing():
+    from rankscope.analysis.strategy_flows import _burst_spacing
+
+    # bursts every 1.5 s on most links, every second step on some (the exporter hid one); a period
+    # guess 5 % long is pulled back to what the spacings say
+    rows = [(f"k{i}", int(s * 1.5e9)) for i in range(6) for s in range(0, 8, 2 if i == 5 else 1)]
+    b = pl.DataFrame(rows, schema=["key", "start_ns"], orient="row").sort("key", "start_ns")
+    assert abs(_burst_spacing(b, 1.58e9) - 1.5e9) < 1e6
