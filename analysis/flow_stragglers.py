@@ -14,6 +14,19 @@ collective moving the same bytes:
   on time (their first chunk is their own). An endpoint whose DP sends start
   consistently later than its group's is named (verdict ``worker``).
 
+A slow NIC or cable usually throttles its whole ring, not one link: every
+link of its DP group then runs at the same low rate, and its group stands
+out only against the job's *other* DP groups (other pipeline stages, other
+TP ranks' rings). The member is then named from its links outside the ring
+(pipeline sends and receives, which only it of its group shares with the
+slow NIC); a pure pipeline job is read the same way off its pipeline links.
+When the evidence cannot single out one address the finding is reported as
+ambiguous (the group and its factor) and nobody is named.
+
+Link rates are judged only where they are measured: a record that spans
+more than a step holds idle time, and with packet sampling a rate counted
+from k sampled packets is uncertain by about 1/sqrt(k).
+
 S is estimated as step / (step - cost); the verdict is ``none`` below
 ``none_below`` (the contract's 1.05), the finding is listed either way.
 """
@@ -27,10 +40,27 @@ from rankscope.analysis.diagnosis import Steps, Stragglers, Strategy
 
 OUTLIER_MADS = 6.0
 """a rate (or a lateness) is an outlier when it lies this many robust standard deviations from the median."""
+SLOW_FACTOR = 1.5
+"""a group's or endpoint's links count as slow only when their peers run at least this much faster: DP
+groups (and pipeline links) that carry different collectives differ by some tens of per cent when
+records hold compute gaps, so a smaller difference is no evidence of a fault."""
+PEER_BYTES = 1.25
+"""DP rings are peers (the same collective) when their links move bytes within this factor of each other."""
+LATE_SLACK = 0.25
+"""a later stage may absorb at most this share of a slow stage's lateness (jitter, its own bubble)."""
+RING_GAP = 0.01
+"""a link or NIC is named within its ring only when it runs at least this share below the ring's other
+links: healthy links of one ring differ by a fraction of a per cent (clock ticks, per-record jitter)."""
+MIN_PACKETS = 30
+"""a link's rate counts only with at least this many exported (sampled) packets: ~18 % error."""
+
+
+def _group_of(strategy: Strategy) -> dict:
+    return {x: i for i, g in enumerate(strategy.dp_groups or []) if len(g) > 1 for x in g}
 
 
 def _dp_links(flow: pl.DataFrame, strategy: Strategy) -> pl.DataFrame:
-    group = {x: i for i, g in enumerate(strategy.dp_groups or []) if len(g) > 1 for x in g}
+    group = _group_of(strategy)
     if not group or flow.is_empty():
         return flow.head(0)
     f = flow.filter(pl.col("is_data")) if "is_data" in flow.columns else flow
@@ -44,33 +74,65 @@ def _robust(x: np.ndarray) -> tuple[float, float]:
     return med, float(1.4826 * np.median(np.abs(x - med)))
 
 
-def slow_links(dp: pl.DataFrame, resolution_ns: int, num_steps: int, sampled: bool = False) -> dict | None:
-    """The endpoint (slow NIC) or directed link whose DP payload rate is an outlier, or None.
+def link_rates(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolution_ns: int) -> pl.DataFrame:
+    """Payload rate of every directed link between the job's endpoints, and how well it is measured.
+
+    Columns src_addr, dst_addr, g (the DP group both ends share, else -1), b (bytes), d (open time), n
+    (records), vol (all its payload bytes, records of any length), pk (exported packets), rate, noise (relative sd of the rate), trusted. Records shorter
+    than ten clock ticks have no measurable rate; records longer than a step hold idle time (the
+    exporter's timeouts let them run over several steps) and measure the job's duty cycle, not the link.
+    Needs flow src_addr, dst_addr, est_bytes, start_ns, end_ns; is_data, num_packets, sampling_rate if known.
+    """
+    f = flow.filter(pl.col("is_data")) if "is_data" in flow.columns else flow
+    vol = f.group_by("src_addr", "dst_addr").agg(vol=pl.col("est_bytes").sum())
+    f = f.with_columns(d=(pl.col("end_ns") - pl.col("start_ns"))).filter(pl.col("d") >= 10 * resolution_ns)
+    if step_ns:
+        f = f.filter(pl.col("d") <= step_ns)
+    sampled = "sampling_rate" in f.columns and "num_packets" in f.columns
+    pk = pl.col("num_packets").fill_null(0) if sampled else pl.lit(0)
+    rate = pl.col("sampling_rate").fill_null(1).clip(lower_bound=1) if sampled else pl.lit(1)
+    links = f.group_by("src_addr", "dst_addr").agg(
+        b=pl.col("est_bytes").sum(), d=pl.col("d").sum(), n=pl.len(), pk=pk.sum(), smp=(rate > 1).any())
+    group = _group_of(strategy)
+    gs = pl.col("src_addr").replace_strict(group, default=-1, return_dtype=pl.Int64)
+    gd = pl.col("dst_addr").replace_strict(group, default=-2, return_dtype=pl.Int64)
+    # each record's open time is rounded to a clock tick at each end (sd ~0.41 tick); with 1-in-N
+    # sampling a link's bytes and open time come from its pk sampled packets (sd ~1/sqrt(pk))
+    tick = 0.41 * resolution_ns * pl.col("n").sqrt() / pl.col("d")
+    smp = pl.when(pl.col("smp")).then(1.0 / pl.col("pk").clip(lower_bound=1).sqrt()).otherwise(0.0)
+    return links.with_columns(
+        g=pl.when(gs == gd).then(gs).otherwise(-1), rate=pl.col("b") / pl.col("d"),
+        noise=(tick ** 2 + smp ** 2).sqrt(),
+        trusted=~pl.col("smp") | (pl.col("pk") >= MIN_PACKETS)).filter(pl.col("b") > 0).join(
+        vol, on=["src_addr", "dst_addr"], how="left")
+
+
+def _extra_per_step(sel: pl.DataFrame, ref_rate: float, num_steps: int) -> float:
+    """Time per step the links spent beyond what the reference rate needs for their bytes."""
+    return float((sel["d"] - sel["b"] / ref_rate).clip(lower_bound=0).max()) / max(num_steps, 1)
+
+
+def slow_links(links: pl.DataFrame, num_steps: int) -> dict | None:
+    """The endpoint (slow NIC) or directed link whose DP payload rate is an outlier within its ring, or None.
 
     A slow member throttles its whole ring (chunks are pipelined round it), so the ring's links all
     slow down; the member itself is the one whose sending *and* receiving links are both at the
-    ring's lowest rate (its neighbours have one each). A whole ring at one rate names nobody.
-    Needs dp (payload records of DP links) src_addr, dst_addr, g, est_bytes, start_ns, end_ns.
+    ring's lowest rate (its neighbours have one each). A whole ring at one rate names nobody here
+    (see slow_group). Needs link_rates' columns.
     """
-    # records shorter than a few clock ticks have no measurable rate
-    f = dp.with_columns(d=(pl.col("end_ns") - pl.col("start_ns"))).filter(pl.col("d") >= 10 * resolution_ns)
-    if f.height < 4:
+    # with packet sampling a record opens and closes at sampled packets: rates within one ring were
+    # seen to differ by 1.6x on a healthy sampled capture, so a ring's links are compared only unsampled
+    dp = links.filter((pl.col("g") >= 0) & ~pl.col("smp"))
+    if dp.height < 3:
         return None
-    links = f.group_by("src_addr", "dst_addr", "g").agg(b=pl.col("est_bytes").sum(), d=pl.col("d").sum(),
-                                                       n=pl.len())
-    links = links.with_columns(rate=pl.col("b") / pl.col("d"),
-                               # each record's open time is rounded to a clock tick at each end (an
-                               # error of sd ~0.41 tick); three sd of the sum over n records
-                               tol=3.0 * 0.41 * resolution_ns * pl.col("n").sqrt() / pl.col("d"))
-    if links.height < 3:
-        return None
-    lr = np.log(links["rate"].to_numpy())
+    lr = np.log(dp["rate"].to_numpy())
     med, sd = _robust(lr)
-    sd = max(sd, 0.05)  # rates that agree to the digit still jitter by a few per cent
-    links = links.with_columns(z=pl.Series((lr - med) / sd))
-    links = links.with_columns(at_min=pl.col("rate") <= pl.col("rate").min().over("g") * (1 + pl.col("tol")))
+    # rates that agree to the digit still jitter by a few per cent, and sampled rates by their noise
+    sd = max(sd, 0.05, float(np.median(dp["noise"].to_numpy())))
+    dp = dp.with_columns(z=pl.Series((lr - med) / sd))
+    dp = dp.with_columns(at_min=pl.col("rate") <= pl.col("rate").min().over("g") * (1 + 3 * pl.col("noise")))
     found = []
-    for _, gl in links.group_by("g"):
+    for _, gl in dp.group_by("g"):
         if gl["z"].min() >= -OUTLIER_MADS:
             continue
         low = gl.filter(pl.col("at_min"))
@@ -79,28 +141,117 @@ def slow_links(dp: pl.DataFrame, resolution_ns: int, num_steps: int, sampled: bo
         if len(both) == 1:
             culprit, kind = both[0], "slow_nic"
             sel = low.filter((pl.col("src_addr") == culprit) | (pl.col("dst_addr") == culprit))
-        elif low.height == 1 and not sampled:
-            # one link alone: with packet sampling a record opens and closes at sampled packets, so
-            # one link's rate is too noisy to name it on its own
+        elif low.height == 1:
             culprit, kind, sel = low["src_addr"][0], "slow_link", low
         else:
             continue  # the whole group at one rate: a slow path or a slow group, nobody to name
-        # time per step the slow links spent beyond what the job's usual rate needs for their bytes
-        extra = float((sel["d"] - sel["b"] / np.exp(med)).clip(lower_bound=0).max()) / max(num_steps, 1)
+        # the named links must stand apart from the rest of their ring, not merely be its lowest: in a
+        # ring slowed as a whole, links jitter by a per cent or so and some two always come lowest
+        rest = gl.join(sel.select("src_addr", "dst_addr"), on=["src_addr", "dst_addr"], how="anti")
+        if rest.height >= 2:
+            rl = np.log(rest["rate"].to_numpy())
+            r_med, r_sd = _robust(rl)
+            # (the plain sd too: a median of absolute deviations of a few links can be near 0 by chance)
+            r_sd = max(r_sd, float(np.std(rl, ddof=1)), float(np.median(gl["noise"].to_numpy())))
+            if r_med - float(np.log(sel["rate"].max())) < max(OUTLIER_MADS * r_sd, np.log1p(RING_GAP)):
+                continue
         found.append({"kind": kind, "culprit": culprit, "factor": round(float(np.exp(med) / sel["rate"].min()), 3),
-                      "extra_ns": extra, "links": [[r["src_addr"], r["dst_addr"]] for r in sel.iter_rows(named=True)]})
+                      "extra_ns": _extra_per_step(sel, float(np.exp(med)), num_steps),
+                      "links": [[r["src_addr"], r["dst_addr"]] for r in sel.iter_rows(named=True)]})
     return max(found, key=lambda x: x["extra_ns"]) if found else None
 
 
-def late_senders(dp: pl.DataFrame, step_ns: float, resolution_ns: int) -> dict | None:
+def _slow_endpoints(other: pl.DataFrame) -> tuple[set, dict]:
+    """Endpoints all of whose (trusted) links outside DP rings run SLOW_FACTOR below those links' median,
+    and that median; other links are pipeline sends and receives."""
+    if other.height >= 3:
+        # links whose records hold the usual bytes (see slow_group: bigger records hold gaps too)
+        bpr = (other["b"] / other["n"]).to_numpy()
+        other = other.filter(pl.Series(np.abs(np.log(bpr / np.median(bpr))) <= np.log(PEER_BYTES)))
+    if other.height < 3:
+        return set(), {}
+    lr = np.log(other["rate"].to_numpy())
+    med, sd = _robust(lr)
+    sd = max(sd, 0.05, float(np.median(other["noise"].to_numpy())))
+    cut = med - max(np.log(SLOW_FACTOR), OUTLIER_MADS * sd)
+    o = other.with_columns(slow=pl.Series(lr < cut))
+    ends = pl.concat([o.select(x="src_addr", slow="slow"), o.select(x="dst_addr", slow="slow")])
+    per = ends.group_by("x").agg(all_slow=pl.col("slow").all(), n=pl.len())
+    return set(per.filter(pl.col("all_slow"))["x"].to_list()), {"median_rate": float(np.exp(med)), "cut": float(np.exp(cut))}
+
+
+def slow_group(links: pl.DataFrame, strategy: Strategy, num_steps: int) -> dict | None:
+    """A DP group whose ring runs SLOW_FACTOR below the job's other DP groups, and its slow member if the
+    links outside the ring single one out; or, with no DP rings (pure pipeline), the one endpoint whose
+    pipeline links are all slow. ``culprit`` is None when the evidence cannot decide (``ambiguous``).
+    Needs link_rates' columns.
+    """
+    t = links.filter(pl.col("trusted"))
+    dp, other = t.filter(pl.col("g") >= 0), t.filter(pl.col("g") < 0)
+    slow_ends, other_stats = _slow_endpoints(other)
+    groups = dp.group_by("g").agg(lr=pl.col("rate").log().median(), vol=pl.col("vol").median(),
+                                  bpr=(pl.col("b") / pl.col("n")).median(), n=pl.len()).sort("lr")
+    if groups.height >= 2:
+        # a ring is compared only with rings that move the same bytes (the same collective: other TP
+        # ranks' rings, stages of equal size; small or latency-bound collectives run slower by design)
+        # in records of the same size: a record that holds two collectives (an exporter with a longer
+        # idle timeout) measures the gap between them as well
+        lrs, vols, bpr = groups["lr"].to_numpy(), groups["vol"].to_numpy(), groups["bpr"].to_numpy()
+        peers = ((np.abs(np.log(vols / vols[0])) <= np.log(PEER_BYTES))
+                 & (np.abs(np.log(bpr / bpr[0])) <= np.log(PEER_BYTES)))
+        peers[0] = False
+        if not peers.any():
+            return None
+        g0, lr0 = int(groups["g"][0]), float(lrs[0])
+        rest = lrs[peers]
+        ref, sd = _robust(rest) if len(rest) >= 2 else (float(rest[0]), 0.0)
+        sd = max(sd, 0.05)
+        if ref - lr0 < max(np.log(SLOW_FACTOR), OUTLIER_MADS * sd):
+            return None
+        members = sorted(strategy.dp_groups[g0])
+        cands = sorted(x for x in members if x in slow_ends)
+        sel = dp.filter(pl.col("g") == g0)
+        out = {"factor": round(float(np.exp(ref - lr0)), 3), "extra_ns": _extra_per_step(sel, float(np.exp(ref)), num_steps),
+               "group": g0, "members": members, "group_rates": {str(int(g)): round(float(np.exp(v)), 3) for g, v
+                                                              in zip(groups["g"], groups["lr"])},
+               "outside_ring": {**other_stats, "slow_members": cands}}
+        if len(cands) == 1:
+            x = cands[0]
+            mine = other.filter((pl.col("src_addr") == x) | (pl.col("dst_addr") == x))
+            return {**out, "kind": "slow_nic", "culprit": x,
+                    "links": [[r["src_addr"], r["dst_addr"]] for r in mine.iter_rows(named=True)]}
+        why = ("no member of the slow ring has measured links outside it" if not other.height else
+               f"{len(cands)} members of the slow ring are also slow outside it" if cands else
+               "no member of the slow ring is slow outside it")
+        return {**out, "kind": "slow_group", "culprit": None, "ambiguous": why, "links": []}
+    if dp.height or len(slow_ends) != 1:
+        return None
+    # a pure pipeline: the one endpoint whose every pipeline link is slow (its neighbours keep a fast one)
+    x = next(iter(slow_ends))
+    mine = other.filter((pl.col("src_addr") == x) | (pl.col("dst_addr") == x))
+    if mine.height < 2:
+        return None
+    ref = other_stats["median_rate"]
+    return {"kind": "slow_nic", "culprit": x, "factor": round(float(ref / mine["rate"].max()), 3),
+            "extra_ns": _extra_per_step(mine, ref, num_steps), "outside_ring": other_stats,
+            "links": [[r["src_addr"], r["dst_addr"]] for r in mine.iter_rows(named=True)]}
+
+
+def late_senders(dp: pl.DataFrame, step_ns: float, resolution_ns: int,
+                 pipelines: list[list[str]] | None = None) -> dict | None:
     """The endpoint whose DP sends start consistently late in its group, or None.
 
-    Needs dp src_addr, g (group), start_ns. Bursts are cut at idle gaps longer than a tenth of a step.
+    Needs dp src_addr, g (group), start_ns, end_ns. A burst starts after an idle gap longer than a
+    tenth of a step since the sender's previous record ended (a record the active timeout cut off is
+    followed at once by the next, whose start carries no phase); its lateness is measured against
+    the median start of its group's bursts in the same step (the collective's start). A slow worker
+    delays its whole pipeline's backward pass: when another member of its pipeline (``pipelines``)
+    is late as well, the late pipeline is reported as ``ambiguous`` and nobody is named.
     """
     if dp.is_empty() or not step_ns:
         return None
-    f = dp.select("src_addr", "g", "start_ns").sort("src_addr", "start_ns")
-    gap = pl.col("start_ns") - pl.col("start_ns").shift(1).over("src_addr")
+    f = dp.select("src_addr", "g", "start_ns", "end_ns").sort("src_addr", "start_ns")
+    gap = pl.col("start_ns") - pl.col("end_ns").cum_max().shift(1).over("src_addr")
     bursts = f.with_columns(gap=gap).filter(pl.col("gap").is_null() | (pl.col("gap") > 0.1 * step_ns))
     bursts = bursts.with_columns(step=((pl.col("start_ns") - pl.col("start_ns").min()) / step_ns).round().cast(pl.Int64))
     late = bursts.with_columns(late=pl.col("start_ns") - pl.col("start_ns").median().over(["g", "step"]))
@@ -113,53 +264,173 @@ def late_senders(dp: pl.DataFrame, step_ns: float, resolution_ns: int) -> dict |
     worst = per.sort("late", descending=True).row(0, named=True)
     if (worst["late"] - med) / sd < OUTLIER_MADS or worst["n"] < 2:
         return None
-    return {"kind": "slow_worker", "culprit": worst["src_addr"], "extra_ns": float(worst["late"] - med)}
+    out = {"kind": "slow_worker", "culprit": worst["src_addr"], "extra_ns": float(worst["late"] - med),
+           "late_ns": float(worst["late"] - med), "robust_sd_ns": sd}
+    mates = next((p for p in pipelines or [] if worst["src_addr"] in p and len(p) > 1), [])
+    also = per.filter(pl.col("src_addr").is_in(mates) & (pl.col("src_addr") != worst["src_addr"])
+                      & ((pl.col("late") - med) / sd >= OUTLIER_MADS))["src_addr"].to_list()
+    if also:
+        return {**out, "kind": "late_pipeline", "culprit": None, "members": sorted([worst["src_addr"], *also]),
+                "ambiguous": "several members of one pipeline start their DP sends late: a slow stage delays "
+                             "the pipeline's whole backward pass, so flows cannot tell which one is slow"}
+    return out
+
+
+def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolution_ns: int) -> dict | None:
+    """The endpoint whose pipeline's forward sends fall behind from its stage on, or None.
+
+    DP collectives start when their last member arrives, so a slow worker's ring sends need not start
+    late; its pipeline's activations do. Each pipeline's first forward send of a burst from stage k
+    is compared with the same stage's send in the other pipelines (DP replicas, which start each step
+    together after the previous gradient sync): a slow stage s delays its own sends and every later
+    stage's, not the earlier ones, so the culprit is the first stage from which its pipeline stays
+    late. Needs at least three pipelines with a known stage order; flow src_addr, dst_addr,
+    start_ns, end_ns (is_data if known).
+    """
+    pipes = [p for p in strategy.pp_groups or [] if len(p) > 1]
+    if len(pipes) < 3 or not step_ns or not (strategy.extra or {}).get("stage_order_known", False):
+        return None
+    pos = {(p[k], p[k + 1]): (i, k) for i, p in enumerate(pipes) for k in range(len(p) - 1)}
+    f = flow.filter(pl.col("is_data")) if "is_data" in flow.columns else flow
+    key = pl.concat_str(["src_addr", "dst_addr"], separator="|")
+    keep = {f"{a}|{b}": v for (a, b), v in pos.items()}
+    f = f.with_columns(key=key).filter(pl.col("key").is_in(list(keep)))
+    if f.is_empty():
+        return None
+    f = f.with_columns(pipe=pl.col("key").replace_strict({k: v[0] for k, v in keep.items()}, return_dtype=pl.Int64),
+                       stage=pl.col("key").replace_strict({k: v[1] for k, v in keep.items()}, return_dtype=pl.Int64))
+    f = f.sort("key", "start_ns")
+    gap = pl.col("start_ns") - pl.col("end_ns").cum_max().shift(1).over("key")
+    b = f.with_columns(gap=gap).filter(pl.col("gap").is_null() | (pl.col("gap") > 0.1 * step_ns))
+    # the first forward send of each step only: later ones also wait for the stages after them (1F1B
+    # interleaves their backward passes), the first microbatch's waits only for the stages before it.
+    # Steps are counted from each stage's first send (a tenth of a step early, for jitter)
+    b = b.with_columns(step=((pl.col("start_ns") - pl.col("start_ns").min().over("stage") + 0.1 * step_ns)
+                             / step_ns).floor().cast(pl.Int64))
+    a = b.group_by("pipe", "stage", "step").agg(t=pl.col("start_ns").min())
+    a = a.with_columns(late=pl.col("t") - pl.col("t").median().over("stage", "step"),
+                       size=pl.len().over("stage", "step")).filter(pl.col("size") >= 3)
+    per = a.group_by("pipe", "stage").agg(late=pl.col("late").median(), n=pl.len())
+    if per.height < 3:
+        return None
+    table = {(r["pipe"], r["stage"]): r["late"] for r in per.iter_rows(named=True)}
+    stages = sorted({k for _, k in table})
+    z: dict = {}
+    for k in stages:
+        x = np.array([v for (p, kk), v in table.items() if kk == k], dtype=float)
+        if len(x) < 3:
+            continue
+        med, sd = _robust(x)
+        sd = max(sd, 2.0 * resolution_ns, 1e-4 * step_ns)
+        for (p, kk), v in table.items():
+            if kk == k:
+                z[(p, k)] = ((v - med) / sd, v - med)
+    if not z:
+        return None
+    last = max(k for _, k in z)
+    worst = max((p for p, k in z if k == last), key=lambda p: z[(p, last)][0])
+    row = [(k, *z[(worst, k)]) for k in stages if (worst, k) in z]
+    if not row or row[-1][1] < OUTLIER_MADS:
+        return None
+    # the first stage from which the pipeline stays late
+    first = row[-1][0]
+    for k, zz, _ in reversed(row):
+        if zz < OUTLIER_MADS:
+            break
+        first = k
+    if any(pp != worst and zz >= OUTLIER_MADS for (pp, k), (zz, _) in z.items() if k == first):
+        return None  # another pipeline is as late there: no single slow stage
+    # lateness, once a stage brings it in, carries on to every later stage (they wait for its
+    # activations); a pipeline that is later at its start than further on is late for another
+    # reason (its previous step, its gradient sync) and names nobody
+    lead = z[(worst, first)][1]
+    if any(v < (1 - LATE_SLACK) * lead for k, _, v in row if k > first):
+        return None
+    # its forward time against the same stage's in the other pipelines (the gap from the previous
+    # stage's first send to its own; for stage 0, the other stages' median): the worker's compute
+    # factor. A slow stage paces its pipeline, and the gradient sync the whole job, so S ~ that factor.
+    a = a.sort("pipe", "step", "stage").with_columns(inc=pl.col("t") - pl.col("t").shift(1).over("pipe", "step"),
+                       prev=pl.col("stage") - pl.col("stage").shift(1).over("pipe", "step"))
+    inc = a.filter((pl.col("pipe") != worst) & (pl.col("prev") == 1) & (pl.col("inc") > 0))
+    own = inc.filter(pl.col("stage") == first)["inc"]
+    fwd = float(own.median()) if own.len() else (float(inc["inc"].median()) if inc.height else 0.0)
+    late = float(z[(worst, first)][1])
+    factor = 1.0 + late / fwd if fwd > 0 else None
+    return {"kind": "slow_worker", "culprit": pipes[worst][first],
+            "extra_ns": float(step_ns * (1 - 1 / factor)) if factor else late,
+            "factor": round(factor, 3) if factor else None, "forward_ns": fwd,
+            "late_ns": late, "stage": int(first), "pipeline": pipes[worst],
+            "late_by_stage_ns": {str(k): round(float(v), 1) for k, _, v in row}}
+
+
+def _slowdown(x: dict, step: float) -> float:
+    return round(step / (step - min(x["extra_ns"], 0.9 * step)), 4)
 
 
 def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps, resolution_ns: int = 1,
                            none_below: float = 1.05) -> Stragglers:
     """Straggler section of a flows-only report (see module doc).
 
-    Needs flow (aligned) src_addr, dst_addr, est_bytes or size_bytes, start_ns, end_ns and is_data
-    if known; the inferred strategy's dp_groups and the step time.
+    Needs flow (aligned) src_addr, dst_addr, est_bytes or size_bytes, start_ns, end_ns and is_data,
+    num_packets, sampling_rate if known; the inferred strategy's dp_groups, pp_groups and the step time.
     """
     if "est_bytes" not in flow.columns:
         rate = pl.col("sampling_rate").fill_null(1).clip(lower_bound=1) if "sampling_rate" in flow.columns else 1
         flow = flow.with_columns(est_bytes=(pl.col("size_bytes") * rate).cast(pl.Float64))
-    dp = _dp_links(flow, strategy)
-    sampled = bool("sampling_rate" in dp.columns and (dp["sampling_rate"].fill_null(1) > 1).any())
     step = float(steps.median_ns or 0.0)
-    base = {"basis": "flows", "evaluated": True}
-    if dp.is_empty() or not step:
+    if flow.is_empty() or not step:
         return Stragglers(extra={"basis": "flows", "evaluated": False,
-                                 "why": "no data-parallel links or no step time from flows"})
-    # with packet sampling a record opens and closes at sampled packets: link rates are too noisy
-    # to name a NIC or link (seen: false alarms on a healthy sampled job), so they are not judged
-    rates = None if sampled else slow_links(dp, resolution_ns, steps.count)
-    if sampled:
-        base["link_rates"] = "not judged: packet sampling blurs record durations"
-    found = [x for x in (rates, late_senders(dp, step, resolution_ns)) if x]
+                                 "why": "no step time from flows: link rates and lateness need one"})
+    links = link_rates(flow, strategy, step, resolution_ns)
+    base = {"basis": "flows", "evaluated": True,
+            "link_rates": {"links": int(links.height), "trusted": int(links["trusted"].sum()) if links.height else 0,
+                           "dp_links": int((links["g"] >= 0).sum()) if links.height else 0,
+                           "min_packets": MIN_PACKETS, "slow_factor": SLOW_FACTOR}}
+    if links.height and not links["trusted"].any():
+        base["link_rates"]["why"] = f"every link holds fewer than {MIN_PACKETS} sampled packets"
+    dp = _dp_links(flow, strategy)
+    # late ring sends: in a tree all-reduce a member sends up only once its children's data arrived, so
+    # its sends are late by design; and lateness needs the steps where they are
+    kinds = (strategy.extra or {}).get("dp_group_kinds")
+    rings = kinds is None or set(kinds) <= {"ring", "pair"}
+    late = (late_senders(dp, step, resolution_ns, strategy.pp_groups)
+            if rings and not steps.extra.get("ambiguous") else None)
+    if late is None or not late.get("culprit"):
+        late = late_stage(flow, strategy, step, resolution_ns) or late
+    cands = [slow_links(links, steps.count), slow_group(links, strategy, steps.count), late]
+    found = [x for x in cands if x and x.get("culprit")]
+    ambiguous = [x for x in cands if x and not x.get("culprit")]
+    if ambiguous:
+        base["ambiguous_flows"] = [{k: v for k, v in x.items() if k != "links"} for x in ambiguous]
     if not found:
-        return Stragglers(extra={**base, "findings_flows": []})
+        # evidence that a ring or pipeline is slow but not who: the cause is reported, nobody is named
+        comm = next((x for x in ambiguous if x["kind"] == "slow_group"), None)
+        if comm is None or _slowdown(comm, step) < none_below:
+            return Stragglers(extra={**base, "findings_flows": []})
+        s = _slowdown(comm, step)
+        return Stragglers(slowdown=s, verdict="communication", by_cause={"communication": 1.0}, top_workers=[],
+                          waste_fraction=round(1 - 1 / s, 4),
+                          extra={**base, "findings_flows": [], "steps": [],
+                                 "culprits": {"communication": {"group_id": comm["group"], "ranks": comm["members"],
+                                                                "transfer_ratio": comm["factor"]}}})
     best = max(found, key=lambda x: x["extra_ns"])
-    cost = min(best["extra_ns"], 0.9 * step)
-    s = step / (step - cost)
+    s = _slowdown(best, step)
     cause = "communication" if best["kind"] in ("slow_nic", "slow_link") else "worker"
     verdict = cause if s >= none_below else "none"
-    top = [{"endpoint": x["culprit"], "slowdown": round(step / (step - min(x["extra_ns"], 0.9 * step)), 4),
-            "kind": x["kind"]} for x in sorted(found, key=lambda x: -x["extra_ns"])]
+    top = [{"endpoint": x["culprit"], "slowdown": _slowdown(x, step), "kind": x["kind"]}
+           for x in sorted(found, key=lambda x: -x["extra_ns"])]
     # the evidence in the shape the findings read (culprits are addresses: flows know no ranks)
     ev: dict = {"slow_links": [], "slow_ranks": []}
     culprits: dict = {}
     for x in found:
-        f = round(step / (step - min(x["extra_ns"], 0.9 * step)), 4)
+        f = _slowdown(x, step)
         if x["kind"] == "slow_worker":
             ev["slow_ranks"].append({"rank": x["culprit"], "factor": f, "steps": []})
             culprits.setdefault("worker", {"rank": x["culprit"], "factor": f, "factor_vs": "its DP group's senders"})
         else:
             ev["slow_links"].append({"rank": x["culprit"], "factor": x["factor"], "steps": [],
-                                     "slow_transfers": len(x["links"]), "transfers": int(dp["src_addr"].n_unique())})
+                                     "slow_transfers": len(x["links"]), "transfers": int(links.height)})
             culprits.setdefault("communication", {"rank": x["culprit"], "transfer_ratio": x["factor"]})
-    return Stragglers(slowdown=round(s, 4), verdict=verdict, by_cause={cause: 1.0}, top_workers=top,
+    return Stragglers(slowdown=s, verdict=verdict, by_cause={cause: 1.0}, top_workers=top,
                       waste_fraction=round(1 - 1 / s, 4),
                       extra={**base, "findings_flows": found, "evidence": ev, "culprits": culprits, "steps": []})

@@ -112,7 +112,28 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     t = bursts["start_ns"].to_numpy()
     period = step_period(bursts["key"].to_numpy(), t)
     if period is None:
-        return Steps(extra={"evaluated": False, "why": "no periodic data-parallel traffic", "source": "flows"})
+        # records that follow their predecessor within a few clock ticks are one flow cut by the active
+        # timeout: the flow never idled long enough for the exporter to close it between steps
+        res = flow_resolution_ns(flows)
+        cont = f.filter(pl.col("gap").is_not_null())
+        share = float((cont["gap"] <= 10 * res).mean()) if cont.height else 0.0
+        med = float((f["end_ns"] - f["start_ns"]).median() or 0)
+        per_flow = bursts.height / max(f["key"].n_unique(), 1)
+        why = "no periodic data-parallel traffic"
+        if share >= 0.5 or per_flow <= 2:
+            why = (f"no periodic traffic seen: records last {med / 1e6:.0f} ms (median), a flow shows "
+                   f"{per_flow:.1f} burst starts and {share:.0%} of the records continue their flow's previous "
+                   "one: the exporter's timeouts, not the job's steps, set where records start, so the step "
+                   "time cannot be read from them")
+        return Steps(extra={"evaluated": False, "why": why, "source": "flows", "continued_records": round(share, 3),
+                            "median_record_ns": med, "burst_starts_per_flow": round(per_flow, 2)})
+    spacing = _burst_spacing(bursts, period)
+    if spacing and abs(spacing - period) > 0.01 * period:
+        # most links' consecutive bursts lie a whole number of steps apart: the period the phase
+        # coherence chose may sit on a minority of links (a tree's late senders, a timer's beat)
+        period_seen, period = period, spacing
+    else:
+        period_seen = None
     # a link's bursts may repeat several times a step: the job's whole traffic repeats once a step
     payload = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
     whole = whole_step(payload, period, flow_resolution_ns(flows)) if "est_bytes" in flows.columns else None
@@ -126,6 +147,9 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     extra = {"source": "flows: period of data-parallel traffic", "evaluated": True,
              "durations_ns": [int(round(period))] * len(bounds), "record_cover": round(cover, 3),
              "note": "flows give one period for all steps; boundaries are spaced by it"}
+    if period_seen:
+        extra["period_from_phase_coherence_ns"] = int(round(period_seen))
+        extra["period_note"] = "replaced by the median spacing of consecutive bursts over whole periods"
     if whole:
         extra["period_multiple"] = whole["multiple"]
         extra["autocorrelation_by_multiple"] = {str(k): v for k, v in whole["corr"].items()}
@@ -136,11 +160,60 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     if whole and whole["weak"]:
         extra["ambiguous"] = True
         extra["why"] = "the job's traffic does not repeat clearly at this period: the step time is uncertain"
+        if whole.get("short"):
+            extra["why"] = ("the capture holds this period fewer than twice: nothing confirms it, and it may "
+                            "be a whole multiple or fraction of the step")
+    if whole and whole.get("fraction"):
+        extra["ambiguous"] = True
+        extra["autocorrelation_by_fraction"] = {str(m): v for m, v in whole["fraction_corr"].items()}
+        extra["why"] = (f"the job's traffic repeats as well at 1/{whole['fraction']} of this period: the step time "
+                        "may be a whole fraction of it")
+    hidden = _hidden_bursts(f, bursts, dur, flow_resolution_ns(flows))
+    extra["record_coverage_between_bursts"] = round(hidden["coverage"], 3)
+    if hidden["timer_cut"] and hidden["coverage"] >= 0.5:
+        extra["ambiguous"] = True
+        extra["why"] = (f"{hidden['timer_share']:.0%} of the flow records were closed by the exporter's active timeout "
+                        f"(~{hidden['timer_ns'] / 1e6:.0f} ms) and they cover {hidden['coverage']:.0%} of the time "
+                        "between the bursts seen: bursts that start inside a record are not seen, so the step "
+                        "time may be a whole fraction of this")
     if cover > 0.5 or long_frac >= 0.5:
         extra["ambiguous"] = True
         extra["why"] = (f"flow records last up to {max(cover, long_frac):.0%} of the period: the exporter's "
                         "active timeout may hide steps, so the step time may be a whole fraction of this")
     return Steps(count=len(bounds), median_ns=period, boundaries_ns=bounds, extra=extra)
+
+
+def _burst_spacing(bursts: pl.DataFrame, period: float) -> float | None:
+    """The median of d / round(d / period) over the gaps d between consecutive burst starts of a link
+    (a burst every step, or every few steps where the exporter hid some), iterated once."""
+    d = bursts.with_columns(d=pl.col("start_ns").diff().over("key"))["d"].drop_nulls().to_numpy().astype(float)
+    for _ in range(2):
+        k = np.round(d / period)
+        ok = k >= 1
+        if ok.sum() < 3:
+            return None
+        period = float(np.median(d[ok] / k[ok]))
+    return period
+
+
+def _hidden_bursts(f: pl.DataFrame, bursts: pl.DataFrame, dur: np.ndarray, resolution_ns: int) -> dict:
+    """Whether records could hide burst starts: records the exporter's active timeout closed all last
+    about as long as the longest (the timeout), run through any idle time inside them, and so hide a
+    burst that starts within them. Coverage: the median share of time, between a link's first and
+    last burst seen, that its records are open (an idle step shows as time no record covers)."""
+    out = {"timer_cut": False, "timer_share": 0.0, "timer_ns": 0.0, "coverage": 0.0}
+    if not len(dur) or bursts.height < 2:
+        return out
+    dmax = float(dur.max())
+    share = float((dur >= dmax - max(0.02 * dmax, 2 * resolution_ns)).mean())
+    first = bursts.group_by("key").agg(a=pl.col("start_ns").min(), b=pl.col("start_ns").max())
+    cov = (f.join(first, on="key").filter((pl.col("start_ns") >= pl.col("a")) & (pl.col("start_ns") < pl.col("b")))
+           .group_by("key").agg(open=(pl.col("end_ns") - pl.col("start_ns")).sum(), span=(pl.col("b") - pl.col("a")).first())
+           .filter(pl.col("span") > 0))
+    coverage = float((cov["open"] / cov["span"]).clip(upper_bound=1.0).median()) if cov.height else 0.0
+    out.update(timer_cut=dmax >= 10 * resolution_ns and share >= 0.2, timer_share=share, timer_ns=dmax,
+               coverage=coverage)
+    return out
 
 
 def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,

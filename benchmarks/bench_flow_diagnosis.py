@@ -151,8 +151,12 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
         d = rec.filter(pl.col("variant") == v)
         print(f"{label:<52}{share(d, pl.col('named_right')):>22}")
         print(f"{'  ... someone else named':<52}{share(d, pl.col('false_alarm')):>22}  0")
+        want = "communication" if v == "slow-link" else "worker"
+        print(f"{'  ... right cause, address left ambiguous':<52}"
+              f"{share(d, (pl.col('verdict') == want) & (pl.col('culprit') == '')):>22}")
     clean = rec.filter(pl.col("variant") == "clean")
     print(f"{'clean jobs: a culprit named (false alarm)':<52}{share(clean, pl.col('false_alarm')):>22}  0")
+    print(f"{'clean jobs: any verdict but none':<52}{share(clean, ~pl.col('verdict').is_in(['none', ''])):>22}  0")
     by = (rec.group_by("variant", "transport").agg(n=pl.len(), step_ok=(pl.col("step") == "ok").mean(),
                                                    named=pl.col("named_right").mean())
           .sort("variant", "transport"))

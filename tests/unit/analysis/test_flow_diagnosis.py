@@ -1,0 +1,169 @@
+"""Flows-only diagnosis on hand-built records: step time honesty, slow ring / NIC, slow pipeline stage."""
+
+import numpy as np
+import polars as pl
+
+from rankscope.analysis.diagnosis import Steps, Strategy
+from rankscope.analysis.flow_period import whole_step
+from rankscope.analysis.flow_stragglers import flow_straggler_section, late_stage, link_rates, slow_group
+from rankscope.analysis.strategy_flows import flow_steps
+
+STEP = 1_000_000_000
+COLS = ["src_addr", "dst_addr", "start_ns", "end_ns", "est_bytes", "is_data"]
+
+
+def _frame(rows):
+    return pl.DataFrame(rows, schema=COLS, orient="row")
+
+
+def test_a_period_seen_once_is_flagged_and_a_multiple_is_measured_at_its_peak():
+    # two bursts in the capture: nothing says the period is the step
+    f = pl.DataFrame({"start_ns": [0, STEP], "end_ns": [STEP // 10, STEP + STEP // 10], "est_bytes": [1e9, 1e9]})
+    w = whole_step(f, 1.5 * STEP, 1)
+    assert w["weak"] and w.get("short")
+    # a step of 1.02 s made of four equal-ish bursts, the last one big; the link period is 250 ms
+    # (a quarter of 1.0 s, 2 % short): k * period would be 2 % off, the peak is not
+    rows = []
+    for s in range(10):
+        for q in range(4):
+            t = int(s * 1.02 * STEP + q * 255_000_000)
+            rows.append((t, t + 50_000_000, 5e9 if q == 3 else 1e9))
+    f = pl.DataFrame(rows, schema=["start_ns", "end_ns", "est_bytes"], orient="row")
+    w = whole_step(f, 250_000_000, 1)
+    assert w["multiple"] == 4 and abs(w["step_ns"] - 1.02 * STEP) < 0.005 * STEP
+
+
+def _timer_records(step_ns, busy_ns, timer_ns, steps, links=3):
+    """An exporter with an active timeout and no idle timeout: a record opens at a packet and closes
+    at the last packet before the timer runs out; packets every millisecond while a link is busy."""
+    rows = []
+    for i in range(links):
+        pk = np.concatenate([np.arange(s * step_ns, s * step_ns + busy_ns, 1_000_000) for s in range(steps)])
+        pk = pk + i * 7_000_000
+        k = 0
+        while k < len(pk):
+            last = int(np.searchsorted(pk, pk[k] + timer_ns, side="left")) - 1
+            rows.append((f"n{i}", f"n{i + 1}", int(pk[k]), int(pk[last]), 1e9, True))
+            k = last + 1
+    return _frame(rows).with_columns(src_port=pl.lit(1), dst_port=pl.lit(2))
+
+
+def test_records_the_timer_cut_that_cover_the_gaps_leave_the_step_open():
+    # bursts every 0.77 s, records closed by a 1 s timer: a burst start is seen only where the timer ran
+    # out during an idle gap (about every third step), the others fall inside open records
+    st = flow_steps(_timer_records(770_000_000, 500_000_000, STEP, 9), set())
+    assert st.median_ns
+    if abs(st.median_ns - 770_000_000) > 0.01 * 770_000_000:
+        assert st.extra.get("ambiguous"), st.extra
+    assert st.extra["record_coverage_between_bursts"] >= 0.5
+    # records that close at every burst's end (timer shorter than the burst) show every step
+    st = flow_steps(_timer_records(770_000_000, 300_000_000, 100_000_000, 9), set())
+    assert abs(st.median_ns - 770_000_000) <= 0.01 * 770_000_000
+
+
+def _grid_records(slow=None, pp_links=True, n_dp=4, pp=3, steps=6, merged_ring=None):
+    """dp groups are stages (n_dp members each), pipelines are replicas; every link moves 4 GB a step
+    (ring) or 1 GB (pipeline) in records that bound one transfer each. ``slow``: an address whose
+    ring is slowed 3x (the whole ring: chunks are pipelined round it) and its own pipeline links too."""
+    rows = []
+    rng = np.random.default_rng(3)
+    addr = [[f"10.{k}.{p}.1" for k in range(pp)] for p in range(n_dp)]
+    groups = [[addr[p][k] for p in range(n_dp)] for k in range(pp)]
+    slow_ring = next((k for k, g in enumerate(groups) if slow in g), None)
+    for s in range(steps):
+        for k, g in enumerate(groups):
+            for i in range(n_dp):
+                src, dst = g[i], g[(i + 1) % n_dp]
+                dur = 200_000_000 * (3.0 if k == slow_ring else 1.0) * (1 + rng.normal(0, 0.01))
+                t = s * STEP + 600_000_000
+                if k == merged_ring:  # one record holds two collectives and the gap between them
+                    if s % 2 == 0:
+                        rows.append((src, dst, t, int(t + STEP + dur), 8e9, True))
+                    continue
+                rows.append((src, dst, t, int(t + dur), 4e9, True))
+        if pp_links:
+            for p in range(n_dp):
+                for k in range(pp - 1):
+                    for src, dst in ((addr[p][k], addr[p][k + 1]), (addr[p][k + 1], addr[p][k])):
+                        dur = 50_000_000 * (3.0 if slow in (src, dst) else 1.0) * (1 + rng.normal(0, 0.01))
+                        t = s * STEP + 100_000_000 + k * 60_000_000
+                        rows.append((src, dst, t, int(t + dur), 1e9, True))
+    strat = Strategy(dp=n_dp, pp=pp, dp_groups=groups, pp_groups=addr, extra={"stage_order_known": True})
+    return _frame(rows), strat
+
+
+def test_a_slow_ring_is_named_by_its_member_whose_pipeline_links_are_slow_too():
+    f, strat = _grid_records(slow="10.1.2.1")
+    st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1)
+    assert st.verdict == "communication" and st.top_workers[0]["endpoint"] == "10.1.2.1"
+    # without pipeline links the ring is slow but nobody in it can be named: cause, no address
+    f, strat = _grid_records(slow="10.1.2.1", pp_links=False)
+    st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1)
+    assert st.verdict == "communication" and not st.top_workers
+    amb = st.extra["ambiguous_flows"][0]
+    assert amb["kind"] == "slow_group" and "10.1.2.1" in amb["members"] and amb["factor"] > 2.5
+    # healthy: nothing
+    f, strat = _grid_records()
+    st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1)
+    assert st.verdict == "none" and not st.top_workers
+
+
+def test_a_ring_whose_records_hold_two_collectives_is_not_compared():
+    # an exporter with a longer idle timeout merges two collectives and the gap into one record: its
+    # rate is half, but its records hold twice the bytes, so it has no peer to be slow against
+    f, strat = _grid_records(merged_ring=1, pp_links=False)
+    links = link_rates(f, strat, 2.5 * STEP, 1)
+    assert slow_group(links, strat, 6) is None
+
+
+def test_sampled_links_with_few_packets_are_not_trusted():
+    f = _frame([("a", "b", 0, 1000, 1e6, True), ("b", "c", 0, 1000, 1e6, True)]).with_columns(
+        num_packets=pl.Series([5, 500]), sampling_rate=pl.lit(100))
+    links = link_rates(f, Strategy(), STEP, 1).sort("src_addr")
+    assert links["trusted"].to_list() == [False, True]
+    assert abs(links["noise"][1] - 1 / np.sqrt(500)) < 1e-3
+
+
+def _pipeline_records(slow_pipe=None, slow_stage=None, late_start=None, n_pipes=5, pp=4, steps=6):
+    """Forward sends of each pipeline's first microbatch: stage k sends 40 ms after it received; a slow
+    stage takes 40 ms more. ``late_start``: a pipeline whose first stage starts 30 ms late but whose
+    later stages catch up (late for another reason, not a slow stage)."""
+    rows = []
+    rng = np.random.default_rng(5)
+    pipes = [[f"10.{k}.{p}.1" for k in range(pp)] for p in range(n_pipes)]
+    for s in range(steps):
+        for p, addrs in enumerate(pipes):
+            t = s * STEP + int(rng.normal(0, 1e5))
+            for k in range(pp - 1):
+                t += 40_000_000 + (40_000_000 if (p, k) == (slow_pipe, slow_stage) else 0)
+                if p == late_start:
+                    t += 30_000_000 if k == 0 else -30_000_000 if k == 1 else 0
+                rows.append((addrs[k], addrs[k + 1], t, t + 5_000_000, 1e8, True))
+                t += 5_000_000
+    strat = Strategy(dp=n_pipes, pp=pp, pp_groups=pipes, extra={"stage_order_known": True},
+                     dp_groups=[[pipes[p][k] for p in range(n_pipes)] for k in range(pp)])
+    return _frame(rows), strat
+
+
+def test_a_slow_stage_is_the_first_from_which_its_pipeline_stays_late():
+    f, strat = _pipeline_records(slow_pipe=2, slow_stage=1)
+    x = late_stage(f, strat, STEP, 1)
+    assert x["culprit"] == "10.1.2.1" and x["stage"] == 1 and 1.8 < x["factor"] < 2.2
+    assert late_stage(_pipeline_records()[0], strat, STEP, 1) is None
+    # late at its start, on time further on: not a slow stage
+    f, strat = _pipeline_records(late_start=3)
+    assert late_stage(f, strat, STEP, 1) is None
+    # stage order unknown: the direction of the pipeline is a guess, nobody is named
+    f, strat = _pipeline_records(slow_pipe=2, slow_stage=1)
+    strat.extra["stage_order_known"] = False
+    assert late_stage(f, strat, STEP, 1) is None
+
+
+def test_the_period_follows_most_links_burst_spacing():
+    from rankscope.analysis.strategy_flows import _burst_spacing
+
+    # bursts every 1.5 s on most links, every second step on some (the exporter hid one); a period
+    # guess 5 % long is pulled back to what the spacings say
+    rows = [(f"k{i}", int(s * 1.5e9)) for i in range(6) for s in range(0, 8, 2 if i == 5 else 1)]
+    b = pl.DataFrame(rows, schema=["key", "start_ns"], orient="row").sort("key", "start_ns")
+    assert abs(_burst_spacing(b, 1.58e9) - 1.5e9) < 1e6
