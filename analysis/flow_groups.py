@@ -404,7 +404,9 @@ def _walk(p: list[str], adj: dict) -> tuple[list[str], bool]:
     return path, not ends and len(path) > 2
 
 
-def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1) -> tuple[list[list[str]], float]:
+def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
+                    stage_votes: dict[tuple[int, int], tuple[int, int]] | None = None
+                    ) -> tuple[list[list[str]], float]:
     """Order each pipeline first stage to last; returns (pipelines, share of consistent votes).
 
     Three kinds of votes, summed per pair of stages (DP groups) over all pipelines:
@@ -429,6 +431,12 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1) -
         votes[(stage_key[u], stage_key[v])] += s
         votes[(stage_key[v], stage_key[u])] -= s
 
+    # steps whose stages' data-parallel reductions end in one order or the other (flow_stage_order):
+    # the net count votes, and the minority counts against the agreement
+    split: dict[tuple[int, int], float] = defaultdict(float)
+    for (i, j), (up, down) in (stage_votes or {}).items():
+        votes[(i, j)] += up - down
+        split[(i, j)] = float(min(up, down))
     for a, b, fa, fb in pe.select("a", "b", "first_ab", "first_ba").iter_rows():
         if fa is None or fb is None or abs(fa - fb) <= floor:
             continue
@@ -487,8 +495,9 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1) -
             path = path[i + 1:] + path[:i + 1]
         for u, v in zip(path, path[1:]):
             w = votes.get((stage_key[u], stage_key[v]), 0.0)
-            agree += max(w, 0.0)
-            total += abs(w)
+            m = split.get((stage_key[u], stage_key[v]), 0.0)
+            agree += max(w, 0.0) + m
+            total += abs(w) + 2 * m
         out.append(path)
     share = agree / total if total else 0.0
     # a cycle cut at a guessed link has the right neighbours but maybe the wrong first stage

@@ -55,3 +55,45 @@ def test_no_timing_evidence_is_reported_ambiguous():
     alt = s.extra["alternatives"]
     assert len(alt) == 1 and {(s.dp, s.pp), (alt[0]["dp"], alt[0]["pp"])} == {(2, 1), (1, 2)}
     assert s.confidence < 0.5
+
+
+def _link(a: str, b: str, bursts: list[tuple[int, int]], bytes_per_burst: float, port: int) -> list[dict]:
+    rows = []
+    for s, e in bursts:
+        for src, dst, sp, dp in ((a, b, port, 41234), (b, a, 41234, port)):
+            rows.append({"exporter": "leaf0", "src_addr": src, "dst_addr": dst, "src_port": sp, "dst_port": dp,
+                         "protocol": 6, "size_bytes": int(bytes_per_burst), "num_packets": int(bytes_per_burst / 1000),
+                         "sampling_rate": 1, "start_ns": T0 + s * MS, "end_ns": T0 + e * MS})
+    return rows
+
+
+def test_two_stage_order_from_when_each_stage_finishes_its_gradient_reduction():
+    # dp2 x pp2 over TCP, addresses numbered against the stage order: stage 0 = .3 and .4, stage 1 = .1
+    # and .2. The pipeline links open both ways together (ACKs); the last stage finishes its backward
+    # first, so its DP all-reduce ends 26 ms before the first stage's, every step (millisecond clocks:
+    # ends closer than 20 ticks would not vote)
+    steps = range(8)
+    rows = []
+    for up, down in (("10.0.0.3", "10.0.0.1"), ("10.0.0.4", "10.0.0.2")):
+        rows += _link(up, down, [(300 * k + 11, 300 * k + 263) for k in steps], 5e7, 20001)
+    rows += _link("10.0.0.3", "10.0.0.4", [(300 * k + 237, 300 * k + 297) for k in steps], 4e8, 20002)
+    rows += _link("10.0.0.1", "10.0.0.2", [(300 * k + 212, 300 * k + 271) for k in steps], 4e8, 20003)
+    s = infer_flows(pl.DataFrame(rows)).strategy
+    assert (s.dp, s.pp) == (2, 2)
+    assert sorted(s.pp_groups) == [["10.0.0.3", "10.0.0.1"], ["10.0.0.4", "10.0.0.2"]]
+    assert s.extra["stage_order_known"] and s.confidence >= 0.9
+
+
+def test_dp_end_votes_need_ends_clearly_apart():
+    from rankscope.analysis.flow_stage_order import dp_end_votes
+
+    rows = _link("a0", "a1", [(300 * k + 237, 300 * k + 297) for k in range(6)], 4e8, 1) \
+        + _link("b0", "b1", [(300 * k + 237, 300 * k + 297) for k in range(6)], 4e8, 2)
+    f = pl.DataFrame(rows)
+    groups, pipes = [["a0", "a1"], ["b0", "b1"]], [["a0", "b0"], ["a1", "b1"]]
+    # both stages end together: no step votes
+    assert dp_end_votes(f, groups, pipes, {("a0", "a1"), ("b0", "b1")}, MS) == {}
+    late = f.with_columns(end_ns=pl.when(pl.col("src_addr").str.starts_with("a"))
+                          .then(pl.col("end_ns") + 25 * MS).otherwise(pl.col("end_ns")))
+    v = dp_end_votes(late, groups, pipes, {("a0", "a1"), ("b0", "b1")}, MS)
+    assert v[(0, 1)] == (6, 0) and v[(1, 0)] == (0, 6)
