@@ -9,7 +9,8 @@ of its directions together), and for two-stage pipelines, whose single link show
 
 Each DP group's payload records are merged into bursts (one a step when the exporter cuts records at
 least once a step); the burst ends of two stages are matched step by step, and a step votes when the
-two ends are further apart than the clock can blur (20 ticks, and MIN_STAGE_END_GAP_NS).
+two ends are further apart than the clock can blur (20 ticks, and MIN_STAGE_END_GAP_NS). The last burst
+is left out (it may run on into the job's shutdown), and so are groups with fewer than MIN_STEP_BURSTS.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from rankscope.analysis.flow_features import MIN_BURST_GAP_NS
 MIN_STAGE_END_GAP_NS = 1_000_000
 """two stages' gradient reductions ending closer than this vote nothing: exporters' clock offsets left
 after alignment are of this order, and one micro-batch's backward is longer."""
+
+
+MIN_STEP_BURSTS = 3
+"""a DP group whose traffic shows fewer bursts than this does not show its steps."""
 
 
 def _burst_ends(t: pl.DataFrame, gap_ns: int) -> np.ndarray:
@@ -54,7 +59,10 @@ def dp_end_votes(flows: pl.DataFrame, dp_groups: list[list[str]], pipelines: lis
     f = f.with_columns(g=pl.col("src_addr").replace_strict(group_of, default=-1, return_dtype=pl.Int64))
     gap = max(MIN_BURST_GAP_NS, 20 * int(resolution_ns))
     floor = max(MIN_STAGE_END_GAP_NS, 20 * int(resolution_ns))
-    ends = {int(g): _burst_ends(t, gap) for (g,), t in f.group_by("g") if g >= 0}
+    # a step's bursts only: the last burst may run on into the job's shutdown (barriers, teardown), and
+    # fewer than MIN_STEP_BURSTS bursts are records kept open across steps, whose ends are no step's
+    ends = {int(g): b[:-1] for (g,), t in f.group_by("g") if g >= 0
+            for b in [_burst_ends(t, gap)] if len(b) >= MIN_STEP_BURSTS}
     stage_pairs = {(group_of[u], group_of[v]) for p in pipelines for u, v in zip(p, p[1:])
                    if u in group_of and v in group_of}
     stage_pairs |= {(group_of[p[-1]], group_of[p[0]]) for p in pipelines if len(p) > 2}

@@ -96,4 +96,4 @@ def test_dp_end_votes_need_ends_clearly_apart():
     late = f.with_columns(end_ns=pl.when(pl.col("src_addr").str.starts_with("a"))
                           .then(pl.col("end_ns") + 25 * MS).otherwise(pl.col("end_ns")))
     v = dp_end_votes(late, groups, pipes, {("a0", "a1"), ("b0", "b1")}, MS)
-    assert v[(0, 1)] == (6, 0) and v[(1, 0)] == (0, 6)
+    assert v[(0, 1)] == (5, 0) and v[(1, 0)] == (0, 5)  # the last burst may hold the shutdown: not counted
