@@ -119,6 +119,10 @@ def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3) -
         e = edges.filter(pl.col("a").is_in(members))
         if fit_grid(members, e, config).valid:
             continue
+        shaped = _peel_storage_shaped(members, e, config)
+        if shaped:
+            servers.update(shaped)
+            continue
         removed: list[str] = []
         for _ in range(max_rounds):
             both = pl.concat([e.select(n="a"), e.select(n="b")]).group_by("n").agg(links=pl.len())
@@ -135,6 +139,57 @@ def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3) -
                 servers.update(removed)
                 break
     return servers
+
+
+STORAGE_ONE_WAY_SHARE = 0.5
+"""a storage or checkpoint server moves payload one way over most of its links (reads out, writes in);
+a collective's member moves payload both ways (tree, all-to-all, pairs) or has exactly one ring link in
+and one out."""
+
+
+def storage_shaped(edges: pl.DataFrame, min_links: int = 3) -> pl.DataFrame:
+    """Per endpoint: heavy links, the share of them that carry payload one way, and whether that is a
+    server's shape (at least ``min_links`` links, over STORAGE_ONE_WAY_SHARE of them one-way, and not
+    the one-in-one-out of a ring member). Needs edges a, b, data_ab, data_ba (or bytes_ab, bytes_ba)."""
+    from rankscope.analysis.flow_models import TWO_WAY
+
+    ab, ba = ("data_ab", "data_ba") if "data_ab" in edges.columns else ("bytes_ab", "bytes_ba")
+    sym = (pl.min_horizontal(ab, ba) / pl.max_horizontal(ab, ba)).fill_nan(0.0).fill_null(0.0)
+    e = edges.with_columns(one_way=sym < TWO_WAY, a_sends=pl.col(ab) >= pl.col(ba))
+    both = pl.concat([
+        e.select(n="a", one_way="one_way", out=pl.col("one_way") & pl.col("a_sends")),
+        e.select(n="b", one_way="one_way", out=pl.col("one_way") & ~pl.col("a_sends"))])
+    per = both.group_by("n").agg(links=pl.len(), one_way=pl.col("one_way").sum(), out=pl.col("out").sum())
+    ring_like = (pl.col("links") == 2) & (pl.col("out") == 1)
+    return per.with_columns(server=(pl.col("links") >= min_links) & ~ring_like
+                            & (pl.col("one_way") > STORAGE_ONE_WAY_SHARE * pl.col("links")))
+
+
+def _peel_storage_shaped(members: list[str], edges: pl.DataFrame, config: FlowConfig,
+                         max_rounds: int = 8) -> set[str]:
+    """Remove servers shaped like storage (see :func:`storage_shaped`) until the rest splits into valid
+    grids; at most half the endpoints. Small jobs whose every host writes to several storage servers
+    have server links as heavy as their own and as many servers as hosts. The most-linked go first; a
+    host that writes to many servers may have as many links as a server, so failing that, the ones with
+    most one-way links (a server's are its many clients, a client's the few servers it writes to)."""
+    for key in ("links", "one_way"):
+        removed: list[str] = []
+        e = edges
+        for _ in range(max_rounds):
+            shape = storage_shaped(e).filter(pl.col("server"))
+            if shape.is_empty():
+                break
+            top = shape.filter(pl.col(key) == pl.col(key).max())["n"].to_list()
+            if len(removed) + len(top) > len(members) // 2:
+                break
+            removed.extend(top)
+            e = e.filter(~pl.col("a").is_in(top) & ~pl.col("b").is_in(top))
+            if e.is_empty():
+                break
+            rest = sorted(set(e["a"].to_list()) | set(e["b"].to_list()))
+            if _pieces_valid(rest, e, config):
+                return set(removed)
+    return set()
 
 
 def _pieces_valid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig) -> bool:

@@ -92,6 +92,47 @@ def pp_likeness(edges: pl.DataFrame, resolution_ns: int = 1) -> np.ndarray:
     return np.clip(sym / TWO_WAY, 0, 1) * np.clip(lag / (0.05 * ref), 0, 1)
 
 
+PP_DUTY, DP_DUTY = 0.6, 0.4
+"""busy share of a burst period: a link busy at least PP_DUTY of it carries pipeline sends (through the
+forward and backward passes), one busy at most DP_DUTY a collective (one burst a step after the backward
+pass, or gradient buckets during its latter part); in between says nothing."""
+
+
+def duty_likeness(edges: pl.DataFrame) -> np.ndarray:
+    """0..1 per edge: evidence from the busy share of its burst period that it is a pipeline link (0.5:
+    none: records as long as a step, or too few bursts). Bursts that do not recur regularly (several
+    collectives a step, as ZeRO-3's parameter gathers) weigh half."""
+    if "duty" not in edges.columns:
+        return np.full(edges.height, 0.5)
+    duty = edges["duty"].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+    regular = edges["regular"].fill_null(False).to_numpy() if "regular" in edges.columns \
+        else np.zeros(edges.height, bool)
+    ev = np.clip((duty - DP_DUTY) / (PP_DUTY - DP_DUTY), 0.0, 1.0)
+    ev = np.where(regular | (ev >= 0.5), ev, 0.5 + 0.5 * (ev - 0.5))
+    return np.where(np.isfinite(duty), ev, 0.5)
+
+
+def link_likeness(edges: pl.DataFrame, resolution_ns: int = 1) -> np.ndarray:
+    """0..1 per edge: the evidence that it is a pipeline link rather than a collective's, 0.5 for none.
+
+    Two kinds, averaged where present: the direction lag (:func:`pp_likeness`), but only where the two
+    directions' first payload are further apart than a transport's ACKs could make them (see
+    MIN_PP_LAG_NS: with TCP or RoCE ACKs on the reverse 5-tuple both directions open together whatever
+    the traffic, so a zero lag is no evidence of a collective), and the busy share of each burst
+    period (:func:`duty_likeness`).
+    """
+    lag_like = pp_likeness(edges, resolution_ns)
+    fa = edges["first_ab"].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+    fb = edges["first_ba"].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+    lag = np.abs(np.nan_to_num(fa - fb, nan=0.0))
+    seen = lag > max(20 * int(resolution_ns), MIN_PP_LAG_NS)
+    duty = duty_likeness(edges)
+    has_duty = duty != 0.5
+    num = np.where(seen, lag_like, 0.0) + np.where(has_duty, duty, 0.0)
+    den = seen.astype(float) + has_duty.astype(float)
+    return np.where(den > 0, num / np.maximum(den, 1.0), 0.5)
+
+
 def early_traffic(edges: pl.DataFrame) -> np.ndarray:
     """1 for edges whose traffic starts in the early group, 0 for the late one, 0.5 when unclear.
 
@@ -264,7 +305,7 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
     idx = {x: i for i, x in enumerate(nodes)}
     ai = np.array([idx[x] for x in edges["a"].to_list()], dtype=np.int64)
     bi = np.array([idx[x] for x in edges["b"].to_list()], dtype=np.int64)
-    like = pp_likeness(edges, resolution_ns)
+    like = link_likeness(edges, resolution_ns)
     col = "data_symmetry" if "data_symmetry" in edges.columns else "symmetry"
     data_sym = edges[col].fill_null(0.0).fill_nan(0.0).to_numpy().astype(float)
     two = data_sym >= TWO_WAY
@@ -363,7 +404,9 @@ def _walk(p: list[str], adj: dict) -> tuple[list[str], bool]:
     return path, not ends and len(path) > 2
 
 
-def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1) -> tuple[list[list[str]], float]:
+def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
+                    stage_votes: dict[tuple[int, int], tuple[int, int]] | None = None
+                    ) -> tuple[list[list[str]], float]:
     """Order each pipeline first stage to last; returns (pipelines, share of consistent votes).
 
     Three kinds of votes, summed per pair of stages (DP groups) over all pipelines:
@@ -388,6 +431,12 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1) -
         votes[(stage_key[u], stage_key[v])] += s
         votes[(stage_key[v], stage_key[u])] -= s
 
+    # steps whose stages' data-parallel reductions end in one order or the other (flow_stage_order):
+    # the net count votes, and the minority counts against the agreement
+    split: dict[tuple[int, int], float] = defaultdict(float)
+    for (i, j), (up, down) in (stage_votes or {}).items():
+        votes[(i, j)] += up - down
+        split[(i, j)] = float(min(up, down))
     for a, b, fa, fb in pe.select("a", "b", "first_ab", "first_ba").iter_rows():
         if fa is None or fb is None or abs(fa - fb) <= floor:
             continue
@@ -446,8 +495,9 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1) -
             path = path[i + 1:] + path[:i + 1]
         for u, v in zip(path, path[1:]):
             w = votes.get((stage_key[u], stage_key[v]), 0.0)
-            agree += max(w, 0.0)
-            total += abs(w)
+            m = split.get((stage_key[u], stage_key[v]), 0.0)
+            agree += max(w, 0.0) + m
+            total += abs(w) + 2 * m
         out.append(path)
     share = agree / total if total else 0.0
     # a cycle cut at a guessed link has the right neighbours but maybe the wrong first stage

@@ -20,6 +20,7 @@ from rankscope.analysis.flow_groups import fit_grid, order_pipelines
 from rankscope.analysis.flow_jobs import address_key, components, flow_resolution_ns, merge_components
 from rankscope.analysis.flow_period import whole_step
 from rankscope.analysis.flow_ranks_per_address import degrees_with_hidden_ranks, ranks_per_address
+from rankscope.analysis.flow_stage_order import dp_end_votes
 from rankscope.analysis.timelines import period_steps, step_period
 
 
@@ -249,7 +250,11 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     resolution = flow_resolution_ns(pt.training_flows)
     quality["timestamp_resolution_ns"] = resolution
     fit = fit_grid(nodes, heavy, cfg, resolution)
-    pipes, order_share = order_pipelines(fit, heavy, resolution)
+    dp_pairs = {(a, b) for (a, b), pp_edge in zip(heavy.select("a", "b").iter_rows(), fit.is_pp) if not pp_edge}
+    in_job = pl.col("src_addr").is_in(nodes) & pl.col("dst_addr").is_in(nodes)
+    stage_votes = dp_end_votes(pt.training_flows.filter(in_job), fit.dp_groups, fit.pipelines, dp_pairs,
+                               resolution) if fit.valid and fit.pipelines and len(fit.pipelines[0]) > 1 else {}
+    pipes, order_share = order_pipelines(fit, heavy, resolution, stage_votes)
     n = len(nodes)
     dp = len(fit.dp_groups[0]) if fit.dp_groups else 1
     pp = len(pipes[0]) if pipes else 1
@@ -269,7 +274,6 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
         if order_share == 0:  # no link voted (a vote makes the share at least one half)
             notes.append("stage order unknown: no pipeline link shows which direction started first "
                          "(over TCP or with ACK flows both open together); pipelines listed from an end")
-    dp_pairs = {(a, b) for (a, b), pp_edge in zip(heavy.select("a", "b").iter_rows(), fit.is_pp) if not pp_edge}
     steps = flow_steps(pt.training_flows.filter(pl.col("src_addr").is_in(nodes)), dp_pairs)
     strat = Strategy(world_size=world, dp=dp, pp=pp, tp=tp, dp_groups=fit.dp_groups, pp_groups=pipes,
                      confidence=float(round(conf, 4)), ep=None, cp=None, tp_groups=tp_groups,
@@ -278,6 +282,8 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
                             "model_fit": round(fit.fit, 4), "dp_group_kinds": fit.group_kinds,
                             "ambiguous": fit.ambiguous, "alternatives": fit.alternatives,
                             "stage_order_known": bool(pp == 1 or order_share > 0),
+                            "stage_order_dp_votes": {f"{i}>{j}": list(v) for (i, j), v in stage_votes.items()
+                                                     if i < j},
                             "ranks_per_address": rpa.as_dict()})
     return FlowInference(strat, steps, quality,
                          pt.training_flows.filter(pl.col("src_addr").is_in(nodes) & pl.col("dst_addr").is_in(nodes)))

@@ -160,3 +160,22 @@ def test_a_cycle_whose_first_payload_walks_round_it_is_a_pipeline_not_a_tree():
     rows = [(f"n{i}", f"n{(i + 1) % n}", 1e9, 5_000_000 * i, 5_000_000 * i, 1.0) for i in range(n)]
     fit = fit_grid([f"n{i}" for i in range(n)], _edges(rows), FlowConfig())
     assert fit.valid and len(fit.pipelines) == 1 and len(fit.pipelines[0]) == n
+
+
+def test_storage_servers_as_many_as_the_hosts_are_peeled_by_shape():
+    # a 4-stage pipeline (payload both ways, gradients late) whose every host writes checkpoints to each
+    # of 4 servers over links as heavy as its own; the servers replicate among themselves, one way
+    from rankscope.analysis.flow_evidence import peel_servers, storage_shaped
+
+    hosts, servers = [f"h{i}" for i in range(4)], [f"s{i}" for i in range(4)]
+    rows = [(hosts[i], hosts[i + 1], 1e9, 100 * i, 10_000 - 100 * i, 1.0) for i in range(3)]
+    rows += [(h, s, 8e8, 50, 50, 0.003) for h in hosts for s in servers]
+    rows += [(servers[i], servers[(i + 1) % 4], 3e8, 70, 70, 0.002) for i in range(4)]
+    e = _edges(rows)
+    shape = dict(storage_shaped(e.with_columns(data_ab=pl.col("bytes"), data_ba=pl.col("bytes") * pl.col(
+        "data_symmetry"))).select("n", "server").iter_rows())
+    assert all(shape[s] for s in servers)
+    assert not fit_grid(hosts + servers, e, FlowConfig()).valid
+    # four servers among eight endpoints: more than the busiest-first peeling may take (a quarter)
+    e = e.with_columns(data_ab=pl.col("bytes"), data_ba=pl.col("bytes") * pl.col("data_symmetry"))
+    assert peel_servers(e, FlowConfig()) == set(servers)
