@@ -77,6 +77,10 @@ FLAKY_MISSES: dict[tuple[str, str, str], str] = {
                                                 "mixed (communication and stage imbalance are set aside: no link "
                                                 "slow in every step, no stage slower in every step), not a cause",
     ("clean_dp2_pp2_tp2", "both", "verdict"): "as kineto: mixed, S 1.10-1.26 in 3 runs (passed at S 1.0999 in one)",
+    ("clean_dp2_pp2_tp2", "hooks", "verdict"): "none/mixed at S 1.03-1.07 on a quiet machine; at load ~10 (other "
+                                               "jobs on the 2 cores) stage_imbalance at S 1.1008, stage 1 slower "
+                                               "in each of the 3 steps: the last stage's loss and head are real "
+                                               "extra work, and contention stretches it past the 1.10 allowed",
 }
 
 
