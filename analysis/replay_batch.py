@@ -231,8 +231,9 @@ def replay_waves(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarra
     if delay is not None and dur.ndim == 2:
         delay = delay[:, None]
     if work is not None and work.get("shape") == dur.shape:
+        # no reset: every op is a root or reached by an earlier wave, whose first ("fresh") edge run
+        # assigns its predecessor end before its own wave reads it, so no stale value is ever read
         pred_end, s_end = work["pred_end"], work["s_end"]
-        pred_end.fill(-np.inf)
     else:
         pred_end, s_end = np.full(dur.shape, -np.inf), np.empty(shape)
         if work is not None:

@@ -211,6 +211,9 @@ class WhatIfGraph:
         mask = np.empty(in_idx.size, dtype=bool)
         dur = np.empty(in_idx.size)
         work: dict = {}
+        # with no negative duration a sync group's node ends no later than its members' tails, so a
+        # step's latest op end is the latest end of all its super-nodes (contiguous per step in the plan)
+        by_super = None if (act < 0).any() or (idl < 0).any() else self._super_step_runs()
 
         def run(select: np.ndarray, remove: bool) -> np.ndarray:
             np.take(np.asarray(select, dtype=bool), lab, out=mask, mode="clip")
@@ -218,9 +221,30 @@ class WhatIfGraph:
                 np.logical_not(mask, out=mask)
             np.copyto(dur, idl)
             np.copyto(dur, act, where=mask)
-            return self._step_ends(replay_waves(plan, dur, delay, work), work)
+            s_end = replay_waves(plan, dur, delay, work)
+            if by_super is None:
+                return self._step_ends(s_end, work)
+            out = np.full(len(self.steps), -np.inf)
+            if by_super[0].size:
+                out[by_super[1]] = np.maximum.reduceat(s_end, by_super[0])
+            return out
 
         return run
+
+    def _super_step_runs(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(first super-node of each step's run, the step indices present) when the plan orders super-nodes
+        by step (steps are independent blocks); None when it could not (an edge or group across steps)."""
+        plan = self._replay_plan()[0]
+        if plan.n_super == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        _, _, _, tail = self.replay_nodes()
+        block = np.concatenate([self.step_index, self.step_index[tail >= 0]])
+        s_step = np.empty(plan.n_super, dtype=np.int64)
+        s_step[plan.super_of_op] = block
+        if np.any(s_step[plan.super_of_op] != block) or np.any(s_step[1:] < s_step[:-1]):
+            return None
+        first = np.flatnonzero(np.r_[True, s_step[1:] != s_step[:-1]])
+        return first, s_step[first]
 
     def _step_ends(self, s_end: np.ndarray, work: dict | None = None) -> np.ndarray:
         """Latest end of each step's ops from the replay's super-node ends (-inf: a step without ops).

@@ -121,9 +121,19 @@ def test_choice_replayer_equals_step_times_of_the_scenario_durations():
     labels = rng.integers(0, 5, len(actual))
     sc = Scenarios(labels, rng.random((6, 5)) < 0.5, np.array([False, True, False, True, True, False]))
     delay = graph.launch_delays()
+    # steps are independent blocks: step ends come from per-step super-node runs
+    assert graph._super_step_runs() is not None
     got = step_times(graph, actual, ideal, sc, launch_delay=delay)
     for k in range(6):
         np.testing.assert_array_equal(got[:, k], graph.step_times(sc.durations(k, actual, ideal), delay))
+    # a negative transfer time: step ends from the ops' own ends (a group's node may end after a member's
+    # tail), as the per-op step replayer
+    ideal_neg = ideal.copy()
+    ideal_neg[np.flatnonzero(graph.group >= 0)[::3]] = -5e5
+    got = step_times(graph, actual, ideal_neg, sc, launch_delay=delay)
+    run = graph.step_replayer(delay)
+    for k in range(6):
+        np.testing.assert_array_equal(got[:, k], run(sc.durations(k, actual, ideal_neg)))
 
 
 def test_super_nodes_number_like_unique_of_the_group_keys():
