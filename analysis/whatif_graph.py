@@ -140,12 +140,18 @@ class WhatIfGraph:
             return cached
         from rankscope.analysis.replay_batch import plan_replay
 
+        had_nodes = "_nodes" in self.notes
         src, dst, group, tail = self.replay_nodes()
-        n = self.ops.height
+        n, n_nodes = self.ops.height, len(group)
         synced = tail >= 0
         # steps are independent components (every step starts at 0): one block per step
-        plan = plan_replay(len(group), src, dst, group,
+        plan = plan_replay(n_nodes, src, dst, group,
                            block=np.concatenate([self.step_index, self.step_index[synced]]))
+        if not had_nodes:
+            # the engine graph's edge arrays (~0.4 GB at 4,096 GPUs) are not kept beside the plan;
+            # the one-off engine replay (replay()) rebuilds them
+            del src, dst, group
+            self.notes.pop("_nodes", None)
         # plan-ordered node -> index into an op duration array extended by one 0 (-1: a synced op's
         # zero-length group member; a tail takes its op's transfer time)
         node_dur = np.concatenate([np.where(synced, -1, np.arange(n)), np.flatnonzero(synced)])
@@ -157,7 +163,7 @@ class WhatIfGraph:
         order = np.argsort(self.step_index, kind="stable")
         si = self.step_index[order]
         first = np.flatnonzero(np.r_[True, si[1:] != si[:-1]]) if si.size else np.zeros(0, np.int64)
-        i32 = np.int32 if len(group) < 2**31 - 1 else np.int64  # index maps: half the memory on big jobs
+        i32 = np.int32 if n_nodes < 2**31 - 1 else np.int64  # index maps: half the memory on big jobs
         cached = self.notes["_replay_plan"] = (plan, in_idx.astype(i32), delay_idx.astype(i32), out_super,
                                                out_super[order], first, si[first])
         return cached
@@ -237,8 +243,7 @@ class WhatIfGraph:
         plan = self._replay_plan()[0]
         if plan.n_super == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        _, _, _, tail = self.replay_nodes()
-        block = np.concatenate([self.step_index, self.step_index[tail >= 0]])
+        block = np.concatenate([self.step_index, self.step_index[self.group >= 0]])
         s_step = np.empty(plan.n_super, dtype=np.int64)
         s_step[plan.super_of_op] = block
         if np.any(s_step[plan.super_of_op] != block) or np.any(s_step[1:] < s_step[:-1]):
