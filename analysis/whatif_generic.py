@@ -38,7 +38,9 @@ _SLACK_NS = 1_000.0
 
 
 def _compute(frames: JobFrames) -> pl.DataFrame:
-    c = frames.compute_op.filter(pl.col("step").is_not_null())
+    # only the columns read: a filter gathers every column it carries
+    c = frames.compute_op.select("rank", "step", "microbatch", "stage", "category", "start_ns", "end_ns").filter(
+        pl.col("step").is_not_null())
     coarse_ranks = c.filter(pl.col("category").is_in(list(COARSE)))["rank"].unique()
     c = c.filter(pl.col("category").is_in(list(COARSE)) | ~pl.col("rank").is_in(coarse_ranks.to_list()))
     return c.select(
@@ -75,7 +77,9 @@ def generic_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> What
     """Dependency model of hook/Kineto/simulator records (see module docstring); ``layout`` as build_graph's."""
     stage_of, dp_of = _layout(frames, layout)
     comp = _compute(frames)
-    cm = frames.comm_op.filter(pl.col("step").is_not_null() & pl.col("end_ns").is_not_null())
+    cm = frames.comm_op.select(
+        "rank", "step", "microbatch", "peer", "op", "stream", "start_ns", "end_ns", "group_id", "seq",
+        "size_bytes").filter(pl.col("step").is_not_null() & pl.col("end_ns").is_not_null())
     stream = pl.col("stream").fill_null(pl.col("op"))
     cm = cm.with_columns(pl.col("rank").replace_strict(stage_of, default=0, return_dtype=pl.Int32).alias("own"),
                          pl.col("peer").replace_strict(stage_of, default=0, return_dtype=pl.Int32).alias("ps"))
@@ -185,10 +189,11 @@ def _stream_edges(ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _compute_comm_edges(ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    comp = ops.filter(pl.col("op").is_null()).select("row", "step", "rank", "microbatch", "optype",
-                                                     "start_ns", "end_ns")
-    comm = ops.filter(pl.col("op").is_not_null()).select("row", "step", "rank", "microbatch", "optype", "stream",
-                                                         "start_ns", "end_ns")
+    # lazy: the filter then gathers only the selected columns
+    comp = ops.lazy().filter(pl.col("op").is_null()).select("row", "step", "rank", "microbatch", "optype",
+                                                            "start_ns", "end_ns").collect()
+    comm = ops.lazy().filter(pl.col("op").is_not_null()).select("row", "step", "rank", "microbatch", "optype",
+                                                                "stream", "start_ns", "end_ns").collect()
     src, dst = [], []
 
     def add(df: pl.DataFrame, a: str, b: str):
