@@ -98,11 +98,13 @@ def generic_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> What
         pl.col("rank").replace_strict(stage_of, default=0, return_dtype=pl.Int32).alias("stage"),
         pl.col("rank").replace_strict(dp_of, default=0, return_dtype=pl.Int32).alias("dp_rank"),
     ).sort("step", "rank", "start_ns").with_row_index("row")
+    del cm, comm, comp  # the inputs of ops (~0.8 GB at 4,096 GPUs) are not needed beside it
     if ops.height == 0:
         raise WhatIfInputError("no compute_op or comm_op record with a step: nothing to replay")
     edges = [_stream_edges(ops), _compute_comm_edges(ops)]
     src = np.concatenate([e[0] for e in edges])
     dst = np.concatenate([e[1] for e in edges])
+    del edges
     start = ops["start_ns"].to_numpy()
     end = ops["end_ns"].to_numpy()
     # a rule the trace itself contradicts (the successor started before the predecessor ended, e.g.
