@@ -229,7 +229,7 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
 
 
 def replay_waves(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarray | None = None,
-                 work: dict | None = None) -> np.ndarray:
+                 work: dict | None = None, zero_groups: bool = False) -> np.ndarray:
     """End time of every super-node, ``duration`` and ``launch_delay`` already in the plan's op order.
 
     1-D (n,) or 2-D (n, K) durations; the result has the matching shape (n_super[, K]). Roots start at 0.
@@ -237,6 +237,9 @@ def replay_waves(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarra
     shape: a what-if replays one plan ~100 times, and fresh arrays of millions of entries per call
     cost page faults (system time) of the same order as the replay itself. The returned array is then
     one of them, valid until the next call.
+    ``zero_groups``: the caller guarantees that every op of a multi-op super-node has duration +0.0 (the
+    what-if graph's sync-group members: their transfer time is a tail of its own); their maximum, 0.0,
+    is then added without reading them.
     """
     dur = np.asarray(duration, dtype=np.float64)
     shape = (plan.n_super,) + dur.shape[1:]
@@ -264,7 +267,7 @@ def replay_waves(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarra
             d = dur[o_lo:o_hi]
             if size > 1:
                 r = _row_max(r.reshape((s_hi - s_lo, size) + tail))
-                d = _row_max(d.reshape((s_hi - s_lo, size) + tail))
+                d = 0.0 if zero_groups else _row_max(d.reshape((s_hi - s_lo, size) + tail))
             np.add(r, d, out=s_end[s_lo:s_hi])
         for t, src, count, fresh in w.edge_runs:
             upd = s_end[src]

@@ -190,7 +190,8 @@ class WhatIfGraph:
             ext[:-1] = duration
             # "wrap": no buffered copy of out, and -1 (a synced member) still reads the appended 0
             np.take(ext, in_idx, out=node_dur, mode="wrap")
-            return self._step_ends(replay_waves(plan, node_dur, delay, work), work)
+            # a sync group's member nodes are zero-length (their transfer is the tail's)
+            return self._step_ends(replay_waves(plan, node_dur, delay, work, zero_groups=True), work)
 
         return run
 
@@ -227,7 +228,7 @@ class WhatIfGraph:
                 np.logical_not(mask, out=mask)
             np.copyto(dur, idl)
             np.copyto(dur, act, where=mask)
-            s_end = replay_waves(plan, dur, delay, work)
+            s_end = replay_waves(plan, dur, delay, work, zero_groups=True)
             if by_super is None:
                 return self._step_ends(s_end, work)
             out = np.full(len(self.steps), -np.inf)
