@@ -132,8 +132,10 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
     ``block`` (optional, per op, e.g. the step): independent components, replayed one after another
     for memory locality; ignored when an edge or a sync group joins two blocks.
     """
-    src = np.asarray(src, dtype=np.int64)
-    dst = np.asarray(dst, dtype=np.int64)
+    # integer indices as given (an int32 edge list stays int32: no int64 copy of 16 M edges)
+    src, dst = np.asarray(src), np.asarray(dst)
+    if src.dtype.kind not in "iu" or dst.dtype.kind not in "iu":
+        src, dst = src.astype(np.int64), dst.astype(np.int64)
     # int32 working indices where they fit: the plan of a big job (4,096 GPUs: 9 M ops, 16 M edges)
     # is built from a dozen edge-sized arrays, and their width sets the analysis' peak memory
     it = np.int32 if max(n, src.size) < 2**31 - 1 else np.int64

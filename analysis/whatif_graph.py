@@ -104,18 +104,25 @@ class WhatIfGraph:
         cached = self.notes.get("_nodes")
         if cached is not None:
             return cached
+        res = self._engine_graph(np.int64)
+        self.notes["_nodes"] = res
+        return res
+
+    def _engine_graph(self, idx: type) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """replay_nodes' arrays, with src and dst of integer type ``idx``."""
         n = self.ops.height
         synced = np.flatnonzero(self.group >= 0)
         tail = np.full(n, -1, dtype=np.int64)
         tail[synced] = n + np.arange(synced.size)
         # successors wait for the tail (own transfer end), not the group start
-        out_src = np.where(tail[self.src] >= 0, tail[self.src], self.src)
-        src = np.concatenate([out_src, synced])
-        dst = np.concatenate([self.dst, tail[synced]])
+        t_src = tail[self.src]
+        out_src = np.where(t_src >= 0, t_src, self.src).astype(idx, copy=False)
+        del t_src
+        src = np.concatenate([out_src, synced.astype(idx, copy=False)])
+        del out_src
+        dst = np.concatenate([self.dst.astype(idx, copy=False), tail[synced].astype(idx, copy=False)])
         group = np.concatenate([self.group, np.full(synced.size, -1)])
-        res = (src, dst, group, tail)
-        self.notes["_nodes"] = res
-        return res
+        return src, dst, group, tail
 
     def replay(self, duration: np.ndarray, launch_delay: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Replay with per-op ``duration`` (transfer time for synced ops); every step starts at 0.
@@ -141,17 +148,18 @@ class WhatIfGraph:
         from rankscope.analysis.replay_batch import plan_replay
 
         had_nodes = "_nodes" in self.notes
-        src, dst, group, tail = self.replay_nodes()
+        # int32 edge arrays where the node ids (ops, then one tail per synced op) fit: they are built
+        # for the plan only (half the memory)
+        src, dst, group, tail = (self.replay_nodes() if had_nodes else self._engine_graph(
+            np.int32 if 2 * self.ops.height < 2**31 - 1 else np.int64))
         n, n_nodes = self.ops.height, len(group)
         synced = tail >= 0
         # steps are independent components (every step starts at 0): one block per step
         plan = plan_replay(n_nodes, src, dst, group,
                            block=np.concatenate([self.step_index, self.step_index[synced]]))
-        if not had_nodes:
-            # the engine graph's edge arrays (~0.4 GB at 4,096 GPUs) are not kept beside the plan;
-            # the one-off engine replay (replay()) rebuilds them
-            del src, dst, group
-            self.notes.pop("_nodes", None)
+        # the engine graph's edge arrays (~0.4 GB at 4,096 GPUs) are not kept beside the plan; the
+        # one-off engine replay (replay()) builds them
+        del src, dst, group
         # plan-ordered node -> index into an op duration array extended by one 0 (-1: a synced op's
         # zero-length group member; a tail takes its op's transfer time)
         node_dur = np.concatenate([np.where(synced, -1, np.arange(n)), np.flatnonzero(synced)])
