@@ -214,21 +214,25 @@ def _compute_comm_edges(ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     # every comm op follows the compute the rank finished last before it started (program order)
     cs = comp.sort("start_ns")
     ce = comp.sort("end_ns").select("step", "rank", pl.col("end_ns").alias("start_ns"), pl.col("row").alias("c"))
-    before = comm.sort("start_ns").join_asof(ce, on="start_ns", by=["step", "rank"], strategy="backward",
-                                             check_sortedness=False)
+    # each join below carries only the columns it reads (sorts and joins gather every column)
+    before = comm.select("row", "step", "rank", "start_ns").sort("start_ns").join_asof(
+        ce, on="start_ns", by=["step", "rank"], strategy="backward", check_sortedness=False)
     add(before, "c", "row")
     # parameter all-gathers before the first forward; the optimizer after the last collective
     first_fwd = comp.filter(pl.col("optype") == FWD).sort("start_ns").group_by("step", "rank").first().select(
         "step", "rank", pl.col("row").alias("f"), pl.col("start_ns").alias("fs"))
-    coll = comm.filter(~pl.col("stream").is_in(["send", "recv"])).join(first_fwd, on=["step", "rank"], how="left")
+    coll = comm.filter(~pl.col("stream").is_in(["send", "recv"])).select("row", "step", "rank", "start_ns").join(
+        first_fwd, on=["step", "rank"], how="left")
     add(coll.filter(pl.col("start_ns") < pl.col("fs")), "row", "f")
     opt = comp.filter(pl.col("optype") == "optimizer").group_by("step", "rank").first().select(
         "step", "rank", pl.col("row").alias("o"), pl.col("start_ns").alias("os"))
-    last = comm.filter(pl.col("stream") == "dp").join(opt, on=["step", "rank"]).filter(
+    last = comm.filter(pl.col("stream") == "dp").select("row", "step", "rank", "end_ns").join(
+        opt, on=["step", "rank"]).filter(
         pl.col("end_ns") <= pl.col("os")).sort("end_ns").group_by("step", "rank").last()
     add(last, "row", "o")
     # blocking collectives (tp, ep, ...) hold the compute that follows them
-    blocking = comm.filter(~pl.col("stream").is_in(["send", "recv", "dp"])).sort("end_ns")
+    blocking = comm.filter(~pl.col("stream").is_in(["send", "recv", "dp"])).select(
+        "row", "step", "rank", "end_ns").sort("end_ns")
     after = blocking.join_asof(cs.select("step", "rank", "start_ns", pl.col("row").alias("n")).rename(
         {"start_ns": "end_ns"}), on="end_ns", by=["step", "rank"], strategy="forward", check_sortedness=False)
     add(after, "row", "n")
