@@ -71,9 +71,7 @@ def _prepare(comm: pl.DataFrame) -> pl.DataFrame:
         return comm.head(0)
     # only the columns the section reads: the sort and de-duplication below copy every column they carry
     df = comm.select([c for c in _COLUMNS if c in comm.columns])
-    if df["seq"].null_count():
-        df = df.filter(pl.col("seq").is_not_null())
-    df = df.with_columns(
+    df = df.filter(pl.col("seq").is_not_null()).with_columns(
         pl.col("source").fill_null("?"),
         pl.col("state").fill_null(pl.when(pl.col("end_ns").is_null()).then(pl.lit("pending"))
                                   .otherwise(pl.lit("completed"))))
@@ -89,20 +87,13 @@ def _prepare(comm: pl.DataFrame) -> pl.DataFrame:
     lists = df.select("group_ranks").unique().with_columns(pl.col("group_ranks").list.sort().alias("_members"))
     lists = lists.with_columns(
         (pl.lit("ranks ") + pl.col("_members").cast(pl.List(pl.String)).list.join(",")).alias("_mtxt"))
-    df = df.with_columns(src.alias("_src"), dst.alias("_dst"))
-    # the joins carry their keys only (one row per key on the right: the same rows, in order); the frame
-    # takes the looked-up columns, so its other columns are not gathered twice
-    looked = df.select("group_ranks").join(lists, on="group_ranks", how="left", maintain_order="left",
-                                           nulls_equal=True)
-    df = df.with_columns(looked["_members"], looked["_mtxt"])
-    del looked
+    df = df.with_columns(src.alias("_src"), dst.alias("_dst")).join(
+        lists, on="group_ranks", how="left", maintain_order="left", nulls_equal=True)
     pairs = df.filter(is_p2p).select("_src", "_dst").unique().with_columns(
         (pl.lit("p2p ") + pl.col("_src").cast(pl.String) + pl.lit("->") + pl.col("_dst").cast(pl.String))
         .alias("_ptxt"),
         pl.concat_list(["_src", "_dst"]).cast(pl.List(pl.Int32)).alias("_plist"))
-    looked = df.select("_src", "_dst").join(pairs, on=["_src", "_dst"], how="left", maintain_order="left")
-    df = df.with_columns(looked["_ptxt"], looked["_plist"])
-    del looked
+    df = df.join(pairs, on=["_src", "_dst"], how="left", maintain_order="left")
     df = df.with_columns(
         pl.when(is_p2p).then(pl.col("_ptxt"))
         .when(pl.col("_members").list.len() > 0).then(pl.col("_mtxt"))
