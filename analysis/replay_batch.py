@@ -202,10 +202,16 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
     new_super = np.empty(n_super, dtype=it)
     new_super[super_order] = np.arange(n_super, dtype=it)
     op_order = members[_gather(m_off, super_order)] if n_super else np.zeros(0, it)
-    del members
+    del members, m_off
+    # the plan's op-side maps, before the wave loop, so their inputs are freed before it runs
+    super_of_op = _idx(new_super[node], n)
+    del new_super, node
     new_op = np.empty(n, dtype=it)
     new_op[op_order] = np.arange(n, dtype=it)
+    roots = _idx(new_op[np.flatnonzero(~has_pred)], n)
+    del has_pred
     m_counts = m_count[super_order]
+    del m_count
     op_start = np.r_[0, np.cumsum(m_counts)] if n_super else np.zeros(1, np.int64)
     key = s_block[super_order] * (wave_no + 1) + wave_of[super_order]
     cuts = np.r_[np.flatnonzero(np.r_[True, key[1:] != key[:-1]]), n_super] if n_super else np.zeros(1, np.int64)
@@ -226,8 +232,7 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
         tgt, edge_src, edge_runs = _edge_runs(tgt_ops, e_from, reached, n)
         waves.append(Wave(lo, hi, int(op_start[lo]), int(op_start[hi]), node_runs, tgt, edge_src, edge_runs))
     m_seg = op_start[:-1]
-    return ReplayPlan(n, n_super, _idx(op_order, n), _idx(new_super[node], n), _idx(m_seg, n),
-                      _idx(new_op[np.flatnonzero(~has_pred)], n), tuple(waves))
+    return ReplayPlan(n, n_super, _idx(op_order, n), super_of_op, _idx(m_seg, n), roots, tuple(waves))
 
 
 def replay_waves(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarray | None = None,
