@@ -52,8 +52,11 @@ def hang_section(frames: JobFrames) -> list[dict]:
         return []
     present = _ranks_with_records(frames)
     out: list[dict] = []
-    for source in sorted(df["source"].unique().to_list(), key=lambda s: (s != "hook", s)):
-        out.extend(_source_hangs(df.filter(pl.col("source") == source), source, present))
+    sources = sorted(df["source"].unique().to_list(), key=lambda s: (s != "hook", s))
+    for source in sources:
+        # one source (the common case): every row is its, so no filtered copy of the whole frame
+        part = df if len(sources) == 1 else df.filter(pl.col("source") == source)
+        out.extend(_source_hangs(part, source, present))
     return out
 
 
