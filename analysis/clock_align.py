@@ -67,16 +67,18 @@ def rank_clock_offsets(comm_op: pl.DataFrame, config: ClockConfig | None = None)
     if comm_op.is_empty():
         return _empty_offsets()
     has_host = "host" in comm_op.columns and comm_op["host"].null_count() < comm_op.height
-    df = comm_op.filter(~pl.col("op").is_in(P2P) & pl.col("end_ns").is_not_null()
-                        & pl.col("group_ranks").is_not_null())
+    # only the columns read: a filter gathers every column it carries (the member lists the most)
+    cols = [c for c in ("rank", "op", "group_ranks", "seq", "end_ns", "host") if c in comm_op.columns]
+    df = comm_op.select(cols).filter(~pl.col("op").is_in(P2P) & pl.col("end_ns").is_not_null()
+                                     & pl.col("group_ranks").is_not_null())
     dom = pl.col("host").fill_null(pl.col("rank").cast(pl.Utf8)) if has_host else pl.col("rank").cast(pl.Utf8)
     ranks = comm_op.select(pl.col("rank").cast(pl.Int64), domain=dom).unique("rank").sort("rank")
     if df.is_empty():
         return ranks.with_columns(offset_ns=pl.lit(0.0), drift=pl.lit(0.0), ref_ns=pl.lit(0, pl.Int64),
                                   num_calls=pl.lit(0, pl.Int64))
     seqcol = "seq" if df["seq"].null_count() < df.height else None
-    key = [pl.col("group_ranks").cast(pl.List(pl.Int64)).list.sort().cast(pl.List(pl.Utf8)).list.join(","),
-           pl.col("op")]
+    # the sorted member list itself, not its spelling: one call per (members, op, seq) either way
+    key = [pl.col("group_ranks").cast(pl.List(pl.Int64)).list.sort(), pl.col("op")]
     if seqcol:
         key.append(pl.col("seq"))
     else:

@@ -37,7 +37,8 @@ def rank_coverage(frames: JobFrames) -> dict:
     cm = frames.comm_op
     if not cm.is_empty():
         if "group_ranks" in cm.columns:
-            named |= _ints(cm["group_ranks"].drop_nulls().explode())
+            # distinct lists first: every op's member list exploded is ~100 M values on 4,096 GPUs
+            named |= _ints(cm["group_ranks"].drop_nulls().unique().explode())
         if "peer" in cm.columns:
             named |= _ints(cm["peer"])
     sizes = [d["world_size"] for d in frames.declared]

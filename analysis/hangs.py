@@ -52,8 +52,11 @@ def hang_section(frames: JobFrames) -> list[dict]:
         return []
     present = _ranks_with_records(frames)
     out: list[dict] = []
-    for source in sorted(df["source"].unique().to_list(), key=lambda s: (s != "hook", s)):
-        out.extend(_source_hangs(df.filter(pl.col("source") == source), source, present))
+    sources = sorted(df["source"].unique().to_list(), key=lambda s: (s != "hook", s))
+    for source in sources:
+        # one source (the common case): every row is its, so no filtered copy of the whole frame
+        part = df if len(sources) == 1 else df.filter(pl.col("source") == source)
+        out.extend(_source_hangs(part, source, present))
     return out
 
 
@@ -75,6 +78,13 @@ def _prepare(comm: pl.DataFrame) -> pl.DataFrame:
         pl.col("source").fill_null("?"),
         pl.col("state").fill_null(pl.when(pl.col("end_ns").is_null()).then(pl.lit("pending"))
                                   .otherwise(pl.lit("completed"))))
+    # A rank dumped by two writers of one source keeps its most advanced state per op: most advanced
+    # first. Sorted before the keys are attached (the order-keeping joins below keep it), so the sort
+    # does not copy the per-op key strings and member lists.
+    df = df.with_columns(
+        pl.col("state").replace_strict(_STATE_ORDER, default=0, return_dtype=pl.Int8).alias("_state_rank")
+    ).sort(["_state_rank", "start_ns"], descending=[True, False])
+    cols = [c for c in df.columns if c not in ("group_ranks", "_state_rank")]
     is_p2p = pl.col("op").is_in(list(_P2P)) & pl.col("peer").is_not_null()
     src = pl.when(pl.col("op") == "send").then(pl.col("rank")).otherwise(pl.col("peer"))
     dst = pl.when(pl.col("op") == "send").then(pl.col("peer")).otherwise(pl.col("rank"))
@@ -100,10 +110,7 @@ def _prepare(comm: pl.DataFrame) -> pl.DataFrame:
         .otherwise(pl.lit("id ") + pl.col("group_id").fill_null("?")).alias("_gkey"),
         pl.when(is_p2p).then(pl.col("_plist"))
         .otherwise(pl.col("_members").cast(pl.List(pl.Int32))).alias("_members"),
-        pl.col("state").replace_strict(_STATE_ORDER, default=0, return_dtype=pl.Int8).alias("_state_rank")
-    ).drop("_mtxt", "group_ranks", "_src", "_dst", "_ptxt", "_plist")  # one copy of the member lists
-    # A rank dumped by two writers of one source keeps its most advanced state per op.
-    df = df.sort(["_state_rank", "start_ns"], descending=[True, False])
+    ).select(*cols, "_members", "_gkey", "_state_rank")  # one copy of the member lists
     key = ["source", "rank", "_gkey", "seq", "op"]
     # the common case has no such duplicate: the check costs a third of the ordered de-duplication
     if not df.select(pl.struct(key).is_duplicated().any()).item():

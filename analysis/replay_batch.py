@@ -115,6 +115,11 @@ def _super_nodes(g: np.ndarray) -> np.ndarray:
     return node
 
 
+def _crosses(block: np.ndarray, src: np.ndarray, dst: np.ndarray, chunk: int = 1 << 22) -> bool:
+    """Whether an edge joins two blocks; in chunks, so no edge-sized temporaries."""
+    return any(np.any(block[src[i:i + chunk]] != block[dst[i:i + chunk]]) for i in range(0, src.size, chunk))
+
+
 def _idx(a: np.ndarray, n: int) -> np.ndarray:
     # int32 indices halve the plan's memory on big jobs (4,096 GPUs: ~10 M nodes)
     return a.astype(np.int32 if n < 2**31 - 1 else np.int64, copy=False)
@@ -127,25 +132,32 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
     ``block`` (optional, per op, e.g. the step): independent components, replayed one after another
     for memory locality; ignored when an edge or a sync group joins two blocks.
     """
-    src = np.asarray(src, dtype=np.int64)
-    dst = np.asarray(dst, dtype=np.int64)
+    # integer indices as given (an int32 edge list stays int32: no int64 copy of 16 M edges)
+    src, dst = np.asarray(src), np.asarray(dst)
+    if src.dtype.kind not in "iu" or dst.dtype.kind not in "iu":
+        src, dst = src.astype(np.int64), dst.astype(np.int64)
+    # int32 working indices where they fit: the plan of a big job (4,096 GPUs: 9 M ops, 16 M edges)
+    # is built from a dozen edge-sized arrays, and their width sets the analysis' peak memory
+    it = np.int32 if max(n, src.size) < 2**31 - 1 else np.int64
     if sync_group is None:
-        node = np.arange(n)
+        node = np.arange(n, dtype=it)
     else:
-        node = _super_nodes(np.asarray(sync_group, dtype=np.int64))
+        node = _super_nodes(np.asarray(sync_group, dtype=np.int64)).astype(it)
     n_super = int(node.max()) + 1 if n else 0
     ssrc, sdst = node[src], node[dst]
     if np.any(ssrc == sdst):
         raise CycleError(f"{int(np.sum(ssrc == sdst))} dependency edges lie inside one sync group")
-    order = np.argsort(ssrc, kind="stable")
-    e_src, e_dst_op = ssrc[order], dst[order]
-    e_dst = node[e_dst_op]
+    indeg = np.bincount(sdst, minlength=n_super)
+    del sdst
     offsets = np.zeros(n_super + 1, dtype=np.int64)
     offsets[1:] = np.cumsum(np.bincount(ssrc, minlength=n_super))
-    indeg = np.bincount(sdst, minlength=n_super)
+    # edges grouped by source super-node (CSR); the source of edge e is implied by offsets
+    e_dst_op = dst[np.argsort(ssrc, kind="stable")].astype(it)
+    del ssrc
+    e_dst = node[e_dst_op]
     has_pred = np.zeros(n, dtype=bool)
     has_pred[dst] = True
-    members = np.argsort(node, kind="stable")
+    members = np.argsort(node, kind="stable").astype(it)
     m_off = np.zeros(n_super + 1, dtype=np.int64)
     m_off[1:] = np.cumsum(np.bincount(node, minlength=n_super))
 
@@ -167,6 +179,7 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
         pos = np.arange(cand.size)
         stamp[cand] = pos
         frontier = cand[stamp[cand] == pos]
+    del e_dst, stamp, indeg
     if processed != n_super:
         raise CycleError(f"{n_super - processed} of {n_super} op groups are on a dependency cycle")
 
@@ -176,7 +189,7 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
     if block is not None:
         b = np.asarray(block, dtype=np.int64)
         s_block[node] = b
-        if np.any(s_block[node] != b) or np.any(b[src] != b[dst]):
+        if np.any(s_block[node] != b) or _crosses(b, src, dst):
             s_block[:] = 0  # blocks that share groups or edges are no independent components
     m_count = m_off[1:] - m_off[:-1]
     # one stable sort of a combined key: the same order as lexsort((m_count, wave_of, s_block)), at a third
@@ -186,15 +199,24 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
         super_order = np.argsort((s_block * top_w + wave_of) * top_m + m_count, kind="stable")
     else:
         super_order = np.lexsort((m_count, wave_of, s_block))
-    new_super = np.empty(n_super, dtype=np.int64)
-    new_super[super_order] = np.arange(n_super)
-    op_order = members[_gather(m_off, super_order)] if n_super else np.zeros(0, np.int64)
-    new_op = np.empty(n, dtype=np.int64)
-    new_op[op_order] = np.arange(n)
+    new_super = np.empty(n_super, dtype=it)
+    new_super[super_order] = np.arange(n_super, dtype=it)
+    op_order = members[_gather(m_off, super_order)] if n_super else np.zeros(0, it)
+    del members, m_off
+    # the plan's op-side maps, before the wave loop, so their inputs are freed before it runs
+    super_of_op = _idx(new_super[node], n)
+    del new_super, node
+    new_op = np.empty(n, dtype=it)
+    new_op[op_order] = np.arange(n, dtype=it)
+    roots = _idx(new_op[np.flatnonzero(~has_pred)], n)
+    del has_pred
     m_counts = m_count[super_order]
+    del m_count
     op_start = np.r_[0, np.cumsum(m_counts)] if n_super else np.zeros(1, np.int64)
     key = s_block[super_order] * (wave_no + 1) + wave_of[super_order]
     cuts = np.r_[np.flatnonzero(np.r_[True, key[1:] != key[:-1]]), n_super] if n_super else np.zeros(1, np.int64)
+    del key, wave_of, s_block
+    out_deg = offsets[1:] - offsets[:-1]
     reached = np.zeros(n, dtype=bool)  # ops an earlier wave (in processing order) has an edge to
     waves = []
     for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
@@ -202,18 +224,19 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
         rc = np.r_[np.flatnonzero(np.r_[True, sizes[1:] != sizes[:-1]]), hi - lo] + lo
         node_runs = tuple((a, b, int(op_start[a]), int(op_start[b]), int(m_counts[a]))
                           for a, b in zip(rc[:-1].tolist(), rc[1:].tolist(), strict=True))
-        eidx = _gather(offsets, super_order[lo:hi])
+        wave_supers = super_order[lo:hi]
+        eidx = _gather(offsets, wave_supers)
         tgt_ops = new_op[e_dst_op[eidx]]
-        e_from = new_super[e_src[eidx]]
+        # the edges of super-node super_order[k] come from new super-node k, in CSR order
+        e_from = np.repeat(np.arange(lo, hi, dtype=it), out_deg[wave_supers])
         tgt, edge_src, edge_runs = _edge_runs(tgt_ops, e_from, reached, n)
         waves.append(Wave(lo, hi, int(op_start[lo]), int(op_start[hi]), node_runs, tgt, edge_src, edge_runs))
     m_seg = op_start[:-1]
-    return ReplayPlan(n, n_super, _idx(op_order, n), _idx(new_super[node], n), _idx(m_seg, n),
-                      _idx(new_op[np.flatnonzero(~has_pred)], n), tuple(waves))
+    return ReplayPlan(n, n_super, _idx(op_order, n), super_of_op, _idx(m_seg, n), roots, tuple(waves))
 
 
 def replay_waves(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarray | None = None,
-                 work: dict | None = None) -> np.ndarray:
+                 work: dict | None = None, zero_groups: bool = False) -> np.ndarray:
     """End time of every super-node, ``duration`` and ``launch_delay`` already in the plan's op order.
 
     1-D (n,) or 2-D (n, K) durations; the result has the matching shape (n_super[, K]). Roots start at 0.
@@ -221,6 +244,9 @@ def replay_waves(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarra
     shape: a what-if replays one plan ~100 times, and fresh arrays of millions of entries per call
     cost page faults (system time) of the same order as the replay itself. The returned array is then
     one of them, valid until the next call.
+    ``zero_groups``: the caller guarantees that every op of a multi-op super-node has duration +0.0 (the
+    what-if graph's sync-group members: their transfer time is a tail of its own); their maximum, 0.0,
+    is then added without reading them.
     """
     dur = np.asarray(duration, dtype=np.float64)
     shape = (plan.n_super,) + dur.shape[1:]
@@ -231,8 +257,9 @@ def replay_waves(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarra
     if delay is not None and dur.ndim == 2:
         delay = delay[:, None]
     if work is not None and work.get("shape") == dur.shape:
+        # no reset: every op is a root or reached by an earlier wave, whose first ("fresh") edge run
+        # assigns its predecessor end before its own wave reads it, so no stale value is ever read
         pred_end, s_end = work["pred_end"], work["s_end"]
-        pred_end.fill(-np.inf)
     else:
         pred_end, s_end = np.full(dur.shape, -np.inf), np.empty(shape)
         if work is not None:
@@ -247,7 +274,7 @@ def replay_waves(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarra
             d = dur[o_lo:o_hi]
             if size > 1:
                 r = _row_max(r.reshape((s_hi - s_lo, size) + tail))
-                d = _row_max(d.reshape((s_hi - s_lo, size) + tail))
+                d = 0.0 if zero_groups else _row_max(d.reshape((s_hi - s_lo, size) + tail))
             np.add(r, d, out=s_end[s_lo:s_hi])
         for t, src, count, fresh in w.edge_runs:
             upd = s_end[src]

@@ -106,7 +106,9 @@ def p2p_votes(comm_op: pl.DataFrame) -> dict[tuple, float]:
 
     Needs comm_op columns rank, op, peer, start_ns. Each side is read on its own clock only.
     """
-    p2p = comm_op.filter(pl.col("op").is_in(P2P_OPS) & pl.col("peer").is_not_null())
+    # only the columns read: a filter and sort gather every column they carry (member lists included)
+    p2p = comm_op.select("rank", "peer", "op", "start_ns").filter(
+        pl.col("op").is_in(P2P_OPS) & pl.col("peer").is_not_null())
     if p2p.is_empty():
         return {}
     first = (p2p.sort("start_ns").group_by(["rank", "peer"], maintain_order=True)
@@ -121,7 +123,8 @@ def p2p_votes(comm_op: pl.DataFrame) -> dict[tuple, float]:
 
 def first_p2p_is_send(comm_op: pl.DataFrame) -> dict[int, bool]:
     """Per rank, whether its first p2p op of the job is a send (only the first stage starts that way)."""
-    p2p = comm_op.filter(pl.col("op").is_in(P2P_OPS) & pl.col("peer").is_not_null())
+    p2p = comm_op.select("rank", "peer", "op", "start_ns").filter(
+        pl.col("op").is_in(P2P_OPS) & pl.col("peer").is_not_null())
     if p2p.is_empty():
         return {}
     first = p2p.sort("start_ns").group_by("rank", maintain_order=True).agg(pl.col("op").first())
@@ -304,13 +307,23 @@ def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True) -> Strategy:
     interleaved = False
     edges = sorted({tuple(sorted(k)) for k in votes})
     comps = _components(ranks, edges)
+    # each component's votes and edge count, split in one pass (not one scan of all votes per component)
+    comp_of = {r: i for i, c in enumerate(comps) for r in c}
+    comp_votes: list[dict] = [{} for _ in comps]
+    for k, v in votes.items():
+        if k[0] in comp_of:
+            comp_votes[comp_of[k[0]]][k] = v
+    comp_edges = [0] * len(comps)
+    for e in edges:
+        if e[0] in comp_of:
+            comp_edges[comp_of[e[0]]] += 1
     pipelines, rings, ordered_ok = [], [], True
-    for c in comps:
-        order, ok = order_path(c, {k: v for k, v in votes.items() if k[0] in c})
-        nedges = sum(1 for e in edges if e[0] in c)
+    for ci, c in enumerate(comps):
+        order, ok = order_path(c, comp_votes[ci])
+        nedges = comp_edges[ci]
         if len(c) > 2 and nedges >= len(c):
             # a p2p cycle: an interleaved pipeline (the last stage feeds the first stage's next chunk)
-            order, ok = order_cycle(c, {k: v for k, v in votes.items() if k[0] in c}, first_send)
+            order, ok = order_cycle(c, comp_votes[ci], first_send)
             pipelines.append(order)
             ordered_ok &= ok
             interleaved = True
@@ -323,7 +336,7 @@ def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True) -> Strategy:
     pp = max(pp_sizes) if pp_sizes else 1
 
     timed = {}
-    if timing and comm_op.filter(~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_null()).height:
+    if timing and comm_op.select((~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_null()).any()).item():
         from rankscope.analysis.collective_timing import label_groups_by_timing
 
         comm_op, timed = label_groups_by_timing(comm_op)

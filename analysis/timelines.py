@@ -28,14 +28,35 @@ def _union_ns(iv: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
         return pl.DataFrame(schema={**{k: pl.Int64 for k in keys}, "union_ns": pl.Int64})
     s = iv.sort([*keys, "start_ns"])
     # end of everything that started before this interval (running max, shifted): the frame is sorted
-    # by key, so the previous row's running max is the group's unless the key changed there (one
-    # window pass instead of two)
+    # by key, so the previous row's running max is the group's unless the key changed there
     same = pl.all_horizontal([pl.col(k).eq_missing(pl.col(k).shift(1)) for k in keys])
-    s = s.with_columns(prev_end=pl.when(same).then(pl.col("end_ns").cum_max().over(keys).shift(1)))
+    prev_end = _group_running_max(s, same)
+    if prev_end is None:
+        prev_end = pl.when(same).then(pl.col("end_ns").cum_max().over(keys).shift(1))
+    s = s.with_columns(prev_end=prev_end)
     # each interval adds only its part beyond that
     add = pl.max_horizontal(pl.col("end_ns") - pl.max_horizontal(pl.col("start_ns"),
                                                                   pl.col("prev_end").fill_null(pl.col("start_ns"))), 0)
     return s.group_by(keys).agg(union_ns=add.sum().cast(pl.Int64))
+
+
+def _group_running_max(s: pl.DataFrame, same: pl.Expr) -> pl.Expr | None:
+    """The previous row's running max of end_ns within its key group (null on a group's first row), as
+    one running max over the whole sorted frame: each group's ends are lifted into a band of their own
+    (group index x span), so a max never crosses a group boundary. Exact in integers; None when the
+    bands would not fit in int64 or an end is null (then the windowed form)."""
+    b = s.select(lo=pl.min_horizontal(pl.col("start_ns").min(), pl.col("end_ns").min()),
+                 hi=pl.max_horizontal(pl.col("start_ns").max(), pl.col("end_ns").max()),
+                 nulls=pl.col("end_ns").null_count())
+    lo, hi, nulls = b.row(0)
+    if nulls or lo is None or hi is None:
+        return None
+    span = int(hi) - int(lo) + 1
+    if (s.height + 1) * span >= 2**62:
+        return None
+    band = (~same).cast(pl.Int64).cum_sum() * span
+    lifted = pl.col("end_ns").cast(pl.Int64) - int(lo) + band
+    return pl.when(same).then(lifted.cum_max().shift(1) - band + int(lo))
 
 
 def _clip_to_steps(spans: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:

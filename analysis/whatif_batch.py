@@ -61,7 +61,15 @@ def step_times(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, sc: Sc
         # bound by memory access, so wider passes cost as much per scenario and more memory
         run = graph.choice_replayer(actual, ideal, sc.labels, launch_delay)
         out = np.empty((len(graph.steps), k))
+        # scenarios that give every code the same choice replay alike (an add of a selection is the
+        # remove of its complement; M_S's add is the last stage's S_x): each distinct one runs once
+        done: dict[bytes, int] = {}
         for i in range(k):
+            key = (np.asarray(sc.select[i], dtype=bool) != bool(sc.remove[i])).tobytes()
+            if key in done:
+                out[:, i] = out[:, done[key]]
+                continue
+            done[key] = i
             out[:, i] = run(sc.select[i], bool(sc.remove[i]))
         return out
     plan = _plan(graph)

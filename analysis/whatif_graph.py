@@ -104,18 +104,25 @@ class WhatIfGraph:
         cached = self.notes.get("_nodes")
         if cached is not None:
             return cached
+        res = self._engine_graph(np.int64)
+        self.notes["_nodes"] = res
+        return res
+
+    def _engine_graph(self, idx: type) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """replay_nodes' arrays, with src and dst of integer type ``idx``."""
         n = self.ops.height
         synced = np.flatnonzero(self.group >= 0)
         tail = np.full(n, -1, dtype=np.int64)
         tail[synced] = n + np.arange(synced.size)
         # successors wait for the tail (own transfer end), not the group start
-        out_src = np.where(tail[self.src] >= 0, tail[self.src], self.src)
-        src = np.concatenate([out_src, synced])
-        dst = np.concatenate([self.dst, tail[synced]])
+        t_src = tail[self.src]
+        out_src = np.where(t_src >= 0, t_src, self.src).astype(idx, copy=False)
+        del t_src
+        src = np.concatenate([out_src, synced.astype(idx, copy=False)])
+        del out_src
+        dst = np.concatenate([self.dst.astype(idx, copy=False), tail[synced].astype(idx, copy=False)])
         group = np.concatenate([self.group, np.full(synced.size, -1)])
-        res = (src, dst, group, tail)
-        self.notes["_nodes"] = res
-        return res
+        return src, dst, group, tail
 
     def replay(self, duration: np.ndarray, launch_delay: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Replay with per-op ``duration`` (transfer time for synced ops); every step starts at 0.
@@ -140,12 +147,19 @@ class WhatIfGraph:
             return cached
         from rankscope.analysis.replay_batch import plan_replay
 
-        src, dst, group, tail = self.replay_nodes()
-        n = self.ops.height
+        had_nodes = "_nodes" in self.notes
+        # int32 edge arrays where the node ids (ops, then one tail per synced op) fit: they are built
+        # for the plan only (half the memory)
+        src, dst, group, tail = (self.replay_nodes() if had_nodes else self._engine_graph(
+            np.int32 if 2 * self.ops.height < 2**31 - 1 else np.int64))
+        n, n_nodes = self.ops.height, len(group)
         synced = tail >= 0
         # steps are independent components (every step starts at 0): one block per step
-        plan = plan_replay(len(group), src, dst, group,
+        plan = plan_replay(n_nodes, src, dst, group,
                            block=np.concatenate([self.step_index, self.step_index[synced]]))
+        # the engine graph's edge arrays (~0.4 GB at 4,096 GPUs) are not kept beside the plan; the
+        # one-off engine replay (replay()) builds them
+        del src, dst, group
         # plan-ordered node -> index into an op duration array extended by one 0 (-1: a synced op's
         # zero-length group member; a tail takes its op's transfer time)
         node_dur = np.concatenate([np.where(synced, -1, np.arange(n)), np.flatnonzero(synced)])
@@ -157,7 +171,7 @@ class WhatIfGraph:
         order = np.argsort(self.step_index, kind="stable")
         si = self.step_index[order]
         first = np.flatnonzero(np.r_[True, si[1:] != si[:-1]]) if si.size else np.zeros(0, np.int64)
-        i32 = np.int32 if len(group) < 2**31 - 1 else np.int64  # index maps: half the memory on big jobs
+        i32 = np.int32 if n_nodes < 2**31 - 1 else np.int64  # index maps: half the memory on big jobs
         cached = self.notes["_replay_plan"] = (plan, in_idx.astype(i32), delay_idx.astype(i32), out_super,
                                                out_super[order], first, si[first])
         return cached
@@ -184,7 +198,8 @@ class WhatIfGraph:
             ext[:-1] = duration
             # "wrap": no buffered copy of out, and -1 (a synced member) still reads the appended 0
             np.take(ext, in_idx, out=node_dur, mode="wrap")
-            return self._step_ends(replay_waves(plan, node_dur, delay, work), work)
+            # a sync group's member nodes are zero-length (their transfer is the tail's)
+            return self._step_ends(replay_waves(plan, node_dur, delay, work, zero_groups=True), work)
 
         return run
 
@@ -211,6 +226,9 @@ class WhatIfGraph:
         mask = np.empty(in_idx.size, dtype=bool)
         dur = np.empty(in_idx.size)
         work: dict = {}
+        # with no negative duration a sync group's node ends no later than its members' tails, so a
+        # step's latest op end is the latest end of all its super-nodes (contiguous per step in the plan)
+        by_super = None if (act < 0).any() or (idl < 0).any() else self._super_step_runs()
 
         def run(select: np.ndarray, remove: bool) -> np.ndarray:
             np.take(np.asarray(select, dtype=bool), lab, out=mask, mode="clip")
@@ -218,9 +236,29 @@ class WhatIfGraph:
                 np.logical_not(mask, out=mask)
             np.copyto(dur, idl)
             np.copyto(dur, act, where=mask)
-            return self._step_ends(replay_waves(plan, dur, delay, work), work)
+            s_end = replay_waves(plan, dur, delay, work, zero_groups=True)
+            if by_super is None:
+                return self._step_ends(s_end, work)
+            out = np.full(len(self.steps), -np.inf)
+            if by_super[0].size:
+                out[by_super[1]] = np.maximum.reduceat(s_end, by_super[0])
+            return out
 
         return run
+
+    def _super_step_runs(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(first super-node of each step's run, the step indices present) when the plan orders super-nodes
+        by step (steps are independent blocks); None when it could not (an edge or group across steps)."""
+        plan = self._replay_plan()[0]
+        if plan.n_super == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        block = np.concatenate([self.step_index, self.step_index[self.group >= 0]])
+        s_step = np.empty(plan.n_super, dtype=np.int64)
+        s_step[plan.super_of_op] = block
+        if np.any(s_step[plan.super_of_op] != block) or np.any(s_step[1:] < s_step[:-1]):
+            return None
+        first = np.flatnonzero(np.r_[True, s_step[1:] != s_step[:-1]])
+        return first, s_step[first]
 
     def _step_ends(self, s_end: np.ndarray, work: dict | None = None) -> np.ndarray:
         """Latest end of each step's ops from the replay's super-node ends (-inf: a step without ops).

@@ -121,9 +121,19 @@ def test_choice_replayer_equals_step_times_of_the_scenario_durations():
     labels = rng.integers(0, 5, len(actual))
     sc = Scenarios(labels, rng.random((6, 5)) < 0.5, np.array([False, True, False, True, True, False]))
     delay = graph.launch_delays()
+    # steps are independent blocks: step ends come from per-step super-node runs
+    assert graph._super_step_runs() is not None
     got = step_times(graph, actual, ideal, sc, launch_delay=delay)
     for k in range(6):
         np.testing.assert_array_equal(got[:, k], graph.step_times(sc.durations(k, actual, ideal), delay))
+    # a negative transfer time: step ends from the ops' own ends (a group's node may end after a member's
+    # tail), as the per-op step replayer
+    ideal_neg = ideal.copy()
+    ideal_neg[np.flatnonzero(graph.group >= 0)[::3]] = -5e5
+    got = step_times(graph, actual, ideal_neg, sc, launch_delay=delay)
+    run = graph.step_replayer(delay)
+    for k in range(6):
+        np.testing.assert_array_equal(got[:, k], run(sc.durations(k, actual, ideal_neg)))
 
 
 def test_super_nodes_number_like_unique_of_the_group_keys():
@@ -135,3 +145,44 @@ def test_super_nodes_number_like_unique_of_the_group_keys():
             g = np.where(rng.random(n) < p_lone, -1, rng.integers(0, max(1, n // 3), n))
             _, ref = np.unique(np.where(g < 0, -(np.arange(n) + 1), g), return_inverse=True)
             np.testing.assert_array_equal(_super_nodes(g), ref.reshape(-1))
+
+
+def test_scenarios_with_the_same_choices_replay_once_and_alike():
+    sim = pytest.importorskip("rankscope.datasets.simulator")
+    import polars as pl
+
+    from rankscope.analysis.job_model import build_job_model
+    from rankscope.analysis.whatif_batch import Scenarios, step_times
+    from rankscope.analysis.whatif_graph import WhatIfGraph, build_graph
+    from rankscope.analysis.whatif_metrics import ideal_durations
+    from rankscope.collectors.job_frames import JobFrames
+
+    res = sim.simulate(sim.SimConfig(dp=2, pp=2, tp=1, steps=2, microbatches=2, flows=False))
+    frames = JobFrames.from_frames("default", **{k: pl.from_arrow(v) for k, v in res.tables.items()
+                                                 if k in ("comm_op", "compute_op", "step_mark")})
+    graph = build_graph(build_job_model(frames).frames)
+    actual, ideal = graph.actual, ideal_durations(graph)
+    labels = np.arange(len(actual)) % 3
+    sel = np.array([[True, False, True], [False, True, False], [True, False, True], [True, True, True],
+                    [False, False, False]])
+    remove = np.array([False, True, False, False, True])  # 1 = remove of 0's complement; 2 = 0; 4 = 3
+    calls = []
+    orig = WhatIfGraph.choice_replayer
+
+    def counting(self, *a, **kw):
+        run = orig(self, *a, **kw)
+
+        def counted(select, rem):
+            calls.append(1)
+            return run(select, rem)
+        return counted
+
+    WhatIfGraph.choice_replayer = counting
+    try:
+        got = step_times(graph, actual, ideal, Scenarios(labels, sel, remove))
+    finally:
+        WhatIfGraph.choice_replayer = orig
+    assert len(calls) == 2
+    for k in range(5):
+        np.testing.assert_array_equal(got[:, k], graph.step_times(Scenarios(labels, sel, remove).durations(
+            k, actual, ideal)))
