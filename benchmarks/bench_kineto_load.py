@@ -27,7 +27,15 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from whole_process import RANKSCOPE, anchor_python, measure, print_rows, tree_pss_peak_mib  # noqa: E402
+from whole_process import (  # noqa: E402
+    BENCH_OUT,
+    RANKSCOPE,
+    anchor_python,
+    measure,
+    print_rows,
+    run_once,
+    tree_pss_peak_mib,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 REF = Path(os.environ.get("RANKSCOPE_SHARED", REPO.parent / "shared")) / "reference" / "kineto-hta"
@@ -60,7 +68,11 @@ def main() -> int:
     n = 32 if os.environ.get("BENCH_FULL") else 8
     hta = anchor_python("hta", ["holistictraceanalysis"])
     rows, sums = [], []
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    # like with like: a pip-installed package runs from bytecode, so both sides get a bytecode cache (one
+    # untimed warm-up each fills it); PYTHONDONTWRITEBYTECODE in the environment would otherwise have
+    # rankscope's editable sources compiled on every run while HTA's were compiled at its install
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONWARNINGS="ignore", PYTHONPYCACHEPREFIX=str(BENCH_OUT / "pycache"))
     with tempfile.TemporaryDirectory() as tmp:
         small = Path(tmp) / "sampled"
         small.mkdir()
@@ -73,6 +85,10 @@ def main() -> int:
         for label, d in corpora:
             mb = sum(p.stat().st_size for p in d.iterdir()) / 2**20
             st = Path(tmp) / "st"
+            shutil.rmtree(st, ignore_errors=True)
+            run_once([*RANKSCOPE, "ingest", "-q", str(d), "--store", str(st)], env=env)  # warm-up
+            if hta:
+                run_once([str(hta), str(script), str(d)], env=env)
             ours = measure([*RANKSCOPE, "ingest", "-q", str(d), "--store", str(st)], env=env,
                            before=lambda st=st: shutil.rmtree(st, ignore_errors=True))
             theirs = measure([str(hta), str(script), str(d)], env=env) if hta else "could not be installed"
