@@ -18,10 +18,10 @@ the group's *longest* duration, so each synced op becomes two nodes: a
 zero-length member of the group and a private tail of its own transfer time
 that its successors wait for.
 
-Two builders: :func:`build_graph` picks the OSDI'25 op-level model when the
-records carry OSDI op types (``source`` whatif_parquet), else the generic
-model for hooks, Kineto imports and the simulator
-(:mod:`rankscope.analysis.whatif_generic`).
+Two builders: :func:`build_graph` picks the OSDI'25 op-level model
+(:mod:`rankscope.analysis.whatif_osdi`) when the records carry OSDI op types
+(``source`` whatif_parquet), else the generic model for hooks, Kineto imports
+and the simulator (:mod:`rankscope.analysis.whatif_generic`).
 """
 
 from __future__ import annotations
@@ -35,17 +35,7 @@ from rankscope.analysis.replay import replay
 from rankscope.collectors.errors import RankscopeError
 from rankscope.collectors.job_frames import JobFrames
 
-P2P_TYPES = ("forward-send", "forward-recv", "backward-send", "backward-recv")
-DP_COMM_TYPES = ("params-all-gather", "grads-reduce-scatter", "separate-grads-all-reduce")
-COMM_TYPES = P2P_TYPES + DP_COMM_TYPES + (
-    "layernorm-grads-all-reduce", "embedding-grads-all-reduce", "optimizer-clip-main-grad")
-"""Op types that are communication for the ideal (median transfer); the rest are compute (mean)."""
 FWD, BWD = "forward-compute", "backward-compute"
-END_TYPE = "optimizer"
-"""The op type whose end closes a step."""
-
-_EPS_MATCH_NS = 5e-5 * 1e9
-"""Clock slack when matching p2p ops to computes (the authors' 50 us)."""
 _EPS_NEG_NS = 1e-2 * 1e9
 """Transfer times below -10 ms are clock errors and become 0 (as the authors)."""
 
@@ -320,197 +310,9 @@ def build_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> WhatIf
         raise WhatIfInputError("no compute_op or comm_op records: nothing to replay")
     has_osdi = ("optype" in comp.columns and comp["optype"].drop_nulls().is_in([FWD, BWD]).any())
     if has_osdi:
-        return _osdi_graph(_osdi_ops(comp, comm))
+        from rankscope.analysis.whatif_osdi import osdi_graph, osdi_ops
+
+        return osdi_graph(osdi_ops(comp, comm))
     from rankscope.analysis.whatif_generic import generic_graph
 
     return generic_graph(frames, layout)
-
-
-def _osdi_ops(comp: pl.DataFrame, comm: pl.DataFrame) -> pl.DataFrame:
-    cols = ["rank", "dp_rank", "stage", "step", "optype", "seq", "microbatch", "start_ns", "end_ns"]
-    c = comp.filter(pl.col("optype").is_not_null()).select(cols)
-    m = comm.filter(pl.col("optype").is_not_null()).select(cols) if comm.height else c.clear()
-    ops = pl.concat([c, m.cast(c.schema)]).with_columns(
-        pl.col("start_ns").cast(pl.Float64), pl.col("end_ns").cast(pl.Float64),
-        pl.col("dp_rank").fill_null(0), pl.col("stage").fill_null(0))
-    # an op without step or sequence number has no place in the model (the importer never writes one)
-    return ops.filter(pl.col("step").is_not_null() & pl.col("seq").is_not_null())
-
-
-def _chain(edges: list, ids: list) -> None:
-    edges.extend(zip(ids[:-1], ids[1:], strict=True))
-
-
-def _osdi_template(t: pl.DataFrame, pp: int, use_dp: bool) -> tuple[list, list, dict]:
-    """Edges and sync groups among the ops of one model-parallel group in one step.
-
-    ``t``: rows with tid, optype, seq, stage, start_ns, end_ns. Returns
-    (edges [(u, v)], groups [(members, dp_sync)], notes) in template ids.
-    """
-    key = {(o, s, st): i for i, o, s, st in zip(t["tid"], t["optype"], t["seq"], t["stage"], strict=True)}
-    edges: list = []
-    groups: list = []
-    notes = {"unpaired_p2p": 0}
-    ovlp = "separate-grads-all-reduce" in set(t["optype"].to_list())
-    pair_members: dict = {}
-    order_cols = ["start_ns", "seq", "optype"]
-    for s in range(pp):
-        ts = t.filter(pl.col("stage") == s)
-        comp = ts.filter(pl.col("optype").is_in([FWD, BWD])).sort(order_cols)
-        comp_ids = comp["tid"].to_list()
-        _chain(edges, comp_ids)
-        p2p = ts.filter(pl.col("optype").is_in(list(P2P_TYPES))).sort(order_cols)
-        for direction, delta_send in (("forward", 1), ("backward", -1)):
-            ct = comp.filter(pl.col("optype") == f"{direction}-compute")
-            if ct.height == 0:
-                continue
-            last_start, first_end = ct["start_ns"].max(), ct["end_ns"].min()
-            for sr in ("send", "recv"):
-                optype = f"{direction}-{sr}"
-                ops = p2p.filter(pl.col("optype") == optype)
-                if ops.height == 0:
-                    continue
-                valid = (ops["start_ns"] <= last_start + _EPS_MATCH_NS) if sr == "recv" else \
-                    (ops["end_ns"] >= first_end - _EPS_MATCH_NS)
-                valid = valid.to_numpy()
-                cid = 1 if (sr == "recv" and valid.sum() + 1 == ct.height) else 0
-                peer_stage = s + (delta_send if sr == "send" else -delta_send)
-                noop_peer = peer_stage < 0 or peer_stage >= pp
-                peer_type = f"{direction}-{'recv' if sr == 'send' else 'send'}"
-                k = 0
-                for op_id, ok in zip(ops["tid"].to_list(), valid, strict=True):
-                    match = key.get((f"{direction}-compute", cid, s)) if ok else None
-                    if match is not None:
-                        if sr == "send":
-                            edges.append((match, op_id))
-                        else:
-                            edges.append((op_id, match))
-                            prev = key.get((f"{direction}-compute", cid - 1, s))
-                            if prev is not None:
-                                edges.append((prev, op_id))
-                        cid += 1
-                    if not ok or noop_peer:
-                        groups.append(([op_id], False))
-                        continue
-                    pair = tuple(sorted([(optype, k, s), (peer_type, k, peer_stage)]))
-                    pair_members.setdefault(pair, []).append(op_id)
-                    k += 1
-        for optype in P2P_TYPES:
-            _chain(edges, p2p.filter(pl.col("optype") == optype)["tid"].to_list())
-        first_bwd = next((i for i, o in enumerate(comp["optype"].to_list()) if o == BWD), None)
-        if first_bwd is not None and first_bwd >= 2:
-            for optype in ("backward-recv", "backward-send"):
-                op = key.get((optype, 0, s))
-                if op is not None:
-                    edges.append((comp_ids[first_bwd - 2], op))
-        rs = ts.filter(pl.col("optype") == "grads-reduce-scatter").sort("seq")["tid"].to_list()
-        if use_dp:
-            _chain(edges, ts.filter(pl.col("optype").is_in(["params-all-gather", "grads-reduce-scatter"]))
-                   .sort(order_cols)["tid"].to_list())
-            ag = ts.filter(pl.col("optype") == "params-all-gather").sort("seq")["tid"].to_list()
-            fwd = comp.filter(pl.col("optype") == FWD)
-            if ag and fwd.height:
-                edges.append((ag[-1], fwd.sort("start_ns")["tid"][0]))
-            if ovlp and rs:
-                edges.append((comp.filter(pl.col("optype") == BWD).sort("end_ns")["tid"][-1], rs[0]))
-        tail = [key.get(("layernorm-grads-all-reduce", 0, s))]
-        if s in (0, pp - 1):
-            tail.append(key.get(("embedding-grads-all-reduce", 0, s)))
-        if use_dp and ovlp:
-            tail.append(key.get(("separate-grads-all-reduce", 0, s)))
-        elif use_dp:
-            tail.extend(rs)
-        tail += [key.get(("optimizer-clip-main-grad", 0, s)), key.get(("optimizer", 0, s))]
-        tail = [x for x in tail if x is not None]
-        gc = key.get(("gc", 0, s))
-        if comp.height:
-            last = comp.sort("end_ns")["tid"][-1]
-            head = gc if gc is not None else (tail[0] if tail else None)
-            if head is not None:
-                edges.append((last, head))
-        chain = ([gc] if gc is not None else []) + tail
-        _chain(edges, chain)
-        if use_dp and ovlp and rs and tail:
-            edges.append((rs[-1], tail[0]))
-        if use_dp:
-            for i in ts.filter(pl.col("optype").is_in(list(DP_COMM_TYPES)))["tid"].to_list():
-                groups.append(([i], True))
-    for members in pair_members.values():
-        if len(members) == 2:
-            groups.append((members, False))
-        else:
-            notes["unpaired_p2p"] += len(members)
-            groups.extend(([m], False) for m in members)
-    emb = [key.get(("embedding-grads-all-reduce", 0, s)) for s in sorted({0, pp - 1})]
-    emb = [x for x in emb if x is not None]
-    if emb:
-        groups.append((emb, False))
-    clip = [key.get(("optimizer-clip-main-grad", 0, s)) for s in range(pp)]
-    clip = [x for x in clip if x is not None]
-    if clip:
-        groups.append((clip, True))
-    return edges, groups, notes
-
-
-def _osdi_graph(ops: pl.DataFrame) -> WhatIfGraph:
-    steps = np.sort(ops["step"].unique().to_numpy())
-    dp = int(ops["dp_rank"].max()) + 1
-    pp = int(ops["stage"].max()) + 1
-    ops = ops.with_columns(pl.col("step").rank("dense").cast(pl.Int64).sub(1).alias("step_index"))
-    # The template: one model-parallel group (dp rank 0) in the first step; every (step, dp rank) shares it.
-    t = ops.filter((pl.col("dp_rank") == 0) & (pl.col("step") == steps[0])).unique(
-        ["optype", "seq", "stage"], keep="first", maintain_order=True).with_row_index("tid")
-    t = t.with_columns(pl.col("tid").cast(pl.Int64))
-    use_dp = dp > 1
-    edges, groups, notes = _osdi_template(t, pp, use_dp)
-    ops = ops.join(t.select("optype", "seq", "stage", "tid"), on=["optype", "seq", "stage"], how="left")
-    notes["ops_outside_model"] = int(ops["tid"].null_count())
-    ops = ops.filter(pl.col("tid").is_not_null())
-    n_inst = len(steps) * dp
-    inst = (ops["step_index"] * dp + ops["dp_rank"].cast(pl.Int64)).to_numpy()
-    tid = ops["tid"].to_numpy()
-    n_t = t.height
-    rows = np.full((n_inst, n_t), -1, dtype=np.int64)
-    rows[inst, tid] = np.arange(ops.height)
-    complete = (rows >= 0).all(axis=1)
-    if not complete.all():
-        # an incomplete (step, dp rank) would leave dangling dependencies: drop its whole step
-        bad_steps = np.unique(np.flatnonzero(~complete) // dp)
-        notes["steps_dropped_incomplete"] = [int(steps[i]) for i in bad_steps]
-        keep = ~np.isin(ops["step_index"].to_numpy(), bad_steps)
-        if not keep.any():
-            raise WhatIfInputError("no step has every op of the dependency model on every dp rank")
-        ops = ops.filter(pl.Series(keep))
-        return _osdi_graph(ops.drop("tid", "step_index"))
-    e = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
-    src = rows[:, e[:, 0]].ravel()
-    dst = rows[:, e[:, 1]].ravel()
-    group = np.full(ops.height, -1, dtype=np.int64)
-    step_idx = ops["step_index"].to_numpy()
-    dp_rank = ops["dp_rank"].to_numpy().astype(np.int64)
-    for gid, (members, dp_sync) in enumerate(groups):
-        for m in members:
-            r = rows[:, m]
-            # dp-synced groups span all dp ranks of a step; others stay within their dp rank
-            local = step_idx[r] if dp_sync else step_idx[r] * dp + dp_rank[r]
-            group[r] = gid * n_inst + local
-    synced = group >= 0
-    start = ops["start_ns"].to_numpy()
-    end = ops["end_ns"].to_numpy()
-    latest = np.full(group.max() + 1 if synced.any() else 0, -np.inf)
-    np.maximum.at(latest, group[synced], start[synced])
-    transfer = end - np.where(synced, latest[np.where(synced, group, 0)], start)
-    transfer = np.where(synced & (transfer <= -_EPS_NEG_NS), 0.0, transfer)
-    actual = np.where(synced, transfer, end - start)
-    stream = (pl.when(pl.col("optype").is_in(list(P2P_TYPES))).then(pl.col("optype"))
-              .when(pl.col("optype").is_in(list(DP_COMM_TYPES))).then(pl.lit("dp-comm"))
-              .when(pl.col("optype").is_in(list(COMM_TYPES))).then(pl.lit("collective"))
-              .otherwise(pl.lit("compute")))
-    ops = ops.with_columns(
-        pl.Series("synced", synced), pl.col("optype").is_in(list(COMM_TYPES)).alias("comm"),
-        stream.alias("stream"), pl.Series("actual", actual))
-    notes.update(dp=dp, pp=pp, template_ops=n_t)
-    tmpl = Template(rows=rows, src=e[:, 0].copy(), dst=e[:, 1].copy(),
-                    groups=tuple((tuple(m), d) for m, d in groups), n_steps=len(steps), dp=dp)
-    return WhatIfGraph(ops=ops.drop("tid"), src=src, dst=dst, group=group, step_index=step_idx,
-                       steps=steps, model="osdi25", notes=notes, template=tmpl)
