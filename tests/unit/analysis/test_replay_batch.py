@@ -59,22 +59,29 @@ def test_cycles_are_refused_like_the_engine():
         plan_replay(3, np.array([0, 1, 2]), np.array([1, 2, 0]))
 
 
-def test_graph_step_times_many_equals_step_times():
+def _sim_graph(**cfg):
+    """(what-if graph, actual durations, ideal durations) of a small simulated job (flows off)."""
     sim = pytest.importorskip("rankscope.datasets.simulator")
+    import polars as pl
+
     from rankscope.analysis.job_model import build_job_model
     from rankscope.analysis.whatif_graph import build_graph
     from rankscope.analysis.whatif_metrics import ideal_durations
     from rankscope.collectors.job_frames import JobFrames
-    from rankscope.datasets.sim_config import Fault
 
-    res = sim.simulate(sim.SimConfig(dp=2, pp=2, tp=2, steps=3, microbatches=2, flows=False,
-                                     faults=(Fault("slow-worker", {"rank": 3, "factor": 1.5}),)))
-    import polars as pl
-
+    res = sim.simulate(sim.SimConfig(flows=False, **cfg))
     frames = JobFrames.from_frames("default", **{k: pl.from_arrow(v) for k, v in res.tables.items()
                                                  if k in ("comm_op", "compute_op", "step_mark")})
     graph = build_graph(build_job_model(frames).frames)
-    actual, ideal = graph.actual, ideal_durations(graph)
+    return graph, graph.actual, ideal_durations(graph)
+
+
+def test_graph_step_times_many_equals_step_times():
+    pytest.importorskip("rankscope.datasets.simulator")
+    from rankscope.datasets.sim_config import Fault
+
+    graph, actual, ideal = _sim_graph(dp=2, pp=2, tp=2, steps=3, microbatches=2,
+                                      faults=(Fault("slow-worker", {"rank": 3, "factor": 1.5}),))
     mix = np.where(np.arange(len(actual)) % 2 == 0, actual, ideal)
     delay = graph.launch_delays()
     many = graph.step_times_many(np.stack([actual, ideal, mix], axis=1), delay)
@@ -103,20 +110,9 @@ def test_blocks_replay_like_one_graph(joined):
 
 
 def test_choice_replayer_equals_step_times_of_the_scenario_durations():
-    sim = pytest.importorskip("rankscope.datasets.simulator")
-    import polars as pl
-
-    from rankscope.analysis.job_model import build_job_model
     from rankscope.analysis.whatif_batch import Scenarios, step_times
-    from rankscope.analysis.whatif_graph import build_graph
-    from rankscope.analysis.whatif_metrics import ideal_durations
-    from rankscope.collectors.job_frames import JobFrames
 
-    res = sim.simulate(sim.SimConfig(dp=2, pp=2, tp=2, steps=3, microbatches=2, flows=False))
-    frames = JobFrames.from_frames("default", **{k: pl.from_arrow(v) for k, v in res.tables.items()
-                                                 if k in ("comm_op", "compute_op", "step_mark")})
-    graph = build_graph(build_job_model(frames).frames)
-    actual, ideal = graph.actual, ideal_durations(graph)
+    graph, actual, ideal = _sim_graph(dp=2, pp=2, tp=2, steps=3, microbatches=2)
     rng = np.random.default_rng(3)
     labels = rng.integers(0, 5, len(actual))
     sc = Scenarios(labels, rng.random((6, 5)) < 0.5, np.array([False, True, False, True, True, False]))
@@ -148,20 +144,10 @@ def test_super_nodes_number_like_unique_of_the_group_keys():
 
 
 def test_scenarios_with_the_same_choices_replay_once_and_alike():
-    sim = pytest.importorskip("rankscope.datasets.simulator")
-    import polars as pl
-
-    from rankscope.analysis.job_model import build_job_model
     from rankscope.analysis.whatif_batch import Scenarios, step_times
-    from rankscope.analysis.whatif_graph import WhatIfGraph, build_graph
-    from rankscope.analysis.whatif_metrics import ideal_durations
-    from rankscope.collectors.job_frames import JobFrames
+    from rankscope.analysis.whatif_graph import WhatIfGraph
 
-    res = sim.simulate(sim.SimConfig(dp=2, pp=2, tp=1, steps=2, microbatches=2, flows=False))
-    frames = JobFrames.from_frames("default", **{k: pl.from_arrow(v) for k, v in res.tables.items()
-                                                 if k in ("comm_op", "compute_op", "step_mark")})
-    graph = build_graph(build_job_model(frames).frames)
-    actual, ideal = graph.actual, ideal_durations(graph)
+    graph, actual, ideal = _sim_graph(dp=2, pp=2, tp=1, steps=2, microbatches=2)
     labels = np.arange(len(actual)) % 3
     sel = np.array([[True, False, True], [False, True, False], [True, False, True], [True, True, True],
                     [False, False, False]])

@@ -25,19 +25,25 @@ def store_dir(tmp_path, monkeypatch):
     return d
 
 
+def _count_calls(monkeypatch, n: dict, key: str, module, name: str) -> None:
+    """Replace ``module.name`` with a wrapper that counts its calls in ``n[key]`` (cache misses)."""
+    real = getattr(module, name)
+    n.setdefault(key, 0)
+
+    def counting(*a, **k):
+        n[key] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(module, name, counting)
+
+
 @pytest.fixture()
 def calls(monkeypatch):
     """Counts real analyses (cache misses) made by the CLI commands."""
     import rankscope.analysis.diagnose as diagnose_mod
 
-    n = {"analyze_job": 0}
-    real = diagnose_mod.analyze_job
-
-    def counting(*a, **k):
-        n["analyze_job"] += 1
-        return real(*a, **k)
-
-    monkeypatch.setattr(diagnose_mod, "analyze_job", counting)
+    n = {}
+    _count_calls(monkeypatch, n, "analyze_job", diagnose_mod, "analyze_job")
     return n
 
 
@@ -121,19 +127,9 @@ def test_export_and_diff_reuse_their_results(store_dir, tmp_path, monkeypatch):
     import rankscope.analysis.run_diff as run_diff_mod
     import rankscope.analysis.whatif_graph as graph_mod
 
-    n = {"graph": 0, "diff": 0}
-    real_graph, real_diff = graph_mod.build_graph, run_diff_mod.diff_runs
-
-    def graph(*a, **k):
-        n["graph"] += 1
-        return real_graph(*a, **k)
-
-    def diff(*a, **k):
-        n["diff"] += 1
-        return real_diff(*a, **k)
-
-    monkeypatch.setattr(graph_mod, "build_graph", graph)
-    monkeypatch.setattr(run_diff_mod, "diff_runs", diff)
+    n = {}
+    _count_calls(monkeypatch, n, "graph", graph_mod, "build_graph")
+    _count_calls(monkeypatch, n, "diff", run_diff_mod, "diff_runs")
     outs = [tmp_path / "a.json", tmp_path / "b.json"]
     for out in outs:
         assert main(["export", "perfetto", "--store", str(store_dir), "--out", str(out)]) == 0
@@ -160,14 +156,8 @@ def test_job_recognition_on_a_capture_is_cached(tmp_path, monkeypatch):
                               background=True, capture="fabric")
     store = Store(tmp_path / "fab")
     store.write("flow", fab.flow)
-    n = {"recognise": 0}
-    real = flow_jobs_mod.recognise_jobs
-
-    def counting(*a, **k):
-        n["recognise"] += 1
-        return real(*a, **k)
-
-    monkeypatch.setattr(flow_jobs_mod, "recognise_jobs", counting)
+    n = {}
+    _count_calls(monkeypatch, n, "recognise", flow_jobs_mod, "recognise_jobs")
     first = plan_jobs(store)
     again = plan_jobs(store)
     assert n["recognise"] == 1, "an unchanged capture was recognised again"
