@@ -106,6 +106,11 @@ def default_job_for_format(name: str) -> str:
     return "fabric" if ".flows." in formats.IMPORTERS.get(name, "") else "default"
 
 
+def _stored(store: Store, keys: list[str]) -> bool:
+    """Whether any of a source's keys (:func:`source_keys`) is in the store already."""
+    return any(store.has_source(k) for k in keys)
+
+
 def source_keys(sha: str, name: str, job: str | None) -> tuple[str, list[str]]:
     """(the key to record, every key that means 'this source is already in the store').
 
@@ -151,10 +156,11 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
                 opts: formats.ImportOptions | None = None,
                 lim: formats.Limits | None = None,
                 decoded: Callable[[Path], formats.ImportBatch | None] | None = None,
-                keep_rows: bool = False) -> FileResult:
+                keep_rows: bool = False, sha: str | None = None) -> FileResult:
     """Ingest one file; never raises for bad input (the result says what happened).
 
-    ``decoded(path)``, when given, may hand over the file's decode done elsewhere (parallel_decode).
+    ``decoded(path)``, when given, may hand over the file's decode done elsewhere (parallel_decode);
+    ``sha``: the file's SHA-256 when the caller hashed it already.
 
     The file's rows become visible only when its manifest entry is written (one
     transaction under the store's writer lock); a failed file leaves no rows.
@@ -163,7 +169,7 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
     res = FileResult(str(path), "failed")
     try:
         with formats.limits(lim or formats.Limits()), template_state.session(store, opts.job):
-            _ingest_file(store, path, fmt, opts, res, decoded, keep_rows)
+            _ingest_file(store, path, fmt, opts, res, decoded, keep_rows, sha)
     except RankscopeError as e:
         res.status, res.error = "failed", str(e)
         res.rejects[f"file: {type(e).__name__}"] += 1
@@ -191,7 +197,7 @@ ASSUMPTION_NOTES = ("rank_assumed",)
 
 def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions, res: FileResult,
                  decoded: Callable[[Path], formats.ImportBatch | None] | None = None,
-                 keep_rows: bool = False) -> None:
+                 keep_rows: bool = False, sha: str | None = None) -> None:
     if not path.is_file():
         raise InputFormatError(path, None, "an existing regular file", got="missing")
     name = formats.detect(path) if fmt == "auto" else fmt
@@ -200,9 +206,9 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: formats.ImportOptions
         res.error = f"{path}: no importer recognises this file"
         return
     res.format = name
-    sha = file_sha256(path)
+    sha = sha or file_sha256(path)
     key, known = source_keys(sha, name, opts.job)
-    if any(store.has_source(k) for k in known):
+    if _stored(store, known):
         res.status = "skipped"
         return
     imp = formats.importer(name)
@@ -336,11 +342,16 @@ def ingest(store: Store, paths: Iterable[str | os.PathLike], fmt: str = "auto",
     summary = IngestSummary()
     lim = lim or formats.Limits()
 
+    shas: dict[Path, str] = {}
+    """files hashed for the decode-ahead check, so that their ingest does not hash them again"""
+
     def in_store(path: Path, name: str) -> bool:
-        return any(store.has_source(k) for k in source_keys(file_sha256(path), name, opts.job)[1])
+        shas[path] = file_sha256(path)
+        return _stored(store, source_keys(shas[path], name, opts.job)[1])
 
     # before anything else computes: decode workers can only be forked from a single-threaded process
     with parallel_decode.ahead(files, fmt, opts, lim, skip=in_store) as pre:
         for path in (progress(files) if progress else files):
-            summary.files.append(ingest_file(store, path, fmt, opts, lim, decoded=pre.take, keep_rows=keep_rows))
+            summary.files.append(ingest_file(store, path, fmt, opts, lim, decoded=pre.take, keep_rows=keep_rows,
+                                             sha=shas.pop(path, None)))
     return summary
