@@ -30,6 +30,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.flow_config import FlowConfig
+from rankscope.analysis.flow_features import burst_index
 
 MIN_BURSTS = 3
 """a link that went busy fewer times than this did not repeat a per-step exchange."""
@@ -43,9 +44,8 @@ def burst_counts(flows: pl.DataFrame, gap_ns: int) -> pl.DataFrame:
     if flows.is_empty():
         return pl.DataFrame(schema={"src_addr": pl.Utf8, "dst_addr": pl.Utf8, "bursts": pl.UInt32})
     f = flows.select("src_addr", "dst_addr", "start_ns", "end_ns").sort(["src_addr", "dst_addr", "start_ns"])
-    busy_until = pl.col("end_ns").cum_max().shift(1).over(["src_addr", "dst_addr"])
-    f = f.with_columns(new=(busy_until.is_null() | (pl.col("start_ns") > busy_until + gap_ns)))
-    return f.group_by(["src_addr", "dst_addr"]).agg(bursts=pl.col("new").sum())
+    f = f.with_columns(b=burst_index(gap_ns))
+    return f.group_by(["src_addr", "dst_addr"]).agg(bursts=pl.col("b").max().cast(pl.UInt32))
 
 
 def job_evidence(endpoints: list[str], heavy: pl.DataFrame, flows: pl.DataFrame, num_rails: int,

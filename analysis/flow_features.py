@@ -122,6 +122,14 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
                        control_flows=ctl.drop("_ctl", "_self"))
 
 
+def burst_index(gap_ns: int, pair: tuple[str, str] = ("src_addr", "dst_addr"), start: str = "start_ns",
+                end: str = "end_ns") -> pl.Expr:
+    """Per record of a frame sorted by pair, then start: the number (1, 2, ...) of its burst within its
+    directed pair, a burst being a run of records apart by idle gaps of at most ``gap_ns``."""
+    busy_until = pl.col(end).cum_max().shift(1).over(list(pair))
+    return (busy_until.is_null() | (pl.col(start) > busy_until + gap_ns)).cast(pl.Int32).cum_sum().over(list(pair))
+
+
 def burst_duty(flows: pl.DataFrame) -> pl.DataFrame:
     """Per directed pair: payload bursts (runs of records apart by idle gaps), the busy share of a burst
     period (duty) and whether the bursts recur regularly (once a step).
@@ -139,9 +147,7 @@ def burst_duty(flows: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(schema=schema)
     gap = max(MIN_BURST_GAP_NS, 20 * flow_resolution_ns(f))
     f = f.select(src="src_addr", dst="dst_addr", s="start_ns", e="end_ns").sort(["src", "dst", "s"])
-    busy_until = pl.col("e").cum_max().shift(1).over(["src", "dst"])
-    f = f.with_columns(b=(busy_until.is_null() | (pl.col("s") > busy_until + gap)).cast(pl.Int32).cum_sum()
-                       .over(["src", "dst"]))
+    f = f.with_columns(b=burst_index(gap, pair=("src", "dst"), start="s", end="e"))
     b = f.group_by(["src", "dst", "b"]).agg(s=pl.col("s").min(), e=pl.col("e").max()).sort(["src", "dst", "s"])
     b = b.with_columns(period=pl.col("s").shift(-1).over(["src", "dst"]) - pl.col("s"))
     out = b.group_by(["src", "dst"]).agg(
