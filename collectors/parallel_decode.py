@@ -187,11 +187,15 @@ def ahead(files: list[Path], fmt: str, opts: formats.ImportOptions, lim: formats
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    # objects of the parent that the workers' collector would otherwise walk (and so copy, page by page)
+    # objects of the parent that the workers' collector would otherwise walk (and so copy, page by page).
+    # A process that froze its libraries already (cli/startup.import_frozen) keeps them frozen: unfreezing
+    # is all or nothing, and would hand them back to every later full collection of its analysis
+    was_frozen = gc.get_freeze_count() > 0
     gc.freeze()
     pool = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork"), initializer=_probe)
     try:
         yield Ahead(pool, todo, opts, lim, depth=n + 1, skip=skip)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-        gc.unfreeze()
+        if not was_frozen:
+            gc.unfreeze()
