@@ -112,10 +112,10 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     bursts = f.filter(pl.col("gap").is_null() | (pl.col("gap") > 0.2 * pl.col("big")))
     t = bursts["start_ns"].to_numpy()
     period = step_period(bursts["key"].to_numpy(), t)
+    res = flow_resolution_ns(flows)
     if period is None:
         # records that follow their predecessor within a few clock ticks are one flow cut by the active
         # timeout: the flow never idled long enough for the exporter to close it between steps
-        res = flow_resolution_ns(flows)
         cont = f.filter(pl.col("gap").is_not_null())
         share = float((cont["gap"] <= 10 * res).mean()) if cont.height else 0.0
         med = float((f["end_ns"] - f["start_ns"]).median() or 0)
@@ -137,7 +137,7 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
         period_seen = None
     # a link's bursts may repeat several times a step: the job's whole traffic repeats once a step
     payload = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
-    whole = whole_step(payload, period, flow_resolution_ns(flows)) if "est_bytes" in flows.columns else None
+    whole = whole_step(payload, period, res) if "est_bytes" in flows.columns else None
     if whole and whole["multiple"] > 1:
         period = whole["step_ns"]
     bounds = period_steps(int(t.min()), int(t.max()), period)
@@ -169,7 +169,7 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
         extra["autocorrelation_by_fraction"] = {str(m): v for m, v in whole["fraction_corr"].items()}
         extra["why"] = (f"the job's traffic repeats as well at 1/{whole['fraction']} of this period: the step time "
                         "may be a whole fraction of it")
-    hidden = _hidden_bursts(f, bursts, dur, flow_resolution_ns(flows))
+    hidden = _hidden_bursts(f, bursts, dur, res)
     extra["record_coverage_between_bursts"] = round(hidden["coverage"], 3)
     if hidden["timer_cut"] and hidden["coverage"] >= 0.5:
         extra["ambiguous"] = True
