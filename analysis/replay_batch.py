@@ -240,6 +240,7 @@ def replay_waves(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarra
     """End time of every super-node, ``duration`` and ``launch_delay`` already in the plan's op order.
 
     1-D (n,) or 2-D (n, K) durations; the result has the matching shape (n_super[, K]). Roots start at 0.
+    ``launch_delay``: (n,), the same in every column, or (n, K).
     ``work`` (optional, a dict kept by the caller) holds the large scratch arrays between calls of one
     shape: a what-if replays one plan ~100 times, and fresh arrays of millions of entries per call
     cost page faults (system time) of the same order as the replay itself. The returned array is then
@@ -254,8 +255,8 @@ def replay_waves(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarra
         return np.zeros(shape)
     tail = dur.shape[1:]
     delay = launch_delay
-    if delay is not None and dur.ndim == 2:
-        delay = delay[:, None]
+    if delay is not None and dur.ndim == 2 and np.ndim(delay) == 1:
+        delay = delay[:, None]  # one delay per node, the same in every column
     if work is not None and work.get("shape") == dur.shape:
         # no reset: every op is a root or reached by an earlier wave, whose first ("fresh") edge run
         # assigns its predecessor end before its own wave reads it, so no stale value is ever read

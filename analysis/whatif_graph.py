@@ -61,6 +61,29 @@ class Template:
 
 
 @dataclass(frozen=True)
+class _PlanMaps:
+    """A graph's replay plan and the maps between op ids and the plan's nodes (flat arrays)."""
+
+    plan: object
+    """the ReplayPlan of the whole graph, or of one step when ``columns`` > 1."""
+    in_idx: np.ndarray
+    """per plan node (x step), the op whose duration it takes (-1: zero-length sync-group member)."""
+    delay_idx: np.ndarray
+    """per plan node (x step), the op whose launch delay it takes (-1: none)."""
+    step_super: np.ndarray
+    """per op in step order, the flat index of the super-node whose end is the op's end."""
+    first: np.ndarray
+    present: np.ndarray
+    """runs of step_super per step, and the step index of each run."""
+    columns: int
+    """1, or the number of steps replayed as columns of one step's plan."""
+
+    def shaped(self, flat: np.ndarray) -> np.ndarray:
+        """A flat per-node array as replay_waves takes it: (nodes,) or (nodes, steps)."""
+        return flat if self.columns == 1 else flat.reshape(-1, self.columns)
+
+
+@dataclass(frozen=True)
 class WhatIfGraph:
     """A job's ops, their dependency DAG and sync groups, ready to replay.
 
@@ -130,11 +153,26 @@ class WhatIfGraph:
         end = np.where(synced, r.end[np.where(synced, tail, 0)], r.end[:n])
         return r.ready[:n], end
 
-    def _replay_plan(self):
-        """The engine graph's replay plan and the index maps around it (built once per graph)."""
+    def _replay_plan(self) -> _PlanMaps:
+        """The engine graph's replay plan and the index maps around it (built once per graph).
+
+        When every step repeats one step's structure (:mod:`rankscope.analysis.replay_template`), the plan
+        is that step's and the replay runs all steps as columns; ``notes["_step_template"] = False``
+        turns that off (tests compare both).
+        """
         cached = self.notes.get("_replay_plan")
         if cached is not None:
             return cached
+        tmpl = None
+        if self.notes.get("_step_template", True):
+            from rankscope.analysis.replay_template import step_template
+
+            tmpl = step_template(self.ops, self.src, self.dst, self.group, self.step_index)
+        maps = self._whole_plan() if tmpl is None else self._template_plan(tmpl)
+        self.notes["_replay_plan"] = maps
+        return maps
+
+    def _whole_plan(self) -> _PlanMaps:
         from rankscope.analysis.replay_batch import plan_replay
 
         had_nodes = "_nodes" in self.notes
@@ -158,13 +196,41 @@ class WhatIfGraph:
         delay_idx = node_delay[plan.op_order]
         # op -> the super-node whose end is the op's end (a synced op ends with its tail)
         out_super = plan.super_of_op[np.where(synced, tail, np.arange(n))]
+        return self._maps(plan, in_idx, delay_idx, out_super, 1)
+
+    def _template_plan(self, tmpl) -> _PlanMaps:
+        """One step's plan; node ``j`` of step ``s`` is entry ``j * n_steps + s`` of the flat arrays."""
+        from rankscope.analysis.replay_batch import plan_replay
+
+        k, n_loc = tmpl.n_steps, tmpl.n_ops
+        synced = tmpl.group >= 0
+        tail = np.full(n_loc, -1, dtype=np.int64)
+        tail[synced] = n_loc + np.arange(int(synced.sum()))
+        t_src = tail[tmpl.src]
+        src = np.concatenate([np.where(t_src >= 0, t_src, tmpl.src), np.flatnonzero(synced)])
+        dst = np.concatenate([tmpl.dst, tail[synced]])
+        group = np.concatenate([tmpl.group, np.full(int(synced.sum()), -1)])
+        plan = plan_replay(len(group), src, dst, group)
+        # plan-ordered node -> position in the step (-1 as in _whole_plan), then -> op id in each step
+        node_dur = np.concatenate([np.where(synced, -1, np.arange(n_loc)), np.flatnonzero(synced)])[plan.op_order]
+        node_delay = np.concatenate([np.arange(n_loc), np.full(int(synced.sum()), -1)])[plan.op_order]
+        op_cols = tmpl.op_of.T  # (position, step)
+
+        def per_step(pos: np.ndarray) -> np.ndarray:
+            return np.where(pos[:, None] >= 0, op_cols[np.maximum(pos, 0)], -1).reshape(-1)
+
+        pos_super = plan.super_of_op[np.where(synced, tail, np.arange(n_loc))]
+        out_super = np.empty(self.ops.height, dtype=np.int64)
+        out_super[tmpl.op_of] = pos_super[None, :].astype(np.int64) * k + np.arange(k)[:, None]
+        return self._maps(plan, per_step(node_dur), per_step(node_delay), out_super, k)
+
+    def _maps(self, plan, in_idx, delay_idx, out_super, columns: int) -> _PlanMaps:
         order = np.argsort(self.step_index, kind="stable")
         si = self.step_index[order]
         first = np.flatnonzero(np.r_[True, si[1:] != si[:-1]]) if si.size else np.zeros(0, np.int64)
-        i32 = np.int32 if n_nodes < 2**31 - 1 else np.int64  # index maps: half the memory on big jobs
-        cached = self.notes["_replay_plan"] = (plan, in_idx.astype(i32), delay_idx.astype(i32), out_super,
-                                               out_super[order], first, si[first])
-        return cached
+        i32 = np.int32 if in_idx.size < 2**31 - 1 else np.int64  # index maps: half the memory on big jobs
+        return _PlanMaps(plan, in_idx.astype(i32), delay_idx.astype(i32), out_super[order], first, si[first],
+                         columns)
 
     def step_replayer(self, launch_delay: np.ndarray | None = None):
         """A function: per-op duration (n,) -> replayed time of each step, as :meth:`step_times`.
@@ -174,22 +240,23 @@ class WhatIfGraph:
         """
         from rankscope.analysis.replay_batch import replay_waves
 
-        plan, in_idx, delay_idx, *_ = self._replay_plan()
+        maps = self._replay_plan()
         delay = None
         if launch_delay is not None:
-            delay = np.append(np.asarray(launch_delay, dtype=np.float64), 0.0)[delay_idx]
+            delay = maps.shaped(np.append(np.asarray(launch_delay, dtype=np.float64), 0.0)[maps.delay_idx])
         # scratch arrays kept between calls (see replay_waves): the op durations extended by one 0,
         # the plan-ordered node durations, and the replay's own
         ext = np.zeros(self.ops.height + 1)
-        node_dur = np.empty(in_idx.size)
+        node_dur = np.empty(maps.in_idx.size)
         work: dict = {}
 
         def run(duration: np.ndarray) -> np.ndarray:
             ext[:-1] = duration
             # "wrap": no buffered copy of out, and -1 (a synced member) still reads the appended 0
-            np.take(ext, in_idx, out=node_dur, mode="wrap")
+            np.take(ext, maps.in_idx, out=node_dur, mode="wrap")
             # a sync group's member nodes are zero-length (their transfer is the tail's)
-            return self._step_ends(replay_waves(plan, node_dur, delay, work, zero_groups=True), work)
+            s_end = replay_waves(maps.plan, maps.shaped(node_dur), delay, work, zero_groups=True)
+            return self._step_ends(s_end.reshape(-1), work)
 
         return run
 
@@ -204,10 +271,11 @@ class WhatIfGraph:
         """
         from rankscope.analysis.replay_batch import replay_waves
 
-        plan, in_idx, delay_idx, *_ = self._replay_plan()
+        maps = self._replay_plan()
+        in_idx = maps.in_idx
         delay = None
         if launch_delay is not None:
-            delay = np.append(np.asarray(launch_delay, dtype=np.float64), 0.0)[delay_idx]
+            delay = maps.shaped(np.append(np.asarray(launch_delay, dtype=np.float64), 0.0)[maps.delay_idx])
         # a synced op's zero-length member node takes 0 either way
         act = np.append(np.asarray(actual, dtype=np.float64), 0.0)[in_idx]
         idl = np.append(np.asarray(ideal, dtype=np.float64), 0.0)[in_idx]
@@ -217,7 +285,8 @@ class WhatIfGraph:
         dur = np.empty(in_idx.size)
         work: dict = {}
         # with no negative duration a sync group's node ends no later than its members' tails, so a
-        # step's latest op end is the latest end of all its super-nodes (contiguous per step in the plan)
+        # step's latest op end is the latest end of all its super-nodes (contiguous per step in the plan,
+        # or one column per step)
         by_super = None if (act < 0).any() or (idl < 0).any() else self._super_step_runs()
 
         def run(select: np.ndarray, remove: bool) -> np.ndarray:
@@ -226,9 +295,11 @@ class WhatIfGraph:
                 np.logical_not(mask, out=mask)
             np.copyto(dur, idl)
             np.copyto(dur, act, where=mask)
-            s_end = replay_waves(plan, dur, delay, work, zero_groups=True)
+            s_end = replay_waves(maps.plan, maps.shaped(dur), delay, work, zero_groups=True)
             if by_super is None:
-                return self._step_ends(s_end, work)
+                return self._step_ends(s_end.reshape(-1), work)
+            if maps.columns > 1:
+                return s_end.max(axis=0)
             out = np.full(len(self.steps), -np.inf)
             if by_super[0].size:
                 out[by_super[1]] = np.maximum.reduceat(s_end, by_super[0])
@@ -238,8 +309,12 @@ class WhatIfGraph:
 
     def _super_step_runs(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(first super-node of each step's run, the step indices present) when the plan orders super-nodes
-        by step (steps are independent blocks); None when it could not (an edge or group across steps)."""
-        plan = self._replay_plan()[0]
+        by step (steps are independent blocks); None when it could not (an edge or group across steps).
+        With a step template every step is a column of the replay: (0, every step)."""
+        maps = self._replay_plan()
+        plan = maps.plan
+        if maps.columns > 1:
+            return np.zeros(1, np.int64), np.arange(maps.columns)
         if plan.n_super == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         block = np.concatenate([self.step_index, self.step_index[self.group >= 0]])
@@ -251,10 +326,11 @@ class WhatIfGraph:
         return first, s_step[first]
 
     def _step_ends(self, s_end: np.ndarray, work: dict | None = None) -> np.ndarray:
-        """Latest end of each step's ops from the replay's super-node ends (-inf: a step without ops).
+        """Latest end of each step's ops from the replay's super-node ends, flat (-inf: a step without ops).
 
         ``work`` keeps the per-op gather buffer between calls (one scenario after another)."""
-        step_super, first, present = self._replay_plan()[4:]
+        maps = self._replay_plan()
+        step_super, first, present = maps.step_super, maps.first, maps.present
         out = np.full(len(self.steps), -np.inf)
         if step_super.size:
             buf = work.get("op_end") if work is not None else None
