@@ -47,7 +47,7 @@ def hang_section(frames: JobFrames) -> list[dict]:
     and ``source``. Reads ``rank`` of compute_op, step_mark and batch_meta too, to tell a rank that
     stopped from a rank whose trace is absent.
     """
-    df = _prepare(frames.comm_op)
+    df, members = _prepare(frames.comm_op)
     if df.height == 0:
         return []
     present = _ranks_with_records(frames)
@@ -56,7 +56,7 @@ def hang_section(frames: JobFrames) -> list[dict]:
     for source in sources:
         # one source (the common case): every row is its, so no filtered copy of the whole frame
         part = df if len(sources) == 1 else df.filter(pl.col("source") == source)
-        out.extend(_source_hangs(part, source, present))
+        out.extend(_source_hangs(part, members, source, present))
     return out
 
 
@@ -69,61 +69,69 @@ def _ranks_with_records(frames: JobFrames) -> set[int]:
     return ranks
 
 
-def _prepare(comm: pl.DataFrame) -> pl.DataFrame:
+def _prepare(comm: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(ops, members): one row per (source, rank, group key, seq, op) with its ``_gkey``, most advanced
+    state first; and the member ranks of each group key (``_gkey``, ``members``)."""
+    empty = pl.DataFrame(schema={"_gkey": pl.String, "members": pl.List(pl.Int32)})
     if comm.height == 0 or "seq" not in comm.columns:
-        return comm.head(0)
+        return comm.head(0), empty
     # only the columns the section reads: the sort and de-duplication below copy every column they carry
-    df = comm.select([c for c in _COLUMNS if c in comm.columns])
-    df = df.filter(pl.col("seq").is_not_null()).with_columns(
-        pl.col("source").fill_null("?"),
-        pl.col("state").fill_null(pl.when(pl.col("end_ns").is_null()).then(pl.lit("pending"))
-                                  .otherwise(pl.lit("completed"))))
-    # A rank dumped by two writers of one source keeps its most advanced state per op: most advanced
-    # first. Sorted before the keys are attached (the order-keeping joins below keep it), so the sort
-    # does not copy the per-op key strings and member lists.
-    df = df.with_columns(
-        pl.col("state").replace_strict(_STATE_ORDER, default=0, return_dtype=pl.Int8).alias("_state_rank")
-    ).sort(["_state_rank", "start_ns"], descending=[True, False])
-    cols = [c for c in df.columns if c not in ("group_ranks", "_state_rank")]
+    has_lists = "group_ranks" in comm.columns
+    base = comm.lazy().select([c for c in _COLUMNS if c in comm.columns]).filter(pl.col("seq").is_not_null())
+    if not has_lists:
+        base = base.with_columns(pl.lit(None, dtype=pl.List(pl.Int32)).alias("group_ranks"))
     is_p2p = pl.col("op").is_in(list(_P2P)) & pl.col("peer").is_not_null()
     src = pl.when(pl.col("op") == "send").then(pl.col("rank")).otherwise(pl.col("peer"))
     dst = pl.when(pl.col("op") == "send").then(pl.col("peer")).otherwise(pl.col("rank"))
     # Collectives are keyed by their sorted member list, which every rank and source spells the same
     # way; group ids differ between sources. Point-to-point ops are keyed by direction, so the n-th
     # send of a to b meets the n-th recv of b from a.
-    # Member lists are sorted and spelled once per distinct list, and p2p keys once per (sender,
-    # receiver): per op, on millions of ops, that was most of a big job's time and memory; the joins
-    # hand each op a view of them.
-    lists = df.select("group_ranks").unique().with_columns(pl.col("group_ranks").list.sort().alias("_members"))
-    lists = lists.with_columns(
-        (pl.lit("ranks ") + pl.col("_members").cast(pl.List(pl.String)).list.join(",")).alias("_mtxt"))
-    df = df.with_columns(src.alias("_src"), dst.alias("_dst")).join(
-        lists, on="group_ranks", how="left", maintain_order="left", nulls_equal=True)
-    pairs = df.filter(is_p2p).select("_src", "_dst").unique().with_columns(
+    # Keys are spelled once per distinct member list or (sender, receiver), and the members are kept
+    # per key, not per op: on millions of ops the per-op lists and strings were most of a big job's
+    # time and memory (the joins hand each op a view of its key).
+    lists = base.filter(~is_p2p).select("group_ranks").unique().with_columns(
+        pl.col("group_ranks").list.sort().alias("_m")).with_columns(
+        pl.when(pl.col("_m").list.len() > 0)
+        .then(pl.lit("ranks ") + pl.col("_m").cast(pl.List(pl.String)).list.join(",")).alias("_mtxt")).collect()
+    pairs = base.filter(is_p2p).select(src.alias("_src"), dst.alias("_dst")).unique().with_columns(
         (pl.lit("p2p ") + pl.col("_src").cast(pl.String) + pl.lit("->") + pl.col("_dst").cast(pl.String))
-        .alias("_ptxt"),
-        pl.concat_list(["_src", "_dst"]).cast(pl.List(pl.Int32)).alias("_plist"))
-    df = df.join(pairs, on=["_src", "_dst"], how="left", maintain_order="left")
-    df = df.with_columns(
-        pl.when(is_p2p).then(pl.col("_ptxt"))
-        .when(pl.col("_members").list.len() > 0).then(pl.col("_mtxt"))
+        .alias("_ptxt")).collect()
+    cols = [c for c in _COLUMNS if c in comm.columns and c != "group_ranks"]
+    # Keys are attached before the sort, and the member lists dropped there, so the sort carries no
+    # lists. A rank dumped by two writers of one source keeps its most advanced state per op: most
+    # advanced first (the order-keeping joins keep the input's order into the sort).
+    df = base.with_columns(
+        pl.col("source").fill_null("?"),
+        pl.col("state").fill_null(pl.when(pl.col("end_ns").is_null()).then(pl.lit("pending"))
+                                  .otherwise(pl.lit("completed"))),
+        src.alias("_src"), dst.alias("_dst"),
+    ).join(lists.lazy().select("group_ranks", "_mtxt"), on="group_ranks", how="left", maintain_order="left",
+           nulls_equal=True).drop("group_ranks").with_columns(
+        pl.col("state").replace_strict(_STATE_ORDER, default=0, return_dtype=pl.Int8).alias("_state_rank")
+    ).sort(["_state_rank", "start_ns"], descending=[True, False]).join(
+        pairs.lazy(), on=["_src", "_dst"], how="left", maintain_order="left").select(
+        *cols,
+        pl.when(is_p2p).then(pl.col("_ptxt")).when(pl.col("_mtxt").is_not_null()).then(pl.col("_mtxt"))
         .otherwise(pl.lit("id ") + pl.col("group_id").fill_null("?")).alias("_gkey"),
-        pl.when(is_p2p).then(pl.col("_plist"))
-        .otherwise(pl.col("_members").cast(pl.List(pl.Int32))).alias("_members"),
-    ).select(*cols, "_members", "_gkey", "_state_rank")  # one copy of the member lists
+        "_state_rank").collect()
+    members = pl.concat([
+        lists.filter(pl.col("_mtxt").is_not_null()).select(
+            pl.col("_mtxt").alias("_gkey"), pl.col("_m").list.unique().list.sort().cast(pl.List(pl.Int32))
+            .alias("members")),
+        pairs.select(pl.col("_ptxt").alias("_gkey"), pl.concat_list(["_src", "_dst"]).list.unique().list.sort()
+                     .cast(pl.List(pl.Int32)).alias("members"))]).unique("_gkey", keep="first")
     key = ["source", "rank", "_gkey", "seq", "op"]
     # the common case has no such duplicate: the check costs a third of the ordered de-duplication
-    if not df.select(pl.struct(key).is_duplicated().any()).item():
-        return df
-    return df.unique(key, keep="first", maintain_order=True)
+    if df.select(pl.struct(key).is_duplicated().any()).item():
+        df = df.unique(key, keep="first", maintain_order=True)
+    return df, members
 
 
-def _source_hangs(df: pl.DataFrame, source: str, present: set[int]) -> list[dict]:
+def _source_hangs(df: pl.DataFrame, key_members: pl.DataFrame, source: str, present: set[int]) -> list[dict]:
     last_done = _last_completed(df)
     members = df.group_by("_gkey").agg(
-        pl.col("_members").list.explode(keep_nulls=False, empty_as_null=False).unique().sort().alias("members"),
         pl.col("rank").unique().sort().alias("seen"),
-        pl.col("group_id").drop_nulls().first().alias("group_id"))
+        pl.col("group_id").drop_nulls().first().alias("group_id")).join(key_members, on="_gkey", how="left")
     members = members.with_columns(
         pl.when(pl.col("members").list.len() > 0).then(pl.col("members"))
         .otherwise(pl.col("seen").cast(pl.List(pl.Int32))).alias("members"))

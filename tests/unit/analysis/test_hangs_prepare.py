@@ -20,7 +20,7 @@ def _base(group_ranks):
 
 def test_duplicate_dump_keeps_the_completed_row_and_keys_are_spelled_once():
     base = _base([1, 0])
-    df = _prepare(_comm([
+    df, members = _prepare(_comm([
         {**base, "rank": 0, "start_ns": 5, "end_ns": None, "state": "pending", "seq": 1},
         {**base, "rank": 0, "start_ns": 5, "end_ns": 9, "state": "completed", "seq": 1},
         {**base, "rank": 1, "start_ns": 6, "end_ns": 9, "state": "completed", "seq": 1},
@@ -32,13 +32,15 @@ def test_duplicate_dump_keeps_the_completed_row_and_keys_are_spelled_once():
     assert df.height == 4
     assert df.filter(pl.col("rank") == 0, pl.col("seq") == 1)["state"].to_list() == ["completed"]
     assert set(df["_gkey"].to_list()) == {"ranks 0,1", "p2p 0->1"}
-    assert df.filter(pl.col("op") == "recv")["_members"].to_list() == [[0, 1]]
+    # members are kept once per key, not per op
+    assert dict(members.iter_rows()) == {"ranks 0,1": [0, 1], "p2p 0->1": [0, 1]}
+    assert "_members" not in df.columns and "group_ranks" not in df.columns
     assert "microbatch" not in df.columns  # only the columns the section reads are carried
 
 
 def test_no_duplicates_keeps_every_row_in_state_then_start_order():
     base = _base([0, 1])
-    df = _prepare(_comm([
+    df, _ = _prepare(_comm([
         {**base, "rank": 0, "start_ns": 7, "end_ns": None, "state": "pending", "seq": 3},
         {**base, "rank": 1, "start_ns": 6, "end_ns": 9, "state": "completed", "seq": 3},
         {**base, "rank": 0, "start_ns": 2, "end_ns": 3, "state": "completed", "seq": 2},
