@@ -96,24 +96,26 @@ def _prepare(comm: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     pairs = base.filter(is_p2p).select(src.alias("_src"), dst.alias("_dst")).unique().with_columns(
         (pl.lit("p2p ") + pl.col("_src").cast(pl.String) + pl.lit("->") + pl.col("_dst").cast(pl.String))
         .alias("_ptxt")).collect()
-    cols = [c for c in _COLUMNS if c in comm.columns and c != "group_ranks"]
-    # Keys are attached before the sort, and the member lists dropped there, so the sort carries no
-    # lists. A rank dumped by two writers of one source keeps its most advanced state per op: most
-    # advanced first (the order-keeping joins keep the input's order into the sort).
-    df = base.with_columns(
+    # The key of each op from narrow columns only, then one sort of the section's columns: joins and
+    # sorts gather every column they carry, and the input, filtered, is mostly a view of comm_op.
+    ops = base.collect()
+    gkey = ops.lazy().select(is_p2p.alias("_p2p"), src.alias("_src"), dst.alias("_dst"), "group_ranks", "group_id") \
+        .join(lists.lazy().select("group_ranks", "_mtxt"), on="group_ranks", how="left", maintain_order="left",
+              nulls_equal=True) \
+        .join(pairs.lazy(), on=["_src", "_dst"], how="left", maintain_order="left") \
+        .select(pl.when(pl.col("_p2p")).then(pl.col("_ptxt")).when(pl.col("_mtxt").is_not_null())
+                .then(pl.col("_mtxt")).otherwise(pl.lit("id ") + pl.col("group_id").fill_null("?")).alias("_gkey")) \
+        .collect().to_series()
+    # A rank dumped by two writers of one source keeps its most advanced state per op: most advanced first.
+    df = ops.drop("group_ranks").with_columns(
         pl.col("source").fill_null("?"),
         pl.col("state").fill_null(pl.when(pl.col("end_ns").is_null()).then(pl.lit("pending"))
                                   .otherwise(pl.lit("completed"))),
-        src.alias("_src"), dst.alias("_dst"),
-    ).join(lists.lazy().select("group_ranks", "_mtxt"), on="group_ranks", how="left", maintain_order="left",
-           nulls_equal=True).drop("group_ranks").with_columns(
+        gkey,
+    ).with_columns(
         pl.col("state").replace_strict(_STATE_ORDER, default=0, return_dtype=pl.Int8).alias("_state_rank")
-    ).sort(["_state_rank", "start_ns"], descending=[True, False]).join(
-        pairs.lazy(), on=["_src", "_dst"], how="left", maintain_order="left").select(
-        *cols,
-        pl.when(is_p2p).then(pl.col("_ptxt")).when(pl.col("_mtxt").is_not_null()).then(pl.col("_mtxt"))
-        .otherwise(pl.lit("id ") + pl.col("group_id").fill_null("?")).alias("_gkey"),
-        "_state_rank").collect()
+    ).sort(["_state_rank", "start_ns"], descending=[True, False])
+    del ops, gkey
     members = pl.concat([
         lists.filter(pl.col("_mtxt").is_not_null()).select(
             pl.col("_mtxt").alias("_gkey"), pl.col("_m").list.unique().list.sort().cast(pl.List(pl.Int32))
