@@ -65,6 +65,26 @@ def same_pipelines(a, b) -> bool:
     return sorted(unique_groups(a)) == sorted(unique_groups(b))
 
 
+def same_pipelines_any_direction(a, b) -> bool:
+    """Same pipelines with each one read from either end (for a report that does not claim the direction)."""
+    def key(groups):
+        return sorted(min(tuple(g), tuple(reversed(g))) for g in unique_groups(groups))
+    return key(a) == key(b)
+
+
+def evidence_class(s) -> str:
+    """The kind of evidence behind a flow strategy's confidence, from the report's own extra fields."""
+    x = s.extra or {}
+    if not x.get("grid_valid", False):
+        return "invalid grid"
+    k = len(x.get("alternatives") or [])
+    if k:
+        return f"{k + 1}-way tie"
+    if (s.pp or 1) == 1:
+        return "unique grid, no pipeline"
+    return "unique grid, order voted" if x.get("stage_order_agreement", 0.0) > 0 else "unique grid, order unknown"
+
+
 def _features(cfg) -> dict:
     r = cfg.realism
     return {"tcp": r.transport == "tcp", "reverse": r.transport == "tcp" or r.reverse,
@@ -72,7 +92,8 @@ def _features(cfg) -> dict:
             "exporter_offsets": r.exporter_offset_ms > 0, "rail_jitter": r.rail_jitter_us > 0,
             "shared_address": r.ranks_per_address > 1, "tree": cfg.algorithm == "tree",
             "wild_background": r.wild_background, "pure_pp": cfg.dp == 1 and cfg.tp == 1,
-            "pure_dp": cfg.pp == 1, "sampled": cfg.sampling > 1}
+            "pure_dp": cfg.pp == 1, "sampled": cfg.sampling > 1,
+            "scattered_hosts": getattr(r, "host_order", "rank") == "scattered"}
 
 
 def score_fabric(fab) -> list[dict]:
@@ -90,12 +111,28 @@ def score_fabric(fab) -> list[dict]:
         shape = bool(s and (s.dp, s.pp) == (deg["dp"], deg["pp"])
                      and same_sets(s.dp_groups, t["dp_groups_by_address"])
                      and same_pipelines(s.pp_groups, t["pp_groups_by_address"]))
+        groups_ok = bool(s and (s.dp, s.pp) == (deg["dp"], deg["pp"])
+                         and same_sets(s.dp_groups, t["dp_groups_by_address"])
+                         and same_pipelines_any_direction(s.pp_groups, t["pp_groups_by_address"]))
+        x = (s.extra or {}) if s else {}
+        # a report that says it does not know the stage order claims only the pipelines, not their direction
+        order_claimed = bool(x.get("stage_order_known", True))
+        shape_reported = shape if order_claimed else groups_ok
         wb = infer_whitebox(pl.from_arrow(res.tables["comm_op"]))
         wb_ok = ((wb.dp, wb.pp, wb.tp) == (deg["dp"], deg["pp"], deg["tp"])
                  and same_sets(wb.dp_groups, t["dp_groups"]) and same_pipelines(wb.pp_groups, t["pp_groups"]))
         rows.append({"world": t["world_size"], "recognised": rec is not None, "found_jobs": len(found.jobs),
                      "true_jobs": len(fab.jobs), "shape_ok": shape, "ok": shape and s.tp == deg["tp"],
-                     "ok_reported": shape and s.tp in (None, deg["tp"]),
+                     "ok_reported": shape_reported and s.tp in (None, deg["tp"]),
+                     "groups_ok": groups_ok, "order_claimed": order_claimed,
+                     "evidence": evidence_class(s) if s else "unrecognised",
+                     "order_share": float(x.get("stage_order_agreement", float("nan"))),
+                     "stage_order_confidence": float(x.get("stage_order_confidence", float("nan"))),
+                     "model_fit": float(x.get("model_fit", float("nan"))),
+                     "alt_fits": ",".join(f"{a['fit']:.4f}" for a in x.get("alternatives") or []),
+                     "alt_shapes": ",".join(f"dp{a['dp']}pp{a['pp']}" for a in x.get("alternatives") or []),
+                     "true_dp": deg["dp"], "true_pp": deg["pp"], "true_tp": deg["tp"],
+                     "found": f"dp{s.dp}pp{s.pp}" if s else "",
                      "tp_null": bool(s and s.tp is None), "tp_one_wrong": bool(s and s.tp == 1 and deg["tp"] > 1),
                      "confidence": float(s.confidence) if s else float("nan"),
                      "wb_ok": wb_ok, "kineto": cfg.realism.kineto_records, **_features(cfg),
