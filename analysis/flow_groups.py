@@ -353,11 +353,22 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
                 vote(u, v, s)
                 vote(v, path[(i + 2) % len(path)], s)
     oriented = []
+    ref: dict[int, int] = {}  # stage -> next stage, along the first pipeline no vote oriented
     for p, path, cyclic in walks:
         if len(p) > 1:
             links = list(zip(path, path[1:] + ([path[0]] if cyclic else [])))
-            if sum(votes.get((stage_key[u], stage_key[v]), 0.0) for u, v in links) < 0:
+            net = sum(votes.get((stage_key[u], stage_key[v]), 0.0) for u, v in links)
+            if net < 0:
                 path = path[::-1]
+            elif net == 0:
+                # no vote: the pipelines still form one grid, so all run the same way through the
+                # stages (DP groups); walking each from its lowest address would orient them at random
+                # once addresses do not follow ranks
+                if not ref:
+                    ref = {stage_key[u]: stage_key[v] for u, v in links}
+                elif sum((ref.get(stage_key[v]) == stage_key[u]) - (ref.get(stage_key[u]) == stage_key[v])
+                         for u, v in links) > 0:
+                    path = path[::-1]
         oriented.append((p, path, cyclic))
     # every pipeline wraps between the same two stages: pool the wrap evidence over pipelines, so that
     # one exporter's clock offset on one link cannot move the cut
