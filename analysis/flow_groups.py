@@ -353,22 +353,24 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
                 vote(u, v, s)
                 vote(v, path[(i + 2) % len(path)], s)
     oriented = []
-    ref: dict[int, int] = {}  # stage -> next stage, along the first pipeline no vote oriented
+    # the lowest address of each stage (DP group): with no vote, every pipeline starts from the end
+    # whose stage holds the lower one, so that all run the same way through the stages (one grid);
+    # rail copies agree where hosts number their NICs alike on every rail (as _tp_groups assumes).
+    # Walking each from its own lowest address would orient them at random once addresses do not
+    # follow ranks.
+    low = {stage_key[g[0]]: address_key(min(g, key=address_key)) for g in fit.dp_groups}
     for p, path, cyclic in walks:
         if len(p) > 1:
             links = list(zip(path, path[1:] + ([path[0]] if cyclic else [])))
             net = sum(votes.get((stage_key[u], stage_key[v]), 0.0) for u, v in links)
+            if net == 0 and not cyclic:
+                net = -1.0 if low[stage_key[path[-1]]] < low[stage_key[path[0]]] else 1.0
+            elif net == 0:
+                i = min(range(len(path)), key=lambda k: low[stage_key[path[k]]])
+                before, after = path[i - 1], path[(i + 1) % len(path)]
+                net = -1.0 if low[stage_key[before]] < low[stage_key[after]] else 1.0
             if net < 0:
                 path = path[::-1]
-            elif net == 0:
-                # no vote: the pipelines still form one grid, so all run the same way through the
-                # stages (DP groups); walking each from its lowest address would orient them at random
-                # once addresses do not follow ranks
-                if not ref:
-                    ref = {stage_key[u]: stage_key[v] for u, v in links}
-                elif sum((ref.get(stage_key[v]) == stage_key[u]) - (ref.get(stage_key[u]) == stage_key[v])
-                         for u, v in links) > 0:
-                    path = path[::-1]
         oriented.append((p, path, cyclic))
     # every pipeline wraps between the same two stages: pool the wrap evidence over pipelines, so that
     # one exporter's clock offset on one link cannot move the cut

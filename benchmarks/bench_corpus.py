@@ -135,7 +135,7 @@ def score_fabric(fab) -> list[dict]:
                      "groups_ok": groups_ok, "order_claimed": order_claimed,
                      "evidence": evidence_class(s) if s else "unrecognised",
                      "order_share": float(x.get("stage_order_agreement", float("nan"))),
-                     "stage_order_confidence": float(x.get("stage_order_confidence", float("nan"))),
+                     "stage_order_confidence": float(x.get("stage_order_confidence") or float("nan")),
                      "model_fit": float(x.get("model_fit", float("nan"))),
                      "alt_fits": ",".join(f"{a['fit']:.4f}" for a in x.get("alternatives") or []),
                      "alt_shapes": ",".join(f"dp{a['dp']}pp{a['pp']}" for a in x.get("alternatives") or []),
