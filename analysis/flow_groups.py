@@ -353,10 +353,23 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
                 vote(u, v, s)
                 vote(v, path[(i + 2) % len(path)], s)
     oriented = []
+    # the lowest address of each stage (DP group): with no vote, every pipeline starts from the end
+    # whose stage holds the lower one, so that all run the same way through the stages (one grid);
+    # rail copies agree where hosts number their NICs alike on every rail (as _tp_groups assumes).
+    # Walking each from its own lowest address would orient them at random once addresses do not
+    # follow ranks.
+    low = {stage_key[g[0]]: address_key(min(g, key=address_key)) for g in fit.dp_groups}
     for p, path, cyclic in walks:
         if len(p) > 1:
             links = list(zip(path, path[1:] + ([path[0]] if cyclic else [])))
-            if sum(votes.get((stage_key[u], stage_key[v]), 0.0) for u, v in links) < 0:
+            net = sum(votes.get((stage_key[u], stage_key[v]), 0.0) for u, v in links)
+            if net == 0 and not cyclic:
+                net = -1.0 if low[stage_key[path[-1]]] < low[stage_key[path[0]]] else 1.0
+            elif net == 0:
+                i = min(range(len(path)), key=lambda k: low[stage_key[path[k]]])
+                before, after = path[i - 1], path[(i + 1) % len(path)]
+                net = -1.0 if low[stage_key[before]] < low[stage_key[after]] else 1.0
+            if net < 0:
                 path = path[::-1]
         oriented.append((p, path, cyclic))
     # every pipeline wraps between the same two stages: pool the wrap evidence over pipelines, so that

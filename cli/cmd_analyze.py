@@ -15,7 +15,9 @@ def _summary(d) -> str:
     s = d.strategy
     order = ""
     if s.pp > 1 and s.pp_groups:
-        order = f", pipeline {' > '.join(map(str, s.pp_groups[0]))}"
+        known = (s.extra or {}).get("stage_order_known", True)
+        order = f", pipeline {(' > ' if known else ' - ').join(map(str, s.pp_groups[0]))}"
+        order += "" if known else " (direction unknown)"
     step = f"{d.steps.median_ns / 1e6:,.1f} ms x {d.steps.count} steps" if d.steps.count else "steps unknown"
     warm = d.steps.extra.get("warmup") or []
     if warm:

@@ -23,7 +23,9 @@ def render_text(d: Diagnosis) -> str:
         lines.append(f"strategy     dp={s.dp} pp={s.pp} tp={s.tp} on {s.world_size} endpoints, "
                      f"confidence {s.confidence:.2f}")
         if s.pp > 1:
-            lines.append(f"  pipelines  {_groups(s.pp_groups, sep=' > ')}")
+            known = s.extra.get("stage_order_known", True)
+            lines.append(f"  pipelines  {_groups(s.pp_groups, sep=' > ' if known else ' - ')}"
+                         + ("" if known else "  (stage order unknown: direction not reported)"))
         if s.dp > 1:
             lines.append(f"  DP groups  {_groups(s.dp_groups)}")
     else:

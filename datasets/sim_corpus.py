@@ -5,7 +5,8 @@ exporter layout (pods), timestamp resolution, exporter clock offsets and
 background; each job draws its degrees (with a share of pure-PP and pure-DP
 jobs), schedule, rank order, ring/tree (binary or double) all-reduce,
 transport (RoCE with or without ACK/CTS flows, or TCP for jobs up to 256
-GPUs), ranks per address, rail jitter, sampling and exporter timeouts.
+GPUs), ranks per address, rail jitter, sampling and exporter timeouts, and
+whether its host addresses follow its ranks (see SCATTERED_SHARE).
 
 Every random choice comes from ``numpy.random.SeedSequence(seed)``: fabric i
 uses the i-th spawned child, its jobs' seeds are drawn from it, and the fabric
@@ -15,6 +16,7 @@ seeds share no stream and a fabric does not depend on its position.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +26,14 @@ from rankscope.datasets.sim_realism import Realism
 
 TCP_MAX_WORLD = 256
 """gloo/socket jobs above this size are not something one meets."""
+SCATTERED_SHARE = 0.5
+"""share of jobs whose host addresses do not follow their ranks (Realism.host_order="scattered").
+Whether addresses follow ranks is a property of the deployment (Kubernetes pod IPs: no; a Slurm
+cluster whose IP plan follows the sorted node list: usually yes), not of the traffic, and nothing
+tells us the mix; an even share says so, and leaves enough jobs of each kind in a 100-200 job corpus
+to measure both. Drawn from its own stream keyed by the job's seed, so the corpus's other draws
+(and so its jobs) are the same as before the option existed."""
+HOST_ORDER_STREAM = 43
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,13 @@ def _degrees(rng: np.random.Generator, max_world: int) -> tuple[int, int, int]:
 
 
 def _job(rng: np.random.Generator, name: str, max_world: int, fabric: Realism) -> SimConfig:
+    cfg = _job_draws(rng, name, max_world, fabric)
+    scattered = np.random.default_rng([cfg.seed, HOST_ORDER_STREAM]).random() < SCATTERED_SHARE
+    return dataclasses.replace(cfg, realism=dataclasses.replace(cfg.realism,
+                                                                host_order="scattered" if scattered else "rank"))
+
+
+def _job_draws(rng: np.random.Generator, name: str, max_world: int, fabric: Realism) -> SimConfig:
     dp, pp, tp = _degrees(rng, max_world)
     world = dp * pp * tp
     schedule = str(rng.choice(["gpipe", "1f1b", "interleaved"])) if pp > 1 else "1f1b"

@@ -29,6 +29,11 @@ options model what production fabrics and exporters do instead:
 - ``kineto_records``: comm_op/compute_op records without the layout columns
   (process group, sequence number, step, microbatch, stage) and no
   endpoint_map, as a PyTorch profiler trace of a gloo job holds them.
+- ``host_order``: ``rank`` numbers a job's hosts (and so their addresses) in
+  rank order, the idealisation under which address order is stage order;
+  ``scattered`` gives the job's hosts a permutation of its host slots, drawn
+  from the job's seed, as Kubernetes pod IPs or an IP plan that does not
+  follow the scheduler's rank assignment do.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import pyarrow as pa
 from rankscope.collectors.errors import ConfigError
 
 TRANSPORTS = ("roce", "tcp")
+HOST_ORDERS = ("rank", "scattered")
 PODLESS = 0
 
 
@@ -78,10 +84,14 @@ class Realism:
     """TCP: every pair of a process group connects (gloo's full mesh); most of these carry nothing else."""
     dst_qp: bool = False
     """RoCE: records carry the destination QP number (sFlow raw headers do; IPFIX usually not)."""
+    host_order: str = "rank"
+    """``rank``: host addresses follow the ranks; ``scattered``: a seeded permutation of the job's hosts."""
 
     def __post_init__(self):
         if self.transport not in TRANSPORTS:
             raise ConfigError(f"realism.transport={self.transport!r}: expected one of {TRANSPORTS}")
+        if self.host_order not in HOST_ORDERS:
+            raise ConfigError(f"realism.host_order={self.host_order!r}: expected one of {HOST_ORDERS}")
         for name in ("ack_every", "timestamp_ns", "ranks_per_address"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

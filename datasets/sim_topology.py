@@ -10,6 +10,11 @@ on the fabric): ``10.<g>.<h // 250>.<h % 250 + 1>``; host name ``host<h:04>``.
 Each leaf exports the flows entering it from its host ports, as exporter
 ``10.255.<g>.1/0``, so every inter-host transfer is exported exactly once.
 Traffic inside a host (NVLink) never reaches a switch.
+
+Hosts: rank r sits on the job's host slot ``r // gpus_per_host`` (slots
+``host_offset ..``). With ``realism.host_order == "scattered"`` the slots are
+permuted (a stream keyed by the job's seed), so a host's address no longer
+tells its ranks; every group, address and truth entry follows the permuted hosts.
 """
 
 from __future__ import annotations
@@ -69,6 +74,18 @@ class Topology:
         return [[self.addresses[r] for r in row] for row in self.groups[axis].tolist()]
 
 
+HOST_ORDER_STREAM = 0x4057
+"""key of the host permutation's stream, apart from the job's other random streams."""
+
+
+def host_slots(cfg: SimConfig) -> np.ndarray:
+    """Host slot (0-based, before host_offset) of each of the job's hosts, in rank order."""
+    n = -(-cfg.world_size // cfg.gpus_per_host)
+    if cfg.realism.host_order != "scattered":
+        return np.arange(n, dtype=np.int64)
+    return np.random.default_rng([cfg.seed, HOST_ORDER_STREAM]).permutation(n).astype(np.int64)
+
+
 def build_topology(cfg: SimConfig) -> Topology:
     size = {"tp": cfg.tp, "cp": cfg.cp, "ep": cfg.ep, "dp": cfg.dp, "pp": cfg.pp}
     order = cfg.rank_order.split("-")
@@ -86,7 +103,7 @@ def build_topology(cfg: SimConfig) -> Topology:
         row_of_base = np.full(world, -1, dtype=np.int64)
         row_of_base[base] = np.arange(len(base))
         group_of[a] = row_of_base[ranks - coord[a] * stride[a]]
-    host = cfg.host_offset + ranks // cfg.gpus_per_host
+    host = cfg.host_offset + host_slots(cfg)[ranks // cfg.gpus_per_host]
     gpu = ranks % cfg.gpus_per_host
     share = cfg.realism.ranks_per_address
     nic, slot = gpu // share, gpu % share

@@ -94,4 +94,6 @@ def job_truth(cfg: SimConfig, topo: Topology, T: Templates, step_end: np.ndarray
     t["address_slot"] = {str(k): int(v) for k, v in enumerate(topo.slot.tolist())} if topo.slot is not None else {}
     t["tree"] = "double"  # algorithm="tree" is always NCCL's double binary tree
     t["layout_columns"] = not r.kineto_records
+    # scattered: host (and address) order does not follow the ranks, so address order is not stage order
+    t["host_order"] = r.host_order
     return t

@@ -83,7 +83,8 @@ def test_pure_pipeline_reads_as_pp4(pp4):
         assert list(pipe) == list(truth)
     else:
         assert any("stage order unknown" in n for n in s.extra["notes"])
-        assert s.confidence <= 0.5
+        # the direction is not claimed: the confidence covers the groups, the direction is a coin flip
+        assert s.extra["stage_order_confidence"] == 0.5
 
 
 def test_two_ranks_per_address_give_exact_groups_and_tp2(dp2pp2tp2):

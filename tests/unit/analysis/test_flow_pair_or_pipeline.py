@@ -43,8 +43,11 @@ def test_two_stage_pipeline_over_tcp_is_busy_through_the_step():
     s = infer_flows(flows).strategy
     assert (s.dp, s.pp) == (1, 2)
     assert not s.extra["ambiguous"]
-    # the order of the two stages is not shown by this link: not more than the address-order prior
-    assert s.confidence <= 0.6
+    # the order of the two stages is not shown by this link: it is not claimed (address order is no
+    # evidence), its own chance is a coin flip, and the confidence is of the pipeline alone
+    assert not s.extra["stage_order_known"] and s.extra["stage_order_confidence"] == 0.5
+    assert any("direction is not reported" in n for n in s.extra["notes"])
+    assert s.extra["confidence_evidence"] == "unique grid, order unknown"
 
 
 def test_no_timing_evidence_is_reported_ambiguous():

@@ -113,12 +113,45 @@ def test_stage_order_from_link_chronology_when_ack_flows_open_both_directions_to
 
 
 def test_confidence_comes_from_the_evidence():
-    from rankscope.analysis.strategy_flows import grid_confidence
+    from rankscope.analysis import strategy_flows as sf
 
-    assert grid_confidence(True, 0, 1, 0.0) > 0.9  # one valid labelling, no pipeline to order
-    assert grid_confidence(True, 1, 1, 0.0) < 0.5  # an equally good alternative halves it
-    assert grid_confidence(False, 0, 1, 0.0) < grid_confidence(True, 0, 1, 0.0)
-    # stage order: unanimous votes keep it, a coin flip of votes gives nothing, no votes the address prior
-    assert grid_confidence(True, 0, 4, 1.0) == grid_confidence(True, 0, 1, 0.0)
-    assert grid_confidence(True, 0, 4, 0.5) == 0.0
-    assert 0.5 < grid_confidence(True, 0, 4, 0.0) < 0.7
+    conf, klass, order = sf.grid_confidence, sf.evidence_class, sf.stage_order_confidence
+    # one valid labelling, no pipeline: the groups' own (dev-measured) chance
+    assert conf(True, 0, 1, 0.0) == sf.VALID_GRID_CONFIDENCE > 0.95
+    assert klass(True, 0, 1, 0.0) == "unique grid, no pipeline" and order(1, 0.0) is None
+    # k labellings that fit alike and nothing prefers one: 1 / k of it
+    assert conf(True, 1, 1, 0.0) == pytest.approx(sf.VALID_GRID_CONFIDENCE / 2)
+    assert conf(True, 2, 1, 0.0) == pytest.approx(sf.VALID_GRID_CONFIDENCE / 3)
+    assert klass(True, 2, 4, 1.0) == "3-way tie"
+    assert conf(False, 0, 1, 0.0) < conf(True, 1, 1, 0.0) and klass(False, 0, 4, 1.0) == "invalid grid"
+    # stage order voted: its own chance multiplies in; clear votes more than split ones
+    assert conf(True, 0, 4, 1.0) == pytest.approx(sf.VALID_GRID_CONFIDENCE * sf.CLEAR_ORDER_CONFIDENCE)
+    assert conf(True, 0, 4, 0.6) == pytest.approx(sf.VALID_GRID_CONFIDENCE * sf.SPLIT_ORDER_CONFIDENCE)
+    assert 0.5 < order(4, 0.6) < order(4, 1.0) < 1
+    assert klass(True, 0, 4, 1.0) == "unique grid, order voted clearly"
+    assert klass(True, 0, 4, 0.6) == "unique grid, order voted split"
+    # no vote: the direction is not claimed, so the confidence is the groups' alone, and the
+    # direction's own chance is a coin flip (address order is no evidence)
+    assert conf(True, 0, 4, 0.0) == conf(True, 0, 1, 0.0)
+    assert order(4, 0.0) == 0.5 and klass(True, 0, 4, 0.0) == "unique grid, order unknown"
+
+
+def test_pipelines_without_order_votes_all_run_the_same_way_through_the_stages():
+    # addresses that do not follow the ranks, and no link time on any pipeline link: nothing votes on
+    # the direction, yet the pipelines form one grid, so they must all run the same way through the
+    # stages (DP groups); walking each from its lowest address would flip some of them
+    from rankscope.analysis.flow_groups import GridFit, order_pipelines
+
+    truth = [["10.0.0.7", "10.0.0.2", "10.0.0.5"], ["10.0.0.1", "10.0.0.9", "10.0.0.4"],
+             ["10.0.0.8", "10.0.0.3", "10.0.0.6"]]
+    stages = [sorted(col, key=lambda a: int(a.rsplit(".", 1)[1])) for col in zip(*truth)]
+    links = [(p[i], p[i + 1]) for p in truth for i in range(len(p) - 1)]
+    edges = pl.DataFrame({"a": [a for a, _ in links], "b": [b for _, b in links]}).with_columns(
+        first_ab=pl.lit(None, pl.Int64), first_ba=pl.lit(None, pl.Int64))
+    fit = GridFit(dp_groups=stages, pipelines=[sorted(p) for p in truth], is_pp=np.ones(len(links), bool),
+                  valid=True, score=0.0)
+    pipes, share = order_pipelines(fit, edges)
+    assert share == 0.0  # no vote
+    stage_of = {x: k for p in truth for k, x in enumerate(p)}
+    runs = {tuple(stage_of[x] for x in p) for p in pipes}
+    assert runs in ({(0, 1, 2)}, {(2, 1, 0)})

@@ -250,3 +250,42 @@ def test_fabric_exporter_offsets_in_truth_are_the_ones_applied():
     assert shifted.truth["jobs"]["a"]["exporter_offsets_ns"] == {e: offs[e] for e in
                                                                 shifted.truth["jobs"]["a"]["exporters"]}
     assert len(set(offs.values())) == len(offs) > 2
+
+
+def test_scattered_host_order_permutes_addresses_and_truth_follows():
+    from rankscope.datasets.sim_topology import nic_address
+
+    kw = dict(BASE, dp=2, pp=4, tp=1, gpus_per_host=1, seed=7)
+    plain = simulate(SimConfig(**kw))
+    res = simulate(SimConfig(**kw, realism=Realism(host_order="scattered")))
+    t, t0 = res.truth, plain.truth
+    assert t["host_order"] == "scattered" and t0["host_order"] == "rank"
+    # the same address slots, given to other ranks
+    assert sorted(t["endpoints"].values()) == sorted(t0["endpoints"].values())
+    assert t["endpoints"] != t0["endpoints"]
+    # truth stays one consistent picture: each rank's address is its host's NIC, groups by address
+    # are the rank groups read through that map, and the flows run between exactly those addresses
+    host_of = {r: int(h[4:]) for h, rs in t["hosts"].items() for r in rs}
+    assert all(t["endpoints"][str(r)] == nic_address(host_of[r], 0) for r in host_of)
+    for axis in ("dp", "pp"):
+        assert t[f"{axis}_groups_by_address"] == [[t["endpoints"][str(r)] for r in g] for g in t[f"{axis}_groups"]]
+    flow = pl.from_arrow(res.tables["flow"])
+    assert set(flow["src_addr"]) | set(flow["dst_addr"]) == set(t["endpoints"].values())
+    # rank order: every pipeline's addresses ascend from first stage to last; scattered: not all do
+    ascending = [p == sorted(p, key=lambda a: tuple(map(int, a.split(".")))) for p in t["pp_groups_by_address"]]
+    assert all(p == sorted(p, key=lambda a: tuple(map(int, a.split(".")))) for p in t0["pp_groups_by_address"])
+    assert not all(ascending)
+    # the permutation is the job's own: the same seed gives the same hosts
+    again = simulate(SimConfig(**kw, realism=Realism(host_order="scattered")))
+    assert again.truth["endpoints"] == t["endpoints"]
+    with pytest.raises(ConfigError, match="host_order"):
+        Realism(host_order="random")
+
+
+def test_corpus_scatters_a_share_of_its_jobs():
+    from rankscope.datasets.sim_corpus import SCATTERED_SHARE
+
+    cfgs = [c for f in corpus_fabrics(11, 60, 4096) for c in f.configs]
+    share = np.mean([c.realism.host_order == "scattered" for c in cfgs])
+    assert abs(share - SCATTERED_SHARE) < 0.2
+    assert len({c.realism.host_order for c in cfgs}) == 2
