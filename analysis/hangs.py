@@ -72,7 +72,7 @@ def _ranks_with_records(frames: JobFrames) -> set[int]:
 def _prepare(comm: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(ops, members): one row per (source, rank, group key, seq, op) with its ``_gkey``, most advanced
     state first; and the member ranks of each group key (``_gkey``, ``members``)."""
-    empty = pl.DataFrame(schema={"_gkey": pl.String, "members": pl.List(pl.Int32)})
+    empty = pl.DataFrame(schema={"_gkey": pl.Categorical, "members": pl.List(pl.Int32)})
     if comm.height == 0 or "seq" not in comm.columns:
         return comm.head(0), empty
     # only the columns the section reads: the sort and de-duplication below copy every column they carry
@@ -92,29 +92,29 @@ def _prepare(comm: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     lists = base.filter(~is_p2p).select("group_ranks").unique().with_columns(
         pl.col("group_ranks").list.sort().alias("_m")).with_columns(
         pl.when(pl.col("_m").list.len() > 0)
-        .then(pl.lit("ranks ") + pl.col("_m").cast(pl.List(pl.String)).list.join(",")).alias("_mtxt")).collect()
+        .then(pl.lit("ranks ") + pl.col("_m").cast(pl.List(pl.String)).list.join(",")).cast(pl.Categorical)
+        .alias("_mtxt")).collect()
     pairs = base.filter(is_p2p).select(src.alias("_src"), dst.alias("_dst")).unique().with_columns(
         (pl.lit("p2p ") + pl.col("_src").cast(pl.String) + pl.lit("->") + pl.col("_dst").cast(pl.String))
-        .alias("_ptxt")).collect()
-    # The key of each op from narrow columns only, then one sort of the section's columns: joins and
-    # sorts gather every column they carry, and the input, filtered, is mostly a view of comm_op.
+        .cast(pl.Categorical).alias("_ptxt")).collect()
+    # The key of each op from narrow columns only: joins gather every column they carry, and the input,
+    # filtered, is mostly a view of comm_op.
     ops = base.collect()
     gkey = ops.lazy().select(is_p2p.alias("_p2p"), src.alias("_src"), dst.alias("_dst"), "group_ranks", "group_id") \
         .join(lists.lazy().select("group_ranks", "_mtxt"), on="group_ranks", how="left", maintain_order="left",
               nulls_equal=True) \
         .join(pairs.lazy(), on=["_src", "_dst"], how="left", maintain_order="left") \
         .select(pl.when(pl.col("_p2p")).then(pl.col("_ptxt")).when(pl.col("_mtxt").is_not_null())
-                .then(pl.col("_mtxt")).otherwise(pl.lit("id ") + pl.col("group_id").fill_null("?")).alias("_gkey")) \
+                .then(pl.col("_mtxt")).otherwise((pl.lit("id ") + pl.col("group_id").fill_null("?"))
+                                                 .cast(pl.Categorical)).alias("_gkey")) \
         .collect().to_series()
-    # A rank dumped by two writers of one source keeps its most advanced state per op: most advanced first.
     df = ops.drop("group_ranks").with_columns(
         pl.col("source").fill_null("?"),
         pl.col("state").fill_null(pl.when(pl.col("end_ns").is_null()).then(pl.lit("pending"))
                                   .otherwise(pl.lit("completed"))),
         gkey,
     ).with_columns(
-        pl.col("state").replace_strict(_STATE_ORDER, default=0, return_dtype=pl.Int8).alias("_state_rank")
-    ).sort(["_state_rank", "start_ns"], descending=[True, False])
+        pl.col("state").replace_strict(_STATE_ORDER, default=0, return_dtype=pl.Int8).alias("_state_rank"))
     del ops, gkey
     members = pl.concat([
         lists.filter(pl.col("_mtxt").is_not_null()).select(
@@ -123,17 +123,22 @@ def _prepare(comm: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         pairs.select(pl.col("_ptxt").alias("_gkey"), pl.concat_list(["_src", "_dst"]).list.unique().list.sort()
                      .cast(pl.List(pl.Int32)).alias("members"))]).unique("_gkey", keep="first")
     key = ["source", "rank", "_gkey", "seq", "op"]
-    # the common case has no such duplicate: the check costs a third of the ordered de-duplication
+    # A rank dumped by two writers of one source keeps its most advanced state per op. The common case
+    # has no such duplicate (the check costs a third of the ordered de-duplication), and its rows stay
+    # unsorted: most jobs have no stuck point, and the sort is the section's largest copy.
     if df.select(pl.struct(key).is_duplicated().any()).item():
-        df = df.unique(key, keep="first", maintain_order=True)
+        df = _state_order(df).unique(key, keep="first", maintain_order=True)
     return df, members
 
 
+def _state_order(df: pl.DataFrame) -> pl.DataFrame:
+    """Most advanced state first, then by start (stable: rows that tie keep their order)."""
+    return df.sort(["_state_rank", "start_ns"], descending=[True, False], maintain_order=True)
+
+
 def _source_hangs(df: pl.DataFrame, key_members: pl.DataFrame, source: str, present: set[int]) -> list[dict]:
-    last_done = _last_completed(df)
-    members = df.group_by("_gkey").agg(
-        pl.col("rank").unique().sort().alias("seen"),
-        pl.col("group_id").drop_nulls().first().alias("group_id")).join(key_members, on="_gkey", how="left")
+    members = df.group_by("_gkey").agg(pl.col("rank").unique().sort().alias("seen")).join(
+        key_members, on="_gkey", how="left")
     members = members.with_columns(
         pl.when(pl.col("members").list.len() > 0).then(pl.col("members"))
         .otherwise(pl.col("seen").cast(pl.List(pl.Int32))).alias("members"))
@@ -141,10 +146,19 @@ def _source_hangs(df: pl.DataFrame, key_members: pl.DataFrame, source: str, pres
     # A member without any input cannot lag: nothing says it stopped, only that its trace is absent.
     known = members.with_columns(pl.col("members").list.eval(
         pl.element().filter(pl.element().is_in(sorted(present)))))
-    stuck = pl.concat([_pending_points(df), _lagging_points(df, known, last_seq)]).sort(["_t", "seq", "_gkey"])
+    stuck = pl.concat([_pending_points(df), _lagging_points(df, known, last_seq)]).with_columns(
+        pl.col("_gkey").cast(pl.String)).sort(["_t", "seq", "_gkey"])
+    if stuck.height == 0:
+        return []
+    # what is reported of a stuck point reads the ops in state order (the first group id seen, the
+    # majority's op, the last completed op of each rank)
+    df = _state_order(df)
+    members = members.join(df.group_by("_gkey").agg(pl.col("group_id").drop_nulls().first()), on="_gkey",
+                           how="left")
+    last_done = _last_completed(df)
     steps_known = df["step"].is_not_null().any() if "step" in df.columns else False
     # Split once by group: a hang on a big job leaves a stuck point on thousands of rank pairs.
-    by_group = df.partition_by("_gkey", as_dict=True) if stuck.height else {}
+    by_group = df.partition_by("_gkey", as_dict=True)
     groups = {r["_gkey"]: r for r in members.iter_rows(named=True)}
     seqs = {}
     for g, r, sq in last_seq.iter_rows():
@@ -207,15 +221,20 @@ def _lagging_points(df: pl.DataFrame, members: pl.DataFrame, last_seq: pl.DataFr
     one the laggards never reached.
     """
     unfinished = df.filter(pl.col("state") != "completed")["_gkey"].unique()
-    per = (last_seq.filter(~pl.col("_gkey").str.starts_with("p2p ") & ~pl.col("_gkey").is_in(unfinished.to_list()))
+    none = pl.DataFrame(schema={"_gkey": pl.Categorical, "seq": pl.Int64, "_t": pl.Int64, "evidence": pl.String})
+    per = (last_seq.filter(~pl.col("_gkey").cast(pl.String).str.starts_with("p2p ")
+                           & ~pl.col("_gkey").is_in(unfinished.implode()))
            .join(members.select("_gkey", "members"), on="_gkey"))
     if per.height == 0:
-        return pl.DataFrame(schema={"_gkey": pl.String, "seq": pl.Int64, "_t": pl.Int64, "evidence": pl.String})
+        return none
     g = per.group_by("_gkey").agg(pl.col("seq").min().alias("_lo"), pl.col("seq").max().alias("_hi"),
                                   pl.col("rank").n_unique().alias("_n"),
                                   pl.col("members").first().list.len().alias("_m"))
     # A member with no record at all in the group lags too (it never joined the first call).
     g = g.filter((pl.col("_lo") < pl.col("_hi")) | (pl.col("_n") < pl.col("_m")))
+    if g.height == 0:
+        return none
+    df = df.filter(pl.col("_gkey").is_in(g["_gkey"].implode()))
     first = df.group_by("_gkey").agg(pl.col("seq").min().alias("_first"))
     g = g.join(first, on="_gkey").with_columns(
         pl.when(pl.col("_n") < pl.col("_m")).then(pl.col("_first")).otherwise(pl.col("_lo") + 1).alias("seq"))

@@ -1,7 +1,7 @@
 """_prepare keeps one row per (source, rank, group, seq, op): the most advanced state, when a rank is dumped twice."""
 import polars as pl
 
-from rankscope.analysis.hangs import _prepare
+from rankscope.analysis.hangs import _prepare, _state_order
 
 
 def _comm(rows):
@@ -38,11 +38,13 @@ def test_duplicate_dump_keeps_the_completed_row_and_keys_are_spelled_once():
     assert "microbatch" not in df.columns  # only the columns the section reads are carried
 
 
-def test_no_duplicates_keeps_every_row_in_state_then_start_order():
+def test_no_duplicates_keeps_every_row_and_state_order_sorts_them():
     base = _base([0, 1])
     df, _ = _prepare(_comm([
         {**base, "rank": 0, "start_ns": 7, "end_ns": None, "state": "pending", "seq": 3},
         {**base, "rank": 1, "start_ns": 6, "end_ns": 9, "state": "completed", "seq": 3},
         {**base, "rank": 0, "start_ns": 2, "end_ns": 3, "state": "completed", "seq": 2},
     ]))
-    assert df["start_ns"].to_list() == [2, 6, 7]
+    # every row kept, in input order (no copy); the stuck-point report reads them in state order
+    assert df["start_ns"].to_list() == [7, 6, 2]
+    assert _state_order(df)["start_ns"].to_list() == [2, 6, 7]
