@@ -281,8 +281,18 @@ class WhatIfGraph:
         idl = np.append(np.asarray(ideal, dtype=np.float64), 0.0)[in_idx]
         lab = np.append(np.asarray(labels), 0)[in_idx]
         lab = lab.astype(np.int32 if lab.size and lab.max() < 2**31 - 1 else np.int64)
-        mask = np.empty(in_idx.size, dtype=bool)
         dur = np.empty(in_idx.size)
+        shape = (in_idx.size,)
+        if maps.columns > 1:
+            # a template node's label is usually the same in every step (its rank and op type): the
+            # choice is then made once per node and broadcast over the steps
+            per_node = lab.reshape(-1, maps.columns)
+            if (per_node == per_node[:, :1]).all():
+                lab = np.ascontiguousarray(per_node[:, 0])
+                shape = (lab.size, 1)
+                act, idl, dur = maps.shaped(act), maps.shaped(idl), maps.shaped(dur)
+        mask = np.empty(shape, dtype=bool)
+        flat_mask = mask.reshape(-1)
         work: dict = {}
         # with no negative duration a sync group's node ends no later than its members' tails, so a
         # step's latest op end is the latest end of all its super-nodes (contiguous per step in the plan,
@@ -290,12 +300,12 @@ class WhatIfGraph:
         by_super = None if (act < 0).any() or (idl < 0).any() else self._super_step_runs()
 
         def run(select: np.ndarray, remove: bool) -> np.ndarray:
-            np.take(np.asarray(select, dtype=bool), lab, out=mask, mode="clip")
+            np.take(np.asarray(select, dtype=bool), lab, out=flat_mask, mode="clip")
             if remove:
                 np.logical_not(mask, out=mask)
             np.copyto(dur, idl)
             np.copyto(dur, act, where=mask)
-            s_end = replay_waves(maps.plan, maps.shaped(dur), delay, work, zero_groups=True)
+            s_end = replay_waves(maps.plan, maps.shaped(dur.reshape(-1)), delay, work, zero_groups=True)
             if by_super is None:
                 return self._step_ends(s_end.reshape(-1), work)
             if maps.columns > 1:

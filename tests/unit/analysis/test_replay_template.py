@@ -45,11 +45,13 @@ def test_template_replay_equals_the_whole_graph(cfg, shared):
     assert graph._replay_plan().columns == (len(graph.steps) if shared else 1)
     assert whole._replay_plan().columns == 1
     rng = np.random.default_rng(5)
-    labels = rng.integers(0, 6, len(actual))
-    sc = Scenarios(labels, rng.random((5, 6)) < 0.5, np.array([False, True, False, True, False]))
-    delay = graph.launch_delays()
-    np.testing.assert_array_equal(step_times(graph, actual, ideal, sc, delay),
-                                  step_times(whole, actual, ideal, sc, delay))
+    # labels that differ between steps (choices per node and step), and labels by rank, as the what-if
+    # metrics give them (one choice per template node, broadcast over the steps)
+    for labels in (rng.integers(0, 6, len(actual)), graph.ops["rank"].to_numpy() % 6):
+        sc = Scenarios(labels, rng.random((5, 6)) < 0.5, np.array([False, True, False, True, False]))
+        delay = graph.launch_delays()
+        np.testing.assert_array_equal(step_times(graph, actual, ideal, sc, delay),
+                                      step_times(whole, actual, ideal, sc, delay))
     # the per-op step ends (a negative transfer time) and the plain step replayer agree as well
     neg = ideal.copy()
     neg[np.flatnonzero(graph.group >= 0)[::3]] = -5e5
