@@ -101,19 +101,24 @@ def generic_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> What
     del cm, comm, comp  # the inputs of ops (~0.8 GB at 4,096 GPUs) are not needed beside it
     if ops.height == 0:
         raise WhatIfInputError("no compute_op or comm_op record with a step: nothing to replay")
+    # int32 op ids where they fit: the graph keeps its edges through every replay (16 M at 4,096 GPUs),
+    # and their int64 copies while the graph was built were the analysis' memory peak
+    idx = np.int32 if ops.height < 2**31 - 1 else np.int64
     edges = [_stream_edges(ops), _compute_comm_edges(ops)]
-    src = np.concatenate([e[0] for e in edges])
-    dst = np.concatenate([e[1] for e in edges])
+    src = np.concatenate([e[0].astype(idx, copy=False) for e in edges])
+    dst = np.concatenate([e[1].astype(idx, copy=False) for e in edges])
     del edges
     start = ops["start_ns"].to_numpy()
     end = ops["end_ns"].to_numpy()
     # a rule the trace itself contradicts (the successor started before the predecessor ended, e.g.
-    # overlapping ops of one stream) is not a dependency of this job: drop it, count it
-    contradicted = end[src] > start[dst] + _SLACK_NS
+    # overlapping ops of one stream) is not a dependency of this job: drop it, count it (in chunks: no
+    # edge-sized float temporaries)
+    contradicted = np.empty(src.size, dtype=bool)
+    for i in range(0, src.size, 1 << 22):
+        j = slice(i, i + (1 << 22))
+        np.greater(end[src[j]], start[dst[j]] + _SLACK_NS, out=contradicted[j])
     keep = (src != dst) & ~contradicted
-    # int32 op ids where they fit: the graph keeps its edges through every replay (16 M at 4,096 GPUs)
-    idx = np.int32 if ops.height < 2**31 - 1 else np.int64
-    src, dst = src[keep].astype(idx), dst[keep].astype(idx)
+    src, dst = src[keep], dst[keep]
     group = _groups(ops)
     synced = group >= 0
     latest = np.full(int(group.max()) + 1 if synced.any() else 0, -np.inf)
@@ -238,7 +243,7 @@ def _compute_comm_edges(ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     after = blocking.join_asof(cs.select("step", "rank", "start_ns", pl.col("row").alias("n")).rename(
         {"start_ns": "end_ns"}), on="end_ns", by=["step", "rank"], strategy="forward", check_sortedness=False)
     add(after, "row", "n")
-    return np.concatenate(src).astype(np.int64), np.concatenate(dst).astype(np.int64)
+    return np.concatenate(src), np.concatenate(dst)
 
 
 def _groups(ops: pl.DataFrame) -> np.ndarray:
