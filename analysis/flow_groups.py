@@ -37,7 +37,7 @@ from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_jobs import address_key, components
 from rankscope.analysis.flow_link_evidence import early_traffic, lag_floor_ns, link_likeness
 from rankscope.analysis.flow_models import BALANCED, TWO_WAY, adjacency, group_kind, link_fit
-from rankscope.analysis.flow_tie_evidence import break_tie, ends_walk, wrap_by_bytes
+from rankscope.analysis.flow_tie_evidence import break_tie, ends_from_wrap, wrap_by_bytes
 
 
 @dataclass
@@ -387,13 +387,13 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
         if cyclic and link_bytes:
             w = wrap_by_bytes(path, link_bytes)
             ends = [link_last.get(x) for x in links]
-            if w is not None and all(e is not None for e in ends) and ends_walk(np.array(ends, float)) == w:
+            walk = ends_from_wrap(np.array(ends, float), w) if w is not None and None not in ends else None
+            if walk is not None:
                 n = len(path)
-                rising_forward = ends[(w + 1) % n] < ends[(w - 1) % n]
                 for i in range(n):
                     if i != w:
                         u, v = path[i], path[(i + 1) % n]
-                        if rising_forward:
+                        if walk > 0:  # the ends rise going forward: forward is upstream
                             u, v = v, u
                         vote(u, v, 2.0)
     oriented = []

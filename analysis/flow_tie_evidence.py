@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-NOISE_MULTIPLE = 4.0
+NOISE_MULTIPLE = 3.0
 """the short link must fall below the median of the cycle's other links by this many times their own
 largest deviation from it (sampling and ACK noise), so that noise among equal links is never read as a
 missing chunk."""
@@ -102,13 +102,28 @@ def ends_walk(t: np.ndarray) -> int | None:
     return int(np.argmin(t))
 
 
+def ends_from_wrap(t: np.ndarray, w: int) -> int | None:
+    """+1 when the ends of the links after the wrap ``w`` rise link after link going forward round the
+    cycle (forward is then upstream), -1 when they fall, None otherwise. The wrap's own end is left
+    out: a stray small record on it (another connection, a late ACK) says nothing of the last pass."""
+    n = len(t)
+    if n < 3 or not np.isfinite(t).all():
+        return None
+    d = np.diff(t[[(w + 1 + i) % n for i in range(n - 1)]])
+    if (d > 0).all():
+        return 1
+    if (d < 0).all():
+        return -1
+    return None
+
+
 def cycle_wrap(members: list[str], ea: list[str], eb: list[str], bytes_ab: np.ndarray, bytes_ba: np.ndarray,
                last: np.ndarray) -> tuple[bool, float | None, bool]:
     """(shows a short link both ways, its share, record ends agree) for one cyclic pipeline.
 
     Both directions are read on their own (activations one way round, gradients the other); they must
-    name the same link. The ends agree when they do not walk round the cycle (nothing to say) or walk
-    from that same link."""
+    name the same link. The ends agree when they do not walk round the cycle (nothing to say) or, the
+    wrap's own end left out, walk from that same link."""
     order = cycle_links(members, ea, eb)
     if order is None:
         return False, None, True
@@ -119,8 +134,10 @@ def cycle_wrap(members: list[str], ea: list[str], eb: list[str], bytes_ab: np.nd
     s1, s2 = short_link(along), short_link(back)
     if s1 is None or s2 is None or s1[0] != s2[0]:
         return False, None, True
-    w = ends_walk(last[idx].astype(float))
-    return True, (s1[1] + s2[1]) / 2, w is None or w == s1[0]
+    t = last[idx].astype(float)
+    # the ends contradict the short link when they walk round the whole cycle from another link
+    agree = ends_walk(t) is None or ends_from_wrap(t, s1[0]) is not None
+    return True, (s1[1] + s2[1]) / 2, agree
 
 
 def wrap_by_bytes(path: list[str], sent: dict) -> int | None:

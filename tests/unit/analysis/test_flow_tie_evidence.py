@@ -13,7 +13,7 @@ import polars as pl
 
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_groups import fit_grid
-from rankscope.analysis.flow_tie_evidence import ends_walk, short_link, wrap_by_bytes
+from rankscope.analysis.flow_tie_evidence import ends_from_wrap, ends_walk, short_link, wrap_by_bytes
 from rankscope.analysis.strategy_flows import VALID_GRID_CONFIDENCE, infer_flows
 from rankscope.datasets.simulator import Realism, SimConfig, simulate
 
@@ -83,6 +83,10 @@ def test_record_ends_that_walk_from_another_link_keep_the_tie():
     # ends that walk from the short link agree with it
     last = [(i - 5) % 8 * 20e6 for i in range(8)]
     assert fit_grid(NODES, _cycle_edges(b, last), FlowConfig()).tie_broken
+    # and so do they when a stray late record on the wrap itself makes it end last, not first
+    last[5] = 500e6
+    assert fit_grid(NODES, _cycle_edges(b, last), FlowConfig()).tie_broken
+    assert ends_from_wrap(np.array(last), 5) == 1 and ends_from_wrap(np.array(last[::-1]), 2) == -1
 
 
 def test_wrap_by_bytes_needs_both_directions():
