@@ -40,6 +40,11 @@ MAX_CHUNKS = 8
 """most model chunks per rank looked for: the short link carries (v - 1) / v, so a shortfall under
 1 / MAX_CHUNKS of the others is not read as a wrap (Megatron's virtual pipeline sizes are a few)."""
 
+HALF_SLACK = 0.05
+"""how far past one half the short link may fall (v = 2 carries exactly half in expectation; its own
+sampling noise and per-message headers move it either way): a link short by far more than half is a
+lost or cut record, not a missing chunk."""
+
 
 @dataclass(frozen=True)
 class TieBreak:
@@ -86,7 +91,8 @@ def short_link(v: np.ndarray) -> tuple[int, float] | None:
     spread = float(np.max(np.abs(rest / med - 1.0)))
     shortfall = 1.0 - float(v[i]) / med
     # a chunk short: between 1 / MAX_CHUNKS and one half (v >= 2), clear of the others' noise
-    ok = 1.0 / MAX_CHUNKS <= shortfall <= 0.5 + NOISE_MULTIPLE * spread and shortfall > NOISE_MULTIPLE * spread
+    ok = (1.0 / MAX_CHUNKS <= shortfall <= 0.5 + max(NOISE_MULTIPLE * spread, HALF_SLACK)
+          and shortfall > NOISE_MULTIPLE * spread)
     return (i, 1.0 - shortfall) if ok else None
 
 

@@ -13,7 +13,7 @@ each on its own fabric with background traffic, in three sets:
   (dp2/4 x pp2 x tp4/8), the kind of tie whose first-listed labelling was right.
 
 Per set it prints the ties, how many the evidence broke, and how many of those it broke the right way
-(groups right, direction ignored), with (k + 1) / (n + 2) and a 95 % Wilson interval.
+(groups and tp right, the direction left to its own confidence), with (k + 1) / (n + 2) and a 95 % Wilson interval.
 
     python benchmarks/bench_ties.py --seeds 3 4 --sets interleaved collective natural
 """
@@ -82,8 +82,10 @@ def score(fab, cfg) -> dict | None:
     s = infer_flows(job_flows(flow, rec.endpoints)).strategy
     x = s.extra or {}
     deg = t["degrees"]
+    # what the grid's confidence covers: the groups, and tp (or tp null); the direction has its own
     groups_ok = bool((s.dp, s.pp) == (deg["dp"], deg["pp"]) and same_sets(s.dp_groups, t["dp_groups_by_address"])
-                     and same_pipelines_any_direction(s.pp_groups, t["pp_groups_by_address"]))
+                     and same_pipelines_any_direction(s.pp_groups, t["pp_groups_by_address"])
+                     and s.tp in (None, deg["tp"]))
     r = cfg.realism
     return {"tie": bool(x.get("alternatives")), "broken": bool(x.get("tie_broken")), "groups_ok": groups_ok,
             "confidence": s.confidence, "evidence": x.get("confidence_evidence"),

@@ -50,6 +50,8 @@ def test_short_link_needs_a_chunk_clear_of_the_noise():
     noisy[0] = 0.8e9
     assert short_link(noisy) is None or short_link(noisy)[1] < 0.8  # a 20 % dip among 10 % noise is not read
     assert short_link(np.array([1e9, 0.3e9, 1e9, 1e9])) is None  # far more than a chunk short: not a wrap
+    # two chunks: half, give or take the short link's own noise (either side of one half)
+    assert short_link(np.array([4.96e8, 1.0e9, 1.0014e9, 1.0013e9]))[0] == 0
 
 
 def test_record_ends_walk_only_when_they_rise_round_the_cycle():
