@@ -91,10 +91,13 @@ SPLIT_ORDER_CONFIDENCE = 0.87
 """chance the stage order is right when votes exist but are split: dev corpus 6 of 6 (shares 0.45-0.75);
 (k + 1) / (n + 2) = 0.875, rounded down: six jobs cannot show more. The former rule, 2 * share - 1,
 gave these 0.0-0.5 and they were right every time."""
-TIE_BROKEN_CONFIDENCE = 0.9
-"""chance that the groups are right when a tie between equally fitting labellings was broken by the
-bytes per link (flow_tie_evidence: one link of each pipeline cycle short by a model chunk). Dev-measured:
-see ties13's notes (targeted sweep of tie-prone jobs from dev seeds)."""
+TIE_BROKEN_CONFIDENCE = 0.96
+"""chance that the groups (and tp, or tp null) are right when a tie between equally fitting labellings
+was broken by the bytes per link (flow_tie_evidence: one link of each pipeline cycle short by a model
+chunk, both ways). Ties are ~3 % of the corpus, so it is measured on tie-prone jobs drawn like the
+corpus (benchmarks/bench_ties.py, dev seeds 12-14, never used while the evidence was built): 24 of 24
+broken ties right (22 interleaved TCP pipelines, 2 as drawn), and none of 15 ties of small DP x PP tree
+all-reduce jobs broken; (k + 1) / (n + 2) = 0.96."""
 UNVOTED_ORDER_CONFIDENCE = 0.5
 """no link showed the stage order: the pipelines (oriented alike, flow_groups.order_pipelines) run one
 way or the other, and which is a coin flip. Address order is no evidence: hosts are numbered in rank
