@@ -58,6 +58,8 @@ class GridFit:
     tie_evidence: str = ""
     """what broke a tie between equally fitting labellings (flow_tie_evidence), or why nothing did."""
     tie_broken: bool = False
+    tie_kind: str = ""
+    """``wrap`` or ``misfit`` (flow_tie_evidence.TieBreak.kind) when a tie was broken."""
 
 
 def byte_modes(bytes_: np.ndarray, gap: float, max_modes: int) -> np.ndarray:
@@ -255,6 +257,7 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
                                       "fit": round(f.fit, 4), "dp_groups": f.dp_groups[:4]})
     best.tie_broken = bool(tie and tie.winner is not None)
     best.tie_evidence = tie.evidence if tie else ""
+    best.tie_kind = tie.kind if tie else ""
     best.ambiguous = bool(best.alternatives) and not best.tie_broken
     if best.alternatives:
         best.notes.append(f"{len(best.alternatives)} other labelling(s) explain the traffic within "

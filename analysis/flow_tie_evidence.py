@@ -21,8 +21,13 @@ What still tells them apart is in the bytes and the record ends, from the two tr
   round the ring that is as good as random (``2n / n!`` to rise like this: < 2 % for 6 links).
   Only a check here: it is read when the clock resolves it and must agree with the bytes.
 
+- *no pipeline has two short links*: a labelling that makes a pipeline of a cycle in which two links
+  carry clearly fewer bytes than the rest, both ways, fits no schedule (a double binary tree's links
+  carry twice the bytes where its two trees share a link, and its union of links holds cycles).
+
 A tie is broken when exactly one of the tied labellings has cyclic pipelines and each of them shows
-its short link (and no record ends contradict it); otherwise the tie stands.
+its short link (and no record ends contradict it), or else when all tied labellings but one make
+such misfit cycles; otherwise the tie stands.
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ class TieBreak:
     """what decided it, or why nothing did."""
     chunks: int | None = None
     """model chunks per rank read from the short link's share (1 / (1 - share), rounded)."""
+    kind: str = ""
+    """``wrap``: the winner's cycles each show one short link; ``misfit``: the others' pipeline cycles
+    fit no pipeline schedule; empty when the tie stands."""
 
 
 def cycle_links(members: list[str], ea: list[str], eb: list[str]) -> list[tuple[int, bool]] | None:
@@ -123,27 +131,44 @@ def ends_from_wrap(t: np.ndarray, w: int) -> int | None:
     return None
 
 
+def two_short(v: np.ndarray) -> bool:
+    """True when the two lowest links both fall clearly below the rest (as :func:`short_link` reads one):
+    no pipeline schedule does that (one wrap per cycle), a double binary tree's cycle of links does
+    (links in both trees carry twice the bytes of links in one)."""
+    if len(v) < 4 or not np.isfinite(v).all() or (v <= 0).any():
+        return False
+    o = np.argsort(v)
+    rest = v[o[2:]]
+    med = float(np.median(rest))
+    spread = float(np.max(np.abs(rest / med - 1.0)))
+    bar = max(NOISE_MULTIPLE * spread, 1.0 / MAX_CHUNKS)
+    return bool(1.0 - v[o[1]] / med > bar)
+
+
 def cycle_wrap(members: list[str], ea: list[str], eb: list[str], bytes_ab: np.ndarray, bytes_ba: np.ndarray,
-               last: np.ndarray) -> tuple[bool, float | None, bool]:
-    """(shows a short link both ways, its share, record ends agree) for one cyclic pipeline.
+               last: np.ndarray) -> tuple[str, float | None, bool]:
+    """(what the bytes show, the short link's share, record ends agree) for one cyclic pipeline: ``wrap``
+    (one link short both ways), ``misfit`` (two links short both ways: no pipeline) or ``none``.
 
     Both directions are read on their own (activations one way round, gradients the other); they must
     name the same link. The ends agree when they do not walk round the cycle (nothing to say) or, the
     wrap's own end left out, walk from that same link."""
     order = cycle_links(members, ea, eb)
     if order is None:
-        return False, None, True
+        return "none", None, True
     idx = np.array([i for i, _ in order])
     fwd = np.array([f for _, f in order])
     along = np.where(fwd, bytes_ab[idx], bytes_ba[idx])
     back = np.where(fwd, bytes_ba[idx], bytes_ab[idx])
+    if two_short(along) and two_short(back):
+        return "misfit", None, True
     s1, s2 = short_link(along), short_link(back)
     if s1 is None or s2 is None or s1[0] != s2[0]:
-        return False, None, True
+        return "none", None, True
     t = last[idx].astype(float)
     # the ends contradict the short link when they walk round the whole cycle from another link
     agree = ends_walk(t) is None or ends_from_wrap(t, s1[0]) is not None
-    return True, (s1[1] + s2[1]) / 2, agree
+    return "wrap", (s1[1] + s2[1]) / 2, agree
 
 
 def wrap_by_bytes(path: list[str], sent: dict) -> int | None:
@@ -169,7 +194,7 @@ def break_tie(pipelines_of: list[list[list[str]]], is_pp_of: list[np.ndarray], e
     bba = edges["bytes_ba"].cast(pl.Float64).fill_null(0.0).to_numpy()
     last = edges["last_link"].cast(pl.Float64).fill_null(float("nan")).to_numpy() if "last_link" in edges.columns \
         else np.full(edges.height, np.nan)
-    explained, shares, clash = [], [], False
+    explained, shares, misfit, clash = [], [], [], False
     for k, (pipes, is_pp) in enumerate(zip(pipelines_of, is_pp_of)):
         cyc = []
         for p in pipes:
@@ -179,7 +204,9 @@ def break_tie(pipelines_of: list[list[list[str]]], is_pp_of: list[np.ndarray], e
             if len(sel) != len(p):
                 continue
             cyc.append(cycle_wrap(p, [ea[i] for i in sel], [eb[i] for i in sel], bab[sel], bba[sel], last[sel]))
-        if cyc and all(c[0] for c in cyc):
+        if any(c[0] == "misfit" for c in cyc):
+            misfit.append(k)
+        elif cyc and all(c[0] == "wrap" for c in cyc):
             if not all(c[2] for c in cyc):
                 clash = True
                 continue
@@ -187,11 +214,16 @@ def break_tie(pipelines_of: list[list[list[str]]], is_pp_of: list[np.ndarray], e
             shares.append(float(np.mean([c[1] for c in cyc])))
     if clash:
         return TieBreak(None, "a short link, but the last records end in another order round the cycle")
-    if len(explained) != 1:
-        return TieBreak(None, "no link of a cycle is short by a model chunk" if not explained
-                        else "several labellings show a short link")
-    share = shares[0]
-    return TieBreak(explained[0], f"one link of each pipeline cycle carries {share:.2f} of the others' bytes "
-                                  f"both ways: the wrap of an interleaved schedule with "
-                                  f"{round(1 / (1 - share))} model chunks per rank, which no collective shows",
-                    chunks=int(round(1 / (1 - share))))
+    if len(explained) == 1:
+        share = shares[0]
+        return TieBreak(explained[0], f"one link of each pipeline cycle carries {share:.2f} of the others' bytes "
+                                      f"both ways: the wrap of an interleaved schedule with "
+                                      f"{round(1 / (1 - share))} model chunks per rank, which no collective shows",
+                        chunks=int(round(1 / (1 - share))), kind="wrap")
+    rest = [k for k in range(len(pipelines_of)) if k not in misfit]
+    if explained or not misfit or len(rest) != 1:
+        return TieBreak(None, "several labellings show a short link" if explained
+                        else "no link of a cycle is short by a model chunk")
+    return TieBreak(rest[0], "the other labelling(s) make pipeline cycles of links two of which carry clearly "
+                             "fewer bytes than the rest both ways, which no pipeline schedule does (one wrap a "
+                             "cycle) and a double binary tree does", kind="misfit")

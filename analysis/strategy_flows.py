@@ -91,13 +91,15 @@ SPLIT_ORDER_CONFIDENCE = 0.87
 """chance the stage order is right when votes exist but are split: dev corpus 6 of 6 (shares 0.45-0.75);
 (k + 1) / (n + 2) = 0.875, rounded down: six jobs cannot show more. The former rule, 2 * share - 1,
 gave these 0.0-0.5 and they were right every time."""
-TIE_BROKEN_CONFIDENCE = 0.96
+TIE_BROKEN_CONFIDENCE = {"wrap": 0.96, "misfit": 0.9}
 """chance that the groups (and tp, or tp null) are right when a tie between equally fitting labellings
-was broken by the bytes per link (flow_tie_evidence: one link of each pipeline cycle short by a model
-chunk, both ways). Ties are ~3 % of the corpus, so it is measured on tie-prone jobs drawn like the
-corpus (benchmarks/bench_ties.py, dev seeds 12-14, never used while the evidence was built): 24 of 24
-broken ties right (22 interleaved TCP pipelines, 2 as drawn), and none of 15 ties of small DP x PP tree
-all-reduce jobs broken; (k + 1) / (n + 2) = 0.96."""
+was broken by the bytes per link (flow_tie_evidence), per kind of evidence. Ties are ~3 % of the corpus,
+so this is measured on tie-prone jobs drawn like the corpus (benchmarks/bench_ties.py).
+``wrap`` (one link of each pipeline cycle short by a model chunk, both ways): dev seeds 12-14, never
+used while the evidence was built, 24 of 24 broken ties right (22 interleaved TCP pipelines, 2 as
+drawn); (k + 1) / (n + 2) = 0.96. ``misfit`` (the other labellings' pipeline cycles have two short
+links): see ties13's notes."""
+TIE_CLASSES = {"wrap": "tie broken by a short wrap link", "misfit": "tie broken: no pipeline fits the bytes"}
 UNVOTED_ORDER_CONFIDENCE = 0.5
 """no link showed the stage order: the pipelines (oriented alike, flow_groups.order_pipelines) run one
 way or the other, and which is a coin flip. Address order is no evidence: hosts are numbered in rank
@@ -105,14 +107,14 @@ order on some fabrics and not on others (Kubernetes pod IPs), and nothing in the
 (dev corpus: 5 such jobs, all with scattered hosts; 4 happened to be listed first to last)."""
 
 
-def evidence_class(valid: bool, alternatives: int, pp: int, order_share: float, tie_broken: bool = False) -> str:
-    """What the confidence rests on: ``invalid grid``, ``<k>-way tie``, ``tie broken by a short wrap
-    link``, or a unique valid grid with ``no pipeline``, stage order ``voted`` (clear or split) or
-    ``unknown``."""
+def evidence_class(valid: bool, alternatives: int, pp: int, order_share: float, tie_kind: str = "") -> str:
+    """What the confidence rests on: ``invalid grid``, ``<k>-way tie``, a tie broken (``tie_kind``:
+    ``wrap`` or ``misfit``, see flow_tie_evidence), or a unique valid grid with ``no pipeline``, stage
+    order ``voted`` (clear or split) or ``unknown``."""
     if not valid:
         return "invalid grid"
-    if alternatives and tie_broken:
-        return "tie broken by a short wrap link"
+    if alternatives and tie_kind in TIE_CLASSES:
+        return TIE_CLASSES[tie_kind]
     if alternatives:
         return f"{alternatives + 1}-way tie"
     if pp <= 1:
@@ -131,7 +133,7 @@ def stage_order_confidence(pp: int, order_share: float) -> float | None:
     return CLEAR_ORDER_CONFIDENCE if order_share >= CLEAR_VOTE_SHARE else SPLIT_ORDER_CONFIDENCE
 
 
-def grid_confidence(valid: bool, alternatives: int, pp: int, order_share: float, tie_broken: bool = False) -> float:
+def grid_confidence(valid: bool, alternatives: int, pp: int, order_share: float, tie_kind: str = "") -> float:
     """Chance that every field the report claims is right.
 
     Groups: a valid grid, one labelling or one of ``1 + alternatives`` that fit the traffic exactly
@@ -141,9 +143,9 @@ def grid_confidence(valid: bool, alternatives: int, pp: int, order_share: float,
     claimed only when a link voted on it (``stage_order_known``), and then its own chance multiplies in;
     with no vote the report does not claim a direction (as tp null claims no tp), and
     ``extra.stage_order_confidence`` says 0.5. A tie that evidence outside the link models broke
-    (``tie_broken``, flow_tie_evidence) gets that evidence's dev-measured chance instead of 1 / k."""
-    if valid and alternatives and tie_broken:
-        conf = TIE_BROKEN_CONFIDENCE
+    (``tie_kind``, flow_tie_evidence) gets that evidence's dev-measured chance instead of 1 / k."""
+    if valid and alternatives and tie_kind in TIE_BROKEN_CONFIDENCE:
+        conf = TIE_BROKEN_CONFIDENCE[tie_kind]
     else:
         conf = (VALID_GRID_CONFIDENCE if valid else INVALID_GRID_CONFIDENCE) / (1 + alternatives)
     if pp > 1 and order_share > 0:
@@ -329,8 +331,8 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     tp_groups = _tp_groups(nodes, rail_of, pipes, tp_addr, endpoint_map)
     # confidence from the evidence: how well the links fit their models, how clearly the stage
     # order was voted, and whether another labelling explains the traffic as well
-    conf = grid_confidence(fit.valid, len(fit.alternatives), pp, order_share, fit.tie_broken)
-    evidence = evidence_class(fit.valid, len(fit.alternatives), pp, order_share, fit.tie_broken)
+    conf = grid_confidence(fit.valid, len(fit.alternatives), pp, order_share, fit.tie_kind)
+    evidence = evidence_class(fit.valid, len(fit.alternatives), pp, order_share, fit.tie_kind)
     if pp > 1:
         if order_share == 0:  # no link voted (a vote makes the share at least one half)
             notes.append("stage order unknown: no pipeline link shows which direction started first "
