@@ -13,7 +13,13 @@ import polars as pl
 
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_groups import fit_grid
-from rankscope.analysis.flow_tie_evidence import ends_from_wrap, ends_walk, short_link, wrap_by_bytes
+from rankscope.analysis.flow_tie_evidence import (
+    ends_from_wrap,
+    ends_walk,
+    short_link,
+    two_short,
+    wrap_by_bytes,
+)
 from rankscope.analysis.strategy_flows import VALID_GRID_CONFIDENCE, infer_flows
 from rankscope.datasets.simulator import Realism, SimConfig, simulate
 
@@ -52,6 +58,13 @@ def test_short_link_needs_a_chunk_clear_of_the_noise():
     assert short_link(np.array([1e9, 0.3e9, 1e9, 1e9])) is None  # far more than a chunk short: not a wrap
     # two chunks: half, give or take the short link's own noise (either side of one half)
     assert short_link(np.array([4.96e8, 1.0e9, 1.0014e9, 1.0013e9]))[0] == 0
+
+
+def test_two_short_links_fit_no_pipeline_schedule():
+    assert two_short(np.array([4e9, 8.1e9, 8.0e9, 4.05e9]))  # a double binary tree's 4-cycle
+    assert not two_short(np.array([0.5e9, 1e9, 1.01e9, 0.99e9]))  # one wrap: a pipeline
+    assert not two_short(np.array([0.9e9, 1e9, 1.1e9, 0.95e9, 1.05e9]))  # noise among equal links
+    assert not two_short(np.array([0.5e9, 1e9, 0.5e9]))  # three links leave no rest to compare with
 
 
 def test_record_ends_walk_only_when_they_rise_round_the_cycle():
@@ -137,3 +150,17 @@ def test_simulated_gpipe_cycle_free_job_over_tcp_has_no_wrap_to_find():
     s = infer_flows(flow).strategy
     assert not s.extra["tie_broken"]
     assert (s.dp, s.pp) == (1, 8)
+
+
+def test_simulated_tree_all_reduce_tie_stays_data_parallel_by_its_bytes():
+    # dp4 x pp2, double binary tree over RoCE, millisecond clock: no lag is measurable, so dp4 pp2 and
+    # dp2 pp4 (the trees' 4-cycles read as cyclic pipelines) fit alike; the cycles' links carry 1 : 2 : 2 : 1
+    # (links in both trees twice), which no pipeline schedule does
+    cfg = SimConfig(dp=4, pp=2, tp=1, gpus_per_host=1, steps=3, microbatches=4, layers=8, seed=7, gemm_records=False,
+                    algorithm="tree", active_timeout_s=60.0, idle_timeout_s=60.0,
+                    realism=Realism(double_tree=True, timestamp_ns=1_000_000, reverse=True, ack_every=8))
+    res = simulate(cfg)
+    s = infer_flows(pl.from_arrow(res.tables["flow"])).strategy
+    assert (s.dp, s.pp) == (4, 2) and s.extra["alternatives"] and not s.extra["ambiguous"]
+    assert s.extra["confidence_evidence"] == "tie broken: no pipeline fits the bytes"
+    assert sorted(map(sorted, s.dp_groups)) == sorted(map(sorted, res.truth["dp_groups_by_address"]))
