@@ -89,14 +89,25 @@ def cycle_links(members: list[str], ea: list[str], eb: list[str]) -> list[tuple[
     return out if cur == members[0] and len(used) == len(members) else None
 
 
-def short_link(v: np.ndarray) -> tuple[int, float] | None:
-    """(position, share of the others' median) of the one link well short of the rest, or None."""
+def direction_noise(along: np.ndarray, back: np.ndarray) -> float:
+    """The links' own measurement noise: in both models each link of the cycle carries the same bytes
+    both ways (activations and gradients of one boundary; a tree's reduce and broadcast), so the
+    largest relative gap between a link's two directions, over sqrt 2 (two noisy readings), is what
+    sampling and transport noise can do to one reading; 0 when not all readings are positive."""
+    if len(along) == 0 or (along <= 0).any() or (back <= 0).any():
+        return 0.0
+    return float(np.max(np.abs(np.log(along / back)))) / np.sqrt(2.0)
+
+
+def short_link(v: np.ndarray, noise: float = 0.0) -> tuple[int, float] | None:
+    """(position, share of the others' median) of the one link well short of the rest, or None.
+    ``noise``: a floor for the others' spread (:func:`direction_noise`), which few links may hide."""
     if len(v) < 3 or not np.isfinite(v).all() or (v <= 0).any():
         return None
     i = int(np.argmin(v))
     rest = np.delete(v, i)
     med = float(np.median(rest))
-    spread = float(np.max(np.abs(rest / med - 1.0)))
+    spread = max(float(np.max(np.abs(rest / med - 1.0))), noise)
     shortfall = 1.0 - float(v[i]) / med
     # a chunk short: between 1 / MAX_CHUNKS and one half (v >= 2), clear of the others' noise
     ok = (1.0 / MAX_CHUNKS <= shortfall <= 0.5 + max(NOISE_MULTIPLE * spread, HALF_SLACK)
@@ -131,7 +142,7 @@ def ends_from_wrap(t: np.ndarray, w: int) -> int | None:
     return None
 
 
-def two_short(v: np.ndarray) -> bool:
+def two_short(v: np.ndarray, noise: float = 0.0) -> bool:
     """True when the two lowest links both fall clearly below the rest (as :func:`short_link` reads one):
     no pipeline schedule does that (one wrap per cycle), a double binary tree's cycle of links does
     (links in both trees carry twice the bytes of links in one)."""
@@ -140,7 +151,7 @@ def two_short(v: np.ndarray) -> bool:
     o = np.argsort(v)
     rest = v[o[2:]]
     med = float(np.median(rest))
-    spread = float(np.max(np.abs(rest / med - 1.0)))
+    spread = max(float(np.max(np.abs(rest / med - 1.0))), noise)
     bar = max(NOISE_MULTIPLE * spread, 1.0 / MAX_CHUNKS)
     return bool(1.0 - v[o[1]] / med > bar)
 
@@ -160,9 +171,10 @@ def cycle_wrap(members: list[str], ea: list[str], eb: list[str], bytes_ab: np.nd
     fwd = np.array([f for _, f in order])
     along = np.where(fwd, bytes_ab[idx], bytes_ba[idx])
     back = np.where(fwd, bytes_ba[idx], bytes_ab[idx])
-    if two_short(along) and two_short(back):
+    noise = direction_noise(along, back)
+    if two_short(along, noise) and two_short(back, noise):
         return "misfit", None, True
-    s1, s2 = short_link(along), short_link(back)
+    s1, s2 = short_link(along, noise), short_link(back, noise)
     if s1 is None or s2 is None or s1[0] != s2[0]:
         return "none", None, True
     t = last[idx].astype(float)
@@ -179,7 +191,8 @@ def wrap_by_bytes(path: list[str], sent: dict) -> int | None:
         return None
     along = np.array([sent.get((path[i], path[(i + 1) % n])) or 0.0 for i in range(n)], dtype=float)
     back = np.array([sent.get((path[(i + 1) % n], path[i])) or 0.0 for i in range(n)], dtype=float)
-    s1, s2 = short_link(along), short_link(back)
+    noise = direction_noise(along, back)
+    s1, s2 = short_link(along, noise), short_link(back, noise)
     return s1[0] if s1 is not None and s2 is not None and s1[0] == s2[0] else None
 
 
