@@ -144,8 +144,8 @@ def test_simulated_tcp_data_parallel_ring_stays_a_ring():
     assert (s.dp, s.pp) == (8, 1) and not s.extra["tie_broken"] and not s.extra["ambiguous"]
 
 
-def test_simulated_gpipe_cycle_free_job_over_tcp_has_no_wrap_to_find():
-    # a plain (non-interleaved) pipeline is a path: nothing to break, and no short link claimed
+def test_simulated_plain_1f1b_pipeline_over_tcp_has_no_wrap_to_find():
+    # a plain 1F1B (not interleaved) pipeline is a path: no cycle, nothing to break, no short link claimed
     flow, truth = _tcp_job(schedule="1f1b")
     s = infer_flows(flow).strategy
     assert not s.extra["tie_broken"]
