@@ -37,6 +37,7 @@ from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_jobs import address_key, components
 from rankscope.analysis.flow_link_evidence import early_traffic, lag_floor_ns, link_likeness
 from rankscope.analysis.flow_models import BALANCED, TWO_WAY, adjacency, group_kind, link_fit
+from rankscope.analysis.flow_tie_evidence import break_tie, ends_from_wrap, wrap_by_bytes
 
 
 @dataclass
@@ -54,6 +55,11 @@ class GridFit:
     alternatives: list[dict] = field(default_factory=list)
     """other valid labellings that explain the traffic (almost) as well: dp, pp, fit."""
     ambiguous: bool = False
+    tie_evidence: str = ""
+    """what broke a tie between equally fitting labellings (flow_tie_evidence), or why nothing did."""
+    tie_broken: bool = False
+    tie_kind: str = ""
+    """``wrap`` or ``misfit`` (flow_tie_evidence.TieBreak.kind) when a tie was broken."""
 
 
 def byte_modes(bytes_: np.ndarray, gap: float, max_modes: int) -> np.ndarray:
@@ -233,17 +239,31 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
         best.notes.append("no labeling of the traffic forms a dp x pp grid of collectives; best effort shown")
         return best
     seen = {_shape(best)}
+    tied = [best]
     for f in ranked[1:]:
         if not f.valid or _shape(f) in seen:
             continue
         seen.add(_shape(f))
         if best.fit - f.fit <= cfg.tie_margin:
+            tied.append(f)
+    tie = None
+    if len(tied) > 1 and {"bytes_ab", "bytes_ba"} <= set(edges.columns):
+        tie = break_tie([f.pipelines for f in tied], [f.is_pp for f in tied], edges)
+        if tie.winner is not None:
+            best = tied[tie.winner]
+    for f in tied:
+        if f is not best:
             best.alternatives.append({"dp": len(f.dp_groups[0]), "pp": len(f.pipelines[0]),
                                       "fit": round(f.fit, 4), "dp_groups": f.dp_groups[:4]})
-    best.ambiguous = bool(best.alternatives)
-    if best.ambiguous:
+    best.tie_broken = bool(tie and tie.winner is not None)
+    best.tie_evidence = tie.evidence if tie else ""
+    best.tie_kind = tie.kind if tie else ""
+    best.ambiguous = bool(best.alternatives) and not best.tie_broken
+    if best.alternatives:
         best.notes.append(f"{len(best.alternatives)} other labelling(s) explain the traffic within "
                           f"{cfg.tie_margin:.2f} of the best fit")
+    if best.tie_broken:
+        best.notes.append(f"tie broken by the bytes per link: {tie.evidence}")
     return best
 
 
@@ -262,6 +282,16 @@ def _link_times(pe: pl.DataFrame) -> tuple[dict, dict, dict]:
         link_first[frozenset((a, b))] = t
         link_last[frozenset((a, b))] = row["last_link"] if has_last else None
     return first, link_first, link_last
+
+
+def _link_bytes(pe: pl.DataFrame) -> dict:
+    """(a, b) -> bytes a sent b, for both directions of each pipeline link (empty without the columns)."""
+    if not {"bytes_ab", "bytes_ba"} <= set(pe.columns):
+        return {}
+    out = {}
+    for a, b, x, y in pe.select("a", "b", "bytes_ab", "bytes_ba").iter_rows():
+        out[(a, b)], out[(b, a)] = x, y
+    return out
 
 
 def _wrap_scores(path: list[str], link_first: dict, link_last: dict) -> np.ndarray:
@@ -332,6 +362,7 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
         if fa is None or fb is None or abs(fa - fb) <= floor:
             continue
         vote(a, b, 1.0 if fa < fb else -1.0)  # a's traffic to b started first: a is upstream
+    link_bytes = _link_bytes(pe)
     adj: dict[str, list[str]] = defaultdict(list)
     for a, b in pe.select("a", "b").iter_rows():
         adj[a].append(b)
@@ -352,6 +383,22 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
             if s:
                 vote(u, v, s)
                 vote(v, path[(i + 2) % len(path)], s)
+        # a cycle whose last records end in order round it from its short link (flow_tie_evidence): the
+        # last backward pass leaves the wrap first and each link upstream later, so the direction the
+        # ends rise in is upstream. Two votes a link: over TCP each link's first record opens with its
+        # connection, in any order, and those first-time votes must not outweigh this
+        if cyclic and link_bytes:
+            w = wrap_by_bytes(path, link_bytes)
+            ends = [link_last.get(x) for x in links]
+            walk = ends_from_wrap(np.array(ends, float), w) if w is not None and None not in ends else None
+            if walk is not None:
+                n = len(path)
+                for i in range(n):
+                    if i != w:
+                        u, v = path[i], path[(i + 1) % n]
+                        if walk > 0:  # the ends rise going forward: forward is upstream
+                            u, v = v, u
+                        vote(u, v, 2.0)
     oriented = []
     # the lowest address of each stage (DP group): with no vote, every pipeline starts from the end
     # whose stage holds the lower one, so that all run the same way through the stages (one grid);
@@ -378,7 +425,13 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
     pooled: dict[frozenset, int] = defaultdict(int)
     for _, path, cyclic in oriented:
         if cyclic:
-            for i, sc in enumerate(_wrap_scores(path, link_first, link_last).tolist()):
+            scores = _wrap_scores(path, link_first, link_last)
+            # one link short by a model chunk both ways is the wrap whatever the clocks say
+            # (flow_tie_evidence): it outweighs both time ranks together (at most 2 n apart)
+            short = wrap_by_bytes(path, link_bytes)
+            if short is not None:
+                scores[short] += 4.0 * len(path)
+            for i, sc in enumerate(scores.tolist()):
                 key = frozenset((stage_key[path[i]], stage_key[path[(i + 1) % len(path)]]))
                 wrap[key] += sc
                 pooled[key] += 1

@@ -91,6 +91,17 @@ SPLIT_ORDER_CONFIDENCE = 0.87
 """chance the stage order is right when votes exist but are split: dev corpus 6 of 6 (shares 0.45-0.75);
 (k + 1) / (n + 2) = 0.875, rounded down: six jobs cannot show more. The former rule, 2 * share - 1,
 gave these 0.0-0.5 and they were right every time."""
+TIE_BROKEN_CONFIDENCE = {"wrap": 0.97, "misfit": 0.9}
+"""chance that the groups (and tp, or tp null) are right when a tie between equally fitting labellings
+was broken by the bytes per link (flow_tie_evidence), per kind of evidence. Ties are ~3 % of the corpus,
+so this is measured on tie-prone jobs drawn like the corpus (benchmarks/bench_ties.py: corpus draws
+turned into interleaved TCP pipelines, into small DP x PP tree all-reduce jobs, and as drawn), on dev
+seeds 21-26, never used while the evidence was built. ``wrap`` (one link of each pipeline cycle short
+by a model chunk, both ways): 47 of 47 right; (k + 1) / (n + 2) = 0.980, rounded down. ``misfit`` (the
+other labellings' pipeline cycles have two short links): 19 of 20 (the miss had its groups right and one
+pipeline listed against the others' direction); 0.909, rounded down. 20 ties stood (1 / k), all
+DP-pair jobs whose alternatives hold no cycle."""
+TIE_CLASSES = {"wrap": "tie broken by a short wrap link", "misfit": "tie broken: no pipeline fits the bytes"}
 UNVOTED_ORDER_CONFIDENCE = 0.5
 """no link showed the stage order: the pipelines (oriented alike, flow_groups.order_pipelines) run one
 way or the other, and which is a coin flip. Address order is no evidence: hosts are numbered in rank
@@ -98,11 +109,14 @@ order on some fabrics and not on others (Kubernetes pod IPs), and nothing in the
 (dev corpus: 5 such jobs, all with scattered hosts; 4 happened to be listed first to last)."""
 
 
-def evidence_class(valid: bool, alternatives: int, pp: int, order_share: float) -> str:
-    """What the confidence rests on: ``invalid grid``, ``<k>-way tie``, or a unique valid grid with
-    ``no pipeline``, stage order ``voted`` (clear or split) or ``unknown``."""
+def evidence_class(valid: bool, alternatives: int, pp: int, order_share: float, tie_kind: str = "") -> str:
+    """What the confidence rests on: ``invalid grid``, ``<k>-way tie``, a tie broken (``tie_kind``:
+    ``wrap`` or ``misfit``, see flow_tie_evidence), or a unique valid grid with ``no pipeline``, stage
+    order ``voted`` (clear or split) or ``unknown``."""
     if not valid:
         return "invalid grid"
+    if alternatives and tie_kind in TIE_CLASSES:
+        return TIE_CLASSES[tie_kind]
     if alternatives:
         return f"{alternatives + 1}-way tie"
     if pp <= 1:
@@ -121,7 +135,7 @@ def stage_order_confidence(pp: int, order_share: float) -> float | None:
     return CLEAR_ORDER_CONFIDENCE if order_share >= CLEAR_VOTE_SHARE else SPLIT_ORDER_CONFIDENCE
 
 
-def grid_confidence(valid: bool, alternatives: int, pp: int, order_share: float) -> float:
+def grid_confidence(valid: bool, alternatives: int, pp: int, order_share: float, tie_kind: str = "") -> float:
     """Chance that every field the report claims is right.
 
     Groups: a valid grid, one labelling or one of ``1 + alternatives`` that fit the traffic exactly
@@ -130,8 +144,12 @@ def grid_confidence(valid: bool, alternatives: int, pp: int, order_share: float)
     than-PP degrees showing through, not the traffic), so a k-way tie gets 1 / k of it. Stage order:
     claimed only when a link voted on it (``stage_order_known``), and then its own chance multiplies in;
     with no vote the report does not claim a direction (as tp null claims no tp), and
-    ``extra.stage_order_confidence`` says 0.5."""
-    conf = (VALID_GRID_CONFIDENCE if valid else INVALID_GRID_CONFIDENCE) / (1 + alternatives)
+    ``extra.stage_order_confidence`` says 0.5. A tie that evidence outside the link models broke
+    (``tie_kind``, flow_tie_evidence) gets that evidence's dev-measured chance instead of 1 / k."""
+    if valid and alternatives and tie_kind in TIE_BROKEN_CONFIDENCE:
+        conf = TIE_BROKEN_CONFIDENCE[tie_kind]
+    else:
+        conf = (VALID_GRID_CONFIDENCE if valid else INVALID_GRID_CONFIDENCE) / (1 + alternatives)
     if pp > 1 and order_share > 0:
         conf *= stage_order_confidence(pp, order_share)
     return conf
@@ -315,15 +333,15 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     tp_groups = _tp_groups(nodes, rail_of, pipes, tp_addr, endpoint_map)
     # confidence from the evidence: how well the links fit their models, how clearly the stage
     # order was voted, and whether another labelling explains the traffic as well
-    conf = grid_confidence(fit.valid, len(fit.alternatives), pp, order_share)
-    evidence = evidence_class(fit.valid, len(fit.alternatives), pp, order_share)
+    conf = grid_confidence(fit.valid, len(fit.alternatives), pp, order_share, fit.tie_kind)
+    evidence = evidence_class(fit.valid, len(fit.alternatives), pp, order_share, fit.tie_kind)
     if pp > 1:
         if order_share == 0:  # no link voted (a vote makes the share at least one half)
             notes.append("stage order unknown: no pipeline link shows which direction started first "
                          "(over TCP or with ACK flows both open together), and address order is no evidence; "
                          "the pipelines are listed all in one direction, which may be last stage to first: "
                          "the direction is not reported and the confidence does not cover it")
-    if fit.alternatives:
+    if fit.alternatives and not fit.tie_broken:
         notes.append(f"{len(fit.alternatives) + 1} labellings fit the traffic (almost) equally well and no "
                      "evidence prefers the one reported: the confidence is split between them")
     steps = flow_steps(pt.training_flows.filter(pl.col("src_addr").is_in(nodes)), dp_pairs)
@@ -333,6 +351,7 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
                             "stage_order_agreement": round(order_share, 4), "notes": notes,
                             "model_fit": round(fit.fit, 4), "dp_group_kinds": fit.group_kinds,
                             "ambiguous": fit.ambiguous, "alternatives": fit.alternatives,
+                            "tie_broken": fit.tie_broken, "tie_evidence": fit.tie_evidence or None,
                             "stage_order_known": bool(pp == 1 or order_share > 0),
                             "stage_order_confidence": stage_order_confidence(pp, order_share),
                             "confidence_evidence": evidence,
