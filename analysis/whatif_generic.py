@@ -209,54 +209,53 @@ def _stream_edges(ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _compute_comm_edges(ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    # lazy: the filter then gathers only the selected columns
-    comp = ops.lazy().filter(pl.col("op").is_null()).select("row", "step", "rank", "microbatch", "optype",
-                                                            "start_ns", "end_ns").collect()
-    comm = ops.lazy().filter(pl.col("op").is_not_null()).select("row", "step", "rank", "microbatch", "optype",
-                                                                "stream", "start_ns", "end_ns").collect()
+    # lazy throughout: each query reads only the columns and rows it needs from ops (materialised
+    # compute and comm tables, sorted whole, were the analysis' memory peak at 4,096 GPUs)
+    comp = ops.lazy().filter(pl.col("op").is_null())
+    comm = ops.lazy().filter(pl.col("op").is_not_null())
     src, dst = [], []
 
-    def add(df: pl.DataFrame, a: str, b: str):
-        df = df.drop_nulls([a, b])
+    def add(lf: pl.LazyFrame, a: str, b: str):
+        df = lf.select(a, b).drop_nulls().collect()
         src.append(df[a].to_numpy())
         dst.append(df[b].to_numpy())
 
+    key = ["step", "rank", "microbatch"]
     # recv -> the compute of its microbatch; compute -> the send of its microbatch
     for direction in ("forward", "backward"):
-        c = comp.filter(pl.col("optype") == f"{direction}-compute").select(
-            "step", "rank", "microbatch", pl.col("row").alias("c"))
-        r = comm.filter(pl.col("optype") == f"{direction}-recv").join(c, on=["step", "rank", "microbatch"])
+        c = comp.filter(pl.col("optype") == f"{direction}-compute").select(*key, pl.col("row").alias("c")).collect()
+        r = comm.filter(pl.col("optype") == f"{direction}-recv").select("row", *key).join(c.lazy(), on=key)
         add(r, "row", "c")
-        s = comm.filter(pl.col("optype") == f"{direction}-send").join(c, on=["step", "rank", "microbatch"])
-        add(s, "c", "row")
+        sends = comm.filter(pl.col("optype") == f"{direction}-send").select("row", *key).join(c.lazy(), on=key)
+        add(sends, "c", "row")
     # every comm op follows the compute the rank finished last before it started (program order)
     # (the as-of joins go by one integer per (step, rank): a two-column "by" cost 3x as much)
     n_rank = int(ops["rank"].max()) + 1
     sr = (pl.col("step").cast(pl.Int64) * n_rank + pl.col("rank").cast(pl.Int64)).alias("sr")
-    cs = comp.sort("start_ns")
-    ce = comp.sort("end_ns").select(sr, pl.col("end_ns").alias("start_ns"), pl.col("row").alias("c"))
-    # each join below carries only the columns it reads (sorts and joins gather every column)
-    before = comm.select("row", sr, "start_ns").sort("start_ns").join_asof(
+    ce = comp.select(sr, pl.col("end_ns").alias("start_ns"), pl.col("row").alias("c")).sort("start_ns").collect()
+    before = comm.select("row", sr, "start_ns").sort("start_ns").collect().join_asof(
         ce, on="start_ns", by="sr", strategy="backward", check_sortedness=False)
-    add(before, "c", "row")
+    del ce
+    add(before.lazy(), "c", "row")
     # parameter all-gathers before the first forward; the optimizer after the last collective
-    first_fwd = comp.filter(pl.col("optype") == FWD).sort("start_ns").group_by("step", "rank").first().select(
+    first_fwd = comp.filter(pl.col("optype") == FWD).select("step", "rank", "row", "start_ns").sort(
+        "start_ns").group_by("step", "rank").first().select(
         "step", "rank", pl.col("row").alias("f"), pl.col("start_ns").alias("fs"))
     coll = comm.filter(~pl.col("stream").is_in(["send", "recv"])).select("row", "step", "rank", "start_ns").join(
         first_fwd, on=["step", "rank"], how="left")
     add(coll.filter(pl.col("start_ns") < pl.col("fs")), "row", "f")
-    opt = comp.filter(pl.col("optype") == "optimizer").group_by("step", "rank").first().select(
-        "step", "rank", pl.col("row").alias("o"), pl.col("start_ns").alias("os"))
+    opt = comp.filter(pl.col("optype") == "optimizer").select("step", "rank", "row", "start_ns").group_by(
+        "step", "rank").first().select("step", "rank", pl.col("row").alias("o"), pl.col("start_ns").alias("os"))
     last = comm.filter(pl.col("stream") == "dp").select("row", "step", "rank", "end_ns").join(
         opt, on=["step", "rank"]).filter(
         pl.col("end_ns") <= pl.col("os")).sort("end_ns").group_by("step", "rank").last()
     add(last, "row", "o")
     # blocking collectives (tp, ep, ...) hold the compute that follows them
     blocking = comm.filter(~pl.col("stream").is_in(["send", "recv", "dp"])).select(
-        "row", sr, "end_ns").sort("end_ns")
-    after = blocking.join_asof(cs.select(sr, pl.col("start_ns").alias("end_ns"), pl.col("row").alias("n")),
-                               on="end_ns", by="sr", strategy="forward", check_sortedness=False)
-    add(after, "row", "n")
+        "row", sr, "end_ns").sort("end_ns").collect()
+    cs = comp.select(sr, pl.col("start_ns").alias("end_ns"), pl.col("row").alias("n")).sort("end_ns").collect()
+    after = blocking.join_asof(cs, on="end_ns", by="sr", strategy="forward", check_sortedness=False)
+    add(after.lazy(), "row", "n")
     return np.concatenate(src), np.concatenate(dst)
 
 
