@@ -200,11 +200,22 @@ def _stream_edges(ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     # ops arrive in (step, rank, start) order, so a stable sort by (step, rank) run and stream keeps
     # each stream in start order: one integer sort instead of a struct rank and a two-key lexsort
     step, rank = ops["step"].to_numpy(), ops["rank"].to_numpy()
-    run = np.cumsum(np.r_[True, (step[1:] != step[:-1]) | (rank[1:] != rank[:-1])]) - 1
-    stream = ops["stream"].cast(pl.Categorical).to_physical().to_numpy().astype(np.int64)
-    key = run * (int(stream.max()) + 1) + stream
+    new_run = np.empty(ops.height, dtype=bool)
+    new_run[0] = True
+    new_run[1:] = (step[1:] != step[:-1]) | (rank[1:] != rank[:-1])
+    stream = ops["stream"].cast(pl.Categorical).to_physical().to_numpy()
+    n_streams = int(stream.max()) + 1
+    # the narrowest key that holds (run, stream): this sort is the graph build's memory peak
+    kt = np.int32 if int(new_run.sum()) * n_streams < 2**31 - 1 else np.int64
+    key = np.cumsum(new_run, dtype=kt)
+    del new_run
+    key -= 1
+    key *= n_streams
+    key += stream.astype(kt, copy=False)
+    del stream
     idx = np.argsort(key, kind="stable")
     same = key[idx[1:]] == key[idx[:-1]]
+    del key
     return idx[:-1][same], idx[1:][same]
 
 
