@@ -158,8 +158,9 @@ def below_scale_gap(members: list[str], edges: pl.DataFrame, config: FlowConfig)
     and the servers have none. A job's pipeline links may be as light as the writes, but they join
     hosts that each have a collective link above the gap: they stay. The lowest gap that works goes
     first (it keeps the most endpoints). A job whose own links are all lighter than its storage's
-    replication (a pure pipeline) is beyond this: its hosts would be the ones below the gap, so the
-    set is left to the evidence as before when the upper side forms no valid grid.
+    replication (a pure pipeline) is beyond this: its hosts would be the ones below the gap, but the
+    servers above it receive about as much as they replicate, so :func:`_writes_light` refuses the cut
+    and the set is left to the evidence as before (rejected, not mistaken for a job of servers).
     """
     w = np.unique(edges["bytes"].to_numpy().astype(float))[::-1]
     if len(w) < 2:
