@@ -97,7 +97,9 @@ def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3) -
     read from closes cycles that no collective or pipeline has).
 
     At most ``max_rounds`` rounds, each removing the endpoints with the most links, and never more
-    than a quarter of the set. Needs edges a, b, bytes, first_ab, first_ba, data_symmetry.
+    than a quarter of the set. When no removal of that kind helps, the endpoints below a gap between
+    byte scales (:func:`below_scale_gap`): servers that all of a job's hosts write to, as many as the
+    hosts' own peers. Needs edges a, b, bytes, first_ab, first_ba, data_symmetry.
     """
     from rankscope.analysis.flow_groups import fit_grid
     from rankscope.analysis.flow_jobs import address_key, components
@@ -124,6 +126,7 @@ def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3) -
             servers.update(shaped)
             continue
         removed: list[str] = []
+        found = False
         for _ in range(max_rounds):
             both = pl.concat([e.select(n="a"), e.select(n="b")]).group_by("n").agg(links=pl.len())
             top = both.filter(pl.col("links") == pl.col("links").max())["n"].to_list()
@@ -137,8 +140,60 @@ def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3) -
             rest = sorted(set(e["a"].to_list()) | set(e["b"].to_list()), key=address_key)
             if not e.is_empty() and _pieces_valid(rest, e, config):
                 servers.update(removed)
+                found = True
                 break
+        if not found:
+            servers.update(below_scale_gap(members, edges.filter(pl.col("a").is_in(members)), config))
     return servers
+
+
+def below_scale_gap(members: list[str], edges: pl.DataFrame, config: FlowConfig) -> set[str]:
+    """Servers a small job's hosts write to, told by byte scale: below a gap of at least ``mode_gap``
+    between the byte scales of a connected set's links, the endpoints with no link above the gap,
+    when the endpoints with one form valid grids by themselves. Empty when no gap does.
+
+    A training host's own collective and pipeline links carry its bytes; its writes to a storage
+    server are light next to them (for the host), however heavy next to the server's other links
+    (replication among servers). So the job's hosts are the endpoints with a link on the upper scale
+    and the servers have none. A job's pipeline links may be as light as the writes, but they join
+    hosts that each have a collective link above the gap: they stay. The lowest gap that works goes
+    first (it keeps the most endpoints). A job whose own links are all lighter than its storage's
+    replication (a pure pipeline) is beyond this: its hosts would be the ones below the gap, but the
+    servers above it receive about as much as they replicate, so :func:`_writes_light` refuses the cut
+    and the set is left to the evidence as before (rejected, not mistaken for a job of servers).
+    """
+    w = np.unique(edges["bytes"].to_numpy().astype(float))[::-1]
+    if len(w) < 2:
+        return set()
+    a, b, by = edges["a"].to_list(), edges["b"].to_list(), edges["bytes"].to_numpy()
+    for k in np.flatnonzero(w[:-1] >= config.mode_gap * w[1:])[::-1].tolist():
+        upper = {n for x, y, v in zip(a, b, by) if v >= w[k] for n in (x, y)}
+        if len(upper) < 2 or len(upper) == len(members):
+            continue
+        inner = edges.filter(pl.col("a").is_in(list(upper)) & pl.col("b").is_in(list(upper)))
+        if _writes_light(upper, edges) and _pieces_valid(sorted(upper), inner, config):
+            return set(members) - upper
+    return set()
+
+
+HOST_OWN_TRAFFIC_FACTOR = 10.0
+"""a training host moves at least this many times (an order of magnitude) the bytes with its job's peers
+that it moves with storage: its collectives and pipeline sends carry the model's gradients and
+activations every step, its writes a checkpoint or a log now and then. A storage server moves with its
+peers what it replicates of the writes it receives: a small multiple of them (2 (r - 1) for r replicas,
+4 for the usual 3)."""
+
+
+def _writes_light(hosts: set[str], edges: pl.DataFrame) -> bool:
+    """Every host's links to endpoints outside ``hosts`` carry, all together, at most
+    1/HOST_OWN_TRAFFIC_FACTOR of its bytes to other hosts. Servers that replicate what their clients
+    (or a light pipeline's hosts) write to them fail this, so they are never taken for the job and
+    their clients for its servers."""
+    h = list(hosts)
+    both = pl.concat([edges.select(n="a", m="b", w="bytes"), edges.select(n="b", m="a", w="bytes")])
+    per = both.filter(pl.col("n").is_in(h)).group_by("n").agg(
+        own=pl.col("w").filter(pl.col("m").is_in(h)).sum(), out=pl.col("w").filter(~pl.col("m").is_in(h)).sum())
+    return bool((per["out"] * HOST_OWN_TRAFFIC_FACTOR <= per["own"]).all())
 
 
 STORAGE_ONE_WAY_SHARE = 0.5

@@ -179,3 +179,87 @@ def test_storage_servers_as_many_as_the_hosts_are_peeled_by_shape():
     # four servers among eight endpoints: more than the busiest-first peeling may take (a quarter)
     e = e.with_columns(data_ab=pl.col("bytes"), data_ba=pl.col("bytes") * pl.col("data_symmetry"))
     assert peel_servers(e, FlowConfig()) == set(servers)
+
+
+def _directed(rows):
+    """Edges from (a, b, bytes a->b, bytes b->a, first_ab, first_ba) with the payload columns peeling reads."""
+    e = pl.DataFrame(rows, schema=["a", "b", "data_ab", "data_ba", "first_ab", "first_ba"], orient="row")
+    return e.with_columns(bytes=pl.col("data_ab") + pl.col("data_ba"), bytes_ab="data_ab", bytes_ba="data_ba",
+                          data_symmetry=pl.min_horizontal("data_ab", "data_ba")
+                          / pl.max_horizontal("data_ab", "data_ba"))
+
+
+def _storage(hosts, servers, write, replicate):
+    """Every host writes to every server (sizes spread 1..3x; one way, but a third of the links read
+    some back), the servers replicate both ways."""
+    rows = [(h, s, write * (1 + (i * 7 + j * 3) % 5 / 2), write * 0.4 * ((i + j) % 3 == 0), 50, 50)
+            for i, h in enumerate(hosts) for j, s in enumerate(servers)]
+    rows += [(s, t, replicate, 0.95 * replicate, 70, 70) for i, s in enumerate(servers) for t in servers[i + 1:]]
+    return rows
+
+
+def _endpoints(e):
+    return set(e["a"].to_list()) | set(e["b"].to_list())
+
+
+def test_servers_a_small_ring_writes_to_part_from_it_by_byte_scale():
+    # 4 hosts in a one-way ring; 3 storage servers that every host writes to replicate among themselves.
+    # For the servers the writes are heavy (a tenth of their replication), so the 7 endpoints form one
+    # set that no grid fits, and the hosts, sending one way round the ring, look more like servers
+    from rankscope.analysis.flow_evidence import peel_servers
+    from rankscope.analysis.flow_features import heavy_edges
+
+    hosts, servers = [f"10.0.0.{i}" for i in (1, 2, 3, 4)], ["10.0.0.5", "10.0.0.7", "10.1.0.6"]
+    ring = [(hosts[i], hosts[(i + 1) % 4], 1.4e11, 0.0, 10, 10) for i in range(4)]
+    e = _directed(ring + _storage(hosts, servers, 3e8, 3.5e9))
+    assert not fit_grid(hosts + servers, e, FlowConfig()).valid
+    assert peel_servers(e, FlowConfig()) == set(servers)
+    heavy = heavy_edges(e)
+    assert _endpoints(heavy) == set(hosts)
+    assert fit_grid(hosts, heavy, FlowConfig()).valid
+
+
+def test_pipeline_links_lighter_than_the_writes_stay_with_the_job():
+    # dp2 x pp2: all-reduce pairs at 9e10, pipeline links at 1.1e10 and writes up to 3e9: the servers go,
+    # the pipeline links (as light as the writes next to the all-reduce) stay
+    from rankscope.analysis.flow_features import heavy_edges
+
+    hosts, servers = [f"10.0.0.{i}" for i in (1, 2, 3, 4)], ["10.0.0.5", "10.0.0.7", "10.1.0.6"]
+    job = [(hosts[0], hosts[2], 4.5e10, 4.5e10, 10, 10), (hosts[1], hosts[3], 4.5e10, 4.5e10, 10, 10),
+           (hosts[0], hosts[1], 5.7e9, 5.7e9, 1, 900), (hosts[2], hosts[3], 5.7e9, 5.7e9, 1, 900)]
+    heavy = heavy_edges(_directed(job + _storage(hosts, servers, 1e9, 3e9)))
+    assert _endpoints(heavy) == set(hosts) and heavy.height == 4
+    fit = fit_grid(hosts, heavy, FlowConfig())
+    assert fit.valid and sorted(map(len, fit.pipelines)) == [2, 2]
+
+
+def test_a_pure_pipeline_lighter_than_its_storage_is_not_traded_for_the_servers():
+    # the servers replicate more than the pipeline's hosts send each other: the servers are the upper
+    # byte scale, but they receive about as much as they replicate, so they are not taken for a job
+    from rankscope.analysis.flow_evidence import below_scale_gap
+    from rankscope.analysis.flow_features import heavy_edges
+
+    hosts, servers = [f"10.0.0.{i}" for i in (1, 2, 3, 4)], ["10.0.0.5", "10.0.0.7", "10.1.0.6"]
+    pipe = [(hosts[i], hosts[i + 1], 5e8, 5e8, 100 * i, 10_000 - 100 * i) for i in range(3)]
+    e = _directed(pipe + _storage(hosts, servers, 4e8, 3e9))
+    assert not below_scale_gap(hosts + servers, e, FlowConfig())
+    assert set(hosts) <= _endpoints(heavy_edges(e))
+    # with writes light for the hosts the pipeline is the upper scale: the servers go, the pipeline stays
+    e = _directed(pipe + _storage(hosts, servers, 1e7, 1.5e8))
+    assert below_scale_gap(hosts + servers, e, FlowConfig()) == set(servers)
+    heavy = heavy_edges(e)
+    assert _endpoints(heavy) == set(hosts)
+    fit = fit_grid(hosts, heavy, FlowConfig())
+    assert fit.valid and [len(p) for p in fit.pipelines] == [4]
+
+
+def test_replicating_storage_alone_is_no_job_and_keeps_its_shape():
+    # only the servers' replication is above the scale gap, but they receive from their clients more than
+    # a training host writes: the byte scales do not take the clients for the servers of a "job" made of
+    # the servers
+    from rankscope.analysis.flow_evidence import below_scale_gap
+
+    clients, servers = [f"10.2.0.{i}" for i in range(1, 4)], ["10.0.0.5", "10.0.0.7", "10.1.0.6"]
+    e = _directed(_storage(clients, servers, 3e8, 3.5e9))
+    assert not fit_grid(clients + servers, e, FlowConfig()).valid
+    assert not below_scale_gap(clients + servers, e, FlowConfig())
