@@ -123,19 +123,7 @@ class WhatIfGraph:
 
     def _engine_graph(self, idx: type) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """replay_nodes' arrays, with src and dst of integer type ``idx``."""
-        n = self.ops.height
-        synced = np.flatnonzero(self.group >= 0)
-        tail = np.full(n, -1, dtype=np.int64)
-        tail[synced] = n + np.arange(synced.size)
-        # successors wait for the tail (own transfer end), not the group start
-        t_src = tail[self.src]
-        out_src = np.where(t_src >= 0, t_src, self.src).astype(idx, copy=False)
-        del t_src
-        src = np.concatenate([out_src, synced.astype(idx, copy=False)])
-        del out_src
-        dst = np.concatenate([self.dst.astype(idx, copy=False), tail[synced].astype(idx, copy=False)])
-        group = np.concatenate([self.group, np.full(synced.size, -1)])
-        return src, dst, group, tail
+        return engine_nodes(self.src, self.dst, self.group, idx)
 
     def replay(self, duration: np.ndarray, launch_delay: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Replay with per-op ``duration`` (transfer time for synced ops); every step starts at 0.
@@ -180,46 +168,31 @@ class WhatIfGraph:
         # for the plan only (half the memory)
         src, dst, group, tail = (self.replay_nodes() if had_nodes else self._engine_graph(
             np.int32 if 2 * self.ops.height < 2**31 - 1 else np.int64))
-        n, n_nodes = self.ops.height, len(group)
         synced = tail >= 0
         # steps are independent components (every step starts at 0): one block per step
-        plan = plan_replay(n_nodes, src, dst, group,
+        plan = plan_replay(len(group), src, dst, group,
                            block=np.concatenate([self.step_index, self.step_index[synced]]))
         # the engine graph's edge arrays (~0.4 GB at 4,096 GPUs) are not kept beside the plan; the
         # one-off engine replay (replay()) builds them
         del src, dst, group
-        # plan-ordered node -> index into an op duration array extended by one 0 (-1: a synced op's
-        # zero-length group member; a tail takes its op's transfer time)
-        node_dur = np.concatenate([np.where(synced, -1, np.arange(n)), np.flatnonzero(synced)])
-        in_idx = node_dur[plan.op_order]
-        node_delay = np.concatenate([np.arange(n), np.full(int(synced.sum()), -1)])
-        delay_idx = node_delay[plan.op_order]
-        # op -> the super-node whose end is the op's end (a synced op ends with its tail)
-        out_super = plan.super_of_op[np.where(synced, tail, np.arange(n))]
+        in_idx, delay_idx, out_super = _node_maps(plan, tail)
         return self._maps(plan, in_idx, delay_idx, out_super, 1)
 
     def _template_plan(self, tmpl) -> _PlanMaps:
         """One step's plan; node ``j`` of step ``s`` is entry ``j * n_steps + s`` of the flat arrays."""
         from rankscope.analysis.replay_batch import plan_replay
 
-        k, n_loc = tmpl.n_steps, tmpl.n_ops
-        synced = tmpl.group >= 0
-        tail = np.full(n_loc, -1, dtype=np.int64)
-        tail[synced] = n_loc + np.arange(int(synced.sum()))
-        t_src = tail[tmpl.src]
-        src = np.concatenate([np.where(t_src >= 0, t_src, tmpl.src), np.flatnonzero(synced)])
-        dst = np.concatenate([tmpl.dst, tail[synced]])
-        group = np.concatenate([tmpl.group, np.full(int(synced.sum()), -1)])
+        k = tmpl.n_steps
+        src, dst, group, tail = engine_nodes(tmpl.src, tmpl.dst, tmpl.group, np.int64)
         plan = plan_replay(len(group), src, dst, group)
-        # plan-ordered node -> position in the step (-1 as in _whole_plan), then -> op id in each step
-        node_dur = np.concatenate([np.where(synced, -1, np.arange(n_loc)), np.flatnonzero(synced)])[plan.op_order]
-        node_delay = np.concatenate([np.arange(n_loc), np.full(int(synced.sum()), -1)])[plan.op_order]
+        del src, dst, group
+        # plan-ordered node -> position in the step (as _whole_plan's maps), then -> op id in each step
+        node_dur, node_delay, pos_super = _node_maps(plan, tail)
         op_cols = tmpl.op_of.T  # (position, step)
 
         def per_step(pos: np.ndarray) -> np.ndarray:
             return np.where(pos[:, None] >= 0, op_cols[np.maximum(pos, 0)], -1).reshape(-1)
 
-        pos_super = plan.super_of_op[np.where(synced, tail, np.arange(n_loc))]
         out_super = np.empty(self.ops.height, dtype=np.int64)
         out_super[tmpl.op_of] = pos_super[None, :].astype(np.int64) * k + np.arange(k)[:, None]
         return self._maps(plan, per_step(node_dur), per_step(node_delay), out_super, k)
@@ -381,6 +354,36 @@ class WhatIfGraph:
         out = np.full(len(self.steps), -np.inf)
         np.maximum.at(out, self.step_index, end)
         return out
+
+
+def engine_nodes(src: np.ndarray, dst: np.ndarray, group: np.ndarray, idx: type
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(src, dst, group, tail_of) of the engine graph of ops with edges ``src -> dst`` and sync groups
+    (-1: alone): the ops, then one tail per synced op; edge ids of integer type ``idx``."""
+    n = len(group)
+    synced = np.flatnonzero(group >= 0)
+    tail = np.full(n, -1, dtype=np.int64)
+    tail[synced] = n + np.arange(synced.size)
+    # successors wait for the tail (own transfer end), not the group start
+    t_src = tail[src]
+    out_src = np.where(t_src >= 0, t_src, src).astype(idx, copy=False)
+    del t_src
+    e_src = np.concatenate([out_src, synced.astype(idx, copy=False)])
+    del out_src
+    e_dst = np.concatenate([dst.astype(idx, copy=False), tail[synced].astype(idx, copy=False)])
+    return e_src, e_dst, np.concatenate([group, np.full(synced.size, -1)]), tail
+
+
+def _node_maps(plan, tail: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For the plan of an engine graph (:func:`engine_nodes`, ``tail`` its tail_of): per plan-ordered
+    node the op whose duration it takes (-1: a synced op's zero-length group member; a tail takes its
+    op's transfer time) and the op whose launch delay it takes (-1: a tail); per op the super-node
+    whose end is the op's end (a synced op ends with its tail)."""
+    n = tail.size
+    synced = tail >= 0
+    node_dur = np.concatenate([np.where(synced, -1, np.arange(n)), np.flatnonzero(synced)])[plan.op_order]
+    node_delay = np.concatenate([np.arange(n), np.full(int(synced.sum()), -1)])[plan.op_order]
+    return node_dur, node_delay, plan.super_of_op[np.where(synced, tail, np.arange(n))]
 
 
 def build_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> WhatIfGraph:
