@@ -51,15 +51,16 @@ class ReplayResult:
         return self.start - self.ready
 
 
-def chain_edges(stream_key: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def chain_edges(stream_key: np.ndarray, order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Edges between consecutive ops of the same stream.
 
     ``stream_key``: one int per op naming its stream (e.g. rank * 8 + stream id);
-    ``order``: a sortable launch order (e.g. original start time). Returns
-    (src, dst) arrays: each op depends on the previous op of its stream.
+    ``order``: a sortable launch order (e.g. original start time), or None when the ops are in
+    launch order already (one stable integer sort then keeps it, instead of a two-key lexsort).
+    Returns (src, dst) arrays: each op depends on the previous op of its stream.
     """
     stream_key = np.asarray(stream_key)
-    idx = np.lexsort((np.asarray(order), stream_key))
+    idx = np.argsort(stream_key, kind="stable") if order is None else np.lexsort((np.asarray(order), stream_key))
     same = stream_key[idx[1:]] == stream_key[idx[:-1]]
     return idx[:-1][same], idx[1:][same]
 

@@ -198,7 +198,7 @@ def _stream_edges(ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         key = ops.select(pl.struct("step", "rank", "stream").rank("dense"))[:, 0].to_numpy()
         return chain_edges(key, ops["start_ns"].to_numpy())
     # ops arrive in (step, rank, start) order, so a stable sort by (step, rank) run and stream keeps
-    # each stream in start order: one integer sort instead of a struct rank and a two-key lexsort
+    # each stream in start order: an integer key instead of a struct rank, and no two-key lexsort
     step, rank = ops["step"].to_numpy(), ops["rank"].to_numpy()
     new_run = np.empty(ops.height, dtype=bool)
     new_run[0] = True
@@ -213,10 +213,7 @@ def _stream_edges(ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     key *= n_streams
     key += stream.astype(kt, copy=False)
     del stream
-    idx = np.argsort(key, kind="stable")
-    same = key[idx[1:]] == key[idx[:-1]]
-    del key
-    return idx[:-1][same], idx[1:][same]
+    return chain_edges(key)
 
 
 def _compute_comm_edges(ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
