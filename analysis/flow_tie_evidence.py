@@ -174,13 +174,22 @@ def cycle_wrap(members: list[str], ea: list[str], eb: list[str], bytes_ab: np.nd
     noise = direction_noise(along, back)
     if two_short(along, noise) and two_short(back, noise):
         return "misfit", None, True
-    s1, s2 = short_link(along, noise), short_link(back, noise)
-    if s1 is None or s2 is None or s1[0] != s2[0]:
+    short = short_both_ways(along, back, noise)
+    if short is None:
         return "none", None, True
     t = last[idx].astype(float)
     # the ends contradict the short link when they walk round the whole cycle from another link
-    agree = ends_walk(t) is None or ends_from_wrap(t, s1[0]) is not None
-    return "wrap", (s1[1] + s2[1]) / 2, agree
+    agree = ends_walk(t) is None or ends_from_wrap(t, short[0]) is not None
+    return "wrap", short[1], agree
+
+
+def short_both_ways(along: np.ndarray, back: np.ndarray, noise: float) -> tuple[int, float] | None:
+    """(position, mean share) of the link that :func:`short_link` finds short in both directions round
+    a cycle, or None when a direction shows none or the two name different links."""
+    s1, s2 = short_link(along, noise), short_link(back, noise)
+    if s1 is None or s2 is None or s1[0] != s2[0]:
+        return None
+    return s1[0], (s1[1] + s2[1]) / 2
 
 
 def wrap_by_bytes(path: list[str], sent: dict) -> int | None:
@@ -191,9 +200,8 @@ def wrap_by_bytes(path: list[str], sent: dict) -> int | None:
         return None
     along = np.array([sent.get((path[i], path[(i + 1) % n])) or 0.0 for i in range(n)], dtype=float)
     back = np.array([sent.get((path[(i + 1) % n], path[i])) or 0.0 for i in range(n)], dtype=float)
-    noise = direction_noise(along, back)
-    s1, s2 = short_link(along, noise), short_link(back, noise)
-    return s1[0] if s1 is not None and s2 is not None and s1[0] == s2[0] else None
+    short = short_both_ways(along, back, direction_noise(along, back))
+    return None if short is None else short[0]
 
 
 def break_tie(pipelines_of: list[list[list[str]]], is_pp_of: list[np.ndarray], edges: pl.DataFrame) -> TieBreak:
