@@ -33,7 +33,8 @@ cluster whose IP plan follows the sorted node list: usually yes), not of the tra
 tells us the mix; an even share says so, and leaves enough jobs of each kind in a 100-200 job corpus
 to measure both. Drawn from its own stream keyed by the job's seed, so the corpus's other draws
 (and so its jobs) are the same as before the option existed."""
-HOST_ORDER_STREAM = 43
+SCATTER_CHOICE_STREAM = 43
+"""key of the stream that picks which jobs scatter (sim_topology.HOST_ORDER_STREAM permutes their hosts)."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def _degrees(rng: np.random.Generator, max_world: int) -> tuple[int, int, int]:
 
 def _job(rng: np.random.Generator, name: str, max_world: int, fabric: Realism) -> SimConfig:
     cfg = _job_draws(rng, name, max_world, fabric)
-    scattered = np.random.default_rng([cfg.seed, HOST_ORDER_STREAM]).random() < SCATTERED_SHARE
+    scattered = np.random.default_rng([cfg.seed, SCATTER_CHOICE_STREAM]).random() < SCATTERED_SHARE
     return dataclasses.replace(cfg, realism=dataclasses.replace(cfg.realism,
                                                                 host_order="scattered" if scattered else "rank"))
 
