@@ -70,16 +70,17 @@ def _ranks_with_records(frames: JobFrames) -> set[int]:
 
 
 def _prepare(comm: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(ops, members): one row per (source, rank, group key, seq, op) with its ``_gkey``, most advanced
-    state first; and the member ranks of each group key (``_gkey``, ``members``)."""
+    """(ops, members): one row per (source, rank, group key, seq, op) with its ``_gkey``, in input order
+    (in state order, most advanced first, when a rank was dumped twice: see the end); and the member
+    ranks of each group key (``_gkey``, ``members``)."""
     empty = pl.DataFrame(schema={"_gkey": pl.Categorical, "members": pl.List(pl.Int32)})
     if comm.height == 0 or "seq" not in comm.columns:
         return comm.head(0), empty
-    # only the columns the section reads: the sort and de-duplication below copy every column they carry
-    has_lists = "group_ranks" in comm.columns
-    base = comm.lazy().select([c for c in _COLUMNS if c in comm.columns]).filter(pl.col("seq").is_not_null())
-    if not has_lists:
-        base = base.with_columns(pl.lit(None, dtype=pl.List(pl.Int32)).alias("group_ranks"))
+    # only the columns the section reads: the de-duplication below copies every column it carries
+    ops = comm.lazy().select([c for c in _COLUMNS if c in comm.columns]).filter(pl.col("seq").is_not_null())
+    if "group_ranks" not in comm.columns:
+        ops = ops.with_columns(pl.lit(None, dtype=pl.List(pl.Int32)).alias("group_ranks"))
+    ops = ops.collect()
     is_p2p = pl.col("op").is_in(list(_P2P)) & pl.col("peer").is_not_null()
     src = pl.when(pl.col("op") == "send").then(pl.col("rank")).otherwise(pl.col("peer"))
     dst = pl.when(pl.col("op") == "send").then(pl.col("peer")).otherwise(pl.col("rank"))
@@ -88,19 +89,18 @@ def _prepare(comm: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     # send of a to b meets the n-th recv of b from a.
     # Keys are spelled once per distinct member list or (sender, receiver), and the members are kept
     # per key, not per op: on millions of ops the per-op lists and strings were most of a big job's
-    # time and memory (the joins hand each op a view of its key).
-    lists = base.filter(~is_p2p).select("group_ranks").unique().with_columns(
+    # time and memory. The key columns are narrow (joins gather every column they carry), and the
+    # input, filtered, is mostly a view of comm_op.
+    keys = ops.select(is_p2p.alias("_p2p"), src.alias("_src"), dst.alias("_dst"), "group_ranks", "group_id")
+    lists = keys.lazy().filter(~pl.col("_p2p")).select("group_ranks").unique().with_columns(
         pl.col("group_ranks").list.sort().alias("_m")).with_columns(
         pl.when(pl.col("_m").list.len() > 0)
         .then(pl.lit("ranks ") + pl.col("_m").cast(pl.List(pl.String)).list.join(",")).cast(pl.Categorical)
         .alias("_mtxt")).collect()
-    pairs = base.filter(is_p2p).select(src.alias("_src"), dst.alias("_dst")).unique().with_columns(
+    pairs = keys.lazy().filter(pl.col("_p2p")).select("_src", "_dst").unique().with_columns(
         (pl.lit("p2p ") + pl.col("_src").cast(pl.String) + pl.lit("->") + pl.col("_dst").cast(pl.String))
         .cast(pl.Categorical).alias("_ptxt")).collect()
-    # The key of each op from narrow columns only: joins gather every column they carry, and the input,
-    # filtered, is mostly a view of comm_op.
-    ops = base.collect()
-    gkey = ops.lazy().select(is_p2p.alias("_p2p"), src.alias("_src"), dst.alias("_dst"), "group_ranks", "group_id") \
+    gkey = keys.lazy() \
         .join(lists.lazy().select("group_ranks", "_mtxt"), on="group_ranks", how="left", maintain_order="left",
               nulls_equal=True) \
         .join(pairs.lazy(), on=["_src", "_dst"], how="left", maintain_order="left") \
@@ -108,6 +108,7 @@ def _prepare(comm: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
                 .then(pl.col("_mtxt")).otherwise((pl.lit("id ") + pl.col("group_id").fill_null("?"))
                                                  .cast(pl.Categorical)).alias("_gkey")) \
         .collect().to_series()
+    del keys
     df = ops.drop("group_ranks").with_columns(
         pl.col("source").fill_null("?"),
         pl.col("state").fill_null(pl.when(pl.col("end_ns").is_null()).then(pl.lit("pending"))
