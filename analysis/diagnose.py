@@ -118,7 +118,7 @@ def _whitebox(model: JobModel, d: Diagnosis) -> pl.DataFrame:
 def _blackbox(frames: JobFrames, config: DiagnoseConfig, d: Diagnosis) -> None:
     exp_off = exporter_clock_offsets(frames.flow)
     flow = apply_exporter_offsets(frames.flow, exp_off)
-    res = infer_flows(flow, config.flow, frames.endpoint_map)
+    res = infer_flows(flow, config.flow, frames.endpoint_map, one_job=bool(frames.job_endpoints))
     d.strategy = res.strategy
     d.steps = res.steps
     d.data_quality["flows"] = res.quality

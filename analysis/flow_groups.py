@@ -110,6 +110,40 @@ def staggered_cycle(members: list[int], ea: np.ndarray, eb: np.ndarray, link_t: 
     return max(up, down) >= n - 1 and min(up, down) == 1
 
 
+def byte_rank_candidates(n: int, ai: np.ndarray, bi: np.ndarray, bytes_: np.ndarray, two: np.ndarray
+                         ) -> list[np.ndarray]:
+    """PP labellings that take the lightest (or heaviest) links, as many as a pipeline grid has.
+
+    Byte modes cannot part DP from PP links whose volumes lie within ``mode_gap`` of each other (a
+    tree all-reduce's links next to a deep pipeline's activations, sampled records that blur both).
+    Pipeline links still carry one volume, unlike the DP links, so they sit together at one end of
+    the links sorted by bytes, and a grid of ``n`` endpoints in pipelines of ``p`` stages has exactly
+    ``n - n/p`` pipeline links (``n`` when the pipelines are cycles). Each such count, taken from
+    either end of all links or of the two-way ones, is a candidate when its links form disjoint
+    simple paths (or cycles) of one length; :func:`_fit` judges it like any other.
+    """
+    counts = {n - n // p for p in range(2, n + 1) if n % p == 0} | {n}
+    out, seen = [], set()
+    for base in (np.ones(len(bytes_), dtype=bool), two):
+        idx = np.flatnonzero(base)
+        order = idx[np.argsort(bytes_[idx], kind="stable")]
+        for k in sorted(c for c in counts if c < len(order)):
+            for pick in (order[:k], order[len(order) - k:]):
+                deg = np.bincount(np.r_[ai[pick], bi[pick]], minlength=n)
+                if deg.max() > 2:
+                    continue
+                sizes = np.bincount(components(list(range(n)), ai[pick], bi[pick]))
+                if len(set(sizes.tolist())) != 1 or sizes[0] < 2:
+                    continue
+                c = np.zeros(len(bytes_), dtype=bool)
+                c[pick] = True
+                key = c.tobytes()
+                if key not in seen:
+                    seen.add(key)
+                    out.append(c)
+    return out
+
+
 def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, like: np.ndarray,
          modes: np.ndarray, data_sym: np.ndarray, link_t: np.ndarray | None = None) -> GridFit:
     n = len(nodes)
@@ -223,6 +257,7 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
     # direction pattern: one-way payload is never a pipeline link
     cands.extend(c & two for c in subsets)
     cands.append(like > 0.5)
+    cands.extend(byte_rank_candidates(len(nodes), ai, bi, edges["bytes"].to_numpy().astype(float), two))
     early = early_traffic(edges)
     if (early != 0.5).any():
         cands.append(early > 0.5)

@@ -113,4 +113,5 @@ def load_planned(store: Store, planned: PlannedJob, fresh=None) -> tuple[JobFram
     extra = {"endpoint_map": store.read("endpoint_map", cap)} if store.count("endpoint_map", cap) else {}
     frames = JobFrames.from_frames(planned.name, flow=job_flows(store.read("flow", cap), list(planned.endpoints)),
                                    **extra)
+    frames.job_endpoints = tuple(planned.endpoints)
     return frames, {"capture": cap, "fabric": planned.quality}

@@ -282,12 +282,16 @@ def _hidden_bursts(f: pl.DataFrame, bursts: pl.DataFrame, dur: np.ndarray, resol
 
 
 def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
-                endpoint_map: pl.DataFrame | None = None) -> FlowInference:
+                endpoint_map: pl.DataFrame | None = None, one_job: bool = False) -> FlowInference:
     """Strategy and steps of one job from its flow records (exporter clocks already aligned).
 
     Needs flow columns src_addr, dst_addr, src_port, dst_port, exporter,
     size_bytes, sampling_rate, start_ns, end_ns. If the records hold more than
     one job, the biggest connected one is analysed and the rest counted.
+    ``one_job``: the records are those of one job that job recognition found
+    on the whole capture (``flow_jobs.job_flows``), so all their endpoints are
+    that job: its rails are not merged again from these records alone, which
+    lack what joined them there (the rendezvous server may sit outside the job).
     """
     cfg = config or FlowConfig()
     pt = pair_traffic(flow, cfg)
@@ -301,7 +305,8 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     idx = {x: i for i, x in enumerate(nodes_all)}
     rails = components(nodes_all, np.array([idx[x] for x in heavy["a"].to_list()]),
                        np.array([idx[x] for x in heavy["b"].to_list()]))
-    lab = merge_components(nodes_all, rails, pt.training_flows, pt.control_flows, cfg)
+    lab = np.zeros(len(nodes_all), dtype=np.int64) if one_job else \
+        merge_components(nodes_all, rails, pt.training_flows, pt.control_flows, cfg)
     big = int(np.argmax(np.bincount(lab)))
     nodes = [x for x, c in zip(nodes_all, lab) if c == big]
     rail_of = {x: int(r) for x, r, c in zip(nodes_all, rails, lab) if c == big}

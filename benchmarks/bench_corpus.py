@@ -114,7 +114,7 @@ def score_fabric(fab) -> list[dict]:
         t, cfg = res.truth, res.config
         eps = frozenset(t["endpoints"].values())
         rec = by_eps.get(eps)
-        s = infer_flows(job_flows(flow, rec.endpoints)).strategy if rec else None
+        s = infer_flows(job_flows(flow, rec.endpoints), one_job=True).strategy if rec else None
         deg = t["degrees"]
         shape = bool(s and (s.dp, s.pp) == (deg["dp"], deg["pp"])
                      and same_sets(s.dp_groups, t["dp_groups_by_address"])

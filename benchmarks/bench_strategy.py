@@ -68,7 +68,7 @@ def score_fabric(fab) -> list[dict]:
     rows = []
     by_first = {}
     for j in found.jobs:
-        inf = infer_flows(job_flows(flow, j.endpoints))
+        inf = infer_flows(job_flows(flow, j.endpoints), one_job=True)
         by_first[frozenset(j.endpoints)] = inf
     for res in fab.jobs:
         t = res.truth

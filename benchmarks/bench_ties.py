@@ -79,7 +79,7 @@ def score(fab, cfg) -> dict | None:
     rec = next((j for j in found.jobs if frozenset(j.endpoints) == eps), None)
     if rec is None:
         return None
-    s = infer_flows(job_flows(flow, rec.endpoints)).strategy
+    s = infer_flows(job_flows(flow, rec.endpoints), one_job=True).strategy
     x = s.extra or {}
     deg = t["degrees"]
     # what the grid's confidence covers: the groups, and tp (or tp null); the direction has its own

@@ -35,6 +35,9 @@ class JobFrames:
     declared: list[dict] = field(default_factory=list)
     """world sizes the sources declare, one ``{format, world_size, source}`` per source file that names one
     (Kineto ``distributedInfo.world_size``, the OSDI'25 meta ``world_size`` with its ``tp_size``)."""
+    job_endpoints: tuple[str, ...] = ()
+    """a capture's job: the addresses job recognition found to be one job (its rails were merged on the
+    whole capture, where the evidence is; the job's own flows may lack it)."""
 
     @classmethod
     def from_frames(cls, job: str, **frames: pl.DataFrame) -> JobFrames:

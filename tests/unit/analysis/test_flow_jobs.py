@@ -29,7 +29,7 @@ def test_jobs_are_split_named_and_analysed(fabric):
     for j in found.jobs:
         name = next(n for n, eps in truth.items() if eps == j.endpoints)
         t = fabric.truth["jobs"][name]
-        s = infer_flows(job_flows(flow, j.endpoints)).strategy
+        s = infer_flows(job_flows(flow, j.endpoints), one_job=True).strategy
         assert sorted(map(sorted, s.dp_groups)) == sorted(map(sorted, t["dp_groups_by_address"]))
         assert sorted(s.pp_groups) == sorted(t["pp_groups_by_address"])
 
@@ -72,3 +72,25 @@ def test_a_stray_small_connection_does_not_time_the_pair():
 
 def test_address_key_orders_numerically():
     assert sorted(["10.0.0.10", "10.0.0.9", "host-a"], key=address_key) == ["10.0.0.9", "10.0.0.10", "host-a"]
+
+
+def test_one_job_keeps_every_rail_that_recognition_merged():
+    """Rails are merged once, on the whole capture (where the rendezvous flows are); the job's own
+    flows may not show what joined them. Here one rail's clock is an hour off, so its activity no
+    longer lines up with the other's: alone, the flows read as two jobs and the smaller rail is left
+    out; told they are one job, every address is in the strategy."""
+    res = sim.simulate(sim.SimConfig(job="r", dp=4, pp=2, tp=2, gpus_per_host=2, steps=4, seed=5,
+                                     rank_order="tp-cp-ep-pp-dp"))
+    flow = pl.from_arrow(res.tables["flow"])
+    rail1 = pl.col("src_addr").str.starts_with("10.1.")
+    flow = flow.with_columns(pl.when(rail1).then(pl.col(c) + 3_600_000_000_000).otherwise(pl.col(c)).alias(c)
+                             for c in ("start_ns", "end_ns"))
+    addrs = set(flow["src_addr"].to_list()) | set(flow["dst_addr"].to_list())
+    assert any(a.startswith("10.1.") for a in addrs) and any(a.startswith("10.0.") for a in addrs)
+    alone = infer_flows(flow)
+    assert alone.quality.get("endpoints_outside_main_job", 0) > 0
+    s = infer_flows(flow, one_job=True).strategy
+    inside = {a for g in s.dp_groups for a in g}
+    truth = {a for g in res.truth["dp_groups_by_address"] for a in g}
+    assert inside == truth
+    assert sorted(map(sorted, s.dp_groups)) == sorted(map(sorted, res.truth["dp_groups_by_address"]))
