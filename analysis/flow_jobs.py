@@ -145,7 +145,10 @@ def rail_correlations(flows: pl.DataFrame, comps: list[int], config: FlowConfig,
             views.append(np.fft.rfft(x / norm, size) if norm > 0 else None)
         spec[int(c)] = views
     keys = sorted(spec)
-    lags = np.r_[np.arange(0, max_lag + 1), np.arange(size - max_lag, size)]
+    # lags -max_lag..max_lag in order: a peak at either end is still rising towards a lag past the
+    # exporters' largest skew, so it is no alignment (two jobs whose slowly varying activity correlates
+    # at every lag); a real clock offset within the bound peaks inside the window
+    lags = np.r_[np.arange(size - max_lag, size), np.arange(0, max_lag + 1)]
     for i, a in enumerate(keys):
         for b in keys[i + 1:]:
             best = (-1.0, 0)
@@ -154,8 +157,10 @@ def rail_correlations(flows: pl.DataFrame, comps: list[int], config: FlowConfig,
                     continue
                 cc = np.fft.irfft(va * np.conj(vb), size)[lags]
                 k = int(np.argmax(cc))
+                if 0 < max_lag and k in (0, len(lags) - 1):
+                    continue
                 if cc[k] > best[0]:
-                    best = (float(cc[k]), int(lags[k]) if lags[k] <= max_lag else int(lags[k]) - size)
+                    best = (float(cc[k]), k - max_lag)
             out[(a, b)] = best
     return out, bin_ns
 

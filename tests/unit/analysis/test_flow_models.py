@@ -263,3 +263,18 @@ def test_replicating_storage_alone_is_no_job_and_keeps_its_shape():
     e = _directed(_storage(clients, servers, 3e8, 3.5e9))
     assert not fit_grid(clients + servers, e, FlowConfig()).valid
     assert not below_scale_gap(clients + servers, e, FlowConfig())
+
+
+def test_a_correlation_peak_at_the_end_of_the_lag_window_is_no_rail_alignment():
+    """Two jobs with the same step time whose bursts are 100 ms apart correlate more and more toward a
+    lag the exporters' clocks cannot have (max_exporter_skew_ns, 20 ms): the peak within the window
+    sits at its end (0.89 there) and is no alignment. A rail 8 ms off peaks inside the window."""
+    rows = []
+    for c, off in enumerate([0, 100_000_000, 8_000_000]):
+        for s in range(12):
+            a = s * 3_000_000_000 + off
+            rows += [(c, a + k * 1_000_000, a + 1_500_000_000 + k * 1_000_000, 1e9) for k in range(4)]
+    f = pl.DataFrame(rows, schema=["c", "start_ns", "end_ns", "est_bytes"], orient="row")
+    corr, bin_ns = rail_correlations(f, [0, 1, 2], FlowConfig(), 1_000_000)
+    assert corr[(0, 1)][0] < 0.8 and corr[(1, 2)][0] < 0.8
+    assert corr[(0, 2)][0] > 0.99 and corr[(0, 2)][1] * bin_ns == -8_000_000
