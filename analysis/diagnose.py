@@ -125,7 +125,7 @@ def _blackbox(frames: JobFrames, config: DiagnoseConfig, d: Diagnosis) -> None:
     if res.job_flows is not None:
         d.stragglers = flow_straggler_section(res.job_flows, res.strategy, res.steps,
                                               res.quality.get("timestamp_resolution_ns", 1),
-                                              config.stragglers.none_below)
+                                              config.stragglers.none_below, res.dp_pairs)
     d.data_quality["exporter_clock"] = {
         "exporters": int(exp_off.height),
         "max_abs_offset_ns": float(exp_off["offset_ns"].abs().max()) if exp_off.height else 0.0}

@@ -10,9 +10,11 @@ collective moving the same bytes:
   whose rate sits far below the job's spread of link rates is named, with the
   step time its extra transfer time costs (verdict ``communication``).
 - *slow endpoint*: a worker that computes slowly finishes its backward pass
-  late, so its DP sends start late in every step while its ring peers start
-  on time (their first chunk is their own). An endpoint whose DP sends start
-  consistently later than its group's is named (verdict ``worker``).
+  late, so its DP ring link opens late in every step while its ring peers'
+  open on time (their first chunk is their own); over RoCE the link into it
+  opens late too (the sender writes only into buffers it has posted). The
+  endpoint that sends and receives on the late links (or sends on the one
+  late link) is named (verdict ``worker``).
 
 A slow NIC or cable usually throttles its whole ring, not one link: every
 link of its DP group then runs at the same low rate, and its group stands
@@ -37,6 +39,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.diagnosis import Steps, Stragglers, Strategy
+from rankscope.analysis.flow_models import TWO_WAY
 
 OUTLIER_MADS = 6.0
 """a rate (or a lateness) is an outlier when it lies this many robust standard deviations from the median."""
@@ -59,14 +62,20 @@ def _group_of(strategy: Strategy) -> dict:
     return {x: i for i, g in enumerate(strategy.dp_groups or []) if len(g) > 1 for x in g}
 
 
-def _dp_links(flow: pl.DataFrame, strategy: Strategy) -> pl.DataFrame:
+def _dp_links(flow: pl.DataFrame, strategy: Strategy, pairs: frozenset = frozenset()) -> pl.DataFrame:
+    """Payload records between members of one DP group (only on ``pairs``, the collectives' own links,
+    when given), with the group as ``g``."""
     group = _group_of(strategy)
     if not group or flow.is_empty():
         return flow.head(0)
     f = flow.filter(pl.col("is_data")) if "is_data" in flow.columns else flow
     gs = pl.col("src_addr").replace_strict(group, default=-1, return_dtype=pl.Int64)
     gd = pl.col("dst_addr").replace_strict(group, default=-2, return_dtype=pl.Int64)
-    return f.with_columns(g=gs).filter(pl.col("g") == gd)
+    f = f.with_columns(g=gs).filter(pl.col("g") == gd)
+    if pairs:
+        key = pl.min_horizontal("src_addr", "dst_addr") + "|" + pl.max_horizontal("src_addr", "dst_addr")
+        f = f.filter(key.is_in([f"{a}|{b}" for a, b in pairs]))
+    return f
 
 
 def _robust(x: np.ndarray) -> tuple[float, float]:
@@ -239,48 +248,65 @@ def slow_group(links: pl.DataFrame, strategy: Strategy, num_steps: int) -> dict 
 
 def late_senders(dp: pl.DataFrame, step_ns: float, resolution_ns: int,
                  pipelines: list[list[str]] | None = None) -> dict | None:
-    """The endpoint whose DP sends start consistently late in its group, or None.
+    """The endpoint whose DP links open consistently late in its group, or None.
 
-    Needs dp src_addr, g (group), start_ns, end_ns. A burst starts after an idle gap longer than a
-    tenth of a step since the sender's previous record ended (a record the active timeout cut off is
-    followed at once by the next, whose start carries no phase); its lateness is measured against
-    the median start of its group's bursts in the same step (the collective's start). A slow worker
-    delays its whole pipeline's backward pass: when another member of its pipeline (``pipelines``)
-    is late as well, the late pipeline is reported as ``ambiguous`` and nobody is named.
+    Needs dp src_addr, dst_addr, g (group), start_ns, end_ns. A burst starts after an idle gap longer
+    than a tenth of a step since the link's previous record ended (a record the active timeout cut
+    off is followed at once by the next, whose start carries no phase); its lateness is measured
+    against the median start of its group's bursts in the same step (the collective's start). A ring
+    member's first chunk is its own, so a member that arrives late opens its link to the next member
+    late, and over RoCE also the link from the previous one (whose writes wait for its posted
+    buffers): the culprit is the endpoint that both sends and receives on late links, or the sender
+    of the one late link. A slow worker delays its whole pipeline's backward pass: when several
+    endpoints fit (a late pipeline), the finding is ``ambiguous`` and nobody is named.
     """
     if dp.is_empty() or not step_ns:
         return None
-    f = dp.select("src_addr", "g", "start_ns", "end_ns").sort("src_addr", "start_ns")
-    gap = pl.col("start_ns") - pl.col("end_ns").cum_max().shift(1).over("src_addr")
+    link = ["src_addr", "dst_addr"]
+    f = dp.select(*link, "g", "start_ns", "end_ns", "est_bytes").sort(*link, "start_ns")
+    # only directions that carry payload: a ring link's other side holds acknowledgements and set-up
+    vol = f.group_by(link).agg(v=pl.col("est_bytes").sum())
+    vol = vol.join(vol.rename({"src_addr": "dst_addr", "dst_addr": "src_addr", "v": "back"}), on=link, how="left")
+    payload = vol.filter(pl.col("v") >= TWO_WAY * pl.col("back").fill_null(0.0)).select(link)
+    f = f.join(payload, on=link, how="semi").sort(*link, "start_ns")
+    gap = pl.col("start_ns") - pl.col("end_ns").cum_max().shift(1).over(link)
     bursts = f.with_columns(gap=gap).filter(pl.col("gap").is_null() | (pl.col("gap") > 0.1 * step_ns))
     bursts = bursts.with_columns(step=((pl.col("start_ns") - pl.col("start_ns").min()) / step_ns).round().cast(pl.Int64))
     late = bursts.with_columns(late=pl.col("start_ns") - pl.col("start_ns").median().over(["g", "step"]))
-    per = late.group_by("src_addr").agg(late=pl.col("late").median(), n=pl.len())
+    per = late.group_by(link).agg(late=pl.col("late").median(), n=pl.len())
     if per.height < 3:
         return None
     x = per["late"].to_numpy().astype(float)
     med, sd = _robust(x)
     sd = max(sd, 20.0 * resolution_ns)
-    worst = per.sort("late", descending=True).row(0, named=True)
-    if (worst["late"] - med) / sd < OUTLIER_MADS or worst["n"] < 2:
+    # a collective's link carries payload every step; one that bursts in fewer than half of them
+    # (connection set-up, the acknowledgement side of a ring link) has no arrival to be late for
+    steady = max(2, int(late["step"].n_unique()) // 2)
+    bad = per.filter(((pl.col("late") - med) / sd >= OUTLIER_MADS) & (pl.col("n") >= steady))
+    if bad.is_empty():
         return None
+    senders, receivers = set(bad["src_addr"].to_list()), set(bad["dst_addr"].to_list())
+    cands = sorted(senders & receivers) or sorted(senders)
+    worst = bad.filter(pl.col("src_addr").is_in(cands)).sort("late", descending=True).row(0, named=True)
     out = {"kind": "slow_worker", "culprit": worst["src_addr"], "extra_ns": float(worst["late"] - med),
-           "late_ns": float(worst["late"] - med), "robust_sd_ns": sd}
-    mates = next((p for p in pipelines or [] if worst["src_addr"] in p and len(p) > 1), [])
-    also = per.filter(pl.col("src_addr").is_in(mates) & (pl.col("src_addr") != worst["src_addr"])
-                      & ((pl.col("late") - med) / sd >= OUTLIER_MADS))["src_addr"].to_list()
-    if also:
-        return {**out, "kind": "late_pipeline", "culprit": None, "members": sorted([worst["src_addr"], *also]),
-                "ambiguous": "several members of one pipeline start their DP sends late: a slow stage delays "
-                             "the pipeline's whole backward pass, so flows cannot tell which one is slow"}
-    return out
+           "late_ns": float(worst["late"] - med), "robust_sd_ns": sd,
+           "late_links": [[r["src_addr"], r["dst_addr"]] for r in bad.iter_rows(named=True)]}
+    if len(cands) == 1:
+        return out
+    mates = next((p for p in pipelines or [] if set(cands) <= set(p) and len(p) > 1), None)
+    why = ("several members of one pipeline open their DP links late: a slow stage delays the pipeline's "
+           "whole backward pass, so flows cannot tell which one is slow") if mates else \
+        "several endpoints open their DP links late, in no pattern one slow endpoint makes"
+    return {**out, "kind": "late_pipeline" if mates else "late_links", "culprit": None, "members": cands,
+            "ambiguous": why}
 
 
 def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolution_ns: int) -> dict | None:
     """The endpoint whose pipeline's forward sends fall behind from its stage on, or None.
 
-    DP collectives start when their last member arrives, so a slow worker's ring sends need not start
-    late; its pipeline's activations do. Each pipeline's first forward send of a burst from stage k
+    A slow worker's ring links open late only where their records split at steps, and in a pipeline
+    its whole backward pass is late (several late members, nobody named); its pipeline's activations
+    tell which stage brought the delay in. Each pipeline's first forward send of a burst from stage k
     is compared with the same stage's send in the other pipelines (DP replicas, which start each step
     together after the previous gradient sync): a slow stage s delays its own sends and every later
     stage's, not the earlier ones, so the culprit is the first stage from which its pipeline stays
@@ -346,6 +372,10 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     lead = z[(worst, first)][1]
     if any(v < (1 - LATE_SLACK) * lead for k, _, v in row if k > first):
         return None
+    # as late at an earlier stage whose spread hid it (sampled record starts are noisy): the stage that
+    # brought the delay in is not known, and naming the first clear one would name the wrong worker
+    if any(v >= (1 - LATE_SLACK) * lead for k, _, v in row if k < first):
+        return None
     # its forward time against the same stage's in the other pipelines (the gap from the previous
     # stage's first send to its own; for stage 0, the other stages' median): the worker's compute
     # factor. A slow stage paces its pipeline, and the gradient sync the whole job, so S ~ that factor.
@@ -368,11 +398,13 @@ def _slowdown(x: dict, step: float) -> float:
 
 
 def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps, resolution_ns: int = 1,
-                           none_below: float = 1.05) -> Stragglers:
+                           none_below: float = 1.05, dp_pairs: frozenset = frozenset()) -> Stragglers:
     """Straggler section of a flows-only report (see module doc).
 
     Needs flow (aligned) src_addr, dst_addr, est_bytes or size_bytes, start_ns, end_ns and is_data,
-    num_packets, sampling_rate if known; the inferred strategy's dp_groups, pp_groups and the step time.
+    num_packets, sampling_rate if known; the inferred strategy's dp_groups, pp_groups and the step time;
+    ``dp_pairs``: the heavy pairs labelled data-parallel (FlowInference.dp_pairs), whose links alone are
+    read for late arrivals.
     """
     if "est_bytes" not in flow.columns:
         rate = pl.col("sampling_rate").fill_null(1).clip(lower_bound=1) if "sampling_rate" in flow.columns else 1
@@ -388,13 +420,17 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
                            "min_packets": MIN_PACKETS, "slow_factor": SLOW_FACTOR}}
     if links.height and not links["trusted"].any():
         base["link_rates"]["why"] = f"every link holds fewer than {MIN_PACKETS} sampled packets"
-    dp = _dp_links(flow, strategy)
+    dp = _dp_links(flow, strategy, dp_pairs)
     # late ring sends: in a tree all-reduce a member sends up only once its children's data arrived, so
     # its sends are late by design; and lateness needs the steps where they are
     kinds = (strategy.extra or {}).get("dp_group_kinds")
     rings = kinds is None or set(kinds) <= {"ring", "pair"}
     late = (late_senders(dp, step, resolution_ns, strategy.pp_groups)
             if rings and not steps.extra.get("ambiguous") else None)
+    base["late_dp_links"] = (
+        "not evaluated: in a tree all-reduce members send up only once their children's data arrived"
+        if not rings else "not evaluated: the step time is ambiguous" if steps.extra.get("ambiguous")
+        else "no DP link opens consistently late" if late is None else late["kind"])
     if late is None or not late.get("culprit"):
         late = late_stage(flow, strategy, step, resolution_ns) or late
     cands = [slow_links(links, steps.count), slow_group(links, strategy, steps.count), late]

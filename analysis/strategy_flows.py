@@ -31,6 +31,9 @@ class FlowInference:
     quality: dict = field(default_factory=dict)
     job_flows: pl.DataFrame | None = None
     """the job's training records (aligned, with est_bytes and is_data), for flow-based stragglers."""
+    dp_pairs: frozenset = frozenset()
+    """the heavy address pairs (a, b), a < b, that the strategy labels data-parallel: the collectives'
+    own links, not every pair of one DP group (connection meshes, setup flows)."""
 
 
 def _tp_groups(nodes: list[str], rail_of: dict[str, int], pipelines: list[list[str]], tp: int,
@@ -364,4 +367,5 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
                                                      if i < j},
                             "ranks_per_address": rpa.as_dict()})
     return FlowInference(strat, steps, quality,
-                         pt.training_flows.filter(pl.col("src_addr").is_in(nodes) & pl.col("dst_addr").is_in(nodes)))
+                         pt.training_flows.filter(pl.col("src_addr").is_in(nodes) & pl.col("dst_addr").is_in(nodes)),
+                         frozenset(dp_pairs))

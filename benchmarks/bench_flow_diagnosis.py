@@ -100,7 +100,7 @@ def score_job(cfg, realism, variant: str, faults: tuple, rank: int | None, tmp: 
     row["step"] = step_outcome(d.steps, truth_step)
     s = d.stragglers
     culprit = str(s.top_workers[0]["endpoint"]) if s.top_workers and s.verdict not in ("none", "") else ""
-    row.update(verdict=s.verdict or "", culprit=culprit)
+    row.update(verdict=s.verdict or "", culprit=culprit, late=str((s.extra or {}).get("late_dp_links", "")))
     if variant == "clean":
         row["false_alarm"] = bool(culprit)
     else:
@@ -161,10 +161,14 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
                                                    named=pl.col("named_right").mean())
           .sort("variant", "transport"))
     print(by)
-    misses = rec.filter((pl.col("variant") != "clean") & ~pl.col("named_right")).select("cfg", "verdict", "culprit")
+    alarms = rec.filter((pl.col("variant") == "clean") & ~pl.col("verdict").is_in(["none", ""]))
+    for r in alarms.select("cfg", "verdict", "culprit", "late").iter_rows():
+        print("   clean job with a verdict:", *r)
+    misses = rec.filter((pl.col("variant") != "clean") & ~pl.col("named_right")).select("cfg", "verdict", "culprit",
+                                                                                          "late")
     if misses.height:
         print("missed faults (verdict, culprit):")
-        for r in misses.head(20).iter_rows():
+        for r in misses.head(40).iter_rows():
             print("  ", *r)
 
 

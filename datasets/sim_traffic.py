@@ -14,7 +14,7 @@ import polars as pl
 from rankscope.datasets.sim_config import SimConfig
 from rankscope.datasets.sim_flows import ROCE_PORT, collective_transfers
 from rankscope.datasets.sim_graph import Graph, Templates
-from rankscope.datasets.sim_template import STREAMS
+from rankscope.datasets.sim_template import OP, STREAMS
 from rankscope.datasets.sim_topology import Topology
 from rankscope.datasets.sim_transport import rank_exporters
 
@@ -26,13 +26,45 @@ def source_port(src: np.ndarray, dst: np.ndarray, conn: np.ndarray, qps: int) ->
     return (49152 + h).astype(np.int64)
 
 
+def first_payload(ready: np.ndarray, i: np.ndarray, t: dict, g: Graph, world: int, transport: str,
+                  algorithm: str) -> np.ndarray:
+    """When each ring or all-to-all transfer's first payload goes out (``ready``: when each op was
+    launched; the collective as a whole runs from its last member's launch).
+
+    A member's first chunk is its own data, so its link to the next member opens as soon as both
+    ends can take part, not when the last member of the group arrives: over RoCE the sender writes
+    only into a buffer the receiver has posted (NCCL's clear-to-send), so at the later of the two
+    launches; over TCP into the kernel's socket buffer at once, at its own launch. A late member thus
+    opens its two ring links late (one over TCP) while its peers' links open on time. Tree
+    transfers wait for the subtree below and keep the group's start."""
+    src_op = i[t["i"]]
+    if algorithm in ("tree", "double_tree"):
+        tree = (g.sync[src_op] >= 0) & np.isin(t["op"], [OP["all_reduce"]])
+    else:
+        tree = np.zeros(src_op.size, dtype=bool)
+    own = ready[src_op]
+    if transport == "tcp":
+        return np.where(tree, t["t0"], own)
+    key = g.sync[i].astype(np.int64) * world + g.rank[i]
+    order = np.argsort(key, kind="stable")
+    want = g.sync[src_op].astype(np.int64) * world + t["dst"]
+    pos = np.clip(np.searchsorted(key[order], want), 0, order.size - 1)
+    peer = i[order[pos]]
+    found = key[order[pos]] == want
+    both = np.where(found, np.maximum(own, ready[peer]), t["t0"])
+    return np.where(tree, t["t0"], np.minimum(both, t["t0"]))
+
+
 def job_transfers(cfg: SimConfig, topo: Topology, g: Graph, T: Templates, start: np.ndarray, end: np.ndarray,
-                  job_index: int, epoch_ns: int, rng: np.random.Generator | None = None) -> pl.DataFrame:
+                  job_index: int, epoch_ns: int, rng: np.random.Generator | None = None,
+                  ready: np.ndarray | None = None) -> pl.DataFrame:
     """Inter-host transfers of the job's completed comm ops; times in int ns after ``epoch_ns``.
 
     Also returns the rank ids (``srank``, ``drank``) for the transport model. With
     ``realism.rail_jitter_us`` every transfer starts an exponential delay late and each rail runs
-    at its own speed (``rng`` draws both; the rail speeds from the job seed so chunks agree)."""
+    at its own speed (``rng`` draws both; the rail speeds from the job seed so chunks agree).
+    With ``ready`` (each op's launch), ring and all-to-all transfers open at their first payload
+    (:func:`first_payload`) instead of the collective's start."""
     done = (T.kind[g.tmpl] == 1) & np.isfinite(end) & (T.role[g.tmpl] != 2)
     ops = T.op_code[g.tmpl]
     strm = T.stream[g.tmpl]
@@ -50,6 +82,9 @@ def job_transfers(cfg: SimConfig, topo: Topology, g: Graph, T: Templates, start:
                                  "double_tree" if cfg.algorithm == "tree" and cfg.realism.double_tree
                                  else cfg.algorithm)
         t["conn"] = code * (1 << 24) + g.group_row[i][t["i"]]
+        if ready is not None:
+            t["op"] = ops[i][t["i"]]
+            t["t0"] = first_payload(ready, i, t, g, topo.world, cfg.realism.transport, cfg.algorithm)
         parts.append(t)
     i = np.flatnonzero(done & (T.role[g.tmpl] == 1))
     if i.size:

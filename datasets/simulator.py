@@ -145,7 +145,7 @@ def _simulate_job(cfg: SimConfig, job_index: int = 0, epoch_ns: int | None = Non
         parts["batch_meta"].append(batch_table(cfg, topo, g, T, ready))
         if want_transfers:
             transfers.append(job_transfers(cfg, topo, g, T, start, end, job_index,
-                                           cfg.start_ns if epoch_ns is None else epoch_ns, traffic_rng))
+                                           cfg.start_ns if epoch_ns is None else epoch_ns, traffic_rng, ready))
         del g, rep, ready, start, end
     tables = {k: pa.concat_tables(v) for k, v in parts.items()}
     tables["endpoint_map"] = endpoint_table(cfg, topo)

@@ -118,13 +118,14 @@ def test_whole_step_from_a_sub_period():
     assert w["multiple"] == 4 and abs(w["step_ns"] - 1e9) < 1e6
 
 
-def _ring_records(n=6, steps=6, step=1_000_000_000, late=None, slow=None, res=1_000_000):
+def _ring_records(n=6, steps=6, step=1_000_000_000, late=None, slow=None, res=1_000_000, roce=False):
     rows = []
     rng = np.random.default_rng(1)
     for s in range(steps):
         for i in range(n):
             src, dst = f"10.0.{i}.1", f"10.0.{(i + 1) % n}.1"
             t = s * step + 600_000_000 + int(rng.normal(0, 2e6)) + (150_000_000 if src == late else 0)
+            t += 150_000_000 if roce and dst == late else 0  # RoCE: the writer waits for its posted buffers
             dur = 200_000_000 * (2.5 if slow in (src, dst) else 1.0) * (1 + rng.normal(0, 0.01))
             a, b = t // res * res, int(t + dur) // res * res
             rows.append((src, dst, a, b, 4e9, True))
@@ -144,6 +145,20 @@ def test_flow_stragglers_name_a_slow_nic_and_a_late_sender():
     assert late.verdict == "worker" and late.top_workers[0]["endpoint"] == "10.0.4.1"
     calm = flow_straggler_section(_ring_records(), strat, steps, 1_000_000)
     assert calm.verdict == "none" and not calm.top_workers
+
+
+def test_over_roce_the_late_member_is_the_one_on_both_late_links():
+    """Its predecessor's link into it opens late as well (RDMA writes wait for its posted buffers):
+    two senders are late, and the one that also receives late is named, not its predecessor."""
+    from rankscope.analysis.diagnosis import Steps, Strategy
+    from rankscope.analysis.flow_stragglers import flow_straggler_section
+
+    strat = Strategy(dp=6, dp_groups=[[f"10.0.{i}.1" for i in range(6)]])
+    late = flow_straggler_section(_ring_records(late="10.0.4.1", roce=True), strat, Steps(count=6, median_ns=1e9),
+                                  1_000_000)
+    assert late.verdict == "worker" and [w["endpoint"] for w in late.top_workers] == ["10.0.4.1"]
+    links = sorted(map(tuple, late.extra["findings_flows"][0]["late_links"]))
+    assert links == [("10.0.3.1", "10.0.4.1"), ("10.0.4.1", "10.0.5.1")]
 
 
 def test_a_cycle_whose_first_payload_walks_round_it_is_a_pipeline_not_a_tree():

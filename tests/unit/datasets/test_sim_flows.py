@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import polars as pl
+import pytest
 
 from rankscope.collectors.schema import validate
 from rankscope.collectors.store import Store
@@ -82,3 +83,25 @@ def test_two_jobs_on_one_fabric_with_background(tmp_path):
     truth = json.loads((out / "truth.json").read_text())
     assert truth["capture"] == "fab" and set(truth["jobs"]) == {"a", "b"}
     assert truth["jobs"]["b"]["faults"][0]["kind"] == "communication"
+
+
+@pytest.mark.parametrize("transport", ["roce", "tcp"])
+def test_a_late_ring_member_opens_its_own_links_late_and_its_peers_open_on_time(transport):
+    """A ring member's first chunk is its own data: links open when both ends can take part (RoCE: the
+    writer waits for the reader's posted buffers) or when the sender arrives (TCP: into the socket
+    buffer), not when the last member of the collective arrives."""
+    from rankscope.datasets.simulator import Realism, simulate
+
+    cfg = SimConfig(job="w", dp=4, pp=1, gpus_per_host=1, steps=4, seed=3, algorithm="ring", idle_timeout_s=0.01,
+                    faults=(Fault("slow-worker", {"rank": 2, "factor": 2.0}),), realism=Realism(transport=transport))
+    res = simulate(cfg)
+    ep = res.truth["endpoints"]
+    f = pl.from_arrow(res.tables["flow"]).filter(pl.col("size_bytes") > 1e6)
+    first = {(a, b): s for a, b, s in f.group_by("src_addr", "dst_addr").agg(pl.col("start_ns").min()).iter_rows()}
+    t0 = min(first.values())
+    late = {k for k, s in first.items() if s - t0 > 100_000_000}
+    ring = [(ep[str(i)], ep[str((i + 1) % 4)]) for i in range(4)]
+    slow_out, slow_in = ring[2], ring[1]
+    assert slow_out in late
+    assert (slow_in in late) == (transport == "roce")
+    assert ring[0] not in late and ring[3] not in late
