@@ -38,10 +38,7 @@ def first_payload(ready: np.ndarray, i: np.ndarray, t: dict, g: Graph, world: in
     opens its two ring links late (one over TCP) while its peers' links open on time. Tree
     transfers wait for the subtree below and keep the group's start."""
     src_op = i[t["i"]]
-    if algorithm in ("tree", "double_tree"):
-        tree = (g.sync[src_op] >= 0) & np.isin(t["op"], [OP["all_reduce"]])
-    else:
-        tree = np.zeros(src_op.size, dtype=bool)
+    tree = (t["op"] == OP["all_reduce"]) & (algorithm in ("tree", "double_tree"))
     own = ready[src_op]
     if transport == "tcp":
         return np.where(tree, t["t0"], own)
