@@ -122,6 +122,14 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
                        control_flows=ctl.drop("_ctl", "_self"))
 
 
+def on_pairs(flows: pl.DataFrame, pairs) -> pl.DataFrame:
+    """The records between the two addresses of one of ``pairs`` (address pairs, either way round), in
+    either direction."""
+    keys = [f"{min(a, b)}|{max(a, b)}" for a, b in pairs]
+    return flows.filter((pl.min_horizontal("src_addr", "dst_addr") + "|" + pl.max_horizontal("src_addr", "dst_addr"))
+                        .is_in(keys))
+
+
 def burst_index(gap_ns: int, pair: tuple[str, str] = ("src_addr", "dst_addr"), start: str = "start_ns",
                 end: str = "end_ns") -> pl.Expr:
     """Per record of a frame sorted by pair, then start: the number (1, 2, ...) of its burst within its

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from rankscope.analysis.flow_features import on_pairs
 from rankscope.collectors.errors import ConfigError
 
 ROCE_PORT = 4791
@@ -178,9 +179,7 @@ def ranks_per_address(flows: pl.DataFrame, pairs: list[tuple[str, str]],
     proto = pl.col("protocol") if "protocol" in f.columns else pl.lit(None, pl.Int32)
     ports = pl.col("src_port").is_not_null() & pl.col("dst_port").is_not_null()
     # only the job's heavy pairs count (a stray control connection between two of its hosts is not its transport)
-    keys = [f"{min(a, b)}|{max(a, b)}" for a, b in pairs]
-    f = f.filter((pl.min_horizontal("src_addr", "dst_addr") + "|" + pl.max_horizontal("src_addr", "dst_addr"))
-                 .is_in(keys))
+    f = on_pairs(f, pairs)
     tcp = f.filter((proto == 6).fill_null(False) & ports)
     roce = f.filter((pl.col("dst_port") == ROCE_PORT).fill_null(False) & pl.col("src_port").is_not_null())
     with_qp = "dst_qp" in f.columns and roce.filter(pl.col("dst_qp").is_not_null()).height == roce.height

@@ -20,7 +20,7 @@ from collections import defaultdict
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.flow_features import MIN_BURST_GAP_NS
+from rankscope.analysis.flow_features import MIN_BURST_GAP_NS, on_pairs
 
 MIN_STAGE_END_GAP_NS = 1_000_000
 """two stages' gradient reductions ending closer than this vote nothing: exporters' clock offsets left
@@ -52,8 +52,7 @@ def dp_end_votes(flows: pl.DataFrame, dp_groups: list[list[str]], pipelines: lis
         return out
     group_of = {x: i for i, g in enumerate(dp_groups) for x in g}
     f = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
-    key = pl.min_horizontal("src_addr", "dst_addr") + "|" + pl.max_horizontal("src_addr", "dst_addr")
-    f = f.with_columns(k=key).filter(pl.col("k").is_in([f"{a}|{b}" for a, b in dp_pairs]))
+    f = on_pairs(f, dp_pairs)
     if f.is_empty():
         return out
     f = f.with_columns(g=pl.col("src_addr").replace_strict(group_of, default=-1, return_dtype=pl.Int64))

@@ -39,6 +39,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.diagnosis import Steps, Stragglers, Strategy
+from rankscope.analysis.flow_features import on_pairs
 from rankscope.analysis.flow_models import TWO_WAY
 
 OUTLIER_MADS = 6.0
@@ -72,10 +73,7 @@ def _dp_links(flow: pl.DataFrame, strategy: Strategy, pairs: frozenset = frozens
     gs = pl.col("src_addr").replace_strict(group, default=-1, return_dtype=pl.Int64)
     gd = pl.col("dst_addr").replace_strict(group, default=-2, return_dtype=pl.Int64)
     f = f.with_columns(g=gs).filter(pl.col("g") == gd)
-    if pairs:
-        key = pl.min_horizontal("src_addr", "dst_addr") + "|" + pl.max_horizontal("src_addr", "dst_addr")
-        f = f.filter(key.is_in([f"{a}|{b}" for a, b in pairs]))
-    return f
+    return on_pairs(f, pairs) if pairs else f
 
 
 def _robust(x: np.ndarray) -> tuple[float, float]:

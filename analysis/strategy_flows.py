@@ -15,7 +15,7 @@ import polars as pl
 
 from rankscope.analysis.diagnosis import Steps, Strategy
 from rankscope.analysis.flow_config import FlowConfig
-from rankscope.analysis.flow_features import heavy_edges, pair_traffic, undirected_edges
+from rankscope.analysis.flow_features import heavy_edges, on_pairs, pair_traffic, undirected_edges
 from rankscope.analysis.flow_groups import fit_grid, order_pipelines
 from rankscope.analysis.flow_jobs import address_key, components, flow_resolution_ns, merge_components
 from rankscope.analysis.flow_period import whole_step
@@ -164,10 +164,7 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     Needs flows (aligned) src_addr, dst_addr, start_ns. Boundaries are spaced
     one period apart from the first record of the periodic traffic.
     """
-    f = flows
-    if dp_pairs:
-        key = pl.min_horizontal("src_addr", "dst_addr") + "|" + pl.max_horizontal("src_addr", "dst_addr")
-        f = flows.filter(key.is_in([f"{a}|{b}" for a, b in dp_pairs]))
+    f = on_pairs(flows, dp_pairs) if dp_pairs else flows
     if f.height < 3:
         return Steps(extra={"evaluated": False, "why": "too few flow records to find steps", "source": "flows"})
     key = pl.concat_str(["src_addr", "dst_addr", "src_port", "dst_port"], separator="|", ignore_nulls=True)
