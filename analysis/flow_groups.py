@@ -403,6 +403,10 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
         adj[a].append(b)
         adj[b].append(a)
     walks = [(p, *_walk(p, adj)) if len(p) > 1 else (p, p, False) for p in fit.pipelines]
+    # each time is cut to a clock tick, so two times less than two ticks apart may be in either order:
+    # such a difference is no vote (one millisecond between two whole-job TCP records ordered a real
+    # 4-stage pipeline backwards, "clearly")
+    apart = 2 * int(resolution_ns)
     for _, path, cyclic in walks:
         links = [frozenset(x) for x in zip(path, path[1:] + ([path[0]] if cyclic else []))]
         # consecutive links x=(u,v), y=(v,w) along the walk: later first / earlier last on y says u->v->w
@@ -410,10 +414,10 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
             u, v = path[i], path[i + 1]
             s = 0.0
             f1, f2 = link_first.get(links[i]), link_first.get(links[i + 1])
-            if f1 is not None and f2 is not None and f1 != f2:
+            if f1 is not None and f2 is not None and abs(f2 - f1) >= apart:
                 s += 1.0 if f2 > f1 else -1.0
             l1, l2 = link_last.get(links[i]), link_last.get(links[i + 1])
-            if l1 is not None and l2 is not None and l1 != l2:
+            if l1 is not None and l2 is not None and abs(l2 - l1) >= apart:
                 s += 1.0 if l2 < l1 else -1.0
             if s:
                 vote(u, v, s)

@@ -155,3 +155,28 @@ def test_pipelines_without_order_votes_all_run_the_same_way_through_the_stages()
     stage_of = {x: k for p in truth for k, x in enumerate(p)}
     runs = {tuple(stage_of[x] for x in p) for p in pipes}
     assert runs in ({(0, 1, 2)}, {(2, 1, 0)})
+
+
+def test_link_times_one_clock_tick_apart_cast_no_stage_order_vote():
+    # a real 4-stage gloo pipeline over TCP (tests/integration/test_netns_strategy.py, millisecond
+    # softflowd stamps): one whole-job record per direction, all opening together and closing within a
+    # millisecond of each other; that tick ordered the pipeline backwards "clearly". Times cut to a tick
+    # less than two ticks apart may be in either order: no vote, so no claimed direction
+    from rankscope.analysis.flow_groups import GridFit, order_pipelines
+
+    ms = 1_000_000
+    path = ["10.0.0.2", "10.0.0.4", "10.0.0.1", "10.0.0.3"]
+    links = list(zip(path, path[1:]))
+
+    def order(last_ms):
+        edges = pl.DataFrame({"a": [a for a, _ in links], "b": [b for _, b in links],
+                              "first_ab": [0] * 3, "first_ba": [0] * 3, "last_link": [t * ms for t in last_ms]})
+        fit = GridFit(dp_groups=[[x] for x in path], pipelines=[sorted(path)], is_pp=np.ones(3, bool),
+                      valid=True, score=0.0)
+        return order_pipelines(fit, edges, resolution_ns=ms)
+
+    _, share = order([2413, 2414, 2414])
+    assert share == 0.0
+    # the last gradients leave each stage earlier going downstream, clearly apart: voted, first stage first
+    pipes, share = order([2420, 2416, 2412])
+    assert share == 1.0 and pipes == [path]
