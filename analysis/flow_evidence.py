@@ -197,20 +197,24 @@ def _writes_light(hosts: set[str], edges: pl.DataFrame) -> bool:
 
 
 STORAGE_ONE_WAY_SHARE = 0.5
-"""a storage or checkpoint server moves payload one way over most of its links (reads out, writes in);
-a collective's member moves payload both ways (tree, all-to-all, pairs) or has exactly one ring link in
-and one out."""
+"""a storage or checkpoint server moves payload one way, or lopsided, over most of its links (reads out,
+writes in, a client that reads more than it writes); a collective's member moves payload both ways in
+balance (tree, all-to-all, pairs, pipeline sends) or has exactly one ring link in and one out."""
 
 
 def storage_shaped(edges: pl.DataFrame, min_links: int = 3) -> pl.DataFrame:
-    """Per endpoint: heavy links, the share of them that carry payload one way, and whether that is a
-    server's shape (at least ``min_links`` links, over STORAGE_ONE_WAY_SHARE of them one-way, and not
-    the one-in-one-out of a ring member). Needs edges a, b, data_ab, data_ba (or bytes_ab, bytes_ba)."""
-    from rankscope.analysis.flow_models import TWO_WAY
+    """Per endpoint: heavy links, how many of them carry payload one way or lopsided (``one_way``: the
+    smaller direction under flow_models.BALANCED of the larger), and whether that is a server's shape
+    (at least ``min_links`` links, over STORAGE_ONE_WAY_SHARE of them one-way, and not the one-in-one-out
+    of a ring member). Every collective's and pipeline's link is one-way (a ring's, with its ACKs) or
+    balanced (activations and their gradients, a tree's reduce and broadcast): a link whose directions
+    carry 5-50 % of each other is a client's reads and writes. Needs edges a, b, data_ab, data_ba (or
+    bytes_ab, bytes_ba)."""
+    from rankscope.analysis.flow_models import BALANCED
 
     ab, ba = ("data_ab", "data_ba") if "data_ab" in edges.columns else ("bytes_ab", "bytes_ba")
     sym = (pl.min_horizontal(ab, ba) / pl.max_horizontal(ab, ba)).fill_nan(0.0).fill_null(0.0)
-    e = edges.with_columns(one_way=sym < TWO_WAY, a_sends=pl.col(ab) >= pl.col(ba))
+    e = edges.with_columns(one_way=sym < BALANCED, a_sends=pl.col(ab) >= pl.col(ba))
     both = pl.concat([
         e.select(n="a", one_way="one_way", out=pl.col("one_way") & pl.col("a_sends")),
         e.select(n="b", one_way="one_way", out=pl.col("one_way") & ~pl.col("a_sends"))])

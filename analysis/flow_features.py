@@ -23,7 +23,7 @@ MAJOR_CONNECTION_SHARE = 0.01
 """a connection (5-tuple) carrying less than this share of its address pair's bytes does not time the pair."""
 
 PAIR_COLUMNS = ("src", "dst", "bytes", "num_records", "first_ns", "last_ns", "data_bytes", "first_data_ns",
-                "bursts", "duty", "regular")
+                "bursts", "duty", "regular", "exporter")
 
 MIN_BURST_GAP_NS = 5_000_000
 """an idle gap shorter than this (or than 20 clock ticks) between a pair's payload records does not end a
@@ -38,7 +38,8 @@ class PairTraffic:
 
     pairs: pl.DataFrame
     """src, dst, bytes (sampling-scaled), num_records, first_ns, last_ns, data_bytes and first_data_ns
-    (records that carry payload, not the reverse ACK/CTS flow of a transfer or a connection set-up)."""
+    (records that carry payload, not the reverse ACK/CTS flow of a transfer or a connection set-up), and
+    the exporter whose clock those times are on."""
     training_flows: pl.DataFrame
     """the flow records that were kept (aligned, with est_bytes), for step finding."""
     control_flows: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -74,7 +75,8 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
         return PairTraffic(pl.DataFrame(schema={"src": pl.Utf8, "dst": pl.Utf8, "bytes": pl.Float64,
                                                 "num_records": pl.Int64, "first_ns": pl.Int64,
                                                 "last_ns": pl.Int64, "data_bytes": pl.Float64,
-                                                "first_data_ns": pl.Int64}), flow, {"records": 0})
+                                                "first_data_ns": pl.Int64, "exporter": pl.Utf8}), flow,
+                           {"records": 0})
     if "est_size_bytes" not in flow.columns:
         flow = flow.with_columns(est_size_bytes=pl.lit(None, pl.Int64))
     ports = list(cfg.control_ports)
@@ -106,7 +108,7 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
                                               pl.col("start_ns").filter(pl.col("is_data")).min())))
     # one exporter per directed pair: the one that saw the most bytes (the others saw the same transfer)
     pairs = (per_exp.sort("bytes", descending=True).group_by(["src_addr", "dst_addr"]).first()
-             .rename({"src_addr": "src", "dst_addr": "dst"}).drop("exporter"))
+             .rename({"src_addr": "src", "dst_addr": "dst"}))
     pairs = pairs.join(burst_duty(keep), on=["src", "dst"], how="left").sort(["src", "dst"])
     quality = {
         "records": int(flow.height),
@@ -178,7 +180,9 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
     pipeline link carries activations one way and gradients back). first_ab/first_ba are the first
     payload record of each direction (the pair's first record when it has no payload at all);
     last_link is the end of the link's last record, either direction; duty the larger busy share of a
-    burst period of the two directions and regular whether both burst regularly (null: not seen).
+    burst period of the two directions and regular whether both burst regularly (null: not seen);
+    same_clock whether one exporter timed both directions (null: a direction unseen, or pairs without
+    an exporter column).
     """
     p = pairs.with_columns(a=pl.min_horizontal("src", "dst"), b=pl.max_horizontal("src", "dst"),
                            fwd=pl.col("src") < pl.col("dst"))
@@ -193,7 +197,9 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
         num_records=pl.col("num_records").sum(),
         duty=pl.col("duty").max() if "duty" in pairs.columns else pl.lit(None, pl.Float64),
         regular=pl.when(pl.col("regular").is_not_null().any()).then(pl.col("regular").all())
-        .otherwise(None) if "regular" in pairs.columns else pl.lit(None, pl.Boolean))
+        .otherwise(None) if "regular" in pairs.columns else pl.lit(None, pl.Boolean),
+        same_clock=(pl.col("exporter").filter(pl.col("fwd")).first() == pl.col("exporter").filter(~pl.col("fwd")).first())
+        if "exporter" in pairs.columns else pl.lit(None, pl.Boolean))
     return e.with_columns(
         bytes=pl.col("bytes_ab") + pl.col("bytes_ba"),
         symmetry=pl.min_horizontal("bytes_ab", "bytes_ba") / pl.max_horizontal("bytes_ab", "bytes_ba"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_models import TWO_WAY
 
 MIN_PP_LAG_NS = 100_000
@@ -34,10 +35,17 @@ def direction_lag(edges: pl.DataFrame) -> np.ndarray:
     return np.abs(np.nan_to_num(fa - fb, nan=0.0))
 
 
-def lag_floor_ns(resolution_ns: int) -> float:
+def lag_floor_ns(resolution_ns: int, same_clock: bool | None = True,
+                 exporter_skew_ns: int = FlowConfig.max_exporter_skew_ns) -> float:
     """The direction lag below which a link's two first payloads tell nothing of which came first: the
-    timestamp noise (20 ticks) or a transport's ACKs (:data:`MIN_PP_LAG_NS`), whichever is larger."""
-    return max(20 * int(resolution_ns), MIN_PP_LAG_NS)
+    timestamp noise (20 ticks) or a transport's ACKs (:data:`MIN_PP_LAG_NS`), whichever is larger; and
+    when the two directions were timed by different exporters (``same_clock`` not True), the offset two
+    exporters' clocks may have (``FlowConfig.max_exporter_skew_ns``): alignment (clock_align) only
+    corrects exporters that saw the same 5-tuples. A RoCE link's reverse record opens with the ACKs
+    of the activations, so across two exporters its lag is their clocks' offset, not the pipeline's:
+    on the dev corpus, 5 ms offsets ordered 2-stage pipelines backwards at "voted clearly"."""
+    floor = max(20 * int(resolution_ns), MIN_PP_LAG_NS)
+    return floor if same_clock is True else max(floor, exporter_skew_ns)
 
 
 def pp_likeness(edges: pl.DataFrame, resolution_ns: int = 1, lag: np.ndarray | None = None) -> np.ndarray:

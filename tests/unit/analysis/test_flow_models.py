@@ -293,3 +293,29 @@ def test_a_correlation_peak_at_the_end_of_the_lag_window_is_no_rail_alignment():
     corr, bin_ns = rail_correlations(f, [0, 1, 2], FlowConfig(), 1_000_000)
     assert corr[(0, 1)][0] < 0.8 and corr[(1, 2)][0] < 0.8
     assert corr[(0, 2)][0] > 0.99 and corr[(0, 2)][1] * bin_ns == -8_000_000
+
+
+def test_a_server_whose_clients_read_and_write_is_peeled_by_its_lopsided_links():
+    # dev corpus (seed 5): an 8-stage interleaved pipeline (a cycle, its wrap link half as heavy) whose
+    # hosts write to four servers. Three servers take writes one way; the fourth also serves reads, so
+    # its links carry 15-25 % back, more than an ACK flow (5 %) and far from a pipeline's or a tree's
+    # balance. Counted as two-way, that server kept the set from any grid and the job went unrecognised
+    from rankscope.analysis.flow_evidence import peel_servers
+    from rankscope.analysis.flow_features import heavy_edges
+
+    hosts = [f"10.0.0.{i}" for i in range(1, 9)]
+    writes, mixed = ["10.0.0.9", "10.1.0.10", "10.0.0.11"], "10.1.0.12"
+    cycle = [(hosts[i], hosts[i + 1], 3.8e9, 3.8e9, 10 + i, 500 - i) for i in range(7)]
+    cycle.append((hosts[0], hosts[7], 1.9e9, 1.9e9, 10, 500))
+    rows = cycle + [(h, s, 1.0e9 + 1e8 * i, 3e6, 50, 50) for i, h in enumerate(hosts) for s in writes]
+    back = [0.15, 0.25, 0.0, 0.8, 0.2, 0.76, 0.14, 0.2]
+    rows += [(h, mixed, 1.4e9, 1.4e9 * r, 50, 50) for h, r in zip(hosts, back)]
+    servers = writes + [mixed]
+    rows += [(s, t, 3e8, 2.9e8, 70, 70) for i, s in enumerate(servers) for t in servers[i + 1:]]
+    e = _directed(rows)
+    assert not fit_grid(hosts + servers, e, FlowConfig()).valid
+    assert peel_servers(e, FlowConfig()) == set(servers)
+    heavy = heavy_edges(e)
+    assert _endpoints(heavy) == set(hosts)
+    fit = fit_grid(hosts, heavy, FlowConfig())
+    assert fit.valid and [len(p) for p in fit.pipelines] == [8]

@@ -157,6 +157,72 @@ def test_pipelines_without_order_votes_all_run_the_same_way_through_the_stages()
     assert runs in ({(0, 1, 2)}, {(2, 1, 0)})
 
 
+def test_two_stage_links_timed_on_two_exporters_vote_only_beyond_their_clock_skew():
+    # dev corpus (seed 4): a RoCE interleaved 2-stage pipeline, 64 links, each direction timed on its
+    # sender's exporter. The reverse records open with the activations' ACKs, so the two directions'
+    # first records are a few hundred microseconds apart, in the order of the exporters' offsets: 40
+    # links said one way and 24 the other. Summed, that read as a clear 16 and ordered the pipelines
+    # backwards at "voted clearly" against 5 of 5 steps of gradient reductions
+    from rankscope.analysis.flow_groups import GridFit, order_pipelines
+
+    rng = np.random.default_rng(0)
+    up = [f"10.0.0.{i}" for i in range(1, 65)]
+    down = [f"10.0.1.{i}" for i in range(1, 65)]
+    lag = rng.choice([-1, 1], 64, p=[0.62, 0.38]) * rng.uniform(200e3, 500e3, 64)  # ns; down first: -
+    edges = pl.DataFrame({"a": up, "b": down, "first_ab": [10**9] * 64,
+                          "first_ba": [int(10**9 + x) for x in lag]})
+    fit = GridFit(dp_groups=[up, down], pipelines=[sorted(p) for p in zip(up, down)], is_pp=np.ones(64, bool),
+                  valid=True, score=0.0)
+    reductions = {(0, 1): (5, 0), (1, 0): (0, 5)}  # stage 0's reductions end later in 5 of 5 steps
+    # one exporter for both directions: the lags vote, and 40 to 24 (+5) is no clear order
+    pipes, share = order_pipelines(fit, edges.with_columns(same_clock=pl.lit(True)), stage_votes=reductions)
+    n_down_first = int((lag < 0).sum())
+    assert share == pytest.approx(max(n_down_first, 69 - n_down_first) / 69)
+    assert share < 0.9
+    # two exporters: lags under their clocks' possible offset say nothing; the reductions order the
+    # stages, clearly
+    pipes, share = order_pipelines(fit, edges.with_columns(same_clock=pl.lit(False)), stage_votes=reductions)
+    assert share == 1.0 and all(p[0] in up for p in pipes)
+
+
+def test_a_pipeline_no_vote_reached_leaves_the_stage_order_unclaimed():
+    # dev corpus (seed 5): a 2-stage job on 4 rails; the gradient reductions voted on three rails, not on
+    # the fourth, whose pipelines ran the way the address rule guessed: the other way through the stages
+    # from the three voted rails, reported as "voted clearly"
+    from rankscope.analysis.flow_groups import GridFit, order_pipelines
+
+    # on every rail the stage holding the lower addresses is downstream
+    rails = [([f"10.0.{r}.{i}" for i in (3, 4)], [f"10.0.{r}.{i}" for i in (1, 2)]) for r in range(4)]
+    groups = [g for up, down in rails for g in (up, down)]
+    links = [[u, d] for up, down in rails for u, d in zip(up, down)]
+    edges = pl.DataFrame({"a": [min(x) for x in links], "b": [max(x) for x in links]}).with_columns(
+        first_ab=pl.lit(None, pl.Int64), first_ba=pl.lit(None, pl.Int64))
+    fit = GridFit(dp_groups=groups, pipelines=[sorted(x) for x in links], is_pp=np.ones(8, bool), valid=True,
+                  score=0.0)
+    voted = {}
+    for r in range(3):
+        voted[(2 * r, 2 * r + 1)], voted[(2 * r + 1, 2 * r)] = (4, 0), (0, 4)
+    pipes, share = order_pipelines(fit, edges, stage_votes=voted)
+    assert share == 0.0
+    # no direction claimed, and the pipelines still run alike through the stages (all by the address
+    # rule: lower addresses first), not three one way and the fourth the other
+    assert sorted(pipes) == sorted(x[::-1] for x in links)
+    voted[(6, 7)], voted[(7, 6)] = (4, 0), (0, 4)
+    pipes, share = order_pipelines(fit, edges, stage_votes=voted)
+    assert share == 1.0 and sorted(pipes) == sorted(links)  # every rail voted: upstream first
+
+
+def test_undirected_edges_say_whether_one_exporter_timed_both_directions():
+    from rankscope.analysis.flow_features import undirected_edges
+
+    pairs = pl.DataFrame({"src": ["a", "b", "a", "c"], "dst": ["b", "a", "c", "a"], "bytes": [1.0] * 4,
+                          "first_ns": [0] * 4, "first_data_ns": [0] * 4, "last_ns": [1] * 4,
+                          "data_bytes": [1.0] * 4, "num_records": [1] * 4,
+                          "exporter": ["x", "x", "x", "y"]})
+    e = undirected_edges(pairs)
+    assert dict(zip(e["b"], e["same_clock"])) == {"b": True, "c": False}
+
+
 def test_link_times_one_clock_tick_apart_cast_no_stage_order_vote():
     # a real 4-stage gloo pipeline over TCP (tests/integration/test_netns_strategy.py, millisecond
     # softflowd stamps): one whole-job record per direction, all opening together and closing within a
