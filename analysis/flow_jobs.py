@@ -112,8 +112,8 @@ def rail_correlations(flows: pl.DataFrame, comps: list[int], config: FlowConfig,
                       resolution_ns: int) -> tuple[dict[tuple[int, int], tuple[float, int]], int]:
     """Peak normalised cross-correlation (and its lag in bins) of the binned activity of each pair of
     components, over lags up to ``max_exporter_skew_ns``; returns it with the bin width. Activity is
-    seen two ways, bytes spread over each record and the instants records open and close; the
-    better-correlated view counts.
+    seen three ways, bytes spread over each record, the instants records open and close, and the
+    instants they open; the best-correlated view counts.
 
     Needs flows c (component), start_ns, end_ns, est_bytes. The bin is the coarser of
     ``sync_tolerance_ns`` and four timestamp ticks, so millisecond exporters still line up; the lag
@@ -136,10 +136,15 @@ def rail_correlations(flows: pl.DataFrame, comps: list[int], config: FlowConfig,
         # records open and close (all that is left when records last as long as the capture)
         spread = activity_series(st, en, g["est_bytes"].to_numpy().astype(float), t0, bin_ns, nbins)
         events = np.bincount(np.clip(np.r_[st - t0, en - t0] // bin_ns, 0, nbins - 1), minlength=nbins)
+        # the opens alone: a record opens at its first packet, when the rails' lockstep collectives start
+        # together, while its close may wait for the exporter's timers or the last rank to finish (rails
+        # of one job whose records last the whole job opened in the same tick and closed 16 ms apart)
+        opens = np.bincount(np.clip((st - t0) // bin_ns, 0, nbins - 1), minlength=nbins)
         # an instant near a bin edge lands in either bin: give each a neighbour on both sides
         events = np.convolve(events, np.ones(3), mode="same")
+        opens = np.convolve(opens, np.ones(3), mode="same")
         views = []
-        for x in (spread, events.astype(float)):
+        for x in (spread, events.astype(float), opens.astype(float)):
             x = x - x.mean()
             norm = float(np.sqrt((x * x).sum()))
             views.append(np.fft.rfft(x / norm, size) if norm > 0 else None)

@@ -319,3 +319,21 @@ def test_a_server_whose_clients_read_and_write_is_peeled_by_its_lopsided_links()
     assert _endpoints(heavy) == set(hosts)
     fit = fit_grid(hosts, heavy, FlowConfig())
     assert fit.valid and [len(p) for p in fit.pipelines] == [8]
+
+
+def test_rails_whose_records_last_the_whole_job_line_up_by_their_opens():
+    """Dev corpus (seed 4): an exporter whose active timeout outlasts the job writes one record per
+    connection. Two rails of one job then show two instants each: opens in the same millisecond tick,
+    closes 16 ms apart (the last reduction ends later on one rail). Opens and closes together correlate
+    at 0.47 and the rails were reported as two jobs; the opens alone line up. A job that starts 100 ms
+    later is no rail of it."""
+    rows = []
+    for c, (start, end) in enumerate([(260, 7752), (260, 7768), (360, 7852)]):
+        for k in range(12):
+            rows.append((c, start * 1_000_000, (end + (k % 2)) * 1_000_000, 1e9))
+    f = pl.DataFrame(rows, schema=["c", "start_ns", "end_ns", "est_bytes"], orient="row")
+    # the two rails alone span the window: their bytes, spread over the records, are flat
+    corr, _ = rail_correlations(f.filter(pl.col("c") < 2), [0, 1], FlowConfig(), 1_000_000)
+    assert corr[(0, 1)][0] >= 0.8
+    corr, _ = rail_correlations(f.filter(pl.col("c") != 1), [0, 2], FlowConfig(), 1_000_000)
+    assert corr[(0, 2)][0] < 0.8
