@@ -16,11 +16,11 @@ import polars as pl
 from rankscope.analysis.diagnosis import Steps, Strategy
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_features import heavy_edges, on_pairs, pair_traffic, undirected_edges
-from rankscope.analysis.flow_groups import fit_grid, order_pipelines
+from rankscope.analysis.flow_groups import fit_grid
 from rankscope.analysis.flow_jobs import address_key, components, flow_resolution_ns, merge_components
 from rankscope.analysis.flow_period import whole_step
 from rankscope.analysis.flow_ranks_per_address import degrees_with_hidden_ranks, ranks_per_address
-from rankscope.analysis.flow_stage_order import dp_end_votes
+from rankscope.analysis.flow_stage_order import dp_end_votes, order_pipelines
 from rankscope.analysis.timelines import period_steps, step_period
 
 
@@ -93,7 +93,7 @@ jobs whose groups were right; (k + 1) / (n + 2) = 0.993, rounded down."""
 SPLIT_ORDER_CONFIDENCE = 0.94
 """chance the stage order is right when votes exist but are split: dev corpora (seeds 1-5, 220 jobs each)
 15 of 15 right once each direction's votes are tallied apart (the minority of the link votes counting
-against the share, flow_groups.order_pipelines); (k + 1) / (n + 2) = 0.94. Before that tally only
+against the share, flow_stage_order.order_pipelines); (k + 1) / (n + 2) = 0.94. Before that tally only
 the gradient-reduction votes could split: 6 of 6 on seeds 1 and 2 gave 0.87. The former rule,
 2 * share - 1, gave these 0.0-0.5 and they were right every time."""
 TIE_BROKEN_CONFIDENCE = {"wrap": 0.97, "misfit": 0.9}
@@ -108,7 +108,7 @@ pipeline listed against the others' direction); 0.909, rounded down. 20 ties sto
 DP-pair jobs whose alternatives hold no cycle."""
 TIE_CLASSES = {"wrap": "tie broken by a short wrap link", "misfit": "tie broken: no pipeline fits the bytes"}
 UNVOTED_ORDER_CONFIDENCE = 0.5
-"""no link showed the stage order: the pipelines (oriented alike, flow_groups.order_pipelines) run one
+"""no link showed the stage order: the pipelines (oriented alike, flow_stage_order.order_pipelines) run one
 way or the other, and which is a coin flip. Address order is no evidence: hosts are numbered in rank
 order on some fabrics and not on others (Kubernetes pod IPs), and nothing in the traffic tells which
 (dev corpus: 5 such jobs, all with scattered hosts; 4 happened to be listed first to last)."""

@@ -140,7 +140,8 @@ def test_pipelines_without_order_votes_all_run_the_same_way_through_the_stages()
     # addresses that do not follow the ranks, and no link time on any pipeline link: nothing votes on
     # the direction, yet the pipelines form one grid, so they must all run the same way through the
     # stages (DP groups); walking each from its lowest address would flip some of them
-    from rankscope.analysis.flow_groups import GridFit, order_pipelines
+    from rankscope.analysis.flow_groups import GridFit
+    from rankscope.analysis.flow_stage_order import order_pipelines
 
     truth = [["10.0.0.7", "10.0.0.2", "10.0.0.5"], ["10.0.0.1", "10.0.0.9", "10.0.0.4"],
              ["10.0.0.8", "10.0.0.3", "10.0.0.6"]]
@@ -163,7 +164,8 @@ def test_two_stage_links_timed_on_two_exporters_vote_only_beyond_their_clock_ske
     # first records are a few hundred microseconds apart, in the order of the exporters' offsets: 40
     # links said one way and 24 the other. Summed, that read as a clear 16 and ordered the pipelines
     # backwards at "voted clearly" against 5 of 5 steps of gradient reductions
-    from rankscope.analysis.flow_groups import GridFit, order_pipelines
+    from rankscope.analysis.flow_groups import GridFit
+    from rankscope.analysis.flow_stage_order import order_pipelines
 
     rng = np.random.default_rng(0)
     up = [f"10.0.0.{i}" for i in range(1, 65)]
@@ -189,7 +191,8 @@ def test_a_pipeline_no_vote_reached_leaves_the_stage_order_unclaimed():
     # dev corpus (seed 5): a 2-stage job on 4 rails; the gradient reductions voted on three rails, not on
     # the fourth, whose pipelines ran the way the address rule guessed: the other way through the stages
     # from the three voted rails, reported as "voted clearly"
-    from rankscope.analysis.flow_groups import GridFit, order_pipelines
+    from rankscope.analysis.flow_groups import GridFit
+    from rankscope.analysis.flow_stage_order import order_pipelines
 
     # on every rail the stage holding the lower addresses is downstream
     rails = [([f"10.0.{r}.{i}" for i in (3, 4)], [f"10.0.{r}.{i}" for i in (1, 2)]) for r in range(4)]
@@ -228,7 +231,8 @@ def test_link_times_one_clock_tick_apart_cast_no_stage_order_vote():
     # softflowd stamps): one whole-job record per direction, all opening together and closing within a
     # millisecond of each other; that tick ordered the pipeline backwards "clearly". Times cut to a tick
     # less than two ticks apart may be in either order: no vote, so no claimed direction
-    from rankscope.analysis.flow_groups import GridFit, order_pipelines
+    from rankscope.analysis.flow_groups import GridFit
+    from rankscope.analysis.flow_stage_order import order_pipelines
 
     ms = 1_000_000
     path = ["10.0.0.2", "10.0.0.4", "10.0.0.1", "10.0.0.3"]
