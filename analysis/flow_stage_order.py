@@ -95,17 +95,16 @@ def dp_end_votes(flows: pl.DataFrame, dp_groups: list[list[str]], pipelines: lis
     return out
 
 
-def _link_times(pe: pl.DataFrame) -> tuple[dict, dict, dict]:
-    """(first payload per direction, first payload per link, last record per link) of pipeline links."""
-    first, link_first, link_last = {}, {}, {}
+def _link_times(pe: pl.DataFrame) -> tuple[dict, dict]:
+    """(first payload per link, last record per link) of pipeline links."""
+    link_first, link_last = {}, {}
     has_last = "last_link" in pe.columns
     for row in pe.iter_rows(named=True):
         a, b, fa, fb = row["a"], row["b"], row["first_ab"], row["first_ba"]
-        first[(a, b)], first[(b, a)] = fa, fb
         t = min((x for x in (fa, fb) if x is not None), default=None)
         link_first[frozenset((a, b))] = t
         link_last[frozenset((a, b))] = row["last_link"] if has_last else None
-    return first, link_first, link_last
+    return link_first, link_last
 
 
 def _link_bytes(pe: pl.DataFrame) -> dict:
@@ -171,7 +170,7 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
     """
     stage_key = {x: i for i, g in enumerate(fit.dp_groups) for x in g}
     pe = edges.filter(pl.Series(fit.is_pp))
-    first, link_first, link_last = _link_times(pe)
+    link_first, link_last = _link_times(pe)
     # pro[(i, j)]: the weight of the votes that stage i is upstream of stage j. The two ways are kept
     # apart, so that the minority counts against the agreement: 64 links between two stages voting 40
     # to 24 are noise, not a clear 16 (a RoCE interleaved pipeline whose ACK-opened reverse records
