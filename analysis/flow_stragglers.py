@@ -85,7 +85,9 @@ def link_rates(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     """Payload rate of every directed link between the job's endpoints, and how well it is measured.
 
     Columns src_addr, dst_addr, g (the DP group both ends share, else -1), b (bytes), d (open time), n
-    (records), vol (all its payload bytes, records of any length), pk (exported packets), rate, noise (relative sd of the rate), trusted. Records shorter
+    (records), rb (its typical record's bytes: the bytes-weighted mean, so that a short record the exporter
+    cut off a transfer's tail does not halve it), vol (all its payload bytes, records of any length), pk
+    (exported packets), rate, noise (relative sd of the rate), trusted. Records shorter
     than ten clock ticks have no measurable rate; records longer than a step hold idle time (the
     exporter's timeouts let them run over several steps) and measure the job's duty cycle, not the link.
     Needs flow src_addr, dst_addr, est_bytes, start_ns, end_ns; is_data, num_packets, sampling_rate if known.
@@ -99,7 +101,8 @@ def link_rates(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     pk = pl.col("num_packets").fill_null(0) if sampled else pl.lit(0)
     rate = pl.col("sampling_rate").fill_null(1).clip(lower_bound=1) if sampled else pl.lit(1)
     links = f.group_by("src_addr", "dst_addr").agg(
-        b=pl.col("est_bytes").sum(), d=pl.col("d").sum(), n=pl.len(), pk=pk.sum(), smp=(rate > 1).any())
+        b=pl.col("est_bytes").sum(), b2=(pl.col("est_bytes") ** 2).sum(), d=pl.col("d").sum(), n=pl.len(),
+        pk=pk.sum(), smp=(rate > 1).any())
     group = _group_of(strategy)
     gs = pl.col("src_addr").replace_strict(group, default=-1, return_dtype=pl.Int64)
     gd = pl.col("dst_addr").replace_strict(group, default=-2, return_dtype=pl.Int64)
@@ -108,7 +111,7 @@ def link_rates(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     tick = 0.41 * resolution_ns * pl.col("n").sqrt() / pl.col("d")
     smp = pl.when(pl.col("smp")).then(1.0 / pl.col("pk").clip(lower_bound=1).sqrt()).otherwise(0.0)
     return links.with_columns(
-        g=pl.when(gs == gd).then(gs).otherwise(-1), rate=pl.col("b") / pl.col("d"),
+        g=pl.when(gs == gd).then(gs).otherwise(-1), rate=pl.col("b") / pl.col("d"), rb=pl.col("b2") / pl.col("b"),
         noise=(tick ** 2 + smp ** 2).sqrt(),
         trusted=~pl.col("smp") | (pl.col("pk") >= MIN_PACKETS)).filter(pl.col("b") > 0).join(
         vol, on=["src_addr", "dst_addr"], how="left")
@@ -173,7 +176,7 @@ def _slow_endpoints(other: pl.DataFrame) -> tuple[set, dict]:
     and that median; other links are pipeline sends and receives."""
     if other.height >= 3:
         # links whose records hold the usual bytes (see slow_group: bigger records hold gaps too)
-        bpr = (other["b"] / other["n"]).to_numpy()
+        bpr = other["rb"].to_numpy()
         other = other.filter(pl.Series(np.abs(np.log(bpr / np.median(bpr))) <= np.log(PEER_BYTES)))
     if other.height < 3:
         return set(), {}
@@ -197,7 +200,7 @@ def slow_group(links: pl.DataFrame, strategy: Strategy, num_steps: int) -> dict 
     dp, other = t.filter(pl.col("g") >= 0), t.filter(pl.col("g") < 0)
     slow_ends, other_stats = _slow_endpoints(other)
     groups = dp.group_by("g").agg(lr=pl.col("rate").log().median(), vol=pl.col("vol").median(),
-                                  bpr=(pl.col("b") / pl.col("n")).median(), n=pl.len()).sort("lr")
+                                  bpr=pl.col("rb").median(), n=pl.len()).sort("lr")
     if groups.height >= 2:
         # a ring is compared only with rings that move the same bytes (the same collective: other TP
         # ranks' rings, stages of equal size; small or latency-bound collectives run slower by design)

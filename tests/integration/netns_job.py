@@ -117,8 +117,9 @@ def _free_port() -> int:
 class Fabric:
     """N namespaces on one flooding bridge; a context manager that always cleans up."""
 
-    def __init__(self, nodes: int):
+    def __init__(self, nodes: int, nic_rates: dict[int, str] | None = None):
         tag = secrets.token_hex(2)
+        self.nic_rates = dict(nic_rates or {})
         self.bridge = f"rsb{tag}"
         self.namespaces = [f"rs{tag}n{k}" for k in range(nodes)]
         self.host_ends = [f"rs{tag}h{k}" for k in range(nodes)]
@@ -138,6 +139,12 @@ class Fabric:
                 _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
                 _sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", inner)
                 _sh("ip", "netns", "exec", ns, "ip", "link", "set", inner, "gso_max_size", "1500", "up")
+            for k, rate in self.nic_rates.items():
+                # a slow NIC runs slow both ways: its sends (the namespace's end) and what the bridge
+                # delivers to it (the host end), each a token bucket at ``rate``
+                tbf = ("root", "tbf", "rate", rate, "burst", "16kb", "latency", "500ms")
+                _sh("ip", "netns", "exec", self.namespaces[k], "tc", "qdisc", "add", "dev", self.ns_ends[k], *tbf)
+                _sh("tc", "qdisc", "add", "dev", self.host_ends[k], *tbf)
         except subprocess.CalledProcessError as e:
             self.__exit__(None, None, None)
             raise RuntimeError(f"fabric set-up failed: {' '.join(e.cmd)}: {e.stderr.strip()}") from e
@@ -288,7 +295,8 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                          node_order: list[int] | None = None, steps: int = 4, hidden: int = 256,
                          microbatch_size: int = 32, step_sleep_ms: float = 0.0,
                          flow_timeouts: tuple[str, ...] = ("maxlife=2", "expint=1"), lazy_connect: bool = False,
-                         job_args: tuple[str, ...] = (), timeout_s: float = 240.0) -> PlacedNetnsJobResult:
+                         job_args: tuple[str, ...] = (), timeout_s: float = 240.0,
+                         nic_rates: dict[int, str] | None = None) -> PlacedNetnsJobResult:
     """Like :func:`run_netns_job`, with the placement of ranks chosen by the caller.
 
     ``ranks_per_node`` processes run in each namespace (they share its address;
@@ -298,6 +306,7 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
     k, so address order need not follow rank or stage order. ``flow_timeouts``
     are softflowd's ``-t`` settings; with an idle timeout shorter than
     ``step_sleep_ms`` every step's records start at that step's first packet.
+    ``nic_rates[k]`` (a tc rate such as ``"50mbit"``) makes namespace k's NIC slow, both ways.
     """
     workdir = Path(workdir)
     order = list(range(nodes)) if node_order is None else list(node_order)
@@ -308,7 +317,7 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
     flow_port, master_port = _free_port(), 29500 + secrets.randbelow(2000)
     collector = softflowd = None
     procs: list[subprocess.Popen] = []
-    with Fabric(nodes) as fab:
+    with Fabric(nodes, nic_rates) as fab:
         master = fab.addresses[order.index(0)]
         try:
             collector = subprocess.Popen(

@@ -116,6 +116,23 @@ def test_a_ring_whose_records_hold_two_collectives_is_not_compared():
     assert slow_group(links, strat, 6) is None
 
 
+def test_a_slow_ring_whose_transfers_the_exporter_cut_in_two_is_still_compared():
+    # softflowd on a real slow ring cut one direction's transfer into a record and a short tail in four
+    # of six steps (tests/data/netns_gloo): the ring still moves the same bytes a step in records of the
+    # same typical size, so it is compared with its peers and found slow
+    f, strat = _grid_records(slow="10.1.2.1", pp_links=False)
+    ring = {a for g in strat.dp_groups if "10.1.2.1" in g for a in g}
+    cut = (pl.col("src_addr").is_in(list(ring)) & (pl.col("start_ns") // STEP % 3 != 0))
+    head = f.filter(cut).with_columns(end_ns=pl.col("start_ns") + (pl.col("end_ns") - pl.col("start_ns")) * 19 // 20,
+                                      est_bytes=pl.col("est_bytes") * 0.95)
+    tail = f.filter(cut).with_columns(start_ns=pl.col("start_ns") + (pl.col("end_ns") - pl.col("start_ns")) * 19 // 20,
+                                      est_bytes=pl.col("est_bytes") * 0.05)
+    f = pl.concat([f.filter(~cut), head, tail]).sort("start_ns")
+    st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1)
+    assert st.verdict == "communication", st.extra
+    assert "10.1.2.1" in st.extra["culprits"]["communication"]["ranks"]
+
+
 def test_sampled_links_with_few_packets_are_not_trusted():
     f = _frame([("a", "b", 0, 1000, 1e6, True), ("b", "c", 0, 1000, 1e6, True)]).with_columns(
         num_packets=pl.Series([5, 500]), sampling_rate=pl.lit(100))

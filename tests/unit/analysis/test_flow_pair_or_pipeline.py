@@ -100,3 +100,26 @@ def test_dp_end_votes_need_ends_clearly_apart():
                           .then(pl.col("end_ns") + 25 * MS).otherwise(pl.col("end_ns")))
     v = dp_end_votes(late, groups, pipes, {("a0", "a1"), ("b0", "b1")}, MS)
     assert v[(0, 1)] == (5, 0) and v[(1, 0)] == (0, 5)  # the last burst may hold the shutdown: not counted
+
+
+def test_dp_end_votes_need_most_steps_to_agree():
+    from rankscope.analysis.flow_stage_order import dp_end_votes
+
+    rows = _link("a0", "a1", [(300 * k + 237, 300 * k + 297) for k in range(6)], 4e8, 1) \
+        + _link("b0", "b1", [(300 * k + 237, 300 * k + 297) for k in range(6)], 4e8, 2)
+    groups, pipes, pairs = [["a0", "a1"], ["b0", "b1"]], [["a0", "b0"], ["a1", "b1"]], {("a0", "a1"), ("b0", "b1")}
+    # a real gloo DP2 x PP2 job: the stages' reductions ended -6, -32, +20, +14, +3 ms apart (+: a later);
+    # the one step past the blur is no stage order
+    shift = {300 * k + 297: d for k, d in enumerate((-6, -32, 20, 14, 3, 0))}
+    f = pl.DataFrame(rows).with_columns(end_ns=pl.when(pl.col("src_addr").str.starts_with("a"))
+                                        .then(pl.col("end_ns") + (pl.col("end_ns") - T0).floordiv(MS)
+                                              .replace_strict(shift, default=0) * MS)
+                                        .otherwise(pl.col("end_ns")))
+    assert dp_end_votes(f, groups, pipes, pairs, MS) == {}
+    # three of five steps clearly one way, one the other: the order stands, with its minority
+    shift = {300 * k + 297: d for k, d in enumerate((25, 30, -40, 28, 3, 0))}
+    f = pl.DataFrame(rows).with_columns(end_ns=pl.when(pl.col("src_addr").str.starts_with("a"))
+                                        .then(pl.col("end_ns") + (pl.col("end_ns") - T0).floordiv(MS)
+                                              .replace_strict(shift, default=0) * MS)
+                                        .otherwise(pl.col("end_ns")))
+    assert dp_end_votes(f, groups, pipes, pairs, MS) == {(0, 1): (3, 1), (1, 0): (1, 3)}
