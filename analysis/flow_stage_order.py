@@ -56,8 +56,9 @@ def _burst_ends(t: pl.DataFrame, gap_ns: int) -> np.ndarray:
 def dp_end_votes(flows: pl.DataFrame, dp_groups: list[list[str]], pipelines: list[list[str]],
                  dp_pairs: set[tuple[str, str]], resolution_ns: int) -> dict[tuple[int, int], tuple[int, int]]:
     """Per ordered pair of DP groups (i, j) joined by a pipeline link: (steps voting i upstream of j,
-    steps voting j upstream of i); a pair is left out unless most of its matched steps vote the same way. Needs flows src_addr, dst_addr, start_ns, end_ns (is_data if present);
-    ``dp_pairs``: the job's data-parallel links as (a, b) address pairs."""
+    steps voting j upstream of i); a pair is left out unless most of its matched steps vote the same way.
+    Needs flows src_addr, dst_addr, start_ns, end_ns (is_data if present); ``dp_pairs``: the job's
+    data-parallel links as (a, b) address pairs."""
     out: dict[tuple[int, int], tuple[int, int]] = {}
     if flows.is_empty() or not dp_pairs or len(dp_groups) < 2:
         return out

@@ -489,7 +489,8 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
         else:
             ev["slow_links"].append({"rank": x["culprit"], "factor": x["factor"], "steps": [],
                                      "slow_transfers": len(x["links"]), "transfers": int(links.height)})
-            culprits.setdefault("communication", {"rank": x["culprit"], "transfer_ratio": x["factor"]})
+            culprits.setdefault("communication", {"rank": x["culprit"], "transfer_ratio": x["factor"],
+                                                  **({"labelling": x["labelling"]} if "labelling" in x else {})})
     return Stragglers(slowdown=s, verdict=verdict, by_cause={cause: 1.0}, top_workers=top,
                       waste_fraction=round(1 - 1 / s, 4),
                       extra={**base, "findings_flows": found, "evidence": ev, "culprits": culprits, "steps": []})
