@@ -49,8 +49,10 @@ SLOW_FACTOR = 1.5
 groups (and pipeline links) that carry different collectives differ by some tens of per cent when
 records hold compute gaps, so a smaller difference is no evidence of a fault."""
 PEER_BYTES = 1.25
-"""within this factor: DP rings whose links cut their bytes into as many records are peers; a pipeline
-link holds the usual bytes per record."""
+"""a DP ring is a peer of a slower ring only if its links cut their bytes into at most this factor as
+many records (one-sided: fewer, longer records can hold the gap between two collectives and read slow,
+but a slow ring's transfers outlast the exporter's active timeout and are cut into more); a pipeline
+link holds the usual bytes per record within this factor."""
 PEER_VOLUME = 2.0
 """and when their links move bytes within this factor of each other: each stage's ring moves its stage's
 gradients, and the first and last stages also hold the embedding and the output layer (the two stages of
@@ -86,14 +88,24 @@ def _robust(x: np.ndarray) -> tuple[float, float]:
     return med, float(1.4826 * np.median(np.abs(x - med)))
 
 
+def _busy(f: pl.DataFrame) -> pl.DataFrame:
+    """Wall time each directed link had a record open (the union of its records: connections of one
+    link, one per queue pair or rank, run side by side and their open times overlap)."""
+    link = ["src_addr", "dst_addr"]
+    f = f.sort(*link, "start_ns").with_columns(reach=pl.col("end_ns").cum_max().over(link))
+    seg = (pl.col("start_ns") > pl.col("reach").shift(1).over(link)).fill_null(True).cum_sum().over(link)
+    spans = f.with_columns(seg=seg).group_by(*link, "seg").agg(t=pl.col("end_ns").max() - pl.col("start_ns").min())
+    return spans.group_by(link).agg(busy=pl.col("t").sum())
+
+
 def link_rates(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolution_ns: int) -> pl.DataFrame:
     """Payload rate of every directed link between the job's endpoints, and how well it is measured.
 
-    Columns src_addr, dst_addr, g (the DP group both ends share, else -1), b (bytes), d (open time), n
-    (records), rb (its typical record's bytes: the bytes-weighted mean, so that a short record the exporter
-    cut off a transfer's tail does not halve it), vol (all its payload bytes, records of any length), pk
-    (exported packets), rate, noise (relative sd of the rate), trusted. Records shorter
-    than ten clock ticks have no measurable rate; records longer than a step hold idle time (the
+    Columns src_addr, dst_addr, g (the DP group both ends share, else -1), b (bytes), d (open time, summed
+    over records), busy (wall time some record was open), n (records), rb (its typical record's bytes: the
+    bytes-weighted mean, so that a short record the exporter cut off a transfer's tail does not halve it),
+    vol (all its payload bytes, records of any length), pk (exported packets), rate, noise (relative sd of
+    the rate), trusted. Records shorter than ten clock ticks have no measurable rate; records longer than a step hold idle time (the
     exporter's timeouts let them run over several steps) and measure the job's duty cycle, not the link.
     Needs flow src_addr, dst_addr, est_bytes, start_ns, end_ns; is_data, num_packets, sampling_rate if known.
     """
@@ -107,7 +119,7 @@ def link_rates(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     rate = pl.col("sampling_rate").fill_null(1).clip(lower_bound=1) if sampled else pl.lit(1)
     links = f.group_by("src_addr", "dst_addr").agg(
         b=pl.col("est_bytes").sum(), b2=(pl.col("est_bytes") ** 2).sum(), d=pl.col("d").sum(), n=pl.len(),
-        pk=pk.sum(), smp=(rate > 1).any())
+        pk=pk.sum(), smp=(rate > 1).any()).join(_busy(f), on=["src_addr", "dst_addr"])
     group = _group_of(strategy)
     gs = pl.col("src_addr").replace_strict(group, default=-1, return_dtype=pl.Int64)
     gd = pl.col("dst_addr").replace_strict(group, default=-2, return_dtype=pl.Int64)
@@ -123,8 +135,11 @@ def link_rates(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
 
 
 def _extra_per_step(sel: pl.DataFrame, ref_rate: float, num_steps: int) -> float:
-    """Time per step the links spent beyond what the reference rate needs for their bytes."""
-    return float((sel["d"] - sel["b"] / ref_rate).clip(lower_bound=0).max()) / max(num_steps, 1)
+    """Wall time per step the links were busy beyond what the reference rate needs for their bytes
+    (their busy time less the share the faster rate saves; not the records' summed open time, which
+    counts parallel connections once each)."""
+    saved = (sel["busy"] * (1 - sel["rate"] / ref_rate)).clip(lower_bound=0)
+    return float(saved.max()) / max(num_steps, 1)
 
 
 def slow_links(links: pl.DataFrame, num_steps: int) -> dict | None:
@@ -210,11 +225,13 @@ def slow_group(links: pl.DataFrame, strategy: Strategy, num_steps: int) -> dict 
     if groups.height >= 2:
         # a ring is compared only with rings that move about the same bytes (the same collective: other
         # TP ranks' rings, the other stages' gradients; small or latency-bound collectives run slower by
-        # design) in as many records: a record that holds two collectives (an exporter with a longer idle
-        # timeout) measures the gap between them as well
+        # design) in no fewer records: a record that holds two collectives (an exporter with a longer idle
+        # timeout) measures the gap between them as well. More records are no objection: the slow ring's
+        # own transfers last longer and the exporter's active timeout cuts them more often (a DP8xPP4xTP2
+        # RoCE job: 44 records a link on the slow ring, 33 on its peers)
         lrs, vols, recs = groups["lr"].to_numpy(), groups["vol"].to_numpy(), groups["recs"].to_numpy()
         peers = ((np.abs(np.log(vols / vols[0])) <= np.log(PEER_VOLUME))
-                 & (np.abs(np.log(recs / recs[0])) <= np.log(PEER_BYTES)))
+                 & (recs <= recs[0] * PEER_BYTES))
         peers[0] = False
         if not peers.any():
             return None

@@ -133,6 +133,32 @@ def test_a_slow_ring_whose_transfers_the_exporter_cut_in_two_is_still_compared()
     assert "10.1.2.1" in st.extra["culprits"]["communication"]["ranks"]
 
 
+def test_a_slow_ring_whose_transfers_the_exporter_cut_into_more_records_is_still_compared():
+    # a slow ring's transfers outlast the exporter's active timeout more often: cut into three records
+    # where its peers' fit in one (a simulated DP8xPP4xTP2 RoCE job: 44 records a link against 33)
+    f, strat = _grid_records(slow="10.1.2.1", pp_links=False)
+    ring = {a for g in strat.dp_groups if "10.1.2.1" in g for a in g}
+    on = pl.col("src_addr").is_in(list(ring))
+    d = pl.col("end_ns") - pl.col("start_ns")
+    thirds = [f.filter(on).with_columns(start_ns=pl.col("start_ns") + d * i // 3, end_ns=pl.col("start_ns") + d * (i + 1) // 3,
+                                        est_bytes=pl.col("est_bytes") / 3) for i in range(3)]
+    f = pl.concat([f.filter(~on), *thirds]).sort("start_ns")
+    res = slow_group(link_rates(f, strat, STEP, 1), strat, 6)
+    assert res is not None and res["factor"] > 2.5 and "10.1.2.1" in res["members"]
+
+
+def test_parallel_connections_on_a_link_count_their_wall_time_once():
+    # RoCE jobs open several queue pairs per link (and gloo a connection per rank pair): their records
+    # overlap, and the time a 3x slow ring costs a step is what its busy time would shrink by, 0.4 s of
+    # its 0.6 s; the records' summed open time counted 1.6 s a step, longer than the step
+    f, strat = _grid_records(slow="10.1.2.1", pp_links=False)
+    f = pl.concat([f.with_columns(est_bytes=pl.col("est_bytes") / 4)] * 4)
+    res = slow_group(link_rates(f, strat, STEP, 1), strat, 6)
+    assert res is not None and abs(res["extra_ns"] - 0.4 * STEP) < 0.05 * STEP, res["extra_ns"]
+    st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1)
+    assert st.verdict == "communication" and 1.5 < st.slowdown < 1.9, st.slowdown
+
+
 def test_sampled_links_with_few_packets_are_not_trusted():
     f = _frame([("a", "b", 0, 1000, 1e6, True), ("b", "c", 0, 1000, 1e6, True)]).with_columns(
         num_packets=pl.Series([5, 500]), sampling_rate=pl.lit(100))
