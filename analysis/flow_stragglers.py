@@ -462,14 +462,17 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
         base["link_rates"]["why"] = f"every link holds fewer than {MIN_PACKETS} sampled packets"
     dp = _dp_links(flow, strategy, dp_pairs)
     # late ring sends: in a tree all-reduce a member sends up only once its children's data arrived, so
-    # its sends are late by design; and lateness needs the steps where they are
+    # its sends are late by design; and lateness needs the steps where they are. A period that may be a
+    # whole multiple of the step (the exporter hid some steps) still groups whole steps: a late member's
+    # links open late in each of them against its group's, so only a period that does not repeat
+    # clearly keeps lateness out
     kinds = (strategy.extra or {}).get("dp_group_kinds")
     rings = kinds is None or set(kinds) <= {"ring", "pair"}
-    late = (late_senders(dp, step, resolution_ns, strategy.pp_groups)
-            if rings and not steps.extra.get("ambiguous") else None)
+    weak = bool(steps.extra.get("period_weak"))
+    late = late_senders(dp, step, resolution_ns, strategy.pp_groups) if rings and not weak else None
     base["late_dp_links"] = (
         "not evaluated: in a tree all-reduce members send up only once their children's data arrived"
-        if not rings else "not evaluated: the step time is ambiguous" if steps.extra.get("ambiguous")
+        if not rings else "not evaluated: the traffic does not repeat clearly at the step time found" if weak
         else "no DP link opens consistently late" if late is None else late["kind"])
     if late is None or not late.get("culprit"):
         late = late_stage(flow, strategy, step, resolution_ns) or late

@@ -226,6 +226,7 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     extra["longest_record_cover"] = round(long_frac, 3)
     if whole and whole["weak"]:
         extra["ambiguous"] = True
+        extra["period_weak"] = True
         extra["why"] = "the job's traffic does not repeat clearly at this period: the step time is uncertain"
         if whole.get("short"):
             extra["why"] = ("the capture holds this period fewer than twice: nothing confirms it, and it may "

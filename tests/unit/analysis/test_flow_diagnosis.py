@@ -5,7 +5,13 @@ import polars as pl
 
 from rankscope.analysis.diagnosis import Steps, Strategy
 from rankscope.analysis.flow_period import whole_step
-from rankscope.analysis.flow_stragglers import flow_straggler_section, late_stage, link_rates, slow_group
+from rankscope.analysis.flow_stragglers import (
+    flow_straggler_section,
+    late_senders,
+    late_stage,
+    link_rates,
+    slow_group,
+)
 from rankscope.analysis.strategy_flows import flow_steps
 
 STEP = 1_000_000_000
@@ -157,6 +163,35 @@ def test_parallel_connections_on_a_link_count_their_wall_time_once():
     assert res is not None and abs(res["extra_ns"] - 0.4 * STEP) < 0.05 * STEP, res["extra_ns"]
     st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1)
     assert st.verdict == "communication" and 1.5 < st.slowdown < 1.9, st.slowdown
+
+
+def _late_ring_records(late="h3", n=6, steps=9, late_ns=200_000_000):
+    """One RoCE DP ring; member ``late`` arrives late every step, so it opens its link to the next
+    member late and the previous member's link to it too (its writes wait for the posted buffers)."""
+    rng = np.random.default_rng(5)
+    ring = [f"h{i}" for i in range(n)]
+    rows = []
+    for s in range(steps):
+        for i in range(n):
+            src, dst = ring[i], ring[(i + 1) % n]
+            t = s * STEP + 600_000_000 + int(rng.normal(0, 1_000_000)) + (late_ns if late in (src, dst) else 0)
+            rows.append((src, dst, t, t + 150_000_000, 4e9, True))
+    return _frame(rows), Strategy(dp=n, pp=1, dp_groups=[ring], pp_groups=[[a] for a in ring])
+
+
+def test_a_late_ring_member_is_named_even_when_the_period_found_is_a_multiple_of_the_step():
+    f, strat = _late_ring_records()
+    dp = f.with_columns(g=pl.lit(0))
+    assert late_senders(dp, STEP, 1)["culprit"] == "h3"
+    # the exporter hid steps and the period found is 3 steps: each period still holds whole steps in
+    # which the late member's links open late against its ring's
+    assert late_senders(dp, 3 * STEP, 1)["culprit"] == "h3"
+    st = flow_straggler_section(f, strat, Steps(count=3, median_ns=3 * STEP, extra={"ambiguous": True}), 1)
+    assert st.verdict == "worker" and st.top_workers[0]["endpoint"] == "h3", st.extra["late_dp_links"]
+    # a period that does not repeat clearly is no grid to measure lateness on
+    st = flow_straggler_section(f, strat, Steps(count=3, median_ns=3 * STEP,
+                                                extra={"ambiguous": True, "period_weak": True}), 1)
+    assert st.verdict == "none" and st.extra["late_dp_links"].startswith("not evaluated")
 
 
 def test_sampled_links_with_few_packets_are_not_trusted():
