@@ -15,7 +15,9 @@ capture (job plan, then the flows-only analysis). Scored:
   the report names the multiple);
 - slow link: verdict ``communication`` naming the slowed rank's address;
 - slow endpoint: verdict ``worker`` naming the slowed rank's address;
-- clean: no culprit named (a named one is a false alarm).
+- clean: no culprit named (a named one is a false alarm);
+- any job: no address but the slowed rank's listed among the findings, even under
+  verdict ``none`` (a reader sees it there).
 
 The simulator shares our assumptions, so these figures say the model is
 self-consistent; outside evidence is ``bench_validation`` (V5's slow NIC).
@@ -100,7 +102,10 @@ def score_job(cfg, realism, variant: str, faults: tuple, rank: int | None, tmp: 
     row["step"] = step_outcome(d.steps, truth_step)
     s = d.stragglers
     culprit = str(s.top_workers[0]["endpoint"]) if s.top_workers and s.verdict not in ("none", "") else ""
-    row.update(verdict=s.verdict or "", culprit=culprit, late=str((s.extra or {}).get("late_dp_links", "")))
+    # a finding listed under verdict none still shows its address to the reader
+    listed = {str(w["endpoint"]) for w in s.top_workers or []}
+    row.update(verdict=s.verdict or "", culprit=culprit, late=str((s.extra or {}).get("late_dp_links", "")),
+               listed_wrong=bool(listed - ({t["endpoints"][str(rank)]} if rank is not None else set())))
     if variant == "clean":
         row["false_alarm"] = bool(culprit)
     else:
@@ -128,6 +133,7 @@ def run(n_jobs: int, max_world: int, seed: int) -> tuple[pl.DataFrame, int]:
                         traceback.print_exc(limit=3)
                         rows.append({"variant": variant, "world": cfg.world_size, "recognised": False,
                                      "step": "crashed", "named_right": False, "false_alarm": False,
+                                     "listed_wrong": False,
                                      "cfg": f"crashed: {cfg.job} {variant}"})
     return pl.DataFrame(rows, infer_schema_length=None), errors
 
@@ -156,6 +162,7 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
               f"{share(d, (pl.col('verdict') == want) & (pl.col('culprit') == '')):>22}")
     clean = rec.filter(pl.col("variant") == "clean")
     print(f"{'clean jobs: a culprit named (false alarm)':<52}{share(clean, pl.col('false_alarm')):>22}  0")
+    print(f"{'any job: a wrong address listed, any verdict':<52}{share(rec, pl.col('listed_wrong')):>22}  0")
     print(f"{'clean jobs: any verdict but none':<52}{share(clean, ~pl.col('verdict').is_in(['none', ''])):>22}  0")
     by = (rec.group_by("variant", "transport").agg(n=pl.len(), step_ok=(pl.col("step") == "ok").mean(),
                                                    named=pl.col("named_right").mean())
@@ -164,6 +171,8 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
     alarms = rec.filter((pl.col("variant") == "clean") & ~pl.col("verdict").is_in(["none", ""]))
     for r in alarms.select("cfg", "verdict", "culprit", "late").iter_rows():
         print("   clean job with a verdict:", *r)
+    for r in rec.filter(pl.col("listed_wrong")).select("cfg", "verdict", "culprit", "late").iter_rows():
+        print("   a wrong address listed:", *r)
     misses = rec.filter((pl.col("variant") != "clean") & ~pl.col("named_right")).select("cfg", "verdict", "culprit",
                                                                                           "late")
     if misses.height:

@@ -202,10 +202,11 @@ def test_sampled_links_with_few_packets_are_not_trusted():
     assert abs(links["noise"][1] - 1 / np.sqrt(500)) < 1e-3
 
 
-def _pipeline_records(slow_pipe=None, slow_stage=None, late_start=None, n_pipes=5, pp=4, steps=6):
+def _pipeline_records(slow_pipe=None, slow_stage=None, late_start=None, n_pipes=5, pp=4, steps=6, extra=None):
     """Forward sends of each pipeline's first microbatch: stage k sends 40 ms after it received; a slow
-    stage takes 40 ms more. ``late_start``: a pipeline whose first stage starts 30 ms late but whose
-    later stages catch up (late for another reason, not a slow stage)."""
+    stage takes 40 ms more (or ``extra[(pipe, stage)]``). ``late_start``: a pipeline whose first stage
+    starts 30 ms late but whose later stages catch up (late for another reason, not a slow stage)."""
+    extra = extra or {(slow_pipe, slow_stage): 40_000_000}
     rows = []
     rng = np.random.default_rng(5)
     pipes = [[f"10.{k}.{p}.1" for k in range(pp)] for p in range(n_pipes)]
@@ -213,7 +214,7 @@ def _pipeline_records(slow_pipe=None, slow_stage=None, late_start=None, n_pipes=
         for p, addrs in enumerate(pipes):
             t = s * STEP + int(rng.normal(0, 1e5))
             for k in range(pp - 1):
-                t += 40_000_000 + (40_000_000 if (p, k) == (slow_pipe, slow_stage) else 0)
+                t += 40_000_000 + extra.get((p, k), 0)
                 if p == late_start:
                     t += 30_000_000 if k == 0 else -30_000_000 if k == 1 else 0
                 rows.append((addrs[k], addrs[k + 1], t, t + 5_000_000, 1e8, True))
@@ -235,6 +236,27 @@ def test_a_slow_stage_is_the_first_from_which_its_pipeline_stays_late():
     f, strat = _pipeline_records(slow_pipe=2, slow_stage=1)
     strat.extra["stage_order_known"] = False
     assert late_stage(f, strat, STEP, 1) is None
+
+
+def test_pipelines_as_late_from_one_stage_name_nobody_even_when_only_one_clears_the_bar():
+    # a slow worker in a tensor-parallel group delays every pipeline of the group alike; on a 5 ms clock
+    # (noise floor 10 ms) one reads 65 ms late (6.5 sd) and its mate 55 ms (5.5 sd): naming the first
+    # would name a worker flows cannot single out
+    f, strat = _pipeline_records(extra={(1, 1): 55_000_000, (2, 1): 65_000_000}, n_pipes=8)
+    x = late_stage(f, strat, STEP, 5_000_000)
+    assert x["culprit"] is None and x["kind"] == "late_pipelines", x
+    assert x["members"] == ["10.1.1.1", "10.1.2.1"] and x["stage"] == 1
+    # the mate far less late: the one pipeline is still named
+    f, strat = _pipeline_records(extra={(1, 1): 15_000_000, (2, 1): 65_000_000}, n_pipes=8)
+    assert late_stage(f, strat, STEP, 5_000_000)["culprit"] == "10.1.2.1"
+
+
+def test_a_finding_too_small_to_matter_names_nobody():
+    # 20 ms late each step in a 1 s step: S 1.02, under the report's 1.05 bar
+    f, strat = _late_ring_records(late_ns=20_000_000)
+    st = flow_straggler_section(f, strat, Steps(count=9, median_ns=STEP), 1)
+    assert st.verdict == "none" and not st.top_workers and not st.extra.get("culprits")
+    assert st.extra["below_threshold"][0]["culprit"] == "h3"
 
 
 def test_the_period_follows_most_links_burst_spacing():
