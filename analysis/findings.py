@@ -239,4 +239,7 @@ def summary_text(diagnosis: Diagnosis) -> str:
     if st.verdict in FINDING_OF and lead is not None and lead.get("evidence", {}).get("verdict") == st.verdict:
         return f"verdict {st.verdict}: {describe(lead)}; {s}"
     head = f"verdict {st.verdict}; {s}"
+    unread = st.extra.get("not_evaluated") if st.verdict == "none" else None
+    if unread:
+        head += "; not evaluated: " + "; ".join(f"{cause} ({why})" for cause, why in unread.items())
     return f"{head}; finding {lead['kind']}: {describe(lead)}" if lead else head

@@ -487,6 +487,14 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
         else "no DP link opens consistently late" if late is None else late["kind"])
     if late is None or not late.get("culprit"):
         late = late_stage(flow, strategy, step, resolution_ns) or late
+    # what the flows could not check, so that a verdict "none" is not read as "no straggler"
+    unread = {}
+    if late is None and base["late_dp_links"].startswith("not evaluated"):
+        unread["worker"] = base["late_dp_links"].removeprefix("not evaluated: ")
+    if "why" in base["link_rates"] or not links.height:
+        unread["communication"] = base["link_rates"].get("why", "no link between the job's endpoints has a rate")
+    if unread:
+        base["not_evaluated"] = unread
     cands = [slow_links(links, steps.count), slow_group(links, strategy, steps.count), late]
     if not any(cands[:2]):
         cands.append(_slow_group_if_tied(flow, strategy, steps, resolution_ns))

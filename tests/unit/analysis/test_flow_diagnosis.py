@@ -192,6 +192,13 @@ def test_a_late_ring_member_is_named_even_when_the_period_found_is_a_multiple_of
     st = flow_straggler_section(f, strat, Steps(count=3, median_ns=3 * STEP,
                                                 extra={"ambiguous": True, "period_weak": True}), 1)
     assert st.verdict == "none" and st.extra["late_dp_links"].startswith("not evaluated")
+    # and the summary says what was not checked: "none" is not "no straggler"
+    assert "does not repeat clearly" in st.extra["not_evaluated"]["worker"]
+    from rankscope.analysis.diagnosis import Diagnosis
+    from rankscope.analysis.findings import summary_text
+
+    d = Diagnosis(job="j", stragglers=st)
+    assert "not evaluated: worker (the traffic does not repeat clearly" in summary_text(d), summary_text(d)
 
 
 def test_sampled_links_with_few_packets_are_not_trusted():
