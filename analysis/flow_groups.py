@@ -169,6 +169,10 @@ def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, li
     if is_pp.any() and (data_sym[is_pp] >= TWO_WAY).mean() < 0.5:
         valid = False
         notes.append("pipeline links carry payload one way only")
+    # and as much each way: an activation's gradient has the activation's shape
+    elif is_pp.any() and (data_sym[is_pp] >= BALANCED).mean() < 0.5:
+        valid = False
+        notes.append("pipeline links carry far more payload one way than the other")
     dmask = ~is_pp
     da, db = ai[dmask], bi[dmask]
     dp_lab = components(nodes, da, db)

@@ -89,10 +89,15 @@ def score_job(cfg, realism, variant: str, faults: tuple, rank: int | None, tmp: 
     eps = set(t["endpoints"].values())
     plan = [p for p in plan_jobs(store) if p.kind == "capture"]
     match = next((p for p in plan if set(p.endpoints) == eps), None)
+    # a job read over its endpoints and others (storage servers taken for stages) is a wrong answer
+    merged = match is None and any(set(p.endpoints) > eps for p in plan)
+    # and a job read where there is none (the fabric holds this job and background traffic only)
+    spurious = sum(1 for p in plan if not set(p.endpoints) & eps)
     row = {"variant": variant, "world": t["world_size"], "transport": cfg.realism.transport,
            "rpa": cfg.realism.ranks_per_address, "ms_clock": realism.timestamp_ns >= 1_000_000,
            "sampling": cfg.sampling, "recognised": match is not None, "step": "unrecognised",
-           "verdict": "", "culprit": "", "named_right": False, "false_alarm": False,
+           "verdict": "", "culprit": "", "named_right": False, "false_alarm": False, "merged": merged,
+           "spurious": spurious,
            "cfg": f"dp{cfg.dp} pp{cfg.pp} tp{cfg.tp} {cfg.realism.transport} s{cfg.sampling} {variant}"}
     if match is None:
         return row
@@ -133,7 +138,7 @@ def run(n_jobs: int, max_world: int, seed: int) -> tuple[pl.DataFrame, int]:
                         traceback.print_exc(limit=3)
                         rows.append({"variant": variant, "world": cfg.world_size, "recognised": False,
                                      "step": "crashed", "named_right": False, "false_alarm": False,
-                                     "listed_wrong": False,
+                                     "listed_wrong": False, "merged": False, "spurious": 0,
                                      "cfg": f"crashed: {cfg.job} {variant}"})
     return pl.DataFrame(rows, infer_schema_length=None), errors
 
@@ -145,7 +150,9 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
         return f"{d.filter(cond).height / d.height:6.1%} ({d.filter(cond).height}/{d.height})" if d.height else "n/a"
 
     print(f"{df.height} analyses ({df.filter(pl.col('variant') == 'clean').height} jobs x 3), "
-          f"{secs:.0f} s, {errors} crashed; recognised {share(df, pl.col('recognised'))}")
+          f"{secs:.0f} s, {errors} crashed; recognised {share(df, pl.col('recognised'))}; read as part of a "
+          f"larger job (wrong) {share(df, pl.col('merged'))}; jobs read in background traffic alone "
+          f"{int(df['spurious'].sum())}")
     print(f"{'figure (recognised jobs)':<52}{'value':>22}  target")
     print(f"{'step time within 1%':<52}{share(rec, pl.col('step') == 'ok'):>22}  >= 95%, or reported unknown")
     print(f"{'step time reported uncertain':<52}{share(rec, pl.col('step') == 'uncertain'):>22}")

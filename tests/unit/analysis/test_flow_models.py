@@ -66,6 +66,19 @@ def test_one_way_star_is_no_grid_and_one_way_links_are_no_pipeline():
     assert not fit.valid
 
 
+def test_links_that_carry_far_more_one_way_are_no_pipeline():
+    # two hosts of a PP2 job (activations and their gradients: as many bytes each way), each writing to
+    # its own storage server as many bytes as the job moves, a quarter of them coming back: the path
+    # server-host-host-server is no 4-stage pipeline (it was one, at confidence 0.99)
+    rows = [("s1", "h1", 2.5e6, 0, 0, 0.22), ("h1", "h2", 2.0e6, 10, 10, 0.95), ("h2", "s2", 2.5e6, 0, 0, 0.22)]
+    fit = fit_grid(["h1", "h2", "s1", "s2"], _edges(rows), FlowConfig())
+    assert not (fit.valid and any(len(p) == 4 for p in fit.pipelines)), fit
+    # the same path with balanced links is a pipeline
+    rows = [(a, b, x, t0, t1, 0.9) for a, b, x, t0, t1, _ in rows]
+    fit = fit_grid(["h1", "h2", "s1", "s2"], _edges(rows), FlowConfig())
+    assert fit.valid and [len(p) for p in fit.pipelines] == [4]
+
+
 def test_storage_server_by_shape_not_port():
     ring = [(f"r{i}", f"r{(i + 1) % 8}") for i in range(8)]
     star = [("srv", f"r{i}") for i in range(8)]
