@@ -93,6 +93,12 @@ def _verdict_finding(st: Stragglers, found: list[dict]) -> dict | None:
     cul = (st.extra.get("culprits") or {})
     if st.verdict == "worker":
         c = cul.get("worker")
+        if c and "rank" not in c:
+            # flows: the cause is known, the worker only as one of several (a TP group's pipelines)
+            return {"kind": kind, "culprit": {"one_of": c.get("ranks"), "stage": c.get("stage")},
+                    "factor": c.get("factor"), "steps": st.extra.get("steps", []),
+                    "factor_vs": c.get("factor_vs", "stage peers"),
+                    "evidence": {"basis": st.extra.get("basis"), "ambiguous": c.get("ambiguous")}}
         match = [f for f in found if f["kind"] == kind and c and f["culprit"].get("rank") == c["rank"]]
         if match or not c:
             return match[0] if match else None
@@ -183,6 +189,9 @@ def _where(c) -> str:
     if "rank" in c and c["rank"] is not None:
         place = [f"{k.replace('dp_rank', 'dp')} {c[k]}" for k in ("stage", "dp_rank") if c.get(k) is not None]
         return f"rank {c['rank']}" + (f" ({', '.join(place)})" if place else "")
+    if c.get("one_of") is not None:
+        return f"one of {', '.join(map(str, c['one_of']))}" + (
+            f" (stage {c['stage']})" if c.get("stage") is not None else "")
     if "stage" in c:
         return f"stage {c['stage']}"
     if c.get("ranks") is not None:

@@ -389,19 +389,6 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
             break
         first = k
     lead = z[(worst, first)][1]
-    # other pipelines as late at that stage: no single slow stage. "As late" is judged by lateness, not
-    # by the outlier bar alone: a slow worker in a tensor-parallel group delays every pipeline of the
-    # group by the same time, and with a coarse clock only one of them may clear the bar (a DP32 x PP2 x
-    # TP8 job, millisecond clock: eight pipelines 9-13 ms late, one past 6 robust sd)
-    mates = sorted(pp for (pp, k), (zz, v) in z.items()
-                   if k == first and pp != worst and (zz >= OUTLIER_MADS
-                                                      or (zz >= OUTLIER_MADS / 2 and v >= (1 - LATE_SLACK) * lead)))
-    if mates:
-        return {"kind": "late_pipelines", "culprit": None, "extra_ns": float(lead), "stage": int(first),
-                "members": sorted(pipes[p][first] for p in [worst, *mates]),
-                "ambiguous": f"{len(mates) + 1} pipelines are as late from stage {first}: one slow worker of a "
-                             "tensor-parallel group (or a cause they share) delays all of them, so flows cannot "
-                             "tell which"}
     # lateness, once a stage brings it in, carries on to every later stage (they wait for its
     # activations); a pipeline that is later at its start than further on is late for another
     # reason (its previous step, its gradient sync) and names nobody
@@ -416,16 +403,30 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     # factor. A slow stage paces its pipeline, and the gradient sync the whole job, so S ~ that factor.
     a = a.sort("pipe", "step", "stage").with_columns(inc=pl.col("t") - pl.col("t").shift(1).over("pipe", "step"),
                        prev=pl.col("stage") - pl.col("stage").shift(1).over("pipe", "step"))
-    inc = a.filter((pl.col("pipe") != worst) & (pl.col("prev") == 1) & (pl.col("inc") > 0))
+    # other pipelines as late at that stage: no single slow stage. "As late" is judged by lateness, not
+    # by the outlier bar alone: a slow worker in a tensor-parallel group delays every pipeline of the
+    # group by the same time, and with a coarse clock only one of them may clear the bar (a DP32 x PP2 x
+    # TP8 job, millisecond clock: eight pipelines 9-13 ms late, one past 6 robust sd)
+    mates = sorted(pp for (pp, k), (zz, v) in z.items()
+                   if k == first and pp != worst and (zz >= OUTLIER_MADS
+                                                      or (zz >= OUTLIER_MADS / 2 and v >= (1 - LATE_SLACK) * lead)))
+    inc = a.filter(~pl.col("pipe").is_in([worst, *mates]) & (pl.col("prev") == 1) & (pl.col("inc") > 0))
     own = inc.filter(pl.col("stage") == first)["inc"]
     fwd = float(own.median()) if own.len() else (float(inc["inc"].median()) if inc.height else 0.0)
-    late = float(z[(worst, first)][1])
+    late = float(lead)
     factor = 1.0 + late / fwd if fwd > 0 else None
-    return {"kind": "slow_worker", "culprit": pipes[worst][first],
-            "extra_ns": float(step_ns * (1 - 1 / factor)) if factor else late,
-            "factor": round(factor, 3) if factor else None, "forward_ns": fwd,
-            "late_ns": late, "stage": int(first), "pipeline": pipes[worst],
-            "late_by_stage_ns": {str(k): round(float(v), 1) for k, _, v in row}}
+    out = {"kind": "slow_worker", "culprit": pipes[worst][first],
+           "extra_ns": float(step_ns * (1 - 1 / factor)) if factor else late,
+           "factor": round(factor, 3) if factor else None, "forward_ns": fwd,
+           "late_ns": late, "stage": int(first), "pipeline": pipes[worst],
+           "late_by_stage_ns": {str(k): round(float(v), 1) for k, _, v in row}}
+    if mates:
+        return {**out, "kind": "late_pipelines", "culprit": None, "pipeline": None,
+                "members": sorted(pipes[p][first] for p in [worst, *mates]),
+                "ambiguous": f"{len(mates) + 1} pipelines are as late from stage {first}: one slow worker of a "
+                             "tensor-parallel group (or a cause they share) delays all of them, so flows cannot "
+                             "tell which"}
+    return out
 
 
 def _slow_group_if_tied(flow: pl.DataFrame, strategy: Strategy, steps: Steps, resolution_ns: int) -> dict | None:
@@ -503,18 +504,23 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
     if ambiguous:
         base["ambiguous_flows"] = [{k: v for k, v in x.items() if k != "links"} for x in ambiguous]
     if not found:
-        # evidence that a ring or pipeline is slow but not who: the cause is reported, nobody is named
-        comm = next((x for x in ambiguous if x["kind"] == "slow_group"), None)
-        if comm is None or _slowdown(comm, step) < none_below:
+        # evidence that a ring or a TP group's pipelines are slow but not who: the cause is reported,
+        # nobody is named
+        slow = [x for x in ambiguous if x["kind"] in ("slow_group", "late_pipelines")]
+        x = max(slow, key=lambda x: x["extra_ns"], default=None)
+        if x is None or _slowdown(x, step) < none_below:
             return Stragglers(extra={**base, "findings_flows": []})
-        s = _slowdown(comm, step)
-        return Stragglers(slowdown=s, verdict="communication", by_cause={"communication": 1.0}, top_workers=[],
+        s = _slowdown(x, step)
+        if x["kind"] == "slow_group":
+            cause, who = "communication", {"group_id": x["group"], "ranks": x["members"], "transfer_ratio": x["factor"],
+                                           **({"labelling": x["labelling"]} if "labelling" in x else {})}
+        else:
+            cause, who = "worker", {"ranks": x["members"], "factor": x["factor"], "stage": x["stage"],
+                                    "factor_vs": "the same stage's forward time in the other pipelines",
+                                    "ambiguous": x["ambiguous"]}
+        return Stragglers(slowdown=s, verdict=cause, by_cause={cause: 1.0}, top_workers=[],
                           waste_fraction=round(1 - 1 / s, 4),
-                          extra={**base, "findings_flows": [], "steps": [],
-                                 "culprits": {"communication": {"group_id": comm["group"], "ranks": comm["members"],
-                                                                "transfer_ratio": comm["factor"],
-                                                                **({"labelling": comm["labelling"]}
-                                                                   if "labelling" in comm else {})}}})
+                          extra={**base, "findings_flows": [], "steps": [], "culprits": {cause: who}})
     best = max(found, key=lambda x: x["extra_ns"])
     s = _slowdown(best, step)
     cause = "communication" if best["kind"] in ("slow_nic", "slow_link") else "worker"

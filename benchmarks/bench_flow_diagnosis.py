@@ -109,8 +109,11 @@ def score_job(cfg, realism, variant: str, faults: tuple, rank: int | None, tmp: 
     culprit = str(s.top_workers[0]["endpoint"]) if s.top_workers and s.verdict not in ("none", "") else ""
     # a finding listed under verdict none still shows its address to the reader
     listed = {str(w["endpoint"]) for w in s.top_workers or []}
+    # a cause without an address names the group it is in: the slowed rank must be among them
+    group = [str(x) for c in ((s.extra or {}).get("culprits") or {}).values() for x in c.get("ranks") or []]
     row.update(verdict=s.verdict or "", culprit=culprit, late=str((s.extra or {}).get("late_dp_links", "")),
-               listed_wrong=bool(listed - ({t["endpoints"][str(rank)]} if rank is not None else set())))
+               listed_wrong=bool(listed - ({t["endpoints"][str(rank)]} if rank is not None else set())),
+               in_group=rank is not None and t["endpoints"][str(rank)] in group)
     if variant == "clean":
         row["false_alarm"] = bool(culprit)
     else:
@@ -139,6 +142,7 @@ def run(n_jobs: int, max_world: int, seed: int) -> tuple[pl.DataFrame, int]:
                         rows.append({"variant": variant, "world": cfg.world_size, "recognised": False,
                                      "step": "crashed", "named_right": False, "false_alarm": False,
                                      "listed_wrong": False, "merged": False, "spurious": 0,
+                                     "in_group": False,
                                      "cfg": f"crashed: {cfg.job} {variant}"})
     return pl.DataFrame(rows, infer_schema_length=None), errors
 
@@ -165,8 +169,10 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
         print(f"{label:<52}{share(d, pl.col('named_right')):>22}")
         print(f"{'  ... someone else named':<52}{share(d, pl.col('false_alarm')):>22}  0")
         want = "communication" if v == "slow-link" else "worker"
-        print(f"{'  ... right cause, address left ambiguous':<52}"
-              f"{share(d, (pl.col('verdict') == want) & (pl.col('culprit') == '')):>22}")
+        print(f"{'  ... right cause, its group named (rank in it)':<52}"
+              f"{share(d, (pl.col('verdict') == want) & (pl.col('culprit') == '') & pl.col('in_group')):>22}")
+        print(f"{'  ... right cause, a group without the rank':<52}"
+              f"{share(d, (pl.col('verdict') == want) & (pl.col('culprit') == '') & ~pl.col('in_group')):>22}  0")
     clean = rec.filter(pl.col("variant") == "clean")
     print(f"{'clean jobs: a culprit named (false alarm)':<52}{share(clean, pl.col('false_alarm')):>22}  0")
     print(f"{'any job: a wrong address listed, any verdict':<52}{share(rec, pl.col('listed_wrong')):>22}  0")

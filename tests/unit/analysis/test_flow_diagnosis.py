@@ -253,6 +253,15 @@ def test_pipelines_as_late_from_one_stage_name_nobody_even_when_only_one_clears_
     x = late_stage(f, strat, STEP, 5_000_000)
     assert x["culprit"] is None and x["kind"] == "late_pipelines", x
     assert x["members"] == ["10.1.1.1", "10.1.2.1"] and x["stage"] == 1
+    # the report: a worker straggler on one of them, nobody named
+    st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 5_000_000)
+    assert st.verdict == "worker" and not st.top_workers, st.extra
+    assert st.extra["culprits"]["worker"]["ranks"] == ["10.1.1.1", "10.1.2.1"] and st.slowdown > 1.5
+    from rankscope.analysis.diagnosis import Diagnosis
+    from rankscope.analysis.findings import summary_text
+
+    text = summary_text(Diagnosis(job="j", stragglers=st))
+    assert text.startswith("verdict worker: one of 10.1.1.1, 10.1.2.1 (stage 1) computes"), text
     # the mate far less late: the one pipeline is still named
     f, strat = _pipeline_records(extra={(1, 1): 15_000_000, (2, 1): 65_000_000}, n_pipes=8)
     assert late_stage(f, strat, STEP, 5_000_000)["culprit"] == "10.1.2.1"
