@@ -105,8 +105,9 @@ def link_rates(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     over records), busy (wall time some record was open), n (records), rb (its typical record's bytes: the
     bytes-weighted mean, so that a short record the exporter cut off a transfer's tail does not halve it),
     vol (all its payload bytes, records of any length), pk (exported packets), rate, noise (relative sd of
-    the rate), trusted. Records shorter than ten clock ticks have no measurable rate; records longer than a step hold idle time (the
-    exporter's timeouts let them run over several steps) and measure the job's duty cycle, not the link.
+    the rate), trusted. Records shorter than ten clock ticks have no measurable rate; records longer than
+    a step hold idle time (the exporter's timeouts let them run over several steps) and measure the job's
+    duty cycle, not the link.
     Needs flow src_addr, dst_addr, est_bytes, start_ns, end_ns; is_data, num_packets, sampling_rate if known.
     """
     f = flow.filter(pl.col("is_data")) if "is_data" in flow.columns else flow
@@ -507,7 +508,7 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
         # evidence that a ring or a TP group's pipelines are slow but not who: the cause is reported,
         # nobody is named
         slow = [x for x in ambiguous if x["kind"] in ("slow_group", "late_pipelines")]
-        x = max(slow, key=lambda x: x["extra_ns"], default=None)
+        x = max(slow, key=lambda y: y["extra_ns"], default=None)
         if x is None or _slowdown(x, step) < none_below:
             return Stragglers(extra={**base, "findings_flows": []})
         s = _slowdown(x, step)
