@@ -251,4 +251,10 @@ def summary_text(diagnosis: Diagnosis) -> str:
     unread = st.extra.get("not_evaluated") if st.verdict == "none" else None
     if unread:
         head += "; not evaluated: " + "; ".join(f"{cause} ({why})" for cause, why in unread.items())
+    under = (st.extra.get("below_threshold") or [None])[0] if st.verdict == "none" else None
+    if under:
+        who = under.get("culprit") or "one of " + ", ".join(map(str, under.get("members") or []))
+        late = f", {under['late_ns'] / 1e6:.0f} ms late a step" if under.get("late_ns") else ""
+        bound = " (a lower bound)" if under.get("cost") else ""
+        head += f"; under the bar: {under['kind']} {who}{late}{bound}"
     return f"{head}; finding {lead['kind']}: {describe(lead)}" if lead else head

@@ -446,6 +446,16 @@ def _slow_group_if_tied(flow: pl.DataFrame, strategy: Strategy, steps: Steps, re
     return None
 
 
+def _brief(x: dict) -> dict:
+    """A finding under the report's bar, as evidence: who (or which group), how late or slow, and whether
+    its cost is only a lower bound (no forward time to set a late send against: a two-stage pipeline)."""
+    keep = ("kind", "culprit", "members", "stage", "factor", "late_ns", "extra_ns", "ambiguous")
+    out = {k: x[k] for k in keep if k in x}
+    if x.get("kind") in ("slow_worker", "late_pipelines") and x.get("factor") is None:
+        out["cost"] = "a lower bound: the lateness of the first send, with no forward time to set it against"
+    return out
+
+
 def _slowdown(x: dict, step: float) -> float:
     return round(step / (step - min(x["extra_ns"], 0.9 * step)), 4)
 
@@ -509,8 +519,11 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
         # nobody is named
         slow = [x for x in ambiguous if x["kind"] in ("slow_group", "late_pipelines")]
         x = max(slow, key=lambda y: y["extra_ns"], default=None)
-        if x is None or _slowdown(x, step) < none_below:
+        if x is None:
             return Stragglers(extra={**base, "findings_flows": []})
+        if _slowdown(x, step) < none_below:
+            return Stragglers(slowdown=_slowdown(x, step), verdict="none",
+                              extra={**base, "findings_flows": [], "below_threshold": [_brief(x)]})
         s = _slowdown(x, step)
         if x["kind"] == "slow_group":
             cause, who = "communication", {"group_id": x["group"], "ranks": x["members"], "transfer_ratio": x["factor"],
@@ -528,7 +541,8 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
     if s < none_below:
         # too small to matter: listed as evidence, nobody named (a clean job's member that opens its
         # ring link 2 ms late in a 3.4 s step is no culprit)
-        return Stragglers(slowdown=s, verdict="none", extra={**base, "findings_flows": [], "below_threshold": found})
+        return Stragglers(slowdown=s, verdict="none",
+                          extra={**base, "findings_flows": [], "below_threshold": [_brief(x) for x in found]})
     verdict = cause
     top = [{"endpoint": x["culprit"], "slowdown": _slowdown(x, step), "kind": x["kind"]}
            for x in sorted(found, key=lambda x: -x["extra_ns"])]

@@ -267,6 +267,21 @@ def test_pipelines_as_late_from_one_stage_name_nobody_even_when_only_one_clears_
     assert late_stage(f, strat, STEP, 5_000_000)["culprit"] == "10.1.2.1"
 
 
+def test_a_late_two_stage_pipeline_group_under_the_bar_is_said_with_its_cost_a_lower_bound():
+    # two pipelines of one TP group 30 ms late from stage 0 of two: no later stage gives the forward time,
+    # so the cost is the lateness alone (S 1.03, under the bar) and the summary says it is a lower bound
+    from rankscope.analysis.diagnosis import Diagnosis
+    from rankscope.analysis.findings import summary_text
+
+    f, strat = _pipeline_records(extra={(1, 0): 30_000_000, (2, 0): 30_000_000}, n_pipes=8, pp=2)
+    st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1)
+    assert st.verdict == "none" and not st.top_workers
+    (under,) = st.extra["below_threshold"]
+    assert under["kind"] == "late_pipelines" and under["members"] == ["10.0.1.1", "10.0.2.1"] and under["cost"]
+    text = summary_text(Diagnosis(job="j", stragglers=st))
+    assert "under the bar: late_pipelines one of 10.0.1.1, 10.0.2.1, 30 ms late a step (a lower bound)" in text, text
+
+
 def test_a_finding_too_small_to_matter_names_nobody():
     # 20 ms late each step in a 1 s step: S 1.02, under the report's 1.05 bar
     f, strat = _late_ring_records(late_ns=20_000_000)
