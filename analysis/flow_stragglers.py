@@ -41,6 +41,7 @@ import polars as pl
 from rankscope.analysis.diagnosis import Steps, Stragglers, Strategy
 from rankscope.analysis.flow_features import on_pairs
 from rankscope.analysis.flow_models import TWO_WAY
+from rankscope.analysis.timelines import union_ns
 
 OUTLIER_MADS = 6.0
 """a rate (or a lateness) is an outlier when it lies this many robust standard deviations from the median."""
@@ -88,16 +89,6 @@ def _robust(x: np.ndarray) -> tuple[float, float]:
     return med, float(1.4826 * np.median(np.abs(x - med)))
 
 
-def _busy(f: pl.DataFrame) -> pl.DataFrame:
-    """Wall time each directed link had a record open (the union of its records: connections of one
-    link, one per queue pair or rank, run side by side and their open times overlap)."""
-    link = ["src_addr", "dst_addr"]
-    f = f.sort(*link, "start_ns").with_columns(reach=pl.col("end_ns").cum_max().over(link))
-    seg = (pl.col("start_ns") > pl.col("reach").shift(1).over(link)).fill_null(True).cum_sum().over(link)
-    spans = f.with_columns(seg=seg).group_by(*link, "seg").agg(t=pl.col("end_ns").max() - pl.col("start_ns").min())
-    return spans.group_by(link).agg(busy=pl.col("t").sum())
-
-
 def link_rates(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolution_ns: int) -> pl.DataFrame:
     """Payload rate of every directed link between the job's endpoints, and how well it is measured.
 
@@ -120,7 +111,11 @@ def link_rates(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     rate = pl.col("sampling_rate").fill_null(1).clip(lower_bound=1) if sampled else pl.lit(1)
     links = f.group_by("src_addr", "dst_addr").agg(
         b=pl.col("est_bytes").sum(), b2=(pl.col("est_bytes") ** 2).sum(), d=pl.col("d").sum(), n=pl.len(),
-        pk=pk.sum(), smp=(rate > 1).any()).join(_busy(f), on=["src_addr", "dst_addr"])
+        pk=pk.sum(), smp=(rate > 1).any())
+    # wall time some record of the link was open: its connections (one per queue pair or rank) run side
+    # by side and their open times overlap
+    link = ["src_addr", "dst_addr"]
+    links = links.join(union_ns(f.select(*link, "start_ns", "end_ns"), link).rename({"union_ns": "busy"}), on=link)
     group = _group_of(strategy)
     gs = pl.col("src_addr").replace_strict(group, default=-1, return_dtype=pl.Int64)
     gd = pl.col("dst_addr").replace_strict(group, default=-2, return_dtype=pl.Int64)

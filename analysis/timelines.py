@@ -22,10 +22,10 @@ TIMELINE_COLUMNS = ("rank", "step", "start_ns", "end_ns", "duration_ns", "comput
                     "exposed_comm_ns", "idle_ns", "exposed_wait_ns")
 
 
-def _union_ns(iv: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+def union_ns(iv: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     """Total length of the union of [start_ns, end_ns) per key group, vectorised (sort + running max)."""
     if iv.is_empty():
-        return pl.DataFrame(schema={**{k: pl.Int64 for k in keys}, "union_ns": pl.Int64})
+        return iv.select(keys).clear().with_columns(union_ns=pl.lit(None, pl.Int64))  # the keys' own types
     s = iv.sort([*keys, "start_ns"])
     # end of everything that started before this interval (running max, shifted): the frame is sorted
     # by key, so the previous row's running max is the group's unless the key changed there
@@ -101,9 +101,9 @@ def rank_timelines(steps: pl.DataFrame, comm_op: pl.DataFrame, compute_op: pl.Da
                 if not comm_op.is_empty() else pl.DataFrame())
     comm = _clip_to_steps(comm_src, steps)
     k = ["rank", "step"]
-    u_comp = _union_ns(comp, k).rename({"union_ns": "compute_ns"})
-    u_comm = _union_ns(comm, k).rename({"union_ns": "comm_ns"})
-    u_all = _union_ns(pl.concat([comp, comm]) if not (comp.is_empty() and comm.is_empty()) else comp, k
+    u_comp = union_ns(comp, k).rename({"union_ns": "compute_ns"})
+    u_comm = union_ns(comm, k).rename({"union_ns": "comm_ns"})
+    u_all = union_ns(pl.concat([comp, comm]) if not (comp.is_empty() and comm.is_empty()) else comp, k
                       ).rename({"union_ns": "busy_ns"})
     out = (steps.with_columns(duration_ns=pl.col("end_ns") - pl.col("start_ns"))
            .join(u_comp, on=k, how="left").join(u_comm, on=k, how="left").join(u_all, on=k, how="left")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.timelines import _union_ns
+from rankscope.analysis.timelines import union_ns
 
 
 def _merged(rows) -> dict:
@@ -32,9 +32,9 @@ def test_union_equals_interval_merging_and_the_windowed_fallback():
     df = pl.DataFrame({"rank": rng.integers(0, 7, n), "step": rng.integers(0, 4, n), "start_ns": start,
                        "end_ns": start + rng.integers(-50, 5 * 10**4, n)})
     want = _merged(df.iter_rows())
-    got = {(r, s): u for r, s, u in _union_ns(df, ["rank", "step"]).iter_rows()}
+    got = {(r, s): u for r, s, u in union_ns(df, ["rank", "step"]).iter_rows()}
     assert got == want
     # ends so far apart that the bands would overflow int64: the windowed form gives the same
     wide = df.with_columns(pl.when(pl.col("rank") == 0).then(pl.lit(2**61)).otherwise(pl.col("end_ns")).alias("end_ns"))
-    got = {(r, s): u for r, s, u in _union_ns(wide, ["rank", "step"]).iter_rows()}
+    got = {(r, s): u for r, s, u in union_ns(wide, ["rank", "step"]).iter_rows()}
     assert got == _merged(wide.iter_rows())
