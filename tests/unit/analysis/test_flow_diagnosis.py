@@ -4,14 +4,10 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.diagnosis import Steps, Strategy
+from rankscope.analysis.flow_lateness import late_senders, late_stage
+from rankscope.analysis.flow_link_rates import link_rates, slow_group
 from rankscope.analysis.flow_period import whole_step
-from rankscope.analysis.flow_stragglers import (
-    flow_straggler_section,
-    late_senders,
-    late_stage,
-    link_rates,
-    slow_group,
-)
+from rankscope.analysis.flow_stragglers import flow_straggler_section
 from rankscope.analysis.strategy_flows import flow_steps
 
 STEP = 1_000_000_000

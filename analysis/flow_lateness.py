@@ -1,0 +1,181 @@
+"""Late arrivals from switch flow records: a slow endpoint.
+
+A worker that computes slowly finishes its backward pass late, so its DP
+ring link opens late in every step while its ring peers' open on time (their
+first chunk is their own); over RoCE the link into it opens late too (the
+sender writes only into buffers it has posted). The endpoint that sends and
+receives on the late links (or sends on the one late link) is named. In a
+pipeline, its pipeline's forward sends fall behind from its stage on. Late
+is judged with the outlier rule of the link rates (flow_link_rates).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from rankscope.analysis.diagnosis import Strategy
+from rankscope.analysis.flow_link_rates import OUTLIER_MADS, robust
+from rankscope.analysis.flow_models import TWO_WAY
+
+LATE_SLACK = 0.25
+"""a later stage may absorb at most this share of a slow stage's lateness (jitter, its own bubble)."""
+
+
+def late_senders(dp: pl.DataFrame, step_ns: float, resolution_ns: int,
+                 pipelines: list[list[str]] | None = None) -> dict | None:
+    """The endpoint whose DP links open consistently late in its group, or None.
+
+    Needs dp src_addr, dst_addr, g (group), start_ns, end_ns. A burst starts after an idle gap longer
+    than a tenth of a step since the link's previous record ended (a record the active timeout cut
+    off is followed at once by the next, whose start carries no phase); its lateness is measured
+    against the median start of its group's bursts in the same step (the collective's start). A ring
+    member's first chunk is its own, so a member that arrives late opens its link to the next member
+    late, and over RoCE also the link from the previous one (whose writes wait for its posted
+    buffers): the culprit is the endpoint that both sends and receives on late links, or the sender
+    of the one late link. A slow worker delays its whole pipeline's backward pass: when several
+    endpoints fit (a late pipeline), the finding is ``ambiguous`` and nobody is named.
+    """
+    if dp.is_empty() or not step_ns:
+        return None
+    link = ["src_addr", "dst_addr"]
+    f = dp.select(*link, "g", "start_ns", "end_ns", "est_bytes").sort(*link, "start_ns")
+    # only directions that carry payload: a ring link's other side holds acknowledgements and set-up
+    vol = f.group_by(link).agg(v=pl.col("est_bytes").sum())
+    vol = vol.join(vol.rename({"src_addr": "dst_addr", "dst_addr": "src_addr", "v": "back"}), on=link, how="left")
+    payload = vol.filter(pl.col("v") >= TWO_WAY * pl.col("back").fill_null(0.0)).select(link)
+    f = f.join(payload, on=link, how="semi").sort(*link, "start_ns")
+    gap = pl.col("start_ns") - pl.col("end_ns").cum_max().shift(1).over(link)
+    bursts = f.with_columns(gap=gap).filter(pl.col("gap").is_null() | (pl.col("gap") > 0.1 * step_ns))
+    bursts = bursts.with_columns(step=((pl.col("start_ns") - pl.col("start_ns").min()) / step_ns).round().cast(pl.Int64))
+    late = bursts.with_columns(late=pl.col("start_ns") - pl.col("start_ns").median().over(["g", "step"]))
+    per = late.group_by(link).agg(late=pl.col("late").median(), n=pl.len())
+    if per.height < 3:
+        return None
+    x = per["late"].to_numpy().astype(float)
+    med, sd = robust(x)
+    sd = max(sd, 20.0 * resolution_ns)
+    # a collective's link carries payload every step; one that bursts in fewer than half of them
+    # (connection set-up, the acknowledgement side of a ring link) has no arrival to be late for
+    steady = max(2, int(late["step"].n_unique()) // 2)
+    bad = per.filter(((pl.col("late") - med) / sd >= OUTLIER_MADS) & (pl.col("n") >= steady))
+    if bad.is_empty():
+        return None
+    senders, receivers = set(bad["src_addr"].to_list()), set(bad["dst_addr"].to_list())
+    cands = sorted(senders & receivers) or sorted(senders)
+    worst = bad.filter(pl.col("src_addr").is_in(cands)).sort("late", descending=True).row(0, named=True)
+    out = {"kind": "slow_worker", "culprit": worst["src_addr"], "extra_ns": float(worst["late"] - med),
+           "late_ns": float(worst["late"] - med), "robust_sd_ns": sd,
+           "late_links": [[r["src_addr"], r["dst_addr"]] for r in bad.iter_rows(named=True)]}
+    if len(cands) == 1:
+        return out
+    mates = next((p for p in pipelines or [] if set(cands) <= set(p) and len(p) > 1), None)
+    why = ("several members of one pipeline open their DP links late: a slow stage delays the pipeline's "
+           "whole backward pass, so flows cannot tell which one is slow") if mates else \
+        "several endpoints open their DP links late, in no pattern one slow endpoint makes"
+    return {**out, "kind": "late_pipeline" if mates else "late_links", "culprit": None, "members": cands,
+            "ambiguous": why}
+
+
+def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolution_ns: int) -> dict | None:
+    """The endpoint whose pipeline's forward sends fall behind from its stage on, or None.
+
+    A slow worker's ring links open late only where their records split at steps, and in a pipeline
+    its whole backward pass is late (several late members, nobody named); its pipeline's activations
+    tell which stage brought the delay in. Each pipeline's first forward send of a burst from stage k
+    is compared with the same stage's send in the other pipelines (DP replicas, which start each step
+    together after the previous gradient sync): a slow stage s delays its own sends and every later
+    stage's, not the earlier ones, so the culprit is the first stage from which its pipeline stays
+    late. Needs at least three pipelines with a known stage order; flow src_addr, dst_addr,
+    start_ns, end_ns (is_data if known).
+    """
+    pipes = [p for p in strategy.pp_groups or [] if len(p) > 1]
+    if len(pipes) < 3 or not step_ns or not (strategy.extra or {}).get("stage_order_known", False):
+        return None
+    pos = {(p[k], p[k + 1]): (i, k) for i, p in enumerate(pipes) for k in range(len(p) - 1)}
+    f = flow.filter(pl.col("is_data")) if "is_data" in flow.columns else flow
+    key = pl.concat_str(["src_addr", "dst_addr"], separator="|")
+    keep = {f"{a}|{b}": v for (a, b), v in pos.items()}
+    f = f.with_columns(key=key).filter(pl.col("key").is_in(list(keep)))
+    if f.is_empty():
+        return None
+    f = f.with_columns(pipe=pl.col("key").replace_strict({k: v[0] for k, v in keep.items()}, return_dtype=pl.Int64),
+                       stage=pl.col("key").replace_strict({k: v[1] for k, v in keep.items()}, return_dtype=pl.Int64))
+    f = f.sort("key", "start_ns")
+    gap = pl.col("start_ns") - pl.col("end_ns").cum_max().shift(1).over("key")
+    b = f.with_columns(gap=gap).filter(pl.col("gap").is_null() | (pl.col("gap") > 0.1 * step_ns))
+    # the first forward send of each step only: later ones also wait for the stages after them (1F1B
+    # interleaves their backward passes), the first microbatch's waits only for the stages before it.
+    # Steps are counted from each stage's first send (a tenth of a step early, for jitter)
+    b = b.with_columns(step=((pl.col("start_ns") - pl.col("start_ns").min().over("stage") + 0.1 * step_ns)
+                             / step_ns).floor().cast(pl.Int64))
+    a = b.group_by("pipe", "stage", "step").agg(t=pl.col("start_ns").min())
+    a = a.with_columns(late=pl.col("t") - pl.col("t").median().over("stage", "step"),
+                       size=pl.len().over("stage", "step")).filter(pl.col("size") >= 3)
+    per = a.group_by("pipe", "stage").agg(late=pl.col("late").median(), n=pl.len())
+    if per.height < 3:
+        return None
+    table = {(r["pipe"], r["stage"]): r["late"] for r in per.iter_rows(named=True)}
+    stages = sorted({k for _, k in table})
+    z: dict = {}
+    for k in stages:
+        x = np.array([v for (p, kk), v in table.items() if kk == k], dtype=float)
+        if len(x) < 3:
+            continue
+        med, sd = robust(x)
+        sd = max(sd, 2.0 * resolution_ns, 1e-4 * step_ns)
+        for (p, kk), v in table.items():
+            if kk == k:
+                z[(p, k)] = ((v - med) / sd, v - med)
+    if not z:
+        return None
+    last = max(k for _, k in z)
+    worst = max((p for p, k in z if k == last), key=lambda p: z[(p, last)][0])
+    row = [(k, *z[(worst, k)]) for k in stages if (worst, k) in z]
+    if not row or row[-1][1] < OUTLIER_MADS:
+        return None
+    # the first stage from which the pipeline stays late
+    first = row[-1][0]
+    for k, zz, _ in reversed(row):
+        if zz < OUTLIER_MADS:
+            break
+        first = k
+    lead = z[(worst, first)][1]
+    # lateness, once a stage brings it in, carries on to every later stage (they wait for its
+    # activations); a pipeline that is later at its start than further on is late for another
+    # reason (its previous step, its gradient sync) and names nobody
+    if any(v < (1 - LATE_SLACK) * lead for k, _, v in row if k > first):
+        return None
+    # as late at an earlier stage whose spread hid it (sampled record starts are noisy): the stage that
+    # brought the delay in is not known, and naming the first clear one would name the wrong worker
+    if any(v >= (1 - LATE_SLACK) * lead for k, _, v in row if k < first):
+        return None
+    # its forward time against the same stage's in the other pipelines (the gap from the previous
+    # stage's first send to its own; for stage 0, the other stages' median): the worker's compute
+    # factor. A slow stage paces its pipeline, and the gradient sync the whole job, so S ~ that factor.
+    a = a.sort("pipe", "step", "stage").with_columns(inc=pl.col("t") - pl.col("t").shift(1).over("pipe", "step"),
+                       prev=pl.col("stage") - pl.col("stage").shift(1).over("pipe", "step"))
+    # other pipelines as late at that stage: no single slow stage. "As late" is judged by lateness, not
+    # by the outlier bar alone: a slow worker in a tensor-parallel group delays every pipeline of the
+    # group by the same time, and with a coarse clock only one of them may clear the bar (a DP32 x PP2 x
+    # TP8 job, millisecond clock: eight pipelines 9-13 ms late, one past 6 robust sd)
+    mates = sorted(pp for (pp, k), (zz, v) in z.items()
+                   if k == first and pp != worst and (zz >= OUTLIER_MADS
+                                                      or (zz >= OUTLIER_MADS / 2 and v >= (1 - LATE_SLACK) * lead)))
+    inc = a.filter(~pl.col("pipe").is_in([worst, *mates]) & (pl.col("prev") == 1) & (pl.col("inc") > 0))
+    own = inc.filter(pl.col("stage") == first)["inc"]
+    fwd = float(own.median()) if own.len() else (float(inc["inc"].median()) if inc.height else 0.0)
+    late = float(lead)
+    factor = 1.0 + late / fwd if fwd > 0 else None
+    out = {"kind": "slow_worker", "culprit": pipes[worst][first],
+           "extra_ns": float(step_ns * (1 - 1 / factor)) if factor else late,
+           "factor": round(factor, 3) if factor else None, "forward_ns": fwd,
+           "late_ns": late, "stage": int(first), "pipeline": pipes[worst],
+           "late_by_stage_ns": {str(k): round(float(v), 1) for k, _, v in row}}
+    if mates:
+        return {**out, "kind": "late_pipelines", "culprit": None, "pipeline": None,
+                "members": sorted(pipes[p][first] for p in [worst, *mates]),
+                "ambiguous": f"{len(mates) + 1} pipelines are as late from stage {first}: one slow worker of a "
+                             "tensor-parallel group (or a cause they share) delays all of them, so flows cannot "
+                             "tell which"}
+    return out
