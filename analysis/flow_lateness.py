@@ -27,9 +27,10 @@ def late_senders(dp: pl.DataFrame, step_ns: float, resolution_ns: int,
     """The endpoint whose DP links open consistently late in its group, or None.
 
     Needs dp src_addr, dst_addr, g (group), start_ns, end_ns. A burst starts after an idle gap longer
-    than a tenth of a step since the link's previous record ended (a record the active timeout cut
-    off is followed at once by the next, whose start carries no phase); its lateness is measured
-    against the median start of its group's bursts in the same step (the collective's start). A ring
+    than a tenth of a step, or half the link's longest one, since the link's previous record ended (a
+    record the active timeout cut off is followed at once by the next, whose start carries no phase);
+    a link's first burst in a step is measured against the median of its group's in the same step
+    (the collective's start). A ring
     member's first chunk is its own, so a member that arrives late opens its link to the next member
     late, and over RoCE also the link from the previous one (whose writes wait for its posted
     buffers): the culprit is the endpoint that both sends and receives on late links, or the sender
@@ -46,8 +47,18 @@ def late_senders(dp: pl.DataFrame, step_ns: float, resolution_ns: int,
     payload = vol.filter(pl.col("v") >= TWO_WAY * pl.col("back").fill_null(0.0)).select(link)
     f = f.join(payload, on=link, how="semi").sort(*link, "start_ns")
     gap = pl.col("start_ns") - pl.col("end_ns").cum_max().shift(1).over(link)
-    bursts = f.with_columns(gap=gap).filter(pl.col("gap").is_null() | (pl.col("gap") > 0.1 * step_ns))
-    bursts = bursts.with_columns(step=((pl.col("start_ns") - pl.col("start_ns").min()) / step_ns).round().cast(pl.Int64))
+    f = f.with_columns(gap=gap).with_columns(big=pl.col("gap").max().over(link))
+    # a burst follows the idle time between steps: a tenth of a step, or, where the collectives fill
+    # most of the step (ZeRO's bucketed reduce-scatters and all-gathers over a 34 s step left 1.7 s
+    # idle), half the link's longest idle gap; a record that follows its predecessor within a few
+    # clock ticks is the same burst cut by the active timeout
+    edge = pl.min_horizontal(pl.lit(0.1 * step_ns), 0.5 * pl.col("big"))
+    bursts = f.filter(pl.col("gap").is_null() | ((pl.col("gap") > edge) & (pl.col("gap") > 10 * resolution_ns)))
+    # steps are counted from the group's first burst, a quarter step early (late arrivals stay in their
+    # step); a link's first burst in a step is its arrival at the step's first collective
+    first = pl.col("start_ns").min().over("g")
+    bursts = (bursts.with_columns(step=((pl.col("start_ns") - first + 0.25 * step_ns) / step_ns).floor().cast(pl.Int64))
+              .group_by(*link, "g", "step").agg(pl.col("start_ns").min()))
     late = bursts.with_columns(late=pl.col("start_ns") - pl.col("start_ns").median().over(["g", "step"]))
     per = late.group_by(link).agg(late=pl.col("late").median(), n=pl.len())
     if per.height < 3:
@@ -67,11 +78,18 @@ def late_senders(dp: pl.DataFrame, step_ns: float, resolution_ns: int,
     out = {"kind": "slow_worker", "culprit": worst["src_addr"], "extra_ns": float(worst["late"] - med),
            "late_ns": float(worst["late"] - med), "robust_sd_ns": sd,
            "late_links": [[r["src_addr"], r["dst_addr"]] for r in bad.iter_rows(named=True)]}
-    if len(cands) == 1:
-        return out
     mates = next((p for p in pipelines or [] if set(cands) <= set(p) and len(p) > 1), None)
-    why = ("several members of one pipeline open their DP links late: a slow stage delays the pipeline's "
-           "whole backward pass, so flows cannot tell which one is slow") if mates else \
+    # a slow stage shifts its whole pipeline's backward pass: its mates' DP links are off too, late or
+    # early (a DP16 x PP16 job, stage 6 slowed 1.9x: stage 0's links 0.3 s late, stages 1-15's a step
+    # phase early), so one member off among mates that are off as well names nobody
+    off = per.filter(((pl.col("late") - med).abs() / sd >= OUTLIER_MADS) & (pl.col("n") >= steady))
+    if len(cands) == 1 and not (mates and set(off["src_addr"].to_list()) & (set(mates) - set(cands))):
+        return out
+    if mates:
+        cands = sorted(set(cands) | (set(off["src_addr"].to_list()) & set(mates)))
+    why = ("members of one pipeline open their DP links off the other pipelines' (late, or a step phase "
+           "early): a slow stage shifts the pipeline's whole backward pass, so flows cannot tell which one "
+           "is slow") if mates else \
         "several endpoints open their DP links late, in no pattern one slow endpoint makes"
     return {**out, "kind": "late_pipeline" if mates else "late_links", "culprit": None, "members": cands,
             "ambiguous": why}
@@ -86,13 +104,17 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     is compared with the same stage's send in the other pipelines (DP replicas, which start each step
     together after the previous gradient sync): a slow stage s delays its own sends and every later
     stage's, not the earlier ones, so the culprit is the first stage from which its pipeline stays
-    late. Needs at least three pipelines with a known stage order; flow src_addr, dst_addr,
+    late. The last stage's first gradient sent back stands in for its forward send. Needs at least three pipelines with a known stage order; flow src_addr, dst_addr,
     start_ns, end_ns (is_data if known).
     """
     pipes = [p for p in strategy.pp_groups or [] if len(p) > 1]
     if len(pipes) < 3 or not step_ns or not (strategy.extra or {}).get("stage_order_known", False):
         return None
     pos = {(p[k], p[k + 1]): (i, k) for i, p in enumerate(pipes) for k in range(len(p) - 1)}
+    # the last stage sends no activations: its first gradient back, after its forward and backward of
+    # the first microbatch, stands for its send (a slow last stage of a DP64 x PP2 job was otherwise
+    # seen only as a whole late pipeline on its DP links)
+    pos.update({(p[-1], p[-2]): (i, len(p) - 1) for i, p in enumerate(pipes)})
     f = flow.filter(pl.col("is_data")) if "is_data" in flow.columns else flow
     key = pl.concat_str(["src_addr", "dst_addr"], separator="|")
     keep = {f"{a}|{b}": v for (a, b), v in pos.items()}
@@ -171,6 +193,7 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
            "extra_ns": float(step_ns * (1 - 1 / factor)) if factor else late,
            "factor": round(factor, 3) if factor else None, "forward_ns": fwd,
            "late_ns": late, "stage": int(first), "pipeline": pipes[worst],
+           "factor_vs": "the same stage's forward time in the other pipelines",
            "late_by_stage_ns": {str(k): round(float(v), 1) for k, _, v in row}}
     if mates:
         return {**out, "kind": "late_pipelines", "culprit": None, "pipeline": None,

@@ -60,6 +60,39 @@ def _slow_group_if_tied(flow: pl.DataFrame, strategy: Strategy, steps: Steps, re
     return None
 
 
+def _ring_and_late_stage(ring: dict | None, late: dict | None) -> tuple[dict | None, dict | None, dict | None]:
+    """A slow ring (no member singled out) and a late pipeline stage, read together: (ring, late, ambiguity).
+
+    Each can cause the other's symptom. A slow NIC slows its DP ring and holds up its pipeline's
+    activations, so its pipeline runs late (a DP32 x PP16 RoCE job, one NIC slowed 3.7x: its ring 3.5x
+    its peers', its pipeline 16 ms late at the last stage, whose worker flows named). A slow worker
+    holds up the backward pass of the stages before it, whose rings then wait and read slow (a DP4 x
+    PP8 job, stage 1 slowed 1.8x: stage 0's ring 2.2x its peers'). Where the ring crosses the late
+    pipeline, the finding with the larger cost is kept and the other becomes its alternative, and the
+    report says it is ambiguous; on the late stage itself, that address is named either way.
+    """
+    if not ring or ring.get("culprit") or not late or not late.get("pipeline") or not late.get("culprit"):
+        return ring, late, None
+    on = sorted(set(late["pipeline"]) & set(ring["members"]))
+    if not on:
+        return ring, late, None
+    x = late["culprit"]
+    costs = {"communication_extra_ns": float(ring["extra_ns"]), "worker_extra_ns": float(late["extra_ns"])}
+    nic = ring["extra_ns"] >= late["extra_ns"]
+    if on == [x]:
+        why = (f"{x}: its DP ring is slow and its pipeline falls behind from its stage; a slow NIC and a slow "
+               "worker both do that, so the cause is the one with the larger cost")
+        merged = {**(ring if nic else late), "kind": "slow_nic" if nic else "slow_worker", "culprit": x,
+                  "links": [], "ambiguous_cause": why}
+        return None, merged, {"between": ["communication", "worker"], "rank": x, **costs, "why": why}
+    why = (f"the slow ring crosses the late pipeline at {on[0]}, not at its late stage {x}: a slow NIC there "
+           f"holds up the pipeline, or a slow worker at {x} keeps the ring waiting; the larger cost is reported")
+    amb = {"between": ["communication", "worker"], "ring": ring["members"], "rank": x, **costs, "why": why}
+    if nic:
+        return ring, {**late, "culprit": None, "kind": "late_stage_or_ring", "ambiguous": why}, amb
+    return {**ring, "kind": "slow_group_or_late_stage"}, late, amb
+
+
 def _brief(x: dict) -> dict:
     """A finding under the report's bar, as evidence: who (or which group), how late or slow, and whether
     its cost is only a lower bound (no forward time to set a late send against: a two-stage pipeline)."""
@@ -104,11 +137,14 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
     # links open late in each of them against its group's, so only a period that does not repeat
     # clearly keeps lateness out
     kinds = (strategy.extra or {}).get("dp_group_kinds")
-    rings = kinds is None or set(kinds) <= {"ring", "pair"}
+    # (a pure pipeline's one-member groups hold no DP link to be late on)
+    multi = set(kinds or {}) - {"single"}
+    rings = kinds is None or multi <= {"ring", "pair"}
     weak = bool(steps.extra.get("period_weak"))
-    late = late_senders(dp, step, resolution_ns, strategy.pp_groups) if rings and not weak else None
+    late = late_senders(dp, step, resolution_ns, strategy.pp_groups) if rings and (kinds is None or multi) and not weak else None
     base["late_dp_links"] = (
-        "not evaluated: in a tree all-reduce members send up only once their children's data arrived"
+        "not evaluated: no data-parallel group has two members" if kinds is not None and not multi
+        else "not evaluated: in a tree all-reduce members send up only once their children's data arrived"
         if not rings else "not evaluated: the traffic does not repeat clearly at the step time found" if weak
         else "no DP link opens consistently late" if late is None else late["kind"])
     if late is None or not late.get("culprit"):
@@ -121,8 +157,12 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
         unread["communication"] = base["link_rates"].get("why", "no link between the job's endpoints has a rate")
     if unread:
         base["not_evaluated"] = unread
-    cands = [slow_links(links, steps.count), slow_group(links, strategy, steps.count), late]
-    if not any(cands[:2]):
+    ring0, link = slow_group(links, strategy, steps.count), slow_links(links, steps.count)
+    ring, late, crossing = _ring_and_late_stage(ring0, late)
+    if crossing:
+        base["ambiguous"] = crossing
+    cands = [link, ring, late]
+    if not (link or ring0):
         cands.append(_slow_group_if_tied(flow, strategy, steps, resolution_ns))
     found = [x for x in cands if x and x.get("culprit")]
     ambiguous = [x for x in cands if x and not x.get("culprit")]
@@ -167,7 +207,8 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
         f = _slowdown(x, step)
         if x["kind"] == "slow_worker":
             ev["slow_ranks"].append({"rank": x["culprit"], "factor": f, "steps": []})
-            culprits.setdefault("worker", {"rank": x["culprit"], "factor": f, "factor_vs": "its DP group's senders"})
+            culprits.setdefault("worker", {"rank": x["culprit"], "factor": f,
+                                           "factor_vs": x.get("factor_vs", "its DP group's senders")})
         else:
             ev["slow_links"].append({"rank": x["culprit"], "factor": x["factor"], "steps": [],
                                      "slow_transfers": len(x["links"]), "transfers": int(links.height)})

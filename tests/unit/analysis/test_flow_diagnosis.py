@@ -197,6 +197,59 @@ def test_a_late_ring_member_is_named_even_when_the_period_found_is_a_multiple_of
     assert "not evaluated: worker (the traffic does not repeat clearly" in summary_text(d), summary_text(d)
 
 
+def _busy_ring_records(late="h3", n=6, steps=8, late_ns=150_000_000):
+    """One TCP DP ring whose bucketed collectives fill most of the step: three records a step with 20 ms
+    between them and 80 ms (under a tenth of the step) between steps; ``late`` opens its link late."""
+    rng = np.random.default_rng(7)
+    ring = [f"h{i}" for i in range(n)]
+    rows = []
+    for s in range(steps):
+        for i in range(n):
+            src, dst = ring[i], ring[(i + 1) % n]
+            t = s * STEP + 50_000_000 + int(rng.normal(0, 500_000)) + (late_ns if src == late else 0)
+            for a, b in ((t, s * STEP + 350_000_000), (s * STEP + 370_000_000, s * STEP + 600_000_000),
+                         (s * STEP + 620_000_000, s * STEP + 970_000_000)):
+                rows.append((src, dst, a, b, 2e9, True))
+    return _frame(rows), ring
+
+
+def test_a_late_ring_member_is_named_when_the_collectives_fill_most_of_the_step():
+    f, ring = _busy_ring_records()
+    dp = f.with_columns(g=pl.lit(0))
+    # the idle time between steps (80 ms) is under a tenth of the step: the link's own longest idle gap
+    # marks where its step's first collective starts
+    x = late_senders(dp, STEP, 1)
+    assert x is not None and x["culprit"] == "h3" and abs(x["late_ns"] - 150_000_000) < 5_000_000, x
+    # and a clean ring names nobody
+    f, _ = _busy_ring_records(late=None)
+    assert late_senders(f.with_columns(g=pl.lit(0)), STEP, 1) is None
+
+
+def test_one_member_off_among_pipeline_mates_that_are_off_too_names_nobody():
+    """A slow stage shifts its pipeline's whole backward pass: stage 0's DP link late, the later stages'
+    a step phase early. Flows cannot tell which member is slow."""
+    rng = np.random.default_rng(3)
+    n, pp, steps = 6, 3, 8
+    stages = [[f"s{k}d{i}" for i in range(n)] for k in range(pp)]
+    pipes = [[stages[k][i] for k in range(pp)] for i in range(n)]
+    rows = []
+    for s in range(steps):
+        for k in range(pp):
+            for i in range(n):
+                src, dst = stages[k][i], stages[k][(i + 1) % n]
+                off = (300_000_000 if k == 0 else -200_000_000) if i == 2 else 0
+                t = s * STEP + 400_000_000 + int(rng.normal(0, 500_000)) + off
+                rows.append((src, dst, t, t + 100_000_000, 2e9, True))
+    f = _frame(rows)
+    group = {a: g for g, st in enumerate(stages) for a in st}
+    dp = f.with_columns(g=pl.col("src_addr").replace_strict(group, return_dtype=pl.Int64))
+    x = late_senders(dp, STEP, 1, pipes)
+    assert x is not None and x["culprit"] is None and x["kind"] == "late_pipeline", x
+    assert set(x["members"]) == set(pipes[2]), x["members"]
+    # without the pipelines (a DP-only reading) the one late member is named
+    assert late_senders(dp, STEP, 1)["culprit"] == "s0d2"
+
+
 def test_sampled_links_with_few_packets_are_not_trusted():
     f = _frame([("a", "b", 0, 1000, 1e6, True), ("b", "c", 0, 1000, 1e6, True)]).with_columns(
         num_packets=pl.Series([5, 500]), sampling_rate=pl.lit(100))
@@ -205,10 +258,13 @@ def test_sampled_links_with_few_packets_are_not_trusted():
     assert abs(links["noise"][1] - 1 / np.sqrt(500)) < 1e-3
 
 
-def _pipeline_records(slow_pipe=None, slow_stage=None, late_start=None, n_pipes=5, pp=4, steps=6, extra=None):
+def _pipeline_records(slow_pipe=None, slow_stage=None, late_start=None, n_pipes=5, pp=4, steps=6, extra=None,
+                      backward=False):
     """Forward sends of each pipeline's first microbatch: stage k sends 40 ms after it received; a slow
     stage takes 40 ms more (or ``extra[(pipe, stage)]``). ``late_start``: a pipeline whose first stage
-    starts 30 ms late but whose later stages catch up (late for another reason, not a slow stage)."""
+    starts 30 ms late but whose later stages catch up (late for another reason, not a slow stage).
+    ``backward``: the last stage sends its first gradient back after 40 ms forward and 40 ms backward
+    (a slow last stage takes twice its extra)."""
     extra = extra or {(slow_pipe, slow_stage): 40_000_000}
     rows = []
     rng = np.random.default_rng(5)
@@ -222,6 +278,9 @@ def _pipeline_records(slow_pipe=None, slow_stage=None, late_start=None, n_pipes=
                     t += 30_000_000 if k == 0 else -30_000_000 if k == 1 else 0
                 rows.append((addrs[k], addrs[k + 1], t, t + 5_000_000, 1e8, True))
                 t += 5_000_000
+            if backward:
+                t += 80_000_000 + 2 * extra.get((p, pp - 1), 0)
+                rows.append((addrs[-1], addrs[-2], t, t + 5_000_000, 1e8, True))
     strat = Strategy(dp=n_pipes, pp=pp, pp_groups=pipes, extra={"stage_order_known": True},
                      dp_groups=[[pipes[p][k] for p in range(n_pipes)] for k in range(pp)])
     return _frame(rows), strat
@@ -239,6 +298,44 @@ def test_a_slow_stage_is_the_first_from_which_its_pipeline_stays_late():
     f, strat = _pipeline_records(slow_pipe=2, slow_stage=1)
     strat.extra["stage_order_known"] = False
     assert late_stage(f, strat, STEP, 1) is None
+
+
+def test_a_slow_last_stage_is_named_from_its_first_gradient_sent_back():
+    # two stages: the last sends no activations, only the gradients back
+    f, strat = _pipeline_records(slow_pipe=3, slow_stage=1, pp=2, backward=True)
+    x = late_stage(f, strat, STEP, 1)
+    assert x is not None and x["culprit"] == "10.1.3.1" and x["stage"] == 1, x
+    # forward + backward took 80 ms more than the others' 80 ms (+ the 5 ms transfer): about 2x
+    assert 1.8 < x["factor"] < 2.1, x["factor"]
+    assert late_stage(_pipeline_records(pp=2, backward=True)[0], strat, STEP, 1) is None
+    # a slow earlier stage still comes first: its lateness carries on to the last stage's gradient
+    f, strat = _pipeline_records(slow_pipe=2, slow_stage=1, backward=True)
+    assert late_stage(f, strat, STEP, 1)["culprit"] == "10.1.2.1"
+
+
+def test_a_slow_ring_and_a_late_pipeline_read_together():
+    from rankscope.analysis.flow_stragglers import _ring_and_late_stage
+
+    ring = {"kind": "slow_group", "culprit": None, "members": ["a1", "b1", "c1"], "extra_ns": 9e8, "factor": 3.0,
+            "group": 1}
+    late = {"kind": "slow_worker", "culprit": "b2", "pipeline": ["b0", "b1", "b2"], "extra_ns": 3e8, "factor": 1.2,
+            "stage": 2}
+    # the ring crosses the late pipeline at b1, not at its late stage: a slow NIC at b1 would hold up the
+    # pipeline as well as a slow worker at b2 would keep b1's ring waiting; the larger cost (the ring's) is
+    # kept and the late stage names nobody
+    r, x, amb = _ring_and_late_stage(ring, late)
+    assert r is ring and x["culprit"] is None and amb["rank"] == "b2" and amb["ring"] == ring["members"]
+    # the late stage's cost larger: it keeps its name, and the ring is no longer a verdict of its own
+    r, x, amb = _ring_and_late_stage(ring, {**late, "extra_ns": 2e9})
+    assert x["culprit"] == "b2" and r["kind"] != "slow_group" and amb["between"] == ["communication", "worker"]
+    # the ring crosses at the late stage itself: that address, with the larger cost's cause
+    r, x, amb = _ring_and_late_stage(ring, {**late, "culprit": "b1", "stage": 1})
+    assert r is None and x["culprit"] == "b1" and x["kind"] == "slow_nic" and amb["rank"] == "b1"
+    # a pipeline the ring does not cross, or a ring with its member named: nothing changes
+    other = {**late, "pipeline": ["d0", "d1", "d2"], "culprit": "d2"}
+    assert _ring_and_late_stage(ring, other) == (ring, other, None)
+    named = {**ring, "culprit": "b1", "kind": "slow_nic"}
+    assert _ring_and_late_stage(named, late) == (named, late, None)
 
 
 def test_pipelines_as_late_from_one_stage_name_nobody_even_when_only_one_clears_the_bar():
