@@ -104,8 +104,9 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     is compared with the same stage's send in the other pipelines (DP replicas, which start each step
     together after the previous gradient sync): a slow stage s delays its own sends and every later
     stage's, not the earlier ones, so the culprit is the first stage from which its pipeline stays
-    late. The last stage's first gradient sent back stands in for its forward send. Needs at least three pipelines with a known stage order; flow src_addr, dst_addr,
-    start_ns, end_ns (is_data if known).
+    late. The last stage's first gradient sent back stands in for its forward send. Needs at least
+    three pipelines with a known stage order; flow src_addr, dst_addr, start_ns, end_ns (is_data if
+    known).
     """
     pipes = [p for p in strategy.pp_groups or [] if len(p) > 1]
     if len(pipes) < 3 or not step_ns or not (strategy.extra or {}).get("stage_order_known", False):

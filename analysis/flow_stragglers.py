@@ -141,7 +141,8 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
     multi = set(kinds or {}) - {"single"}
     rings = kinds is None or multi <= {"ring", "pair"}
     weak = bool(steps.extra.get("period_weak"))
-    late = late_senders(dp, step, resolution_ns, strategy.pp_groups) if rings and (kinds is None or multi) and not weak else None
+    readable = rings and (kinds is None or bool(multi)) and not weak
+    late = late_senders(dp, step, resolution_ns, strategy.pp_groups) if readable else None
     base["late_dp_links"] = (
         "not evaluated: no data-parallel group has two members" if kinds is not None and not multi
         else "not evaluated: in a tree all-reduce members send up only once their children's data arrived"
