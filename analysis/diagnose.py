@@ -20,14 +20,12 @@ from rankscope.analysis.coverage import rank_coverage
 from rankscope.analysis.diagnosis import Diagnosis, Steps, Strategy
 from rankscope.analysis.findings import build_findings
 from rankscope.analysis.flow_config import FlowConfig
-from rankscope.analysis.flow_stragglers import flow_straggler_section
 from rankscope.analysis.hangs import hang_section
 from rankscope.analysis.job_model import JobModel, build_job_model
 from rankscope.analysis.regressions import RegressionConfig, regression_section
 from rankscope.analysis.steps import steps_frame, steps_section
 from rankscope.analysis.stragglers import StragglerConfig, straggler_section
 from rankscope.analysis.strategy_compare import compare_strategies
-from rankscope.analysis.strategy_flows import infer_flows
 from rankscope.analysis.timelines import rank_timelines
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
@@ -116,6 +114,10 @@ def _whitebox(model: JobModel, d: Diagnosis) -> pl.DataFrame:
 
 
 def _blackbox(frames: JobFrames, config: DiagnoseConfig, d: Diagnosis) -> None:
+    # only flow records need the flow analyses: a white-box job does not load them (~10 ms of its startup)
+    from rankscope.analysis.flow_stragglers import flow_straggler_section
+    from rankscope.analysis.strategy_flows import infer_flows
+
     exp_off = exporter_clock_offsets(frames.flow)
     flow = apply_exporter_offsets(frames.flow, exp_off)
     res = infer_flows(flow, config.flow, frames.endpoint_map, one_job=bool(frames.job_endpoints))

@@ -56,10 +56,14 @@ def _results(store, plan, config, engine: str, address: str | None, fresh=None):
         yield planned, d, tables
 
 
-def _load(with_ingest: bool) -> None:
-    """The command's libraries, loaded once and kept out of the garbage collector's way (cli/startup.py)."""
-    from rankscope.cli.startup import import_frozen
+def _load(with_ingest: bool, inputs=()) -> None:
+    """The command's libraries, loaded once and kept out of the garbage collector's way (cli/startup.py).
 
+    ``inputs``: the files and directories the command reads (store, --ingest paths), to size its allocators."""
+    from rankscope.cli.startup import blas_without_threads, import_frozen, lean_allocators
+
+    blas_without_threads()
+    lean_allocators(inputs)
     modules = ["polars", "numpy", "pyarrow.parquet", "rankscope.analysis.diagnose", "rankscope.analysis.jobs",
                "rankscope.analysis.findings", "rankscope.dashboard.report_text"]
     if with_ingest:
@@ -129,7 +133,7 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
       rankscope analyze --store st --job fabric --out-dir reports
       rankscope analyze --store st --out-dir reports --engine ray --address 10.0.0.5:6379
     """
-    _load(with_ingest=bool(ingest_paths))
+    _load(with_ingest=bool(ingest_paths), inputs=[p for p in (store_dir, *ingest_paths) if os.path.exists(p)])
     fresh = _ingest_first(store_dir, ingest_paths) if ingest_paths else None
     from rankscope.analysis.diagnose import DiagnoseConfig
 

@@ -7,12 +7,16 @@ none is ever garbage. Loading them with the collector paused and then freezing t
 of every later collection) took 0.10-0.18 s CPU off ``analyze --ingest`` on the OSDI'25 traces (ST 0.60 ->
 0.49 s, AR 1.13 -> 0.95 s, median of 5; peak memory unchanged). The collector runs as usual afterwards for
 everything the command allocates.
+
+The rest fits the process to its work before and between phases: numpy's BLAS without idle threads, one
+allocator arena for small inputs, and the pages of code a finished phase ran handed back.
 """
 
 from __future__ import annotations
 
 import gc
 import importlib
+import os
 import sys
 
 
@@ -32,3 +36,52 @@ def import_frozen(*modules: str) -> None:
         gc.freeze()
         if was_enabled:
             gc.enable()
+
+
+def blas_without_threads() -> None:
+    """Ask numpy's OpenBLAS for no worker threads, unless the user set a count; only before numpy loads.
+
+    OpenBLAS starts its workers when numpy loads and they spin for work that never comes here: the
+    command's linear algebra is a few least-squares fits over short vectors, below the sizes OpenBLAS
+    splits across threads. The spinning cost ~0.05 s CPU of ``analyze --ingest`` on the OSDI'25 AR
+    trace (0.96 -> 0.90 s, median of 5), a second core that polars could have used."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+SMALL_INPUT_BYTES = 16 << 20
+"""Inputs (files on disk) under this size get :func:`lean_allocators`: their whole analysis works on a few tens
+of MiB of rows, so what the allocators keep in reserve, not the rows, decides the peak."""
+
+
+def input_bytes(paths, stop_above: int = SMALL_INPUT_BYTES) -> int:
+    """Bytes of the files under ``paths`` (files or directories), counted until the sum passes ``stop_above``
+    (a store of a million parts is not walked to the end to learn that it is big)."""
+    total = 0
+    for p in map(str, paths):
+        files = [p] if os.path.isfile(p) else (os.path.join(root, n) for root, _, names in os.walk(p) for n in names)
+        for f in files:
+            try:
+                total += os.stat(f).st_size
+            except OSError:
+                continue  # vanished or unreadable: the command itself will say so
+            if total > stop_above:
+                return total
+    return total
+
+
+def lean_allocators(inputs) -> None:
+    """One jemalloc arena for polars instead of one per thread (4 per core) when the files ``inputs`` (the
+    command's store and trace paths) are small; only before polars loads, and never over the user's own
+    ``_RJEM_MALLOC_CONF``.
+
+    The pages one thread of polars' pool frees stay in that thread's arena while the next operation
+    allocates in another's, so each arena grows to the largest working set it ever saw: one arena lets
+    them be reused (polars appends this to its own decay setting). Peak RSS of ``analyze --ingest`` on the
+    OSDI'25 traces: ST 167 -> 165, AR 262 -> 248, SE 255 -> 241 MiB (median of 5), at no CPU cost measured,
+    also on AR tiled 8x along DP (940k ops, 2 cores: 3.80 -> 3.74 s CPU, 910 -> 873 MiB). For small
+    inputs only (:data:`SMALL_INPUT_BYTES`): with many cores, one arena would serialise polars' threads
+    whenever they allocate large buffers (not measured here: 2 cores). A fixed glibc mmap threshold
+    (``mallopt``) took another 8 MiB off AR and SE but cost ~0.05 s CPU there and 19% at 8x: not used."""
+    if "polars" not in sys.modules and input_bytes(inputs) <= SMALL_INPUT_BYTES:
+        os.environ.setdefault("_RJEM_MALLOC_CONF", "narenas:1")
