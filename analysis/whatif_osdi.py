@@ -81,7 +81,8 @@ def _osdi_template(t: pl.DataFrame, pp: int, use_dp: bool) -> tuple[list, list, 
     for s in range(pp):
         ts = stages.get(s, [])
         # (start_ns, seq, optype) is unique within a stage, so this order is the only one
-        ordered = sorted(ts, key=lambda r: (_null_first(r[3]), r[2], r[1]))
+        ordered = sorted(ts, key=lambda r: (_null_first(r[3]), _null_first(r[2]), r[1]))
+        by_seq = _by(ts, 2)
         comp = [r for r in ordered if r[1] in (FWD, BWD)]
         comp_ids = [r[0] for r in comp]
         _chain(edges, comp_ids)
@@ -133,10 +134,10 @@ def _osdi_template(t: pl.DataFrame, pp: int, use_dp: bool) -> tuple[list, list, 
                 op = key.get((optype, 0, s))
                 if op is not None:
                     edges.append((comp_ids[first_bwd - 2], op))
-        rs = _ids(_by(ts, 2), "grads-reduce-scatter")
+        rs = _ids(by_seq, "grads-reduce-scatter")
         if use_dp:
             _chain(edges, _ids(ordered, "params-all-gather", "grads-reduce-scatter"))
-            ag = _ids(_by(ts, 2), "params-all-gather")
+            ag = _ids(by_seq, "params-all-gather")
             fwd = [r for r in comp if r[1] == FWD]
             if ag and fwd:
                 edges.append((ag[-1], _by(fwd, 3)[0][0]))

@@ -8,8 +8,8 @@ of every later collection) took 0.10-0.18 s CPU off ``analyze --ingest`` on the 
 0.49 s, AR 1.13 -> 0.95 s, median of 5; peak memory unchanged). The collector runs as usual afterwards for
 everything the command allocates.
 
-The rest fits the process to its work before and between phases: numpy's BLAS without idle threads, one
-allocator arena for small inputs, and the pages of code a finished phase ran handed back.
+The rest fits the process to its work before the libraries load: numpy's BLAS without idle threads, and
+one allocator arena for small inputs.
 """
 
 from __future__ import annotations
