@@ -60,7 +60,7 @@ def late_senders(dp: pl.DataFrame, step_ns: float, resolution_ns: int,
     bursts = (bursts.with_columns(step=((pl.col("start_ns") - first + 0.25 * step_ns) / step_ns).floor().cast(pl.Int64))
               .group_by(*link, "g", "step").agg(pl.col("start_ns").min()))
     late = bursts.with_columns(late=pl.col("start_ns") - pl.col("start_ns").median().over(["g", "step"]))
-    per = late.group_by(link).agg(late=pl.col("late").median(), n=pl.len())
+    per = late.group_by(link).agg(late=pl.col("late").median(), n=pl.len(), g=pl.col("g").first())
     if per.height < 3:
         return None
     x = per["late"].to_numpy().astype(float)
@@ -87,12 +87,48 @@ def late_senders(dp: pl.DataFrame, step_ns: float, resolution_ns: int,
         return out
     if mates:
         cands = sorted(set(cands) | (set(off["src_addr"].to_list()) & set(mates)))
+    elif _one_per_group(bad, cands) and not any(len(p) > 1 for p in pipelines or []):
+        # a slow worker of a TP group holds up every member of the group (they meet at each layer's
+        # all-reduce), and each member sits in its own DP ring (a DP16 x TP2 job on two rails: 10.0.0.6
+        # and 10.1.0.6 both 0.33 s late): the group is slow, flows cannot tell which member
+        return {**out, "kind": "late_tp_group", "culprit": None, "members": cands,
+                "late_ns": float(bad["late"].median() - med), "extra_ns": float(bad["late"].median() - med),
+                "ambiguous": f"{len(cands)} endpoints, one in each of {len(cands)} DP groups, open their links "
+                             "equally late: one slow worker of a tensor-parallel group (or a cause they share) "
+                             "delays all of them, so flows cannot tell which"}
     why = ("members of one pipeline open their DP links off the other pipelines' (late, or a step phase "
            "early): a slow stage shifts the pipeline's whole backward pass, so flows cannot tell which one "
            "is slow") if mates else \
         "several endpoints open their DP links late, in no pattern one slow endpoint makes"
     return {**out, "kind": "late_pipeline" if mates else "late_links", "culprit": None, "members": cands,
             "ambiguous": why}
+
+
+def _one_per_group(bad: pl.DataFrame, cands: list[str]) -> bool:
+    """Each candidate sends late links in one DP group of its own, and all are about as late (within
+    LATE_SLACK of the latest): the footprint of one late TP group, not of several slow workers."""
+    own = bad.filter(pl.col("src_addr").is_in(cands)).group_by("src_addr").agg(g=pl.col("g").n_unique(),
+                                                                                 first=pl.col("g").first(),
+                                                                                 late=pl.col("late").median())
+    if own.height != len(cands) or len(cands) < 2 or (own["g"] != 1).any() or own["first"].n_unique() != len(cands):
+        return False
+    return float(own["late"].min()) >= (1 - LATE_SLACK) * float(own["late"].max())
+
+
+def on_time(x: np.ndarray) -> tuple[float, float]:
+    """Median and robust spread of the pipelines that keep time at one stage, from their sorted lateness.
+
+    The late ones are those above the widest gap, if at most half are: a slow worker of a TP group
+    delays every pipeline of the group alike (a DP2 x PP2 job on two rails: two pipelines 22 ms late,
+    two on time), and with the median of all of them the late half sits one spread away. Where the
+    widest gap leaves more than half above it, no set is late (a DP8 x PP16 job: five of eight
+    pipelines' last stages read a burst 0.44 s later, records cut at other times) and all are the
+    reference. The spread is measured on the reference when three or more are in it, else it is 0
+    (the caller takes the step-to-step noise)."""
+    n = len(x)
+    cut = int(np.argmax(np.diff(x))) + 1 if n > 1 else n
+    rest = x[:cut] if n - cut <= n // 2 else x
+    return (float(np.median(rest)), robust(rest)[1] if len(rest) >= 3 else 0.0)
 
 
 def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolution_ns: int) -> dict | None:
@@ -105,11 +141,12 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     together after the previous gradient sync): a slow stage s delays its own sends and every later
     stage's, not the earlier ones, so the culprit is the first stage from which its pipeline stays
     late. The last stage's first gradient sent back stands in for its forward send. Needs at least
-    three pipelines with a known stage order; flow src_addr, dst_addr, start_ns, end_ns (is_data if
+    two pipelines with a known stage order (with two, the later one is set against the other, and the
+    noise is how much their sends move from step to step); flow src_addr, dst_addr, start_ns, end_ns (is_data if
     known).
     """
     pipes = [p for p in strategy.pp_groups or [] if len(p) > 1]
-    if len(pipes) < 3 or not step_ns or not (strategy.extra or {}).get("stage_order_known", False):
+    if len(pipes) < 2 or not step_ns or not (strategy.extra or {}).get("stage_order_known", False):
         return None
     pos = {(p[k], p[k + 1]): (i, k) for i, p in enumerate(pipes) for k in range(len(p) - 1)}
     # the last stage sends no activations: its first gradient back, after its forward and backward of
@@ -134,22 +171,25 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
                              / step_ns).floor().cast(pl.Int64))
     a = b.group_by("pipe", "stage", "step").agg(t=pl.col("start_ns").min())
     a = a.with_columns(late=pl.col("t") - pl.col("t").median().over("stage", "step"),
-                       size=pl.len().over("stage", "step")).filter(pl.col("size") >= 3)
+                       size=pl.len().over("stage", "step")).filter(pl.col("size") >= 2)
     per = a.group_by("pipe", "stage").agg(late=pl.col("late").median(), n=pl.len())
     if per.height < 3:
         return None
     table = {(r["pipe"], r["stage"]): r["late"] for r in per.iter_rows(named=True)}
     stages = sorted({k for _, k in table})
+    # how much one pipeline's send moves from step to step against its stage's median: the noise a
+    # late set must clear when too few pipelines stay on time to measure their spread
+    wobble = a.group_by("pipe", "stage").agg((pl.col("late") - pl.col("late").median()).abs().median())
+    step_sd = 1.4826 * float(wobble["late"].median() or 0.0)
     z: dict = {}
     for k in stages:
-        x = np.array([v for (p, kk), v in table.items() if kk == k], dtype=float)
-        if len(x) < 3:
+        here = {p: v for (p, kk), v in table.items() if kk == k}
+        if len(here) < 2:
             continue
-        med, sd = robust(x)
-        sd = max(sd, 2.0 * resolution_ns, 1e-4 * step_ns)
-        for (p, kk), v in table.items():
-            if kk == k:
-                z[(p, k)] = ((v - med) / sd, v - med)
+        med, sd = on_time(np.array(sorted(here.values()), dtype=float))
+        sd = max(sd, step_sd, 2.0 * resolution_ns, 1e-4 * step_ns)
+        for p, v in here.items():
+            z[(p, k)] = ((v - med) / sd, v - med)
     if not z:
         return None
     last = max(k for _, k in z)

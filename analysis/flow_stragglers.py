@@ -172,7 +172,7 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
     if not found:
         # evidence that a ring or a TP group's pipelines are slow but not who: the cause is reported,
         # nobody is named
-        slow = [x for x in ambiguous if x["kind"] in ("slow_group", "late_pipelines")]
+        slow = [x for x in ambiguous if x["kind"] in ("slow_group", "late_pipelines", "late_tp_group")]
         x = max(slow, key=lambda y: y["extra_ns"], default=None)
         if x is None:
             return Stragglers(extra={**base, "findings_flows": []})
@@ -184,9 +184,11 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
             cause, who = "communication", {"group_id": x["group"], "ranks": x["members"], "transfer_ratio": x["factor"],
                                            **({"labelling": x["labelling"]} if "labelling" in x else {})}
         else:
-            cause, who = "worker", {"ranks": x["members"], "factor": x["factor"], "stage": x["stage"],
-                                    "factor_vs": "the same stage's forward time in the other pipelines",
-                                    "ambiguous": x["ambiguous"]}
+            cause, who = "worker", {"ranks": x["members"], "ambiguous": x["ambiguous"],
+                                    **({"factor": x["factor"], "stage": x["stage"], "factor_vs": x["factor_vs"]}
+                                       if x["kind"] == "late_pipelines" else
+                                       {"late_ns": x["late_ns"], "factor": s,
+                                        "factor_vs": "the step without the group's lateness on its DP links"})}
         return Stragglers(slowdown=s, verdict=cause, by_cause={cause: 1.0}, top_workers=[],
                           waste_fraction=round(1 - 1 / s, 4),
                           extra={**base, "findings_flows": [], "steps": [], "culprits": {cause: who}})

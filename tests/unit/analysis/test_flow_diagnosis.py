@@ -391,3 +391,43 @@ def test_the_period_follows_most_links_burst_spacing():
     rows = [(f"k{i}", int(s * 1.5e9)) for i in range(6) for s in range(0, 8, 2 if i == 5 else 1)]
     b = pl.DataFrame(rows, schema=["key", "start_ns"], orient="row").sort("key", "start_ns")
     assert abs(_burst_spacing(b, 1.58e9) - 1.5e9) < 1e6
+
+
+def test_the_later_of_two_pipelines_is_read_against_the_other():
+    # DP2: with two pipelines the median sits between them; the later one is set against the other and
+    # the noise is how much their sends move from step to step (the old rule needed three pipelines)
+    f, strat = _pipeline_records(slow_pipe=1, slow_stage=2, n_pipes=2)
+    x = late_stage(f, strat, STEP, 1)
+    assert x is not None and x["culprit"] == "10.2.1.1" and x["stage"] == 2, x
+    assert 1.8 < x["factor"] < 2.2, x["factor"]
+    assert late_stage(_pipeline_records(n_pipes=2)[0], strat, STEP, 1) is None
+
+
+def test_half_the_pipelines_late_from_one_stage_is_a_tp_group_and_a_majority_is_nobody():
+    # a slow worker of a TP group on two rails delays two of four pipelines alike: the median of all four
+    # sat between them and nobody was late; the two above the widest gap are set against the two below
+    f, strat = _pipeline_records(extra={(0, 1): 40_000_000, (2, 1): 40_000_000}, n_pipes=4)
+    x = late_stage(f, strat, STEP, 1)
+    assert x["kind"] == "late_pipelines" and x["members"] == ["10.1.0.1", "10.1.2.1"] and x["stage"] == 1, x
+    # five of eight late: more than half sit above the widest gap, so none is late against the others
+    f, strat = _pipeline_records(extra={(p, 1): 40_000_000 for p in range(5)}, n_pipes=8)
+    assert late_stage(f, strat, STEP, 1) is None
+
+
+def test_a_late_tp_group_across_rails_is_named_as_a_group():
+    # DP6 x TP2 on two rails, no pipelines: one slow worker holds up its TP peer, so h3 on rail a and
+    # h3 on rail b open their ring links equally late, each in its own ring: the group is named, no address
+    fa, _ = _late_ring_records()
+    fb = fa.with_columns(pl.col("src_addr").str.replace("h", "r"), pl.col("dst_addr").str.replace("h", "r"))
+    f = pl.concat([fa, fb])
+    rings = [[f"h{i}" for i in range(6)], [f"r{i}" for i in range(6)]]
+    strat = Strategy(dp=6, pp=1, dp_groups=rings, pp_groups=[[a] for r in rings for a in r])
+    st = flow_straggler_section(f, strat, Steps(count=9, median_ns=STEP), 1)
+    assert st.verdict == "worker" and not st.top_workers, st.extra
+    who = st.extra["culprits"]["worker"]
+    assert who["ranks"] == ["h3", "r3"] and who["factor"] > 1.2 and "tensor-parallel" in who["ambiguous"]
+    # two members late by different times are no one group's footprint: nobody named, no group either
+    late_b = _late_ring_records(late_ns=60_000_000)[0].with_columns(pl.col("src_addr").str.replace("h", "r"),
+                                                                   pl.col("dst_addr").str.replace("h", "r"))
+    st = flow_straggler_section(pl.concat([fa, late_b]), strat, Steps(count=9, median_ns=STEP), 1)
+    assert st.verdict == "none" or "culprits" not in st.extra or "worker" not in st.extra["culprits"], st.extra
