@@ -98,7 +98,8 @@ def _brief(x: dict) -> dict:
     its cost is only a lower bound (no forward time to set a late send against: a two-stage pipeline)."""
     keep = ("kind", "culprit", "members", "stage", "factor", "late_ns", "extra_ns", "ambiguous")
     out = {k: x[k] for k in keep if k in x}
-    if x.get("kind") in ("slow_worker", "late_pipelines") and x.get("factor") is None:
+    # (a late ring arrival is the whole cost: the ring waits for it; only a late forward send is a part)
+    if "stage" in x and x.get("factor") is None:
         out["cost"] = "a lower bound: the lateness of the first send, with no forward time to set it against"
     return out
 
