@@ -177,6 +177,17 @@ def exporter_clock_offsets(flow: pl.DataFrame) -> pl.DataFrame:
             .with_columns(pl.col("offset_ns").fill_null(0.0), pl.col("num_matched").fill_null(0)))
 
 
+def exporter_clocks(offsets: pl.DataFrame) -> dict[str, str]:
+    """Exporter -> the clock its times are on after :func:`apply_exporter_offsets`: the reference's (the
+    first row) for it and every exporter matched to it, its own for an exporter that shares no flow
+    with the reference (its offset is unknown, so its times compare only with its own)."""
+    if offsets.is_empty():
+        return {}
+    ref = str(offsets["exporter"][0])
+    return {str(e): (ref if e == ref or n > 0 else str(e))
+            for e, n in zip(offsets["exporter"].to_list(), offsets["num_matched"].to_list())}
+
+
 def apply_exporter_offsets(flow: pl.DataFrame, offsets: pl.DataFrame) -> pl.DataFrame:
     """Shift flow start/end onto the reference exporter's clock."""
     if flow.is_empty() or offsets.is_empty():

@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from rankscope.analysis.clock_align import ClockConfig, apply_exporter_offsets, exporter_clock_offsets
+from rankscope.analysis.clock_align import (
+    ClockConfig,
+    apply_exporter_offsets,
+    exporter_clock_offsets,
+    exporter_clocks,
+)
 from rankscope.analysis.coverage import rank_coverage
 from rankscope.analysis.diagnosis import Diagnosis, Steps, Strategy
 from rankscope.analysis.findings import build_findings
@@ -127,7 +132,7 @@ def _blackbox(frames: JobFrames, config: DiagnoseConfig, d: Diagnosis) -> None:
     if res.job_flows is not None:
         d.stragglers = flow_straggler_section(res.job_flows, res.strategy, res.steps,
                                               res.quality.get("timestamp_resolution_ns", 1),
-                                              config.stragglers.none_below, res.dp_pairs)
+                                              config.stragglers.none_below, res.dp_pairs, exporter_clocks(exp_off))
     d.data_quality["exporter_clock"] = {
         "exporters": int(exp_off.height),
         "max_abs_offset_ns": float(exp_off["offset_ns"].abs().max()) if exp_off.height else 0.0}

@@ -17,9 +17,13 @@ import polars as pl
 from rankscope.analysis.diagnosis import Strategy
 from rankscope.analysis.flow_link_rates import OUTLIER_MADS, robust
 from rankscope.analysis.flow_models import TWO_WAY
+from rankscope.analysis.flow_ranks_per_address import ROCE_PORT
 
 LATE_SLACK = 0.25
 """a later stage may absorb at most this share of a slow stage's lateness (jitter, its own bubble)."""
+MAX_FACTOR = 10.0
+"""a stage read as more times slower than this is a misread send (no compute straggler runs 10x its peers
+and keeps the job running), and names nobody."""
 
 
 def late_senders(dp: pl.DataFrame, step_ns: float, resolution_ns: int,
@@ -73,7 +77,13 @@ def late_senders(dp: pl.DataFrame, step_ns: float, resolution_ns: int,
     if bad.is_empty():
         return None
     senders, receivers = set(bad["src_addr"].to_list()), set(bad["dst_addr"].to_list())
-    cands = sorted(senders & receivers) or sorted(senders)
+    # over RoCE a late member's writes and the writes into it both wait for it: a late link whose other
+    # direction is on time is no late arrival there (a DP2 pair of a clean RoCE job read one direction
+    # 0.14 s late, its records cut at other times by the exporter's timers)
+    roce = "dst_port" in dp.columns and bool((dp["dst_port"] == ROCE_PORT).fill_null(False).mean() > 0.5)
+    cands = sorted(senders & receivers) or ([] if roce else sorted(senders))
+    if not cands:
+        return None
     worst = bad.filter(pl.col("src_addr").is_in(cands)).sort("late", descending=True).row(0, named=True)
     out = {"kind": "slow_worker", "culprit": worst["src_addr"], "extra_ns": float(worst["late"] - med),
            "late_ns": float(worst["late"] - med), "robust_sd_ns": sd,
@@ -131,7 +141,8 @@ def on_time(x: np.ndarray) -> tuple[float, float]:
     return (float(np.median(rest)), robust(rest)[1] if len(rest) >= 3 else 0.0)
 
 
-def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolution_ns: int) -> dict | None:
+def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolution_ns: int,
+               clocks: dict[str, str] | None = None) -> dict | None:
     """The endpoint whose pipeline's forward sends fall behind from its stage on, or None.
 
     A slow worker's ring links open late only where their records split at steps, and in a pipeline
@@ -141,12 +152,13 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     together after the previous gradient sync): a slow stage s delays its own sends and every later
     stage's, not the earlier ones, so the culprit is the first stage from which its pipeline stays
     late. The last stage's first gradient sent back stands in for its forward send. Needs at least
-    two pipelines with a known stage order (with two, the later one is set against the other, and the
-    noise is how much their sends move from step to step); flow src_addr, dst_addr, start_ns, end_ns (is_data if
-    known).
+    three pipelines with a known stage order, each compared with the others on its exporter's clock
+    where there are some; flow src_addr, dst_addr, start_ns, end_ns (is_data, exporter if known). ``clocks``: exporter -> its clock (exporters aligned to one another share one);
+    an exporter not in it keeps its own.
     """
     pipes = [p for p in strategy.pp_groups or [] if len(p) > 1]
-    if len(pipes) < 2 or not step_ns or not (strategy.extra or {}).get("stage_order_known", False):
+    # the pipelines of one DP replica on several rails are its TP copies: they keep time with each other
+    if (strategy.dp or 1) < 2 or len(pipes) < 3 or not step_ns or not (strategy.extra or {}).get("stage_order_known", False):
         return None
     pos = {(p[k], p[k + 1]): (i, k) for i, p in enumerate(pipes) for k in range(len(p) - 1)}
     # the last stage sends no activations: its first gradient back, after its forward and backward of
@@ -169,27 +181,45 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     # Steps are counted from each stage's first send (a tenth of a step early, for jitter)
     b = b.with_columns(step=((pl.col("start_ns") - pl.col("start_ns").min().over("stage") + 0.1 * step_ns)
                              / step_ns).floor().cast(pl.Int64))
-    a = b.group_by("pipe", "stage", "step").agg(t=pl.col("start_ns").min())
-    a = a.with_columns(late=pl.col("t") - pl.col("t").median().over("stage", "step"),
-                       size=pl.len().over("stage", "step")).filter(pl.col("size") >= 2)
-    per = a.group_by("pipe", "stage").agg(late=pl.col("late").median(), n=pl.len())
+    # a send is compared only with sends timed on the same clock: exporters that share no flow keep their
+    # own offsets (two rails' exporters of a DP8 x PP4 x TP8 job, 0.68 ms apart, made a whole rail's
+    # pipelines read late from stage 0 in a clean job)
+    clock = (pl.col("exporter").replace_strict(clocks or {}, default=pl.col("exporter"), return_dtype=pl.String)
+             if "exporter" in b.columns else pl.lit(""))
+    a = b.with_columns(clock=clock).group_by("pipe", "stage", "step").agg(
+        t=pl.col("start_ns").min(), clock=pl.col("clock").sort_by("start_ns").first())
+    own_clock = pl.len().over("stage", "step", "clock") >= 2
+    a = a.with_columns(late=pl.when(own_clock).then(pl.col("t") - pl.col("t").median().over("stage", "step", "clock"))
+                       .otherwise(pl.col("t") - pl.col("t").median().over("stage", "step")),
+                       size=pl.len().over("stage", "step")).filter(pl.col("size") >= 3)
+    per = a.group_by("pipe", "stage").agg(late=pl.col("late").median(), n=pl.len(), clock=pl.col("clock").mode().first())
     if per.height < 3:
         return None
     table = {(r["pipe"], r["stage"]): r["late"] for r in per.iter_rows(named=True)}
+    clock_of = {(r["pipe"], r["stage"]): r["clock"] for r in per.iter_rows(named=True)}
     stages = sorted({k for _, k in table})
     # how much one pipeline's send moves from step to step against its stage's median: the noise a
     # late set must clear when too few pipelines stay on time to measure their spread
     wobble = a.group_by("pipe", "stage").agg((pl.col("late") - pl.col("late").median()).abs().median())
     step_sd = 1.4826 * float(wobble["late"].median() or 0.0)
     z: dict = {}
+    # each pipeline against the others on its clock where there are some (a rail's exporter), else against
+    # all of its stage (an exporter per host times one stage of each pipeline: an offset there moves one
+    # stage, never a pipeline from one stage on, which is what a slow stage does)
     for k in stages:
         here = {p: v for (p, kk), v in table.items() if kk == k}
-        if len(here) < 2:
-            continue
-        med, sd = on_time(np.array(sorted(here.values()), dtype=float))
-        sd = max(sd, step_sd, 2.0 * resolution_ns, 1e-4 * step_ns)
-        for p, v in here.items():
-            z[(p, k)] = ((v - med) / sd, v - med)
+        shared = {c for c in (clock_of[(p, k)] for p in here) if sum(clock_of[(q, k)] == c for q in here) >= 2}
+        for c in {clock_of[(p, k)] if clock_of[(p, k)] in shared else None for p in here}:
+            peers = {p: v for p, v in here.items() if (clock_of[(p, k)] if clock_of[(p, k)] in shared else None) == c}
+            ref = peers if c is not None else here
+            # two alone cannot tell a late one from a steady difference between them (a clean DP16 x PP2
+            # job, two pipelines per rail: one read 1.9 ms late at its last stage, 1.74x its forward time)
+            if len(ref) < 3:
+                continue
+            med, sd = on_time(np.array(sorted(ref.values()), dtype=float))
+            sd = max(sd, step_sd, 2.0 * resolution_ns, 1e-4 * step_ns)
+            for p, v in peers.items():
+                z[(p, k)] = ((v - med) / sd, v - med)
     if not z:
         return None
     last = max(k for _, k in z)
@@ -204,6 +234,12 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
             break
         first = k
     lead = z[(worst, first)][1]
+    # late from its first stage on, all of it timed on one clock no other pipeline shares: that clock's
+    # unknown offset would read the same
+    own = {clock_of[(worst, k)] for k, _, _ in row if k >= first}
+    if first == row[0][0] and len(own) == 1 and not any(
+            clock_of[(p, k)] in own for (p, k) in clock_of if p != worst and k >= first):
+        return None
     # lateness, once a stage brings it in, carries on to every later stage (they wait for its
     # activations); a pipeline that is later at its start than further on is late for another
     # reason (its previous step, its gradient sync) and names nobody
@@ -212,6 +248,11 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     # as late at an earlier stage whose spread hid it (sampled record starts are noisy): the stage that
     # brought the delay in is not known, and naming the first clear one would name the wrong worker
     if any(v >= (1 - LATE_SLACK) * lead for k, _, v in row if k < first):
+        return None
+    # a slow stage leaves the stages before it on time: earlier stages clearly late by part of it (a DP32 x
+    # PP4 job, 1 in 1,000 packets sampled: stage 1 slowed, stages 1-2 read 9 ms late under the bar and the
+    # last stage's gradient 20 ms over it) are no single slow stage's footprint
+    if any(v >= LATE_SLACK * lead and zz >= 2.0 for k, zz, v in row if k < first):
         return None
     # its forward time against the same stage's in the other pipelines (the gap from the previous
     # stage's first send to its own; for stage 0, the other stages' median): the worker's compute
@@ -230,6 +271,10 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     fwd = float(own.median()) if own.len() else (float(inc["inc"].median()) if inc.height else 0.0)
     late = float(lead)
     factor = 1.0 + late / fwd if fwd > 0 else None
+    # a first send later than many forward times is a burst of another phase of the step taken for it
+    # (records cut at other times: a last stage 0.44 s "late" against a 1.4 ms forward), not a slow worker
+    if factor is not None and factor > MAX_FACTOR:
+        return None
     out = {"kind": "slow_worker", "culprit": pipes[worst][first],
            "extra_ns": float(step_ns * (1 - 1 / factor)) if factor else late,
            "factor": round(factor, 3) if factor else None, "forward_ns": fwd,

@@ -210,6 +210,10 @@ def slow_group(links: pl.DataFrame, strategy: Strategy, num_steps: int) -> dict 
         sd = max(sd, 0.05)
         if ref - lr0 < max(np.log(SLOW_FACTOR), OUTLIER_MADS * sd):
             return None
+        # one slow NIC slows one DP ring; rings about as slow as it (12 of a clean DP2 x PP16 x TP4 job's 64,
+        # 2.6-3.0 against 10 for the rest: a topology's slower paths) are no single slow ring
+        if (lrs[peers] < lr0 + 0.5 * (ref - lr0)).any():
+            return None
         members = sorted(strategy.dp_groups[g0])
         cands = sorted(x for x in members if x in slow_ends)
         sel = dp.filter(pl.col("g") == g0)

@@ -109,13 +109,14 @@ def _slowdown(x: dict, step: float) -> float:
 
 
 def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps, resolution_ns: int = 1,
-                           none_below: float = 1.05, dp_pairs: frozenset = frozenset()) -> Stragglers:
+                           none_below: float = 1.05, dp_pairs: frozenset = frozenset(),
+                           clocks: dict[str, str] | None = None) -> Stragglers:
     """Straggler section of a flows-only report (see module doc).
 
     Needs flow (aligned) src_addr, dst_addr, est_bytes or size_bytes, start_ns, end_ns and is_data,
     num_packets, sampling_rate if known; the inferred strategy's dp_groups, pp_groups and the step time;
     ``dp_pairs``: the heavy pairs labelled data-parallel (FlowInference.dp_pairs), whose links alone are
-    read for late arrivals.
+    read for late arrivals; ``clocks``: exporter -> the clock its times are on (clock_align.exporter_clocks).
     """
     if "est_bytes" not in flow.columns:
         rate = pl.col("sampling_rate").fill_null(1).clip(lower_bound=1) if "sampling_rate" in flow.columns else 1
@@ -150,7 +151,7 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
         if not rings else "not evaluated: the traffic does not repeat clearly at the step time found" if weak
         else "no DP link opens consistently late" if late is None else late["kind"])
     if late is None or not late.get("culprit"):
-        late = late_stage(flow, strategy, step, resolution_ns) or late
+        late = late_stage(flow, strategy, step, resolution_ns, clocks) or late
     # what the flows could not check, so that a verdict "none" is not read as "no straggler"
     unread = {}
     if late is None and base["late_dp_links"].startswith("not evaluated"):
