@@ -208,7 +208,8 @@ def describe(f: dict) -> str:
     if kind == "slow_worker" and f.get("evidence", {}).get("own_time_with_stalls_vs_stage_peers") is not None:
         return f"{who} takes {x} its stage peers' compute time, with stalls (gc, data) of {stall / 1e6:.0f} ms per step"
     if kind == "slow_worker" and f.get("factor_vs", "stage peers") != "stage peers":
-        return f"{who} computes {x} the {f['factor_vs']}"
+        vs = f["factor_vs"]
+        return f"{who} computes {x} " + (vs if vs.startswith(("the ", "its ")) else f"the {vs}")
     if kind == "slow_worker":
         return f"{who} computes {x} its stage peers" + (
             "'" if f.get("evidence", {}).get("basis") != "arrival_skew" else "' (own work between collectives)")

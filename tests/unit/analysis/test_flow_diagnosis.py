@@ -355,6 +355,7 @@ def test_pipelines_as_late_from_one_stage_name_nobody_even_when_only_one_clears_
 
     text = summary_text(Diagnosis(job="j", stragglers=st))
     assert text.startswith("verdict worker: one of 10.1.1.1, 10.1.2.1 (stage 1) computes"), text
+    assert "the the" not in text and "the same stage's forward time in the other pipelines" in text, text
     # the mate far less late: the one pipeline is still named
     f, strat = _pipeline_records(extra={(1, 1): 15_000_000, (2, 1): 65_000_000}, n_pipes=8)
     assert late_stage(f, strat, STEP, 5_000_000)["culprit"] == "10.1.2.1"
