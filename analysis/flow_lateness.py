@@ -129,8 +129,8 @@ def on_time(x: np.ndarray) -> tuple[float, float]:
     """Median and robust spread of the pipelines that keep time at one stage, from their sorted lateness.
 
     The late ones are those above the widest gap, if at most half are: a slow worker of a TP group
-    delays every pipeline of the group alike (a DP2 x PP2 job on two rails: two pipelines 22 ms late,
-    two on time), and with the median of all of them the late half sits one spread away. Where the
+    delays every pipeline of the group alike (two of four pipelines on one clock 40 ms late), and with
+    the median of all of them the late half sits one spread away. Where the
     widest gap leaves more than half above it, no set is late (a DP8 x PP16 job: five of eight
     pipelines' last stages read a burst 0.44 s later, records cut at other times) and all are the
     reference. The spread is measured on the reference when three or more are in it, else it is 0
@@ -152,8 +152,9 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     together after the previous gradient sync): a slow stage s delays its own sends and every later
     stage's, not the earlier ones, so the culprit is the first stage from which its pipeline stays
     late. The last stage's first gradient sent back stands in for its forward send. Needs at least
-    three pipelines with a known stage order, each compared with the others on its exporter's clock
-    where there are some; flow src_addr, dst_addr, start_ns, end_ns (is_data, exporter if known). ``clocks``: exporter -> its clock (exporters aligned to one another share one);
+    three pipelines of at least two DP replicas with a known stage order, each compared with the others
+    on its exporter's clock where there are some; flow src_addr, dst_addr, start_ns, end_ns (is_data,
+    exporter if known). ``clocks``: exporter -> its clock (exporters aligned to one another share one);
     an exporter not in it keeps its own.
     """
     pipes = [p for p in strategy.pp_groups or [] if len(p) > 1]
