@@ -11,6 +11,8 @@ is judged with the outlier rule of the link rates (flow_link_rates).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import polars as pl
 
@@ -209,9 +211,11 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     # stage, never a pipeline from one stage on, which is what a slow stage does)
     for k in stages:
         here = {p: v for (p, kk), v in table.items() if kk == k}
-        shared = {c for c in (clock_of[(p, k)] for p in here) if sum(clock_of[(q, k)] == c for q in here) >= 2}
-        for c in {clock_of[(p, k)] if clock_of[(p, k)] in shared else None for p in here}:
-            peers = {p: v for p, v in here.items() if (clock_of[(p, k)] if clock_of[(p, k)] in shared else None) == c}
+        count = Counter(clock_of[(p, k)] for p in here)
+        # the clock a pipeline is compared on: its own where others share it, else None (all of the stage)
+        on = {p: clock_of[(p, k)] if count[clock_of[(p, k)]] >= 2 else None for p in here}
+        for c in set(on.values()):
+            peers = {p: v for p, v in here.items() if on[p] == c}
             ref = peers if c is not None else here
             # two alone cannot tell a late one from a steady difference between them (a clean DP16 x PP2
             # job, two pipelines per rail: one read 1.9 ms late at its last stage, 1.74x its forward time)
