@@ -103,8 +103,9 @@ def late_senders(dp: pl.DataFrame, step_ns: float, resolution_ns: int,
         # a slow worker of a TP group holds up every member of the group (they meet at each layer's
         # all-reduce), and each member sits in its own DP ring (a DP16 x TP2 job on two rails: 10.0.0.6
         # and 10.1.0.6 both 0.33 s late): the group is slow, flows cannot tell which member
+        group_late = float(bad["late"].median() - med)
         return {**out, "kind": "late_tp_group", "culprit": None, "members": cands,
-                "late_ns": float(bad["late"].median() - med), "extra_ns": float(bad["late"].median() - med),
+                "late_ns": group_late, "extra_ns": group_late,
                 "ambiguous": f"{len(cands)} endpoints, one in each of {len(cands)} DP groups, open their links "
                              "equally late: one slow worker of a tensor-parallel group (or a cause they share) "
                              "delays all of them, so flows cannot tell which"}
