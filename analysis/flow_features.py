@@ -23,13 +23,11 @@ MAJOR_CONNECTION_SHARE = 0.01
 """a connection (5-tuple) carrying less than this share of its address pair's bytes does not time the pair."""
 
 PAIR_COLUMNS = ("src", "dst", "bytes", "num_records", "first_ns", "last_ns", "data_bytes", "first_data_ns",
-                "bursts", "duty", "regular", "exporter")
+                "exporter")
 
 MIN_BURST_GAP_NS = 5_000_000
 """an idle gap shorter than this (or than 20 clock ticks) between a pair's payload records does not end a
 burst: micro-batches of one step and records cut by the exporter's active timeout follow that closely."""
-MIN_DUTY_BURSTS = 3
-"""fewer bursts than this give no busy share per period."""
 
 
 @dataclass
@@ -109,7 +107,7 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
     # one exporter per directed pair: the one that saw the most bytes (the others saw the same transfer)
     pairs = (per_exp.sort("bytes", descending=True).group_by(["src_addr", "dst_addr"]).first()
              .rename({"src_addr": "src", "dst_addr": "dst"}))
-    pairs = pairs.join(burst_duty(keep), on=["src", "dst"], how="left").sort(["src", "dst"])
+    pairs = pairs.sort(["src", "dst"])
     quality = {
         "records": int(flow.height),
         "control_records": int(ctl.height),
@@ -140,37 +138,6 @@ def burst_index(gap_ns: int, pair: tuple[str, str] = ("src_addr", "dst_addr"), s
     return (busy_until.is_null() | (pl.col(start) > busy_until + gap_ns)).cast(pl.Int32).cum_sum().over(list(pair))
 
 
-def burst_duty(flows: pl.DataFrame) -> pl.DataFrame:
-    """Per directed pair: payload bursts (runs of records apart by idle gaps), the busy share of a burst
-    period (duty) and whether the bursts recur regularly (once a step).
-
-    A collective all-reduce is one burst a step at the end of the backward pass, busy a small share of
-    the step; pipeline sends run through the forward and backward passes, busy most of it. Exporters
-    that keep records open longer than a step show one long burst: no duty then (null). Needs flows
-    src_addr, dst_addr, exporter, start_ns, end_ns, is_data. Returns src, dst, bursts, duty, regular.
-    """
-    from rankscope.analysis.flow_jobs import flow_resolution_ns  # flow_jobs imports this module
-
-    schema = {"src": pl.Utf8, "dst": pl.Utf8, "bursts": pl.UInt32, "duty": pl.Float64, "regular": pl.Boolean}
-    f = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
-    if f.is_empty():
-        return pl.DataFrame(schema=schema)
-    gap = max(MIN_BURST_GAP_NS, 20 * flow_resolution_ns(f))
-    f = f.select(src="src_addr", dst="dst_addr", s="start_ns", e="end_ns").sort(["src", "dst", "s"])
-    f = f.with_columns(b=burst_index(gap, pair=("src", "dst"), start="s", end="e"))
-    b = f.group_by(["src", "dst", "b"]).agg(s=pl.col("s").min(), e=pl.col("e").max()).sort(["src", "dst", "s"])
-    b = b.with_columns(period=pl.col("s").shift(-1).over(["src", "dst"]) - pl.col("s"))
-    out = b.group_by(["src", "dst"]).agg(
-        bursts=pl.len().cast(pl.UInt32),
-        busy=(pl.col("e") - pl.col("s")).filter(pl.col("period").is_not_null()).sum().cast(pl.Float64),
-        span=pl.col("period").sum().cast(pl.Float64),
-        cv=pl.col("period").std() / pl.col("period").mean())
-    ok = (pl.col("bursts") >= MIN_DUTY_BURSTS) & (pl.col("span") > 0)
-    return out.select("src", "dst", "bursts",
-                      duty=pl.when(ok).then(pl.col("busy") / pl.col("span")).otherwise(None),
-                      regular=pl.when(ok).then(pl.col("cv").fill_null(0.0) < 0.2).otherwise(None))
-
-
 def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
     """Undirected edges a < b with per-direction features.
 
@@ -179,8 +146,7 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
     only: data_ab, data_ba, data_symmetry (a ring link carries payload one way and ACKs back; a
     pipeline link carries activations one way and gradients back). first_ab/first_ba are the first
     payload record of each direction (the pair's first record when it has no payload at all);
-    last_link is the end of the link's last record, either direction; duty the larger busy share of a
-    burst period of the two directions and regular whether both burst regularly (null: not seen);
+    last_link is the end of the link's last record, either direction;
     same_clock whether one exporter timed both directions (null: a direction unseen, or pairs without
     an exporter column).
     """
@@ -195,9 +161,6 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
         data_ba=pl.col("data_bytes").filter(~pl.col("fwd")).sum(),
         last_link=pl.col("last_ns").max(),
         num_records=pl.col("num_records").sum(),
-        duty=pl.col("duty").max() if "duty" in pairs.columns else pl.lit(None, pl.Float64),
-        regular=pl.when(pl.col("regular").is_not_null().any()).then(pl.col("regular").all())
-        .otherwise(None) if "regular" in pairs.columns else pl.lit(None, pl.Boolean),
         same_clock=(pl.col("exporter").filter(pl.col("fwd")).first() == pl.col("exporter").filter(~pl.col("fwd")).first())
         if "exporter" in pairs.columns else pl.lit(None, pl.Boolean))
     return e.with_columns(

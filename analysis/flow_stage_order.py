@@ -3,14 +3,16 @@
 In every pipeline schedule (GPipe, 1F1B, interleaved) the final backward of a step runs from the last
 stage to the first: the last stage's gradients are ready first, and each upstream stage waits for the
 gradient of its last micro-batch before it can finish. So within each step a stage's data-parallel
-gradient reduction (all-reduce, or reduce-scatter then all-gather) ends later the further upstream the
-stage is. That holds whatever the transport does to the pipeline link itself (ACK flows that open both
+gradient reduction (all-reduce, or reduce-scatter then all-gather) starts, and so ends, later the further
+upstream the stage is. That holds whatever the transport does to the pipeline link itself (ACK flows that open both
 of its directions together), and for two-stage pipelines, whose single link shows no chronology.
 
 Each DP group's payload records are merged into bursts (one a step when the exporter cuts records at
-least once a step); the burst ends of two stages are matched step by step, and a step votes when the
-two ends are further apart than the clock can blur (20 ticks, and MIN_STAGE_END_GAP_NS); two stages'
-votes count only when most of their matched steps vote the same way. The last burst
+least once a step); the burst ends of two stages are matched step by step, and a step votes when both
+its starts and its ends are further apart than the clock can blur (20 ticks, and MIN_STAGE_END_GAP_NS),
+the same way round: ends apart after starts together are reductions of different lengths (a slow NIC's
+ring), not the stage order. Two stages' votes count only when most of their matched steps vote the same
+way. The last burst
 is left out (it may run on into the job's shutdown), and so are groups with fewer than MIN_STEP_BURSTS.
 
 :func:`order_pipelines` orients the pipelines that :func:`rankscope.analysis.flow_groups.fit_grid`
@@ -34,7 +36,7 @@ from rankscope.analysis.flow_link_evidence import lag_floor_ns
 from rankscope.analysis.flow_tie_evidence import ends_from_wrap, wrap_by_bytes
 
 MIN_STAGE_END_GAP_NS = 1_000_000
-"""two stages' gradient reductions ending closer than this vote nothing: exporters' clock offsets left
+"""two stages' gradient reductions starting or ending closer than this vote nothing: exporters' clock offsets left
 after alignment are of this order, and one micro-batch's backward is longer."""
 
 
@@ -42,15 +44,16 @@ MIN_STEP_BURSTS = 3
 """a DP group whose traffic shows fewer bursts than this does not show its steps."""
 
 
-def _burst_ends(t: pl.DataFrame, gap_ns: int) -> np.ndarray:
+def _bursts(t: pl.DataFrame, gap_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the runs of records apart by idle gaps of at most ``gap_ns``."""
     t = t.sort("start_ns")
     s, e = t["start_ns"].to_numpy(), t["end_ns"].to_numpy()
     if not len(s):
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     busy = np.maximum.accumulate(e)
     new = np.r_[True, s[1:] > busy[:-1] + gap_ns]
     idx = np.flatnonzero(new)
-    return np.maximum.reduceat(e, idx) if len(idx) else np.zeros(0, dtype=np.int64)
+    return s[idx], np.maximum.reduceat(e, idx)
 
 
 def dp_end_votes(flows: pl.DataFrame, dp_groups: list[list[str]], pipelines: list[list[str]],
@@ -72,28 +75,34 @@ def dp_end_votes(flows: pl.DataFrame, dp_groups: list[list[str]], pipelines: lis
     floor = max(MIN_STAGE_END_GAP_NS, 20 * int(resolution_ns))
     # a step's bursts only: the last burst may run on into the job's shutdown (barriers, teardown), and
     # fewer than MIN_STEP_BURSTS bursts are records kept open across steps, whose ends are no step's
-    ends = {int(g): b[:-1] for (g,), t in f.group_by("g") if g >= 0
-            for b in [_burst_ends(t, gap)] if len(b) >= MIN_STEP_BURSTS}
+    bursts = {int(g): (b[0][:-1], b[1][:-1]) for (g,), t in f.group_by("g") if g >= 0
+              for b in [_bursts(t, gap)] if len(b[0]) >= MIN_STEP_BURSTS}
     stage_pairs = {(group_of[u], group_of[v]) for p in pipelines for u, v in zip(p, p[1:])
                    if u in group_of and v in group_of}
     stage_pairs |= {(group_of[p[-1]], group_of[p[0]]) for p in pipelines if len(p) > 2}
     counts: dict[tuple[int, int], list[int]] = {}
     for i, j in stage_pairs:
         a, b = (i, j) if i < j else (j, i)
-        ea, eb = ends.get(a), ends.get(b)
-        if ea is None or eb is None or not len(ea) or not len(eb) or (a, b) in counts:
+        if a not in bursts or b not in bursts or (a, b) in counts:
+            continue
+        (sa, ea), (sb, eb) = bursts[a], bursts[b]
+        if not len(ea) or not len(eb):
             continue
         # match each of a's bursts to b's nearest; a step apart is no match
         spacing = np.median(np.diff(ea)) if len(ea) > 1 else np.inf
         c = counts[(a, b)] = [0, 0, 0]  # steps voting a upstream, b upstream, and matched steps
-        for x in ea:
-            y = eb[np.argmin(np.abs(eb - x))]
-            d = int(x) - int(y)
+        for x, xs in zip(ea, sa):
+            k = int(np.argmin(np.abs(eb - x)))
+            d, ds = int(x) - int(eb[k]), int(xs) - int(sb[k])
             if abs(d) >= 0.5 * spacing:
                 continue
             c[2] += 1
-            if abs(d) > floor:
-                c[0 if d > 0 else 1] += 1  # a's reduction ends later: a is upstream
+            # a's reduction started and ended later: a is upstream. Ends alone are no order: two
+            # reductions that start together and end apart took different times (a slow NIC's ring: a
+            # real gloo DP2 x PP2 job's stage-1 ring ended 1.2-1.5 s after stage 0's, every step, both
+            # starting within a millisecond)
+            if abs(d) > floor and abs(ds) > floor and (d > 0) == (ds > 0):
+                c[0 if d > 0 else 1] += 1
     for (a, b), (up, down, matched) in counts.items():
         # the stage order holds every step, so it shows in most of them. Where most steps' reductions end
         # within the clock's blur, the few that stand apart were set apart by something else (one

@@ -4,8 +4,8 @@ The tie that matters: an interleaved pipeline (several model chunks per rank) se
 output back to the first stage's next chunk, so its stage links close a cycle, and when every link
 carries payload both ways about evenly (activations one way, gradients back) that cycle fits a
 collective's shape too (a ring or tree all-reduce of the same members). Over TCP with exporter
-timeouts longer than the capture a link is one record per direction, so neither the direction lag nor
-the busy share of a burst period (flow_link_evidence) can be measured and both labellings score alike.
+timeouts longer than the capture a link is one record per direction, so the direction lag
+(flow_link_evidence) cannot be measured and both labellings score alike.
 
 What still tells them apart is in the bytes and the record ends, from the two traffic models:
 

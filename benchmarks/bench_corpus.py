@@ -123,6 +123,13 @@ def score_fabric(fab) -> list[dict]:
                          and same_sets(s.dp_groups, t["dp_groups_by_address"])
                          and same_pipelines_any_direction(s.pp_groups, t["pp_groups_by_address"]))
         x = (s.extra or {}) if s else {}
+        # a standing tie names its other labellings (dp, pp and up to four DP groups each): the truth among
+        # them is an ambiguous answer, not a wrong one
+        true_sets = {tuple(sorted(g)) for g in unique_groups(t["dp_groups_by_address"])}
+        truth_listed = bool(x.get("ambiguous")) and any(
+            (a["dp"], a["pp"]) == (deg["dp"], deg["pp"])
+            and all(tuple(sorted(dict.fromkeys(map(str, g)))) in true_sets for g in a.get("dp_groups") or [])
+            for a in x.get("alternatives") or [])
         # a report that says it does not know the stage order claims only the pipelines, not their direction
         order_claimed = bool(x.get("stage_order_known", True))
         shape_reported = shape if order_claimed else groups_ok
@@ -132,7 +139,7 @@ def score_fabric(fab) -> list[dict]:
         rows.append({"world": t["world_size"], "recognised": rec is not None, "found_jobs": len(found.jobs),
                      "true_jobs": len(fab.jobs), "shape_ok": shape, "ok": shape and s.tp == deg["tp"],
                      "ok_reported": shape_reported and s.tp in (None, deg["tp"]),
-                     "groups_ok": groups_ok, "order_claimed": order_claimed,
+                     "groups_ok": groups_ok, "order_claimed": order_claimed, "truth_in_tie": truth_listed,
                      "evidence": evidence_class(s) if s else "unrecognised",
                      "order_share": float(x.get("stage_order_agreement", float("nan"))),
                      "stage_order_confidence": float(x.get("stage_order_confidence") or float("nan")),
@@ -236,6 +243,10 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
         wrong = df.filter(pl.col("recognised").fill_null(False) & ~pl.col("ok_reported").fill_null(False))
         print(f"{'black-box wrong answers (recognised, a reported field wrong)':<60}"
               f"{wrong.height / max(df.height, 1):>12.1%}{'':>10}")
+        if "truth_in_tie" in df.columns:
+            tie = wrong.filter(pl.col("truth_in_tie").fill_null(False))
+            print(f"{'  of which a standing tie listing the truth as its alternative':<60}"
+                  f"{tie.height / max(df.height, 1):>12.1%}{'':>10}")
     print(f"{'jobs recognised on their fabric (exact endpoint set)':<60}{df['recognised'].mean():>12.1%}{'':>10}")
     if "tp_null" in df.columns:
         shared = df.filter(pl.col("shared_address"))

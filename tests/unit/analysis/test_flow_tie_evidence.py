@@ -1,7 +1,7 @@
 """Ties between an interleaved pipeline's cycle and a collective over the same links (flow_tie_evidence).
 
-Over TCP with exporter timeouts longer than the job each link is one record per direction: no burst
-duty, no direction lag, and a two-way balanced cycle fits a ring/tree all-reduce and a pipeline alike.
+Over TCP with exporter timeouts longer than the job each link is one record per direction: no
+direction lag, and a two-way balanced cycle fits a ring/tree all-reduce and a pipeline alike.
 The wrap link of an interleaved schedule is crossed one chunk fewer times than the other stage links:
 that is the evidence, and without it the tie must stand.
 """
