@@ -4,16 +4,16 @@ In every pipeline schedule (GPipe, 1F1B, interleaved) the final backward of a st
 stage to the first: the last stage's gradients are ready first, and each upstream stage waits for the
 gradient of its last micro-batch before it can finish. So within each step a stage's data-parallel
 gradient reduction (all-reduce, or reduce-scatter then all-gather) starts, and so ends, later the further
-upstream the stage is. That holds whatever the transport does to the pipeline link itself (ACK flows that open both
-of its directions together), and for two-stage pipelines, whose single link shows no chronology.
+upstream the stage is. That holds whatever the transport does to the pipeline link itself (ACK flows that
+open both of its directions together), and for two-stage pipelines, whose single link shows no chronology.
 
 Each DP group's payload records are merged into bursts (one a step when the exporter cuts records at
 least once a step); the burst ends of two stages are matched step by step, and a step votes when both
 its starts and its ends are further apart than the clock can blur (20 ticks, and MIN_STAGE_END_GAP_NS),
 the same way round: ends apart after starts together are reductions of different lengths (a slow NIC's
 ring), not the stage order. Two stages' votes count only when most of their matched steps vote the same
-way. The last burst
-is left out (it may run on into the job's shutdown), and so are groups with fewer than MIN_STEP_BURSTS.
+way. The last burst is left out (it may run on into the job's shutdown), and so are groups with fewer than
+MIN_STEP_BURSTS.
 
 :func:`order_pipelines` orients the pipelines that :func:`rankscope.analysis.flow_groups.fit_grid`
 found, from these votes and the pipeline links' own times (link chronology, direction lag, where an
@@ -36,8 +36,8 @@ from rankscope.analysis.flow_link_evidence import lag_floor_ns
 from rankscope.analysis.flow_tie_evidence import ends_from_wrap, wrap_by_bytes
 
 MIN_STAGE_END_GAP_NS = 1_000_000
-"""two stages' gradient reductions starting or ending closer than this vote nothing: exporters' clock offsets left
-after alignment are of this order, and one micro-batch's backward is longer."""
+"""two stages' gradient reductions starting or ending closer than this vote nothing: exporters' clock
+offsets left after alignment are of this order, and one micro-batch's backward is longer."""
 
 
 MIN_STEP_BURSTS = 3
