@@ -25,9 +25,12 @@ def _summary(d) -> str:
     if d.steps.extra.get("ambiguous"):
         step += " (ambiguous: may be a multiple of the step)"
     from rankscope.analysis.findings import summary_text
+    from rankscope.dashboard.report_text import tied_labellings
 
+    tied = tied_labellings(s)
+    tied = f", ambiguous: or {tied}" if tied else ""
     return (f"{d.job}: {s.world_size} endpoints, dp={s.dp} pp={s.pp} tp={s.tp} "
-            f"(confidence {s.confidence:.2f}{order}); {step}; {summary_text(d)}")
+            f"(confidence {s.confidence:.2f}{order}{tied}); {step}; {summary_text(d)}")
 
 
 def _results(store, plan, config, engine: str, address: str | None, fresh=None):

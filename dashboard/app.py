@@ -26,6 +26,7 @@ from rankscope.dashboard.analysis_source import JobViews, load_planned, store_pr
 from rankscope.dashboard.data_tables import data_table, findings_rows
 from rankscope.dashboard.figures import all_figures
 from rankscope.dashboard.report_html import key_numbers
+from rankscope.dashboard.report_text import tied_labellings
 from rankscope.dashboard.security import Access, checked_job, public_error
 from rankscope.dashboard.summary_band import summary_band
 from rankscope.dashboard.table_figures import empty_figure
@@ -110,6 +111,9 @@ def strategy_summary(d: Diagnosis, max_groups: int = 8) -> str:
         parts.append("DP groups " + groups(s.dp_groups))
     if s.pp_groups:
         parts.append("pipelines " + groups(s.pp_groups))
+    tied = tied_labellings(s)
+    if tied:
+        parts.append(f"ambiguous: the flows fit as well {tied}")
     return " | ".join(parts)
 
 

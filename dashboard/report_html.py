@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import plotly.io as pio
 
 from rankscope.dashboard.figures import all_figures
+from rankscope.dashboard.report_text import tied_labellings
 from rankscope.dashboard.table_figures import fmt_value
 
 if TYPE_CHECKING:
@@ -60,6 +61,9 @@ def key_numbers(d: Diagnosis) -> list[tuple[str, str, str]]:
         ("hangs", str(len(d.hangs)), "bad" if d.hangs else "ok"),
         ("rejected records", str(d.data_quality.get("num_rejected", 0)), ""),
     ]
+    tied = tied_labellings(s)
+    if tied:
+        cards.insert(3, ("the flows fit as well", tied, ""))
     if s.ep is not None:
         cards.insert(2, ("EP", str(s.ep), ""))
     if s.cp is not None:

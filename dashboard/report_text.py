@@ -15,6 +15,22 @@ def _groups(groups: list, n: int = 4, sep: str = ", ") -> str:
     return shown + (f"; ... {len(groups) - n} more" if len(groups) > n else "")
 
 
+def tied_labellings(strategy) -> str:
+    """The other labellings of a standing tie as ``dp=1 pp=2; ...``, or '' when the strategy is not one: the flows
+    fit them as well as the one reported, which is listed first only by the order candidates are tried."""
+    x = strategy.extra or {}
+    if not x.get("ambiguous") or x.get("tie_broken"):
+        return ""
+    out = []
+    for a in x.get("alternatives") or []:
+        text = f"dp={a.get('dp')} pp={a.get('pp')}"
+        if (a.get("dp"), a.get("pp")) == (strategy.dp, strategy.pp) and a.get("dp_groups"):
+            # the same degrees, other members (a 2 x 2 grid's DP/PP swap): the groups are the difference
+            text += f" with DP groups {_groups(a['dp_groups'], n=2)}"
+        out.append(text)
+    return "; ".join(out)
+
+
 def render_text(d: Diagnosis) -> str:
     """Strategy, steps, straggler verdict with its evidence, findings, regressions, hangs, data quality."""
     lines = [f"== {d.job}  (sources: {', '.join(d.sources) or 'none'})"]
@@ -22,6 +38,9 @@ def render_text(d: Diagnosis) -> str:
     if s.extra.get("evaluated", True):
         lines.append(f"strategy     dp={s.dp} pp={s.pp} tp={s.tp} on {s.world_size} endpoints, "
                      f"confidence {s.confidence:.2f}")
+        tied = tied_labellings(s)
+        if tied:
+            lines.append(f"  ambiguous  the flows fit as well: {tied} (see strategy.extra.alternatives)")
         if s.pp > 1:
             known = s.extra.get("stage_order_known", True)
             lines.append(f"  pipelines  {_groups(s.pp_groups, sep=' > ' if known else ' - ')}"

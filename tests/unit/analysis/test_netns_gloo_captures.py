@@ -86,3 +86,21 @@ def test_real_slow_nic_is_reported_as_communication_on_its_ring(name, tmp_path):
 def test_real_clean_job_names_nobody(tmp_path):
     st = _diagnose("dp2pp2_clean", tmp_path).stragglers
     assert st.verdict == "none" and not st.top_workers, st.extra
+
+
+def test_a_standing_tie_is_shown_in_the_text_report_and_the_summary_line(tmp_path):
+    # a 2 x 2 grid over TCP: the DP/PP swap fits the flows as well, and the terminal output must say so, not
+    # only the JSON's strategy.extra.alternatives
+    from rankscope.cli.cmd_analyze import _summary
+    from rankscope.dashboard.app import strategy_summary
+    from rankscope.dashboard.report_html import key_numbers
+    from rankscope.dashboard.report_text import render_text
+
+    d = _diagnose("dp2pp2_clean", tmp_path)
+    assert d.strategy.extra["ambiguous"] and d.strategy.confidence < 0.5
+    # the swap has the same degrees: its DP groups are what differs, and are named
+    swap = "dp=2 pp=2 with DP groups 10.213.221.1, 10.213.221.3; 10.213.221.2, 10.213.221.4"
+    assert f"  ambiguous  the flows fit as well: {swap}" in render_text(d)
+    assert f", ambiguous: or {swap})" in _summary(d)
+    assert ("the flows fit as well", swap, "") in key_numbers(d)
+    assert strategy_summary(d).endswith(f"| ambiguous: the flows fit as well {swap}")
