@@ -18,9 +18,11 @@ from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_features import heavy_edges, on_pairs, pair_traffic, undirected_edges
 from rankscope.analysis.flow_groups import fit_grid
 from rankscope.analysis.flow_jobs import address_key, components, flow_resolution_ns, merge_components
+from rankscope.analysis.flow_link_dating import dated_links
 from rankscope.analysis.flow_period import whole_step
 from rankscope.analysis.flow_ranks_per_address import degrees_with_hidden_ranks, ranks_per_address
 from rankscope.analysis.flow_stage_order import dp_end_votes, order_pipelines
+from rankscope.analysis.flow_tie_evidence import wrap_by_bytes
 from rankscope.analysis.timelines import period_steps, step_period
 
 
@@ -287,6 +289,21 @@ def _hidden_bursts(f: pl.DataFrame, bursts: pl.DataFrame, dur: np.ndarray, resol
     return out
 
 
+def _wrap_unknown(pipes: list[list[str]], pp_edges: pl.DataFrame) -> bool:
+    """Whether the pipelines close into cycles (an interleaved schedule's last stage sends back to its
+    first) and some cycle's wrap is not the link that its bytes show short both ways (flow_tie_evidence):
+    with no stage-order vote, where such a cycle was cut is a guess."""
+    links = {frozenset(x) for x in pp_edges.select("a", "b").iter_rows()}
+    cycles = [p for p in pipes if len(p) > 2 and frozenset((p[0], p[-1])) in links]
+    if not cycles:
+        return False
+    sent = {}
+    if {"bytes_ab", "bytes_ba"} <= set(pp_edges.columns):
+        for a, b, x, y in pp_edges.select("a", "b", "bytes_ab", "bytes_ba").iter_rows():
+            sent[(a, b)], sent[(b, a)] = x, y
+    return any(wrap_by_bytes(p, sent) != len(p) - 1 for p in cycles)
+
+
 def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
                 endpoint_map: pl.DataFrame | None = None, one_job: bool = False) -> FlowInference:
     """Strategy and steps of one job from its flow records (exporter clocks already aligned).
@@ -329,7 +346,9 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     in_job = pl.col("src_addr").is_in(nodes) & pl.col("dst_addr").is_in(nodes)
     stage_votes = dp_end_votes(pt.training_flows.filter(in_job), fit.dp_groups, fit.pipelines, dp_pairs,
                                resolution) if fit.valid and fit.pipelines and len(fit.pipelines[0]) > 1 else {}
-    pipes, order_share = order_pipelines(fit, heavy, resolution, stage_votes, cfg.max_exporter_skew_ns)
+    pp_links = [(a, b) for (a, b), pp_edge in zip(heavy.select("a", "b").iter_rows(), fit.is_pp) if pp_edge]
+    dated, undated = dated_links(pt.training_flows.filter(in_job), pp_links, resolution)
+    pipes, order_share = order_pipelines(fit, heavy, resolution, stage_votes, cfg.max_exporter_skew_ns, dated)
     n = len(nodes)
     dp = len(fit.dp_groups[0]) if fit.dp_groups else 1
     pp = len(pipes[0]) if pipes else 1
@@ -338,6 +357,10 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     rpa = ranks_per_address(job_flows, list(heavy.select("a", "b").iter_rows()))
     world, tp, rpa_note = degrees_with_hidden_ranks(n, dp, pp, rpa)
     notes = list(fit.notes) + [rpa_note]
+    if undated and pp > 1:
+        notes.append(f"{undated} TCP pipeline link(s) kept their records open across steps: their first and last "
+                     "records date the connections' set-up and teardown, not the first activations and last "
+                     "gradients, and do not vote on the stage order")
     # TP groups between addresses: the part of tp that the addresses show (ranks sharing an
     # address are one group member here, since endpoints are addresses)
     tp_addr = tp // rpa.ranks if tp and rpa.ranks else (tp or 1)
@@ -346,12 +369,17 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     # order was voted, and whether another labelling explains the traffic as well
     conf = grid_confidence(fit.valid, len(fit.alternatives), pp, order_share, fit.tie_kind)
     evidence = evidence_class(fit.valid, len(fit.alternatives), pp, order_share, fit.tie_kind)
+    wrap_unknown = order_share == 0 and _wrap_unknown(pipes, heavy.filter(pl.Series(fit.is_pp)))
     if pp > 1:
         if order_share == 0:  # no link voted (a vote makes the share at least one half)
             notes.append("stage order unknown: no pipeline link shows which direction started first "
                          "(over TCP or with ACK flows both open together), and address order is no evidence; "
                          "the pipelines are listed all in one direction, which may be last stage to first: "
                          "the direction is not reported and the confidence does not cover it")
+            if wrap_unknown:
+                notes.append("the pipelines close into cycles (an interleaved schedule's last stage sends back "
+                             "to its first) and nothing shows where they wrap: which stage is first is unknown "
+                             "too; the confidence covers each pipeline's members and their neighbours round it")
     if fit.alternatives and not fit.tie_broken:
         notes.append(f"{len(fit.alternatives) + 1} labellings fit the traffic (almost) equally well and no "
                      "evidence prefers the one reported: the confidence is split between them")
@@ -364,6 +392,7 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
                             "ambiguous": fit.ambiguous, "alternatives": fit.alternatives,
                             "tie_broken": fit.tie_broken, "tie_evidence": fit.tie_evidence or None,
                             "stage_order_known": bool(pp == 1 or order_share > 0),
+                            "wrap_unknown": wrap_unknown,
                             "stage_order_confidence": stage_order_confidence(pp, order_share),
                             "confidence_evidence": evidence,
                             "stage_order_dp_votes": {f"{i}>{j}": list(v) for (i, j), v in stage_votes.items()

@@ -13,7 +13,9 @@ Scored per job, by address (ranks that share an address count once):
 recognised (the job found on its fabric with exactly its endpoints), exact
 (dp, pp, tp, DP groups and pipelines in stage order), right as reported (the
 same, but ``tp`` null and, where the report says ``stage_order_known`` false,
-the pipelines' common direction are not claims and not scored), and
+the pipelines' common direction are not claims and not scored; nor, where the
+pipelines close into cycles and the report says where they wrap is unknown
+(``wrap_unknown``), where each wraps), and
 calibration: the share right per bin of the reported confidence and per
 evidence class, each with its 95 % interval and the issue's 10-point check.
 
@@ -78,6 +80,14 @@ def same_pipelines_any_direction(a, b) -> bool:
     return same_pipelines(a, b) or same_pipelines([list(reversed(g)) for g in a], b)
 
 
+def same_cycles(a, b) -> bool:
+    """Same pipelines read as cycles (each with its link from last stage back to first): a report whose
+    interleaved pipelines' order is unknown claims neither direction nor where each wraps."""
+    def cycles(gs):
+        return sorted(sorted(sorted(x) for x in zip(g, [*g[1:], g[0]])) for g in unique_groups(gs))
+    return cycles(a) == cycles(b)
+
+
 def evidence_class(s) -> str:
     """The kind of evidence behind a flow strategy's confidence (the report's own label when it has one)."""
     x = s.extra or {}
@@ -101,7 +111,8 @@ def _features(cfg) -> dict:
             "shared_address": r.ranks_per_address > 1, "tree": cfg.algorithm == "tree",
             "wild_background": r.wild_background, "pure_pp": cfg.dp == 1 and cfg.tp == 1,
             "pure_dp": cfg.pp == 1, "sampled": cfg.sampling > 1,
-            "scattered_hosts": getattr(r, "host_order", "rank") == "scattered"}
+            "scattered_hosts": getattr(r, "host_order", "rank") == "scattered",
+            "teardown": getattr(r, "close_lag_s", 0.0) > 0}
 
 
 def score_fabric(fab) -> list[dict]:
@@ -132,6 +143,10 @@ def score_fabric(fab) -> list[dict]:
             for a in x.get("alternatives") or [])
         # a report that says it does not know the stage order claims only the pipelines, not their direction
         order_claimed = bool(x.get("stage_order_known", True))
+        if not order_claimed and x.get("wrap_unknown"):
+            groups_ok = bool(s and (s.dp, s.pp) == (deg["dp"], deg["pp"])
+                             and same_sets(s.dp_groups, t["dp_groups_by_address"])
+                             and same_cycles(s.pp_groups, t["pp_groups_by_address"]))
         shape_reported = shape if order_claimed else groups_ok
         wb = infer_whitebox(pl.from_arrow(res.tables["comm_op"]))
         wb_ok = ((wb.dp, wb.pp, wb.tp) == (deg["dp"], deg["pp"], deg["tp"])
