@@ -5,8 +5,9 @@ exporter layout (pods), timestamp resolution, exporter clock offsets and
 background; each job draws its degrees (with a share of pure-PP and pure-DP
 jobs), schedule, rank order, ring/tree (binary or double) all-reduce,
 transport (RoCE with or without ACK/CTS flows, or TCP for jobs up to 256
-GPUs), ranks per address, rail jitter, sampling and exporter timeouts, and
-whether its host addresses follow its ranks (see SCATTERED_SHARE).
+GPUs), ranks per address, rail jitter, sampling and exporter timeouts,
+whether its host addresses follow its ranks (see SCATTERED_SHARE) and, over
+TCP, whether the capture sees its connections close (CLOSE_LAGS_S).
 
 Every random choice comes from ``numpy.random.SeedSequence(seed)``: fabric i
 uses the i-th spawned child, its jobs' seeds are drawn from it, and the fabric
@@ -35,6 +36,11 @@ to measure both. Drawn from its own stream keyed by the job's seed, so the corpu
 (and so its jobs) are the same as before the option existed."""
 SCATTER_CHOICE_STREAM = 43
 """key of the stream that picks which jobs scatter (sim_topology.HOST_ORDER_STREAM permutes their hosts)."""
+CLOSE_LAGS_S = (0.0, 0.05, 0.5, 2.0)
+"""TCP jobs: how long after their last data their processes exit and close their connections
+(Realism.close_lag_s); 0: the capture ends while the job runs (an SRE analysing a live job). Drawn from
+its own stream (CLOSE_LAG_STREAM) keyed by the job's seed, so the corpus's other draws stay as they were."""
+CLOSE_LAG_STREAM = 47
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,10 @@ def _degrees(rng: np.random.Generator, max_world: int) -> tuple[int, int, int]:
 def _job(rng: np.random.Generator, name: str, max_world: int, fabric: Realism) -> SimConfig:
     cfg = _job_draws(rng, name, max_world, fabric)
     scattered = np.random.default_rng([cfg.seed, SCATTER_CHOICE_STREAM]).random() < SCATTERED_SHARE
-    return dataclasses.replace(cfg, realism=dataclasses.replace(cfg.realism,
-                                                                host_order="scattered" if scattered else "rank"))
+    lag = float(np.random.default_rng([cfg.seed, CLOSE_LAG_STREAM]).choice(CLOSE_LAGS_S))
+    return dataclasses.replace(cfg, realism=dataclasses.replace(
+        cfg.realism, host_order="scattered" if scattered else "rank",
+        close_lag_s=lag if cfg.realism.transport == "tcp" else 0.0))
 
 
 def _job_draws(rng: np.random.Generator, name: str, max_world: int, fabric: Realism) -> SimConfig:

@@ -80,6 +80,10 @@ class Realism:
     """payload bytes per packet; 0 = the SimConfig's (TCP usually runs with MSS 8948 or 1448)."""
     connect_lead_s: float = 2.0
     """TCP: the job's connections open this long (+- 50%) before its first data (process-group set-up)."""
+    close_lag_s: float = 0.0
+    """TCP: the processes exit this long after the job's last data (destroy, checkpoint save), each a few
+    ms apart in no set order, and every connection closes (FIN both ways) when the first of its two ends
+    exits; 0 = the capture ends before the job does (no teardown seen)."""
     tcp_mesh: bool = False
     """TCP: every pair of a process group connects (gloo's full mesh); most of these carry nothing else."""
     dst_qp: bool = False
@@ -100,7 +104,7 @@ class Realism:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"realism.{name}={v!r}: expected an integer >= 0")
-        for name in ("exporter_offset_ms", "rail_jitter_us", "connect_lead_s"):
+        for name in ("exporter_offset_ms", "rail_jitter_us", "connect_lead_s", "close_lag_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
                 raise ConfigError(f"realism.{name}={v!r}: expected a number >= 0")

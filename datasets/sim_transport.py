@@ -16,7 +16,11 @@ optional destination QPs, plus the traffic a real transport adds:
   handshake opens both directions together when the process groups are set
   up, ``connect_lead_s`` before the first data (a record of its own when the
   exporter's idle timeout is shorter than that). With ``tcp_mesh`` (gloo)
-  every pair of a group connects, not only the pairs that carry data.
+  every pair of a group connects, not only the pairs that carry data. With
+  ``close_lag_s`` the processes exit that long after the last data, each
+  EXIT_SPREAD_NS apart on average in no set order, and each connection closes
+  (FIN, FIN/ACK, ACK) when the first of its ends exits: a flow record kept
+  open by a long idle timeout then ends at the teardown, not the last data.
 
 All column-wise; ports and QP numbers come from integer hashes so the same
 job always gets the same ones.
@@ -43,6 +47,8 @@ CTS_CHUNK = 512 * 1024
 CTS_LEAD_NS = 3_000
 """the receiver posts the CTS this long before the sender's data arrives."""
 RTT_NS = 8_000
+EXIT_SPREAD_NS = 2_000_000
+"""mean gap (exponential) between one process's exit and the next at the end of a job."""
 LISTEN_BASE, EPHEMERAL_BASE, EPHEMERAL_SPAN = 20_000, 40_000, 20_000
 
 
@@ -144,7 +150,32 @@ def _tcp(tr: pl.DataFrame, cfg: SimConfig, topo: Topology, exporters: pl.Series)
                            "t0": t_syn + RTT_NS // 2, "t1": t_syn + RTT_NS // 2, "pkts": np.ones(m, dtype=np.int64),
                            "sport": lp, "dport": ep, "exporter": exporters.gather(lo_), "srank": lo_,
                            "drank": hi_, **hs_common})
-    return pl.concat([data, acks, syn, synack], how="diagonal_relaxed")
+    parts = [data, acks, syn, synack]
+    if r.close_lag_s > 0:
+        parts += _teardown(int(tr["t1"].max()), lo_, hi_, lp, ep, cfg, topo, exporters, hs_common)
+    return pl.concat(parts, how="diagonal_relaxed")
+
+
+def _teardown(t_last: int, lo: np.ndarray, hi: np.ndarray, lport: np.ndarray, eport: np.ndarray, cfg: SimConfig,
+              topo: Topology, exporters: pl.Series, common: dict) -> list[pl.DataFrame]:
+    """FIN records of every connection (lo listens on lport, hi connects from eport), closed by whichever
+    end's process exits first."""
+    rng = np.random.default_rng([cfg.seed, 59])
+    ranks = len(topo.addr_int)
+    exit_ns = t_last + int(cfg.realism.close_lag_s * 1e9) + np.rint(rng.exponential(EXIT_SPREAD_NS, ranks)).astype(
+        np.int64)
+    lo_first = exit_ns[lo] <= exit_ns[hi]
+    closer, peer = np.where(lo_first, lo, hi), np.where(lo_first, hi, lo)
+    cport, pport = np.where(lo_first, lport, eport), np.where(lo_first, eport, lport)
+    t = np.minimum(exit_ns[lo], exit_ns[hi])
+    m = len(lo)
+    fin = pl.DataFrame({"src_addr": topo.addr_int[closer], "dst_addr": topo.addr_int[peer], "t0": t,
+                        "t1": t + RTT_NS, "pkts": np.full(m, 2), "sport": cport, "dport": pport,
+                        "exporter": exporters.gather(closer), "srank": closer, "drank": peer, **common})
+    finack = pl.DataFrame({"src_addr": topo.addr_int[peer], "dst_addr": topo.addr_int[closer], "t0": t + RTT_NS // 2,
+                           "t1": t + RTT_NS // 2, "pkts": np.ones(m, dtype=np.int64), "sport": pport, "dport": cport,
+                           "exporter": exporters.gather(peer), "srank": peer, "drank": closer, **common})
+    return [fin, finack]
 
 
 def _mesh(first: pl.DataFrame, topo: Topology) -> pl.DataFrame:

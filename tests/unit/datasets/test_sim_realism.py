@@ -89,6 +89,27 @@ def test_tcp_mesh_connects_every_pair_of_a_group():
     assert extra.height and (extra["size_bytes"] <= 200).all()
 
 
+def test_tcp_connections_close_when_the_first_of_their_ends_exits():
+    # a real gloo pipeline's whole-job records ended at the teardown, in the order its processes exited
+    kw = dict(BASE, dp=1, pp=4, tp=1, gpus_per_host=1, idle_timeout_s=60.0, active_timeout_s=60.0)
+    open_ = pl.from_arrow(simulate(SimConfig(**kw, realism=Realism(transport="tcp"))).tables["flow"])
+    closed = pl.from_arrow(simulate(SimConfig(**kw, realism=Realism(transport="tcp", close_lag_s=0.5))).tables["flow"])
+    conn = ["src_addr", "dst_addr", "src_port", "dst_port"]
+
+    def ends(f):
+        return f.group_by(conn).agg(end=pl.col("end_ns").max(), n=pl.len()).sort(conn)
+
+    a, b = ends(open_), ends(closed)
+    assert a.select(conn).equals(b.select(conn))  # the same connections, no new ones
+    lag = b["end"] - a["end"]
+    # every connection's last record runs on to its teardown, 0.5 s after the last data and more
+    assert (lag >= 0.45e9).all() and lag.min() < lag.max()
+    # whole-job records: the teardown joins the last record rather than making one of its own
+    assert (a["n"] == b["n"]).all()
+    with pytest.raises(ConfigError, match="close_lag_s"):
+        Realism(close_lag_s=-1.0)
+
+
 def test_millisecond_timestamps():
     f, truth = _flows(timestamp_ns=1_000_000)
     assert f.height and (f["start_ns"] % 1_000_000 == 0).all() and (f["end_ns"] % 1_000_000 == 0).all()
