@@ -23,7 +23,7 @@ MAJOR_CONNECTION_SHARE = 0.01
 """a connection (5-tuple) carrying less than this share of its address pair's bytes does not time the pair."""
 
 PAIR_COLUMNS = ("src", "dst", "bytes", "num_records", "first_ns", "last_ns", "data_bytes", "first_data_ns",
-                "exporter")
+                "last_data_ns", "exporter")
 
 MIN_BURST_GAP_NS = 5_000_000
 """an idle gap shorter than this (or than 20 clock ticks) between a pair's payload records does not end a
@@ -35,8 +35,9 @@ class PairTraffic:
     """Directed pair table plus what was set apart, for data_quality."""
 
     pairs: pl.DataFrame
-    """src, dst, bytes (sampling-scaled), num_records, first_ns, last_ns, data_bytes and first_data_ns
-    (records that carry payload, not the reverse ACK/CTS flow of a transfer or a connection set-up), and
+    """src, dst, bytes (sampling-scaled), num_records, first_ns, last_ns, data_bytes, first_data_ns and
+    last_data_ns (records that carry payload, not the reverse ACK/CTS flow of a transfer or a connection
+    set-up or teardown), and
     the exporter whose clock those times are on."""
     training_flows: pl.DataFrame
     """the flow records that were kept (aligned, with est_bytes), for step finding."""
@@ -73,7 +74,8 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
         return PairTraffic(pl.DataFrame(schema={"src": pl.Utf8, "dst": pl.Utf8, "bytes": pl.Float64,
                                                 "num_records": pl.Int64, "first_ns": pl.Int64,
                                                 "last_ns": pl.Int64, "data_bytes": pl.Float64,
-                                                "first_data_ns": pl.Int64, "exporter": pl.Utf8}), flow,
+                                                "first_data_ns": pl.Int64, "last_data_ns": pl.Int64,
+                                                "exporter": pl.Utf8}), flow,
                            {"records": 0})
     if "est_size_bytes" not in flow.columns:
         flow = flow.with_columns(est_size_bytes=pl.lit(None, pl.Int64))
@@ -103,7 +105,8 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
                     first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max(),
                     data_bytes=pl.col("est_bytes").filter(pl.col("is_data")).sum(),
                     first_data_ns=pl.coalesce(pl.col("start_ns").filter(pl.col("is_data") & pl.col("_major")).min(),
-                                              pl.col("start_ns").filter(pl.col("is_data")).min())))
+                                              pl.col("start_ns").filter(pl.col("is_data")).min()),
+                    last_data_ns=pl.col("end_ns").filter(pl.col("is_data")).max()))
     # one exporter per directed pair: the one that saw the most bytes (the others saw the same transfer)
     pairs = (per_exp.sort("bytes", descending=True).group_by(["src_addr", "dst_addr"]).first()
              .rename({"src_addr": "src", "dst_addr": "dst"}))
@@ -146,7 +149,8 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
     only: data_ab, data_ba, data_symmetry (a ring link carries payload one way and ACKs back; a
     pipeline link carries activations one way and gradients back). first_ab/first_ba are the first
     payload record of each direction (the pair's first record when it has no payload at all);
-    last_link is the end of the link's last record, either direction;
+    last_link is the end of the link's last payload record (else last record), either direction: a TCP
+    teardown after the last data is a record of its own when the exporter cut the records before it;
     same_clock whether one exporter timed both directions (null: a direction unseen, or pairs without
     an exporter column).
     """
@@ -159,7 +163,8 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
         first_ba=pl.coalesce(pl.col("first_data_ns"), pl.col("first_ns")).filter(~pl.col("fwd")).min(),
         data_ab=pl.col("data_bytes").filter(pl.col("fwd")).sum(),
         data_ba=pl.col("data_bytes").filter(~pl.col("fwd")).sum(),
-        last_link=pl.col("last_ns").max(),
+        last_link=pl.coalesce(pl.col("last_data_ns").max(), pl.col("last_ns").max()) if "last_data_ns" in pairs.columns
+        else pl.col("last_ns").max(),
         num_records=pl.col("num_records").sum(),
         same_clock=(pl.col("exporter").filter(pl.col("fwd")).first() == pl.col("exporter").filter(~pl.col("fwd")).first())
         if "exporter" in pairs.columns else pl.lit(None, pl.Boolean))

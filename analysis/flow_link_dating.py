@@ -9,7 +9,8 @@ nothing but data on the flow, so their times are always the traffic's.
 
 A TCP link's times date its traffic when the exporter cut its records at idle gaps, which shows as at
 least MIN_STEP_BURSTS bursts of payload records: its records then start and end with the transfers.
-Otherwise neither its first nor its last time votes.
+Otherwise neither its first nor its last time votes (flow_stage_order), and its last time is no check
+on a cycle's wrap either (flow_tie_evidence: the record ends round a cycle).
 
 Measured: a real pure 4-stage gloo pipeline (tests/data/netns_gloo/pp4_whole_job_records), one record
 each way per link for the whole job, whose links' ends lay 1-2 ms apart in the order the processes
@@ -29,21 +30,19 @@ MIN_STEP_BURSTS = 3
 """a link or DP group whose payload shows fewer bursts than this kept its records open across steps."""
 
 
-def dated_links(flows: pl.DataFrame, links: list[tuple[str, str]], resolution_ns: int) -> tuple[set, int]:
-    """(the links, as frozensets of their two addresses, whose first and last times date their traffic;
-    how many TCP links do not). Needs the job's flows src_addr, dst_addr, start_ns, end_ns (protocol and
-    is_data where known) and its pipeline links as address pairs."""
-    if flows.is_empty() or not links:
-        return set(), 0
+def connection_dated(flows: pl.DataFrame, links: list[tuple[str, str]], resolution_ns: int) -> set[frozenset]:
+    """The TCP links (frozensets of their two addresses) whose payload records were not cut at idle gaps
+    (fewer than MIN_STEP_BURSTS bursts): their first and last times date the connection, not the traffic.
+    Needs the job's flows src_addr, dst_addr, start_ns, end_ns (protocol and is_data where known)."""
+    if flows.is_empty() or not links or "protocol" not in flows.columns:
+        return set()
     data = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
     f = on_pairs(data, links)
     if f.is_empty():
-        return set(), 0
+        return set()
     gap = max(MIN_BURST_GAP_NS, 20 * int(resolution_ns))
-    tcp = pl.col("protocol").fill_null(0) == 6 if "protocol" in f.columns else pl.lit(False)
-    f = (f.select("src_addr", "dst_addr", "start_ns", "end_ns", tcp=tcp)
+    f = (f.select("src_addr", "dst_addr", "start_ns", "end_ns", tcp=pl.col("protocol").fill_null(0) == 6)
          .sort(["src_addr", "dst_addr", "start_ns"]).with_columns(b=burst_index(gap)))
     per = f.group_by(a=pl.min_horizontal("src_addr", "dst_addr"), z=pl.max_horizontal("src_addr", "dst_addr")).agg(
         tcp=pl.col("tcp").any(), bursts=pl.col("b").max())
-    dated = {frozenset((a, z)) for a, z, t, b in per.iter_rows() if not t or b >= MIN_STEP_BURSTS}
-    return dated, per.height - len(dated)
+    return {frozenset((a, z)) for a, z, t, b in per.iter_rows() if t and b < MIN_STEP_BURSTS}

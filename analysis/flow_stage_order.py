@@ -112,15 +112,15 @@ def dp_end_votes(flows: pl.DataFrame, dp_groups: list[list[str]], pipelines: lis
     return out
 
 
-def _link_times(pe: pl.DataFrame, dated: set[frozenset] | None = None) -> tuple[dict, dict]:
-    """(first payload per link, last record per link) of pipeline links; None for a link not ``dated``,
-    whose times date its TCP connection, not its traffic (every link is dated when ``dated`` is None)."""
+def _link_times(pe: pl.DataFrame, undated: set[frozenset] = frozenset()) -> tuple[dict, dict]:
+    """(first payload per link, last record per link) of pipeline links; None for an ``undated`` link,
+    whose times date its TCP connection, not its traffic."""
     link_first, link_last = {}, {}
     has_last = "last_link" in pe.columns
     for row in pe.iter_rows(named=True):
         a, b, fa, fb = row["a"], row["b"], row["first_ab"], row["first_ba"]
         key = frozenset((a, b))
-        ok = dated is None or key in dated
+        ok = key not in undated
         link_first[key] = min((x for x in (fa, fb) if x is not None), default=None) if ok else None
         link_last[key] = row["last_link"] if has_last and ok else None
     return link_first, link_last
@@ -170,7 +170,7 @@ def _walk(p: list[str], adj: dict) -> tuple[list[str], bool]:
 def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
                     stage_votes: dict[tuple[int, int], tuple[int, int]] | None = None,
                     exporter_skew_ns: int = FlowConfig.max_exporter_skew_ns,
-                    dated: set[frozenset] | None = None) -> tuple[list[list[str]], float]:
+                    undated: set[frozenset] = frozenset()) -> tuple[list[list[str]], float]:
     """Order each pipeline first stage to last; returns (pipelines, share of consistent votes: 0 when
     any pipeline got no vote, its direction then being a guess).
 
@@ -186,12 +186,12 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
       counted only when the two starts are clearly apart (flow_link_evidence.lag_floor_ns: beyond
       ``exporter_skew_ns`` when two exporters timed them, ``same_clock`` not true).
 
-    Link times vote only for ``dated`` links (flow_link_dating.dated_links; all links when None).
+    Times of ``undated`` links (flow_link_dating.connection_dated) do not vote.
     Needs edges a, b, first_ab, first_ba (last_link when present) and the fit's pipeline edges.
     """
     stage_key = {x: i for i, g in enumerate(fit.dp_groups) for x in g}
     pe = edges.filter(pl.Series(fit.is_pp))
-    link_first, link_last = _link_times(pe, dated)
+    link_first, link_last = _link_times(pe, undated)
     # pro[(i, j)]: the weight of the votes that stage i is upstream of stage j. The two ways are kept
     # apart, so that the minority counts against the agreement: 64 links between two stages voting 40
     # to 24 are noise, not a clear 16 (a RoCE interleaved pipeline whose ACK-opened reverse records
@@ -214,7 +214,7 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
     for (a, b, fa, fb), sc in zip(pe.select("a", "b", "first_ab", "first_ba").iter_rows(), same):
         if fa is None or fb is None or abs(fa - fb) <= lag_floor_ns(resolution_ns, sc, exporter_skew_ns):
             continue
-        if dated is not None and frozenset((a, b)) not in dated:
+        if frozenset((a, b)) in undated:
             continue
         vote(a, b, 1.0 if fa < fb else -1.0)  # a's traffic to b started first: a is upstream
     link_bytes = _link_bytes(pe)

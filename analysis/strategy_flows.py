@@ -18,7 +18,7 @@ from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_features import heavy_edges, on_pairs, pair_traffic, undirected_edges
 from rankscope.analysis.flow_groups import fit_grid
 from rankscope.analysis.flow_jobs import address_key, components, flow_resolution_ns, merge_components
-from rankscope.analysis.flow_link_dating import dated_links
+from rankscope.analysis.flow_link_dating import connection_dated
 from rankscope.analysis.flow_period import whole_step
 from rankscope.analysis.flow_ranks_per_address import degrees_with_hidden_ranks, ranks_per_address
 from rankscope.analysis.flow_stage_order import dp_end_votes, order_pipelines
@@ -341,14 +341,20 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
 
     resolution = flow_resolution_ns(pt.training_flows)
     quality["timestamp_resolution_ns"] = resolution
+    in_job = pl.col("src_addr").is_in(nodes) & pl.col("dst_addr").is_in(nodes)
+    # TCP links whose records span the steps end with their teardown: that end is no time of the traffic
+    undated = connection_dated(pt.training_flows.filter(in_job), list(heavy.select("a", "b").iter_rows()), resolution)
+    if undated and "last_link" in heavy.columns:
+        heavy = heavy.with_columns(last_link=pl.when(pl.Series([frozenset(x) in undated for x in
+                                                                heavy.select("a", "b").iter_rows()], dtype=pl.Boolean))
+                                   .then(None).otherwise(pl.col("last_link")))
     fit = fit_grid(nodes, heavy, cfg, resolution)
     dp_pairs = {(a, b) for (a, b), pp_edge in zip(heavy.select("a", "b").iter_rows(), fit.is_pp) if not pp_edge}
-    in_job = pl.col("src_addr").is_in(nodes) & pl.col("dst_addr").is_in(nodes)
     stage_votes = dp_end_votes(pt.training_flows.filter(in_job), fit.dp_groups, fit.pipelines, dp_pairs,
                                resolution) if fit.valid and fit.pipelines and len(fit.pipelines[0]) > 1 else {}
-    pp_links = [(a, b) for (a, b), pp_edge in zip(heavy.select("a", "b").iter_rows(), fit.is_pp) if pp_edge]
-    dated, undated = dated_links(pt.training_flows.filter(in_job), pp_links, resolution)
-    pipes, order_share = order_pipelines(fit, heavy, resolution, stage_votes, cfg.max_exporter_skew_ns, dated)
+    pp_undated = sum(1 for (a, b), pp_edge in zip(heavy.select("a", "b").iter_rows(), fit.is_pp)
+                     if pp_edge and frozenset((a, b)) in undated)
+    pipes, order_share = order_pipelines(fit, heavy, resolution, stage_votes, cfg.max_exporter_skew_ns, undated)
     n = len(nodes)
     dp = len(fit.dp_groups[0]) if fit.dp_groups else 1
     pp = len(pipes[0]) if pipes else 1
@@ -357,8 +363,8 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     rpa = ranks_per_address(job_flows, list(heavy.select("a", "b").iter_rows()))
     world, tp, rpa_note = degrees_with_hidden_ranks(n, dp, pp, rpa)
     notes = list(fit.notes) + [rpa_note]
-    if undated and pp > 1:
-        notes.append(f"{undated} TCP pipeline link(s) kept their records open across steps: their first and last "
+    if pp_undated and pp > 1:
+        notes.append(f"{pp_undated} TCP pipeline link(s) kept their records open across steps: their first and last "
                      "records date the connections' set-up and teardown, not the first activations and last "
                      "gradients, and do not vote on the stage order")
     # TP groups between addresses: the part of tp that the addresses show (ranks sharing an

@@ -255,22 +255,22 @@ def test_link_times_one_clock_tick_apart_cast_no_stage_order_vote():
 def test_tcp_link_times_date_the_traffic_only_when_its_records_show_bursts():
     # a TCP connection's first record opens with its set-up and its last closes with its teardown (gloo
     # connects every pair at start and closes them at exit); RoCE carries only data on the flow
-    from rankscope.analysis.flow_link_dating import dated_links
+    from rankscope.analysis.flow_link_dating import connection_dated
 
     ms, link = 1_000_000, frozenset("xy")
 
-    def dated(proto, spans):
+    def undated(proto, spans):
         rows = [(a, b, s * ms, e * ms) for a, b in (("x", "y"), ("y", "x")) for s, e in spans]
         f = pl.DataFrame(rows, schema=["src_addr", "dst_addr", "start_ns", "end_ns"], orient="row").with_columns(
             protocol=pl.lit(proto, pl.Int32), is_data=pl.lit(True))
-        return dated_links(f, [("x", "y")], ms)
+        return connection_dated(f, [("x", "y")], ms)
 
     whole_job = [(0, 2400)]
-    assert dated(6, whole_job) == (set(), 1)
-    assert dated(17, whole_job) == ({link}, 0)
-    assert dated(6, [(100 + 500 * k, 160 + 500 * k) for k in range(4)]) == ({link}, 0)  # cut at idle gaps
+    assert undated(6, whole_job) == {link}
+    assert undated(17, whole_job) == set()
+    assert undated(6, [(100 + 500 * k, 160 + 500 * k) for k in range(4)]) == set()  # cut at idle gaps
     # records cut by an active timeout follow each other with no idle gap: still one burst
-    assert dated(6, [(0, 1000), (1000, 2000), (2000, 2400)]) == (set(), 1)
+    assert undated(6, [(0, 1000), (1000, 2000), (2000, 2400)]) == {link}
 
 
 def test_a_cycle_cut_where_no_evidence_shows_its_wrap_says_the_wrap_is_unknown():
