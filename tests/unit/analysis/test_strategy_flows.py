@@ -290,3 +290,19 @@ def test_a_cycle_cut_where_no_evidence_shows_its_wrap_says_the_wrap_is_unknown()
     assert _wrap_unknown([p], edges(short_last=False))
     assert not _wrap_unknown([p], edges(short_last=True))
     assert not _wrap_unknown([p[:3]], edges(short_last=False).filter(pl.col("b") != "d"))  # a path
+
+
+def test_a_links_last_time_is_its_last_payload_not_a_teardown_record():
+    # a short active timeout cuts the FIN exchange at the processes' exit into a record of its own
+    from rankscope.analysis.flow_features import pair_traffic, undirected_edges
+
+    ms = 1_000_000
+    rows = [("x", "y", 40000, 50000, 0, 900 * ms, 9_000_000, 1000),  # the data
+            ("y", "x", 50000, 40000, 0, 900 * ms, 52_000, 1000),  # its ACKs
+            ("x", "y", 40000, 50000, 1400 * ms, 1400 * ms, 104, 2),  # FIN
+            ("y", "x", 50000, 40000, 1400 * ms, 1400 * ms, 52, 1)]
+    f = pl.DataFrame(rows, schema=["src_addr", "dst_addr", "src_port", "dst_port", "start_ns", "end_ns",
+                                   "size_bytes", "num_packets"], orient="row").with_columns(
+        exporter=pl.lit("e"), sampling_rate=pl.lit(1), protocol=pl.lit(6))
+    e = undirected_edges(pair_traffic(f).pairs)
+    assert e["last_link"].to_list() == [900 * ms]
