@@ -15,9 +15,10 @@ on a cycle's wrap either (flow_tie_evidence: the record ends round a cycle).
 Measured: a real pure 4-stage gloo pipeline (tests/data/netns_gloo/pp4_whole_job_records), one record
 each way per link for the whole job, whose links' ends lay 1-2 ms apart in the order the processes
 exited, had been ordered backwards at "voted clearly". Keeping the first times of such links where no
-connection was seen opened ahead of use (NCCL connects point-to-point peers on first send) made 8 new
+connection was seen opened ahead of use (NCCL connects point-to-point peers on first send) claimed 6
 wrong stage orders at confidence >= 0.9 on dev corpus seeds 1-4 (880 jobs): first records of whole-job
-TCP links do not date the first activations in our simulator either.
+TCP links do not date the first activations in our simulator either (its process groups connect
+seconds before the first data, as gloo's do).
 """
 
 from __future__ import annotations
