@@ -35,7 +35,7 @@ def connection_dated(flows: pl.DataFrame, links: list[tuple[str, str]], resoluti
     """The TCP links (frozensets of their two addresses) whose payload records were not cut at idle gaps
     (fewer than MIN_STEP_BURSTS bursts): their first and last times date the connection, not the traffic.
     Needs the job's flows src_addr, dst_addr, start_ns, end_ns (protocol and is_data where known)."""
-    if flows.is_empty() or not links or "protocol" not in flows.columns:
+    if flows.is_empty() or not links or "protocol" not in flows.columns or not (flows["protocol"] == 6).any():
         return set()
     data = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
     f = on_pairs(data, links)
