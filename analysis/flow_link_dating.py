@@ -23,9 +23,12 @@ seconds before the first data, as gloo's do).
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import polars as pl
 
-from rankscope.analysis.flow_features import MIN_BURST_GAP_NS, burst_index, on_pairs
+from rankscope.analysis.flow_evidence import burst_counts
+from rankscope.analysis.flow_features import MIN_BURST_GAP_NS, on_pairs
 
 MIN_STEP_BURSTS = 3
 """a link or DP group whose payload shows fewer bursts than this kept its records open across steps."""
@@ -33,17 +36,16 @@ MIN_STEP_BURSTS = 3
 
 def connection_dated(flows: pl.DataFrame, links: list[tuple[str, str]], resolution_ns: int) -> set[frozenset]:
     """The TCP links (frozensets of their two addresses) whose payload records were not cut at idle gaps
-    (fewer than MIN_STEP_BURSTS bursts): their first and last times date the connection, not the traffic.
-    Needs the job's flows src_addr, dst_addr, start_ns, end_ns (protocol and is_data where known)."""
+    (fewer than MIN_STEP_BURSTS bursts either way): their first and last times date the connection, not
+    the traffic. Needs the job's flows src_addr, dst_addr, start_ns, end_ns (protocol and is_data where
+    known)."""
     if flows.is_empty() or not links or "protocol" not in flows.columns or not (flows["protocol"] == 6).any():
         return set()
-    data = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
-    f = on_pairs(data, links)
-    if f.is_empty():
+    data = on_pairs(flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows, links)
+    tcp = {frozenset(x) for x in data.filter(pl.col("protocol") == 6).select("src_addr", "dst_addr").iter_rows()}
+    if not tcp:
         return set()
-    gap = max(MIN_BURST_GAP_NS, 20 * int(resolution_ns))
-    f = (f.select("src_addr", "dst_addr", "start_ns", "end_ns", tcp=pl.col("protocol").fill_null(0) == 6)
-         .sort(["src_addr", "dst_addr", "start_ns"]).with_columns(b=burst_index(gap)))
-    per = f.group_by(a=pl.min_horizontal("src_addr", "dst_addr"), z=pl.max_horizontal("src_addr", "dst_addr")).agg(
-        tcp=pl.col("tcp").any(), bursts=pl.col("b").max())
-    return {frozenset((a, z)) for a, z, t, b in per.iter_rows() if t and b < MIN_STEP_BURSTS}
+    most: dict[frozenset, int] = defaultdict(int)
+    for a, b, n in burst_counts(data, max(MIN_BURST_GAP_NS, 20 * int(resolution_ns))).iter_rows():
+        most[frozenset((a, b))] = max(most[frozenset((a, b))], int(n))
+    return {x for x in tcp if most[x] < MIN_STEP_BURSTS}

@@ -212,9 +212,8 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
             pro[(j, i)] += down
     same = pe["same_clock"].to_list() if "same_clock" in pe.columns else [None] * pe.height
     for (a, b, fa, fb), sc in zip(pe.select("a", "b", "first_ab", "first_ba").iter_rows(), same):
-        if fa is None or fb is None or abs(fa - fb) <= lag_floor_ns(resolution_ns, sc, exporter_skew_ns):
-            continue
-        if frozenset((a, b)) in undated:
+        if (fa is None or fb is None or frozenset((a, b)) in undated
+                or abs(fa - fb) <= lag_floor_ns(resolution_ns, sc, exporter_skew_ns)):
             continue
         vote(a, b, 1.0 if fa < fb else -1.0)  # a's traffic to b started first: a is upstream
     link_bytes = _link_bytes(pe)

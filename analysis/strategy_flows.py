@@ -343,24 +343,23 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     quality["timestamp_resolution_ns"] = resolution
     in_job = pl.col("src_addr").is_in(nodes) & pl.col("dst_addr").is_in(nodes)
     # TCP links whose records span the steps end with their teardown: that end is no time of the traffic
-    undated = connection_dated(pt.training_flows.filter(in_job), list(heavy.select("a", "b").iter_rows()), resolution)
+    links = list(heavy.select("a", "b").iter_rows())
+    undated = connection_dated(pt.training_flows.filter(in_job), links, resolution)
     if undated and "last_link" in heavy.columns:
-        heavy = heavy.with_columns(last_link=pl.when(pl.Series([frozenset(x) in undated for x in
-                                                                heavy.select("a", "b").iter_rows()], dtype=pl.Boolean))
+        heavy = heavy.with_columns(last_link=pl.when(pl.Series([frozenset(x) in undated for x in links]))
                                    .then(None).otherwise(pl.col("last_link")))
     fit = fit_grid(nodes, heavy, cfg, resolution)
-    dp_pairs = {(a, b) for (a, b), pp_edge in zip(heavy.select("a", "b").iter_rows(), fit.is_pp) if not pp_edge}
+    dp_pairs = {(a, b) for (a, b), pp_edge in zip(links, fit.is_pp) if not pp_edge}
     stage_votes = dp_end_votes(pt.training_flows.filter(in_job), fit.dp_groups, fit.pipelines, dp_pairs,
                                resolution) if fit.valid and fit.pipelines and len(fit.pipelines[0]) > 1 else {}
-    pp_undated = sum(1 for (a, b), pp_edge in zip(heavy.select("a", "b").iter_rows(), fit.is_pp)
-                     if pp_edge and frozenset((a, b)) in undated)
+    pp_undated = sum(1 for x, pp_edge in zip(links, fit.is_pp) if pp_edge and frozenset(x) in undated)
     pipes, order_share = order_pipelines(fit, heavy, resolution, stage_votes, cfg.max_exporter_skew_ns, undated)
     n = len(nodes)
     dp = len(fit.dp_groups[0]) if fit.dp_groups else 1
     pp = len(pipes[0]) if pipes else 1
     # several ranks may share an address: count them from the connections of the heavy pairs
     job_flows = pt.training_flows.filter(pl.col("src_addr").is_in(nodes))
-    rpa = ranks_per_address(job_flows, list(heavy.select("a", "b").iter_rows()))
+    rpa = ranks_per_address(job_flows, links)
     world, tp, rpa_note = degrees_with_hidden_ranks(n, dp, pp, rpa)
     notes = list(fit.notes) + [rpa_note]
     if pp_undated and pp > 1:
