@@ -8,9 +8,10 @@ DEMO := demo-out
 
 .PHONY: setup sysdeps demo test lint bench clean
 
-# Debian packages the tests use (flow exporter, nfdump, headless browser, ip netns);
+# Debian packages the tests use (flow exporters: softflowd, nfdump's nfpcapd, pmacct's sFlow probe;
+# nfdump; headless browser; ip netns);
 # installed only when running as root and something is missing.
-SYSDEPS := softflowd nfdump chromium chromium-driver iproute2
+SYSDEPS := softflowd nfdump pmacct chromium chromium-driver iproute2
 sysdeps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  missing=""; for p in $(SYSDEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

@@ -37,12 +37,22 @@ MIN_STEP_BURSTS = 3
 def connection_dated(flows: pl.DataFrame, links: list[tuple[str, str]], resolution_ns: int) -> set[frozenset]:
     """The TCP links (frozensets of their two addresses) whose payload records were not cut at idle gaps
     (fewer than MIN_STEP_BURSTS bursts either way): their first and last times date the connection, not
-    the traffic. Needs the job's flows src_addr, dst_addr, start_ns, end_ns (protocol and is_data where
-    known)."""
+    the traffic. Links seen only through packet samples are never among them. Needs the job's flows
+    src_addr, dst_addr, start_ns, end_ns (protocol, is_data and size_bytes where known: a link is TCP
+    when most of its payload bytes, else records, are)."""
     if flows.is_empty() or not links or "protocol" not in flows.columns or not (flows["protocol"] == 6).any():
         return set()
     data = on_pairs(flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows, links)
-    tcp = {frozenset(x) for x in data.filter(pl.col("protocol") == 6).select("src_addr", "dst_addr").iter_rows()}
+    # a TCP link carries most of its payload over TCP: a RoCE link whose pair also holds a control
+    # connection (the rendezvous store on one of its ends) is no TCP link
+    w = pl.col("size_bytes").cast(pl.Float64) if "size_bytes" in data.columns else pl.lit(1.0)
+    by = data.with_columns(_w=w).group_by(pl.min_horizontal("src_addr", "dst_addr").alias("a"),
+                                          pl.max_horizontal("src_addr", "dst_addr").alias("b")).agg(
+        tcp=pl.col("_w").filter(pl.col("protocol") == 6).sum(), all=pl.col("_w").sum(),
+        # packet samples (sFlow: start = end) date their packets, never a connection's life
+        samples=(pl.col("start_ns") == pl.col("end_ns")).all())
+    tcp = {frozenset((a, b)) for a, b in
+           by.filter((pl.col("tcp") * 2 > pl.col("all")) & ~pl.col("samples")).select("a", "b").iter_rows()}
     if not tcp:
         return set()
     most: dict[frozenset, int] = defaultdict(int)

@@ -17,7 +17,13 @@ from rankscope.analysis.diagnosis import Steps, Strategy
 from rankscope.analysis.flow_config import FlowConfig
 from rankscope.analysis.flow_features import heavy_edges, on_pairs, pair_traffic, undirected_edges
 from rankscope.analysis.flow_groups import fit_grid
-from rankscope.analysis.flow_jobs import address_key, components, flow_resolution_ns, merge_components
+from rankscope.analysis.flow_jobs import (
+    address_key,
+    components,
+    flow_resolution_ns,
+    merge_components,
+    sample_batching_ns,
+)
 from rankscope.analysis.flow_link_dating import connection_dated
 from rankscope.analysis.flow_period import whole_step
 from rankscope.analysis.flow_ranks_per_address import degrees_with_hidden_ranks, ranks_per_address
@@ -362,6 +368,10 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     rpa = ranks_per_address(job_flows, links)
     world, tp, rpa_note = degrees_with_hidden_ranks(n, dp, pp, rpa)
     notes = list(fit.notes) + [rpa_note]
+    tf = pt.training_flows
+    if resolution >= 1_000_000 and sample_batching_ns(tf["start_ns"].to_numpy(), tf["end_ns"].to_numpy()):
+        notes.append(f"packet samples timed by the datagrams that carried them: a sample's time may be up to "
+                     f"{resolution / 1e6:.0f} ms late, so lags shorter than that tell nothing of which came first")
     if pp_undated and pp > 1:
         notes.append(f"{pp_undated} TCP pipeline link(s) kept their records open across steps: their first and last "
                      "records date the connections' set-up and teardown, not the first activations and last "

@@ -245,7 +245,7 @@ def read_nfdump_json(path: Path, text: str, extra: dict) -> pl.DataFrame:
         return pl.DataFrame()
     keys = ("first", "last", "src4_addr", "dst4_addr", "src6_addr", "dst6_addr", "src_port", "dst_port", "proto",
             "in_bytes", "in_packets", "ip4_router", "ip6_router", "input_snmp", "output_snmp", "src_vlan",
-            "sampled")
+            "sampled", "export_sysid")
     df = pl.DataFrame({k: [None if r.get(k) is None else str(r.get(k)) for r in rows] for k in keys},
                       schema={k: pl.String for k in keys})
     off = _tz_offset_s(extra) * 1_000_000_000
@@ -254,7 +254,10 @@ def read_nfdump_json(path: Path, text: str, extra: dict) -> pl.DataFrame:
         return pl.col(c).str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", strict=False, time_unit="ns").cast(pl.Int64) - off
 
     return df.select(
-        exporter=pl.coalesce("ip4_router", "ip6_router") + "/0",
+        # flows nfdump made itself (nfpcapd metering an interface) carry no router address: the exporter is
+        # then the file's own, told apart by nfdump's exporter id as an IPFIX file's are by their domain
+        exporter=pl.coalesce(pl.coalesce("ip4_router", "ip6_router") + "/0",
+                             "file/" + pl.col("export_sysid").fill_null("0")),
         src_addr=pl.coalesce("src4_addr", "src6_addr"), dst_addr=pl.coalesce("dst4_addr", "dst6_addr"),
         src_port="src_port", dst_port="dst_port", protocol=_protocol(pl.col("proto")),
         size_bytes="in_bytes", num_packets="in_packets", start_ns=t("first"), end_ns=t("last"),

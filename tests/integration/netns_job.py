@@ -296,7 +296,9 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                          microbatch_size: int = 32, step_sleep_ms: float = 0.0,
                          flow_timeouts: tuple[str, ...] = ("maxlife=2", "expint=1"), lazy_connect: bool = False,
                          job_args: tuple[str, ...] = (), timeout_s: float = 240.0,
-                         nic_rates: dict[int, str] | None = None) -> PlacedNetnsJobResult:
+                         nic_rates: dict[int, str] | None = None, exporter: str = "softflowd",
+                         nfpcapd_expire: tuple[int, int] = (2, 1), sflow_sampling: int = 16
+                         ) -> PlacedNetnsJobResult:
     """Like :func:`run_netns_job`, with the placement of ranks chosen by the caller.
 
     ``ranks_per_node`` processes run in each namespace (they share its address;
@@ -307,7 +309,14 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
     are softflowd's ``-t`` settings; with an idle timeout shorter than
     ``step_sleep_ms`` every step's records start at that step's first packet.
     ``nic_rates[k]`` (a tc rate such as ``"50mbit"``) makes namespace k's NIC slow, both ways.
+    ``exporter="nfpcapd"`` meters the bridge with nfdump's own ``nfpcapd`` instead (another flow cache:
+    active and inactive expiry ``nfpcapd_expire`` seconds, its files read back with ``nfdump -o json``
+    and ingested as a user would), so the inference meets a second exporter's way of cutting records;
+    ``"pmacct-sflow"`` runs pmacct's ``pmacctd`` with its sFlow probe (1 packet in ``sflow_sampling``),
+    ``"pmacct-ipfix"`` with its IPFIX probe (``flow_timeouts`` as for softflowd), both into the collector.
     """
+    if exporter not in ("softflowd", "nfpcapd", "pmacct-sflow", "pmacct-ipfix"):
+        raise ValueError(f"exporter {exporter!r}: softflowd, nfpcapd, pmacct-sflow or pmacct-ipfix")
     workdir = Path(workdir)
     order = list(range(nodes)) if node_order is None else list(node_order)
     if sorted(order) != list(range(nodes)):
@@ -315,7 +324,7 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
     store, out, logs = workdir / "store", workdir / "job", workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     flow_port, master_port = _free_port(), 29500 + secrets.randbelow(2000)
-    collector = softflowd = None
+    collector = meter = None
     procs: list[subprocess.Popen] = []
     with Fabric(nodes, nic_rates) as fab:
         master = fab.addresses[order.index(0)]
@@ -329,11 +338,34 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                 raise RuntimeError(f"collector did not start: {first}{collector.stdout.read()}")
             ctl = workdir / "softflowd.ctl"
             timeouts = [a for t in flow_timeouts for a in ("-t", t)]
-            softflowd = subprocess.Popen(
-                ["softflowd", "-d", "-i", fab.bridge, "-v", "10", "-A", "milli", "-n", f"127.0.0.1:{flow_port}",
-                 *timeouts, "-c", str(ctl), "-p", str(workdir / "softflowd.pid")],
-                stdout=open(logs / "softflowd.log", "w"), stderr=subprocess.STDOUT)
-            time.sleep(1.0)  # softflowd opens its capture before the job's first packet
+            nfdir = workdir / "nfcapd"
+            if exporter == "nfpcapd":
+                nfdir.mkdir(exist_ok=True)
+                # nfpcapd opens its capture without promiscuous mode: the bridge must take every frame
+                _sh("ip", "link", "set", fab.bridge, "promisc", "on")
+                meter = subprocess.Popen(
+                    ["nfpcapd", "-i", fab.bridge, "-w", str(nfdir), "-t", "3600",
+                     "-e", f"{nfpcapd_expire[0]},{nfpcapd_expire[1]}"],
+                    stdout=open(logs / "nfpcapd.log", "w"), stderr=subprocess.STDOUT)
+            elif exporter.startswith("pmacct-"):
+                _sh("ip", "link", "set", fab.bridge, "promisc", "on")
+                conf = workdir / "pmacctd.conf"
+                if exporter == "pmacct-sflow":
+                    plugin = (f"plugins: sfprobe\nsfprobe_receiver: 127.0.0.1:{flow_port}\n"
+                              f"sfprobe_agentip: 127.0.0.1\nsampling_rate: {sflow_sampling}\nsfprobe_agentsubid: 1\n")
+                else:  # pmacct's NetFlow/IPFIX probe, with softflowd's timeouts
+                    plugin = (f"plugins: nfprobe\nnfprobe_receiver: 127.0.0.1:{flow_port}\nnfprobe_version: 10\n"
+                              f"nfprobe_timeouts: {':'.join(flow_timeouts)}\n"
+                              "aggregate: src_host, dst_host, src_port, dst_port, proto, tos\n")
+                conf.write_text(f"daemonize: false\npcap_interface: {fab.bridge}\n{plugin}")
+                meter = subprocess.Popen(["pmacctd", "-f", str(conf)], stdout=open(logs / "pmacctd.log", "w"),
+                                             stderr=subprocess.STDOUT)
+            else:
+                meter = subprocess.Popen(
+                    ["softflowd", "-d", "-i", fab.bridge, "-v", "10", "-A", "milli", "-n",
+                     f"127.0.0.1:{flow_port}", *timeouts, "-c", str(ctl), "-p", str(workdir / "softflowd.pid")],
+                    stdout=open(logs / "softflowd.log", "w"), stderr=subprocess.STDOUT)
+            time.sleep(1.0)  # the exporter opens its capture before the job's first packet
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
             if lazy_connect:
                 env["TORCH_GLOO_LAZY_INIT"] = "1"
@@ -358,16 +390,26 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                 if rc:
                     raise RuntimeError(f"node {k} exited {rc}: {(logs / f'node{k}.log').read_text()[-2000:]}")
             job_seconds = time.monotonic() - t0
-            subprocess.run(["softflowctl", "-c", str(ctl), "expire-all"], capture_output=True, timeout=10)
-            time.sleep(1.5)
-            _stop(softflowd)
+            if exporter == "softflowd":
+                subprocess.run(["softflowctl", "-c", str(ctl), "expire-all"], capture_output=True, timeout=10)
+                time.sleep(1.5)
+            _stop(meter)  # nfpcapd writes every flow it still holds as it exits
             time.sleep(0.5)
             _stop(collector)
             collector_output = first + collector.stdout.read()
+            if exporter == "nfpcapd":
+                dump = workdir / "flows.nfdump.json"
+                with open(dump, "w") as fh:
+                    subprocess.run(["nfdump", "-R", str(nfdir), "-o", "json"], stdout=fh, check=True, timeout=60)
+                done = _sh(str(BIN / "rankscope"), "ingest", str(dump), "--store", str(store), "--job", "fabric",
+                           check=False)
+                collector_output += done.stdout + done.stderr
+                if done.returncode:
+                    raise RuntimeError(f"ingest of {dump} failed: {done.stdout}{done.stderr}")
         finally:
             for p in procs:
                 _stop(p, signal.SIGKILL, 5)
-            _stop(softflowd)
+            _stop(meter)
             _stop(collector)
     ranks = {}
     for f in sorted(out.glob("rank*.json")):

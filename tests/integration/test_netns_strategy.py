@@ -1,6 +1,6 @@
-"""REAL black-box strategy: gloo jobs in network namespaces, softflowd IPFIX, inference from flows alone.
+"""REAL black-box strategy: gloo jobs in network namespaces, real exporters, inference from flows alone.
 
-Two jobs (``run_placed_netns_job``), each ~30-60 s on a loaded 2-core machine:
+Five jobs (``run_placed_netns_job``), each ~15-60 s on a loaded 2-core machine:
 
 - a pure 4-stage pipeline (dp=1), one rank per namespace, the namespaces'
   address order unlike the stage order. It must read as pp=4 (it read as DP4
@@ -15,11 +15,20 @@ Two jobs (``run_placed_netns_job``), each ~30-60 s on a loaded 2-core machine:
   grid's DP links from its PP links but their bytes; when the report calls
   the DP/PP swap an equally good alternative, its confidence must show it.
 
+- the same pure pipeline metered by other exporters: nfdump's nfpcapd (its
+  files read back with ``nfdump -o json`` and ingested), pmacct's sFlow probe
+  (1 packet in 16 sampled, samples timed by their datagrams) and pmacct's
+  IPFIX probe.
+  Each must read pp=4 with the pipeline's links exact, the order right or
+  unknown.
+
 The inference is told the job's rendezvous port (it is random here, so the
 store's traffic is set apart as it is on the default port 29500).
 """
 
 from __future__ import annotations
+
+import shutil
 
 import polars as pl
 import pytest
@@ -107,3 +116,21 @@ def test_two_ranks_per_address_give_exact_groups_and_tp2(dp2pp2tp2):
         assert all(sorted(map(sorted, a["dp_groups"])) != dp_truth for a in s.extra["alternatives"])
     # the TP pairs' own all-reduces stay inside their namespace: no flow between two ranks of one address
     assert flows.filter(pl.col("src_addr") == pl.col("dst_addr")).height == 0
+
+
+@pytest.mark.parametrize("exporter,tools", [("nfpcapd", ("nfpcapd", "nfdump")), ("pmacct-sflow", ("pmacctd",)),
+                                            ("pmacct-ipfix", ("pmacctd",))])
+def test_pure_pipeline_reads_as_pp4_from_other_exporters(tmp_path_factory, exporter, tools):
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed")
+    res = _job(tmp_path_factory, f"pp4-{exporter}", nodes=4, pp=4, node_order=[2, 0, 3, 1], exporter=exporter)
+    s, flows = _infer(res)
+    (truth,) = _truth(res)[1]
+    print(f"pp4 via {exporter}:", flows.height, "records", s.dp, s.pp, s.tp, s.pp_groups, "truth", truth,
+          s.extra["notes"])
+    assert (s.dp, s.pp, s.world_size) == (1, 4, 4)
+    (pipe,) = s.pp_groups
+    assert {frozenset(p) for p in zip(pipe, pipe[1:])} == {frozenset(p) for p in zip(truth, truth[1:])}
+    if s.extra["stage_order_known"]:
+        assert list(pipe) == list(truth)

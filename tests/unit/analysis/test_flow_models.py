@@ -350,3 +350,34 @@ def test_rails_whose_records_last_the_whole_job_line_up_by_their_opens():
     assert corr[(0, 1)][0] >= 0.8
     corr, _ = rail_correlations(f.filter(pl.col("c") != 1), [0, 2], FlowConfig(), 1_000_000)
     assert corr[(0, 2)][0] < 0.8
+
+
+def test_batched_packet_samples_are_timed_no_finer_than_their_batches():
+    from rankscope.analysis.flow_jobs import flow_resolution_ns, sample_batching_ns
+
+    # sFlow-like: 20 batches a second apart of 5 samples each, and 80 more in 2 ms batches
+    slow = np.repeat(np.arange(20) * 1_000_000_000, 5)
+    fast = 30_000_000_000 + np.repeat(np.arange(20) * 2_000_000, 4)
+    t = np.r_[slow, fast]
+    assert sample_batching_ns(t, t) == 1_000_000_000  # over 5 % of the samples came a second after the batch before
+    assert sample_batching_ns(fast, fast) == 2_000_000
+    # flow records (start before end) and samples each timed on their own carry their own times
+    assert sample_batching_ns(t, t + 1) == 0
+    own = np.arange(100) * 1_234_567
+    assert sample_batching_ns(own, own) == 0
+    flows = pl.DataFrame({"exporter": ["sw/1"] * len(t), "start_ns": t, "end_ns": t})
+    assert flow_resolution_ns(flows) == 1_000_000_000
+
+
+def test_a_pair_that_only_ever_carried_its_set_up_is_no_heavy_link():
+    from rankscope.analysis.flow_features import heavy_edges
+
+    # 1-in-16 sampling scales a connection set-up (SYN, ACKs) to kilobytes: 0.3 % of a 1 MB link, above
+    # the heavy fraction, but no payload
+    edges = pl.DataFrame({"a": ["h1", "h1", "h2"], "b": ["h2", "h3", "h3"],
+                          "bytes": [3_136.0, 1_036_800.0, 1_019_776.0],
+                          "data_ab": [0.0, 520_000.0, 510_000.0], "data_ba": [0.0, 500_000.0, 490_000.0]})
+    heavy = heavy_edges(edges)
+    assert sorted(zip(heavy["a"], heavy["b"])) == [("h1", "h3"), ("h2", "h3")]
+    # without payload columns the bytes decide, as before
+    assert heavy_edges(edges.drop("data_ab", "data_ba")).height == 3

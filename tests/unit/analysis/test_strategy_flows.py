@@ -271,6 +271,13 @@ def test_tcp_link_times_date_the_traffic_only_when_its_records_show_bursts():
     assert undated(6, [(100 + 500 * k, 160 + 500 * k) for k in range(4)]) == set()  # cut at idle gaps
     # records cut by an active timeout follow each other with no idle gap: still one burst
     assert undated(6, [(0, 1000), (1000, 2000), (2000, 2400)]) == {link}
+    # a RoCE link whose pair also holds a small TCP control connection (the rendezvous store on one end)
+    roce = pl.DataFrame([("x", "y", 0, 2400 * ms, 17, 30_000_000), ("y", "x", 0, 2400 * ms, 17, 30_000_000),
+                         ("x", "y", 900 * ms, 900 * ms, 6, 352)],
+                        schema=["src_addr", "dst_addr", "start_ns", "end_ns", "protocol", "size_bytes"], orient="row")
+    assert connection_dated(roce.with_columns(is_data=pl.lit(True)), [("x", "y")], ms) == set()
+    # sFlow packet samples (start = end) are each a packet's time, however few their bursts
+    assert undated(6, [(0, 0), (3, 3), (2400, 2400)]) == set()
 
 
 def test_a_cycle_cut_where_no_evidence_shows_its_wrap_says_the_wrap_is_unknown():

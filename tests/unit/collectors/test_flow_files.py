@@ -96,3 +96,19 @@ def test_nfdump_csv_bad_rows_counted(tmp_path):
     assert res.format == "nfdump_csv"
     assert res.rejects["nfdump csv: wrong number of fields"] == 1
     assert res.records["flow"] == 11
+
+
+def test_nfdump_json_of_flows_nfdump_metered_itself_loads_with_the_files_exporter(tmp_path):
+    # nfpcapd (nfdump metering an interface) writes no router address: every record had been rejected
+    # for a null exporter. A real capture of a 4-stage gloo pipeline (tests/data/netns_gloo/SOURCE.md)
+    path = Path(__file__).resolve().parents[2] / "data" / "netns_gloo" / "pp4_nfpcapd.nfdump.json"
+    assert formats.detect(path) == "nfdump_json"
+    store, summary = _ingest(tmp_path, path, extra={"tz_offset_s": "0"})
+    (f,) = summary.files
+    assert f.status == "ingested" and f.records == {"flow": 49}, f
+    df = store.read("flow")
+    assert set(df["exporter"]) == {"file/0"}
+    tcp = df.filter((pl.col("protocol") == 6) & pl.col("src_addr").str.starts_with("10.213."))
+    assert tcp.height > 20 and (tcp["end_ns"] >= tcp["start_ns"]).all()
+    # milliseconds, as nfdump prints them
+    assert (tcp["start_ns"] % 1_000_000 == 0).all()
