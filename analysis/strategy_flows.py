@@ -205,6 +205,14 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
                    "time cannot be read from them")
         return Steps(extra={"evaluated": False, "why": why, "source": "flows", "continued_records": round(share, 3),
                             "median_record_ns": med, "burst_starts_per_flow": round(per_flow, 2)})
+    if period < 2 * res:
+        # sFlow samples timed by their datagrams: a real agent's 240 samples of a 4-stage pipeline (steps of
+        # 40 ms) "repeated" every 14.5 ms, the cadence of its datagrams, not of the job
+        return Steps(extra={"evaluated": False, "source": "flows", "period_seen_ns": int(round(period)),
+                            "timestamp_resolution_ns": int(res),
+                            "why": f"the traffic seems to repeat every {period / 1e6:.1f} ms, under two ticks of the "
+                                   f"records' time resolution ({res / 1e6:.1f} ms): no step time can be read at "
+                                   "that resolution"})
     spacing = _burst_spacing(bursts, period)
     if spacing and abs(spacing - period) > 0.01 * period:
         # most links' consecutive bursts lie a whole number of steps apart: the period the phase

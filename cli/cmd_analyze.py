@@ -117,8 +117,11 @@ def _ingest_first(store_dir, paths):
                                               "one on 127.0.0.1 for this run)")
 @click.option("--format", "fmt", type=click.Choice(["summary", "text"]), default="summary", show_default=True,
               help="what to print per job: one summary line, or the report's key sections as text")
+@click.option("--control-port", "control_ports", multiple=True, type=click.IntRange(1, 65535),
+              help="a job's rendezvous port other than 29500 (torchrun --master_port), repeatable: flows on it "
+                   "are control traffic, not training links, and join the ranks that talk to it into one job")
 def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below, regression_threshold, engine,
-            address, fmt):
+            address, fmt, control_ports):
     """Diagnose every job of a store: strategy, steps, stragglers, regressions, hangs.
 
     Writes OUT/<job>.json (the report contract) and OUT/<job>.html per job.
@@ -134,6 +137,7 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
       rankscope analyze --ingest traces/ --store st --out-dir reports --no-html
       rankscope analyze --store st --out-dir reports --format text
       rankscope analyze --store st --job fabric --out-dir reports
+      rankscope analyze --store st --out-dir reports --control-port 29671
       rankscope analyze --store st --out-dir reports --engine ray --address 10.0.0.5:6379
     """
     _load(with_ingest=bool(ingest_paths), inputs=[p for p in (store_dir, *ingest_paths) if os.path.exists(p)])
@@ -145,13 +149,16 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
         raise StoreError(f"--store {store_dir}: expected a trace store with records, found none")
     if flow_job is not None and flow_job not in store.jobs("flow"):
         raise UsageError(f"--flow-job {flow_job!r}: expected a flow capture, one of {store.jobs('flow')}")
+    from rankscope.analysis.flow_config import DEFAULT_CONTROL_PORTS, FlowConfig
     from rankscope.analysis.gemm_throughput import ThroughputConfig
     from rankscope.analysis.regressions import RegressionConfig
     from rankscope.analysis.stragglers import StragglerConfig
 
+    ports = tuple(dict.fromkeys((*DEFAULT_CONTROL_PORTS, *control_ports)))
     config = DiagnoseConfig(
         stragglers=StragglerConfig(none_below=none_below),
-        regressions=RegressionConfig(throughput=ThroughputConfig(threshold=regression_threshold)))
+        regressions=RegressionConfig(throughput=ThroughputConfig(threshold=regression_threshold)),
+        flow=FlowConfig(control_ports=ports, rendezvous_ports=ports) if control_ports else FlowConfig())
     from rankscope.analysis.jobs import plan_jobs
 
     plan = plan_jobs(store, job, flow_job, config.flow)

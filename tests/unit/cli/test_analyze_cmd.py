@@ -135,3 +135,27 @@ def test_dashboard_and_analyze_share_one_job_plan(job_store, fabric_store, tmp_p
     assert {p.kind for p in plan_jobs(Store(fabric_store[0]))} == {"capture"}
     assert [p.name for p in plan_jobs(Store(job_store[0]), job="llama")] == ["llama"]
     assert plan_jobs(Store(job_store[0]), job="nope") == []
+
+
+def test_control_port_sets_a_rendezvous_store_apart(tmp_path, capsys):
+    # a real 4-stage gloo pipeline under 1-in-16 sFlow (tests/data/netns_gloo), rendezvous on a port
+    # other than 29500: its store connections, scaled by the sampling, outweigh the job's at this size
+    # (without the port no job is found in it)
+    from pathlib import Path
+
+    import polars as pl
+
+    from rankscope.collectors.schema import conform
+    from rankscope.collectors.store import Store
+
+    data = Path(__file__).resolve().parents[2] / "data" / "netns_gloo"
+    truth = json.loads((data / "truth.json").read_text())["pp4_sflow_pmacct"]
+    flows = pl.read_parquet(data / "pp4_sflow_pmacct.flows.parquet").with_columns(
+        job=pl.lit("fabric"), source=pl.lit("sflow"))
+    Store(tmp_path / "st").write("flow", conform(flows, "flow"), job="fabric")
+    args = ["analyze", "--store", str(tmp_path / "st"), "--no-html"]
+    assert main([*args, "--out-dir", str(tmp_path / "b"), "--control-port", str(truth["master_port"])]) == 0
+    (report,) = (tmp_path / "b").glob("*.json")
+    s = json.loads(report.read_text())["strategy"]
+    assert (s["dp"], s["pp"]) == (1, 4)
+    assert main([*args, "--out-dir", str(tmp_path / "c"), "--control-port", "0"]) == 2
