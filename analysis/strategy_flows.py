@@ -27,6 +27,7 @@ from rankscope.analysis.flow_jobs import (
 from rankscope.analysis.flow_link_dating import connection_dated
 from rankscope.analysis.flow_period import whole_step
 from rankscope.analysis.flow_ranks_per_address import degrees_with_hidden_ranks, ranks_per_address
+from rankscope.analysis.flow_sample_counts import all_links_seen_chance, sampled_packets
 from rankscope.analysis.flow_stage_order import dp_end_votes, order_pipelines
 from rankscope.analysis.flow_tie_evidence import wrap_by_bytes
 from rankscope.analysis.timelines import period_steps, step_period
@@ -392,6 +393,16 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     # order was voted, and whether another labelling explains the traffic as well
     conf = grid_confidence(fit.valid, len(fit.alternatives), pp, order_share, fit.tie_kind)
     evidence = evidence_class(fit.valid, len(fit.alternatives), pp, order_share, fit.tie_kind)
+    # a sampled capture's light links may have gone unseen, and with them a stage or a member
+    counts = sampled_packets(pt.training_flows.filter(in_job), links)
+    seen_all = all_links_seen_chance(counts)
+    if seen_all < 0.99:
+        conf *= seen_all
+        notes.append(f"sampled capture: the lightest of the job's {len(counts)} links was seen in "
+                     f"{min(counts.values())} sampled packet(s); a link as light goes unseen often enough that "
+                     f"all its links were seen with a chance of {seen_all:.2f}, and the confidence is scaled by it")
+        if seen_all < 0.9:
+            evidence = "few samples: links may be unseen"
     wrap_unknown = order_share == 0 and _wrap_unknown(pipes, heavy.filter(pl.Series(fit.is_pp)))
     if pp > 1:
         if order_share == 0:  # no link voted (a vote makes the share at least one half)

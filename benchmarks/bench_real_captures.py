@@ -7,7 +7,8 @@ would (the nfdump JSON as nfdump printed it; the Parquet flows as the collector 
 as `rankscope analyze --control-port <the job's rendezvous port>` does. Scored per capture:
 
 - strategy: right (dp, pp, DP groups and pipelines exact; the stage order where the report claims it),
-  a standing tie that lists the truth first / among its labellings, or wrong;
+  a standing tie that lists the truth first / among its labellings, unknown (no job found), wrong at a
+  confidence under 0.5, or WRONG (a wrong grid at 0.5 or more: the script exits 1);
 - step time: unknown, flagged uncertain, or claimed (these jobs' compute steps are 30-500 ms between
   seconds of start-up or 2.5 s sleeps, so a claimed period is printed for reading, not scored);
 - verdict: for the captures with a fault, whether the slow NIC's address or its ring is named; for the
@@ -77,7 +78,8 @@ def score_strategy(s, truth: dict) -> str:
     if x.get("ambiguous") and any(sorted(sorted(g) for g in a.get("dp_groups") or []) == dp_true
                                   for a in x.get("alternatives") or []):
         return "tie, truth listed"
-    return "WRONG"
+    # a wrong grid is a wrong claim only at a confidence that claims it
+    return "WRONG" if s.confidence >= 0.5 else "wrong at < 0.5"
 
 
 def score_verdict(st, truth: dict) -> str:
@@ -103,9 +105,9 @@ def main() -> int:
     for name, truth in truths.items():
         d = diagnose(name, truth)
         exporter = truth.get("exporter", "softflowd").split()[0]
-        if d is None:
-            print(f"{name:<28}{exporter:<10}{'no job found':<34}{'WRONG':<18}")
-            tally["WRONG"] = tally.get("WRONG", 0) + 1
+        if d is None:  # nothing claimed
+            print(f"{name:<28}{exporter:<10}{'no job found':<34}{'unknown':<18}")
+            tally["unknown"] = tally.get("unknown", 0) + 1
             continue
         s, steps = d.strategy, d.steps
         score = score_strategy(s, truth)

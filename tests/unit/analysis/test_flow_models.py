@@ -381,3 +381,18 @@ def test_a_pair_that_only_ever_carried_its_set_up_is_no_heavy_link():
     assert sorted(zip(heavy["a"], heavy["b"])) == [("h1", "h3"), ("h2", "h3")]
     # without payload columns the bytes decide, as before
     assert heavy_edges(edges.drop("data_ab", "data_ba")).height == 3
+
+
+def test_links_seen_in_a_few_samples_leave_room_for_unseen_ones():
+    from rankscope.analysis.flow_sample_counts import all_links_seen_chance, sampled_packets
+
+    rows = [("a", "b", 1, 512), ("b", "a", 1, 512), ("b", "c", 1, 512), ("c", "b", 1, 512), ("c", "d", 1, 512)]
+    f = pl.DataFrame(rows, schema=["src_addr", "dst_addr", "num_packets", "sampling_rate"], orient="row")
+    counts = sampled_packets(f, [("a", "b"), ("b", "c"), ("c", "d")])
+    assert counts == {frozenset("ab"): 2, frozenset("bc"): 2, frozenset("cd"): 1}
+    assert all_links_seen_chance(counts) == 0.0  # a link seen once says nothing of its rate
+    two = all_links_seen_chance({frozenset("ab"): 2, frozenset("bc"): 2})
+    assert 0.35 < two < 0.45  # (1 - e^-1)^2
+    assert all_links_seen_chance({frozenset("ab"): 400, frozenset("bc"): 900}) > 0.999
+    # unsampled records: nothing to scale
+    assert sampled_packets(f.with_columns(sampling_rate=pl.lit(1)), [("a", "b")]) == {}
