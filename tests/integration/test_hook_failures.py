@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -88,9 +87,22 @@ def test_store_replaced_by_a_file_mid_run(tmp_path, reference):
     while time.time() < deadline and not list(store.glob("comm_op/job=f/part-*.parquet")):
         time.sleep(0.02)
     running = p.poll() is None
-    # Root ignores permissions, so make writes really fail: the store directory becomes a file.
-    shutil.rmtree(store)
-    store.write_text("the store is gone")
+    # Root ignores permissions, so make writes really fail: the store directory becomes a file. Moved
+    # aside in one rename, not removed: the writers keep creating files in it, and rmtree raced them
+    # ("Directory not empty", once in a make test run); a writer may make the directory again before
+    # the file is there, and then it is moved aside again
+    for attempt in range(100):
+        try:
+            store.rename(tmp_path / f"store.gone{attempt}")
+        except FileNotFoundError:
+            pass
+        try:
+            with open(store, "x") as f:
+                f.write("the store is gone")
+            break
+        except (FileExistsError, IsADirectoryError):
+            continue
+    assert store.is_file()
     _, err = p.communicate(timeout=240)
     assert running, "the job ended before the store could be taken away; the test proved nothing"
     assert p.returncode == 0, err[-3000:]
