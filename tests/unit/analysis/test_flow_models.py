@@ -396,3 +396,21 @@ def test_links_seen_in_a_few_samples_leave_room_for_unseen_ones():
     assert all_links_seen_chance({frozenset("ab"): 400, frozenset("bc"): 900}) > 0.999
     # unsampled records: nothing to scale
     assert sampled_packets(f.with_columns(sampling_rate=pl.lit(1)), [("a", "b")]) == {}
+
+
+def test_a_few_payload_samples_split_by_chance_are_not_read_as_one_way():
+    from rankscope.analysis.flow_features import undirected_edges
+
+    def sym(ab, ba, samples_ab, samples_ba):
+        pairs = pl.DataFrame({"src": ["x", "y"], "dst": ["y", "x"], "bytes": [ab, ba], "num_records": [1, 1],
+                              "first_ns": [0, 0], "last_ns": [1, 1], "data_bytes": [ab, ba],
+                              "first_data_ns": [0, 0], "last_data_ns": [1, 1],
+                              "data_samples": [samples_ab, samples_ba], "exporter": ["e", "e"]})
+        return undirected_edges(pairs)["data_symmetry"][0]
+
+    # a pipeline link under 1-in-128 sFlow: 5 samples one way, 2 the other
+    assert sym(5 * 1448 * 128, 2 * 1448 * 128, 5, 2) >= 0.5
+    # 400 samples one way and none back: one-way whatever the sampling
+    assert sym(400 * 1448 * 16, 0, 400, 0) < 0.05
+    # unsampled records keep the bytes' own symmetry
+    assert sym(5_000_000, 2_000_000, 0, 0) == 0.4
