@@ -75,7 +75,7 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
                                                 "num_records": pl.Int64, "first_ns": pl.Int64,
                                                 "last_ns": pl.Int64, "data_bytes": pl.Float64,
                                                 "first_data_ns": pl.Int64, "last_data_ns": pl.Int64,
-                                                "exporter": pl.Utf8}), flow,
+                                                "data_samples": pl.Int64, "exporter": pl.Utf8}), flow,
                            {"records": 0})
     if "est_size_bytes" not in flow.columns:
         flow = flow.with_columns(est_size_bytes=pl.lit(None, pl.Int64))
@@ -150,7 +150,8 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
     Returns a, b, bytes (both directions), bytes_ab, bytes_ba, first_ab, first_ba,
     symmetry (smaller direction / larger, 0 for one-way traffic), and the same from payload records
     only: data_ab, data_ba, data_symmetry (a ring link carries payload one way and ACKs back; a
-    pipeline link carries activations one way and gradients back). first_ab/first_ba are the first
+    pipeline link carries activations one way and gradients back); data_samples, the payload packets
+    a sampled capture exported for the link (0 when not sampled). first_ab/first_ba are the first
     payload record of each direction (the pair's first record when it has no payload at all);
     last_link is the end of the link's last payload record (else last record), either direction: a TCP
     teardown after the last data is a record of its own when the exporter cut the records before it;
@@ -181,6 +182,7 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
         data_symmetry=pl.max_horizontal(
             (pl.min_horizontal("data_ab", "data_ba") / pl.max_horizontal("data_ab", "data_ba")).fill_nan(0.0)
             .fill_null(0.0), sampled_symmetry_bound("samples_ab", "samples_ba")),
+        data_samples=pl.col("samples_ab") + pl.col("samples_ba"),
     ).drop("samples_ab", "samples_ba").sort(["a", "b"])
 
 

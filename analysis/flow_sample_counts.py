@@ -16,22 +16,13 @@ import math
 
 import polars as pl
 
-from rankscope.analysis.flow_features import on_pairs
 
-
-def sampled_packets(flows: pl.DataFrame, links: list[tuple[str, str]]) -> dict[frozenset, int]:
-    """Sampled packets (as exported, before scaling) per link, both directions, of a sampled capture's
-    payload records; empty when no record on the links was sampled. Needs flows src_addr, dst_addr,
-    num_packets, sampling_rate (is_data where known)."""
-    if flows.is_empty() or not links or "sampling_rate" not in flows.columns:
+def sampled_packets(edges: pl.DataFrame) -> dict[frozenset, int]:
+    """Sampled payload packets (as exported, before scaling) per sampled link, both directions; empty
+    when no link was sampled. Needs edges a, b, data_samples (flow_features.undirected_edges)."""
+    if edges.is_empty() or "data_samples" not in edges.columns:
         return {}
-    data = on_pairs(flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows, links)
-    if data.is_empty() or not (data["sampling_rate"].fill_null(1) > 1).any():
-        return {}
-    per = data.group_by(a=pl.min_horizontal("src_addr", "dst_addr"), b=pl.max_horizontal("src_addr", "dst_addr")).agg(
-        n=pl.col("num_packets").fill_null(1).sum())
-    got = {frozenset((a, b)): int(n) for a, b, n in per.iter_rows()}
-    return {frozenset(x): got.get(frozenset(x), 0) for x in links}
+    return {frozenset((a, b)): int(n) for a, b, n in edges.select("a", "b", "data_samples").iter_rows() if n}
 
 
 def all_links_seen_chance(counts: dict[frozenset, int]) -> float:

@@ -356,16 +356,17 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
 
     resolution = flow_resolution_ns(pt.training_flows)
     quality["timestamp_resolution_ns"] = resolution
-    in_job = pl.col("src_addr").is_in(nodes) & pl.col("dst_addr").is_in(nodes)
+    # the job's records between its own endpoints: link dating, DP end votes and the caller read them
+    inside = pt.training_flows.filter(pl.col("src_addr").is_in(nodes) & pl.col("dst_addr").is_in(nodes))
     # TCP links whose records span the steps end with their teardown: that end is no time of the traffic
     links = list(heavy.select("a", "b").iter_rows())
-    undated = connection_dated(pt.training_flows.filter(in_job), links, resolution)
+    undated = connection_dated(inside, links, resolution)
     if undated and "last_link" in heavy.columns:
         heavy = heavy.with_columns(last_link=pl.when(pl.Series([frozenset(x) in undated for x in links]))
                                    .then(None).otherwise(pl.col("last_link")))
     fit = fit_grid(nodes, heavy, cfg, resolution)
     dp_pairs = {(a, b) for (a, b), pp_edge in zip(links, fit.is_pp) if not pp_edge}
-    stage_votes = dp_end_votes(pt.training_flows.filter(in_job), fit.dp_groups, fit.pipelines, dp_pairs,
+    stage_votes = dp_end_votes(inside, fit.dp_groups, fit.pipelines, dp_pairs,
                                resolution) if fit.valid and fit.pipelines and len(fit.pipelines[0]) > 1 else {}
     pp_undated = sum(1 for x, pp_edge in zip(links, fit.is_pp) if pp_edge and frozenset(x) in undated)
     pipes, order_share = order_pipelines(fit, heavy, resolution, stage_votes, cfg.max_exporter_skew_ns, undated)
@@ -394,7 +395,7 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     conf = grid_confidence(fit.valid, len(fit.alternatives), pp, order_share, fit.tie_kind)
     evidence = evidence_class(fit.valid, len(fit.alternatives), pp, order_share, fit.tie_kind)
     # a sampled capture's light links may have gone unseen, and with them a stage or a member
-    counts = sampled_packets(pt.training_flows.filter(in_job), links)
+    counts = sampled_packets(heavy)
     seen_all = all_links_seen_chance(counts)
     if seen_all < 0.99:
         conf *= seen_all
@@ -432,6 +433,4 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
                             "stage_order_dp_votes": {f"{i}>{j}": list(v) for (i, j), v in stage_votes.items()
                                                      if i < j},
                             "ranks_per_address": rpa.as_dict()})
-    return FlowInference(strat, steps, quality,
-                         pt.training_flows.filter(pl.col("src_addr").is_in(nodes) & pl.col("dst_addr").is_in(nodes)),
-                         frozenset(dp_pairs))
+    return FlowInference(strat, steps, quality, inside, frozenset(dp_pairs))

@@ -384,18 +384,25 @@ def test_a_pair_that_only_ever_carried_its_set_up_is_no_heavy_link():
 
 
 def test_links_seen_in_a_few_samples_leave_room_for_unseen_ones():
+    from rankscope.analysis.flow_features import pair_traffic, undirected_edges
     from rankscope.analysis.flow_sample_counts import all_links_seen_chance, sampled_packets
 
     rows = [("a", "b", 1, 512), ("b", "a", 1, 512), ("b", "c", 1, 512), ("c", "b", 1, 512), ("c", "d", 1, 512)]
-    f = pl.DataFrame(rows, schema=["src_addr", "dst_addr", "num_packets", "sampling_rate"], orient="row")
-    counts = sampled_packets(f, [("a", "b"), ("b", "c"), ("c", "d")])
+    f = pl.DataFrame(rows, schema=["src_addr", "dst_addr", "num_packets", "sampling_rate"], orient="row").with_columns(
+        exporter=pl.lit("sw/1"), src_port=pl.lit(40000), dst_port=pl.lit(4791), protocol=pl.lit(17),
+        size_bytes=pl.lit(1518), start_ns=pl.lit(0), end_ns=pl.lit(0))
+
+    def edges(flows):
+        return undirected_edges(pair_traffic(flows).pairs)
+
+    counts = sampled_packets(edges(f))
     assert counts == {frozenset("ab"): 2, frozenset("bc"): 2, frozenset("cd"): 1}
     assert all_links_seen_chance(counts) == 0.0  # a link seen once says nothing of its rate
     two = all_links_seen_chance({frozenset("ab"): 2, frozenset("bc"): 2})
     assert 0.35 < two < 0.45  # (1 - e^-1)^2
     assert all_links_seen_chance({frozenset("ab"): 400, frozenset("bc"): 900}) > 0.999
     # unsampled records: nothing to scale
-    assert sampled_packets(f.with_columns(sampling_rate=pl.lit(1)), [("a", "b")]) == {}
+    assert sampled_packets(edges(f.with_columns(sampling_rate=pl.lit(1)))) == {}
 
 
 def test_a_few_payload_samples_split_by_chance_are_not_read_as_one_way():
