@@ -23,6 +23,9 @@ from rankscope.analysis.flow_ranks_per_address import ROCE_PORT
 
 LATE_SLACK = 0.25
 """a later stage may absorb at most this share of a slow stage's lateness (jitter, its own bubble)."""
+UPSTREAM_LATE_Z = 1.5
+"""a pipeline late from some stage to the one before its last by this many noise units (the stages' robust z
+pooled, sum over sqrt(count)) may owe its last stage's lateness to that stage: see late_stage."""
 MAX_FACTOR = 10.0
 """a stage read as more times slower than this is a misread send (no compute straggler runs 10x its peers
 and keeps the job running), and names nobody."""
@@ -144,6 +147,13 @@ def on_time(x: np.ndarray) -> tuple[float, float]:
     return (float(np.median(rest)), robust(rest)[1] if len(rest) >= 3 else 0.0)
 
 
+def _upstream_late(z: dict, pipe: int, last: int) -> float:
+    """How clearly ``pipe`` runs late from some stage before ``last`` on: the largest, over start stages k, of
+    its robust z at stages k..last-1 summed over the square root of their count (0 with no such stage)."""
+    up = sorted((k, zz) for (p, k), (zz, _) in z.items() if p == pipe and k < last)
+    return max((sum(zz for _, zz in up[i:]) / np.sqrt(len(up) - i) for i in range(len(up))), default=0.0)
+
+
 def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolution_ns: int,
                clocks: dict[str, str] | None = None) -> dict | None:
     """The endpoint whose pipeline's forward sends fall behind from its stage on, or None.
@@ -196,7 +206,7 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     a = a.with_columns(late=pl.when(own_clock).then(pl.col("t") - pl.col("t").median().over("stage", "step", "clock"))
                        .otherwise(pl.col("t") - pl.col("t").median().over("stage", "step")),
                        size=pl.len().over("stage", "step")).filter(pl.col("size") >= 3)
-    per = a.group_by("pipe", "stage").agg(late=pl.col("late").median(), n=pl.len(), clock=pl.col("clock").mode().first())
+    per = a.group_by("pipe", "stage").agg(late=pl.col("late").median(), n=pl.len(), clock=pl.col("clock").mode().sort().first())
     if per.height < 3:
         return None
     table = {(r["pipe"], r["stage"]): r["late"] for r in per.iter_rows(named=True)}
@@ -229,7 +239,9 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     if not z:
         return None
     last = max(k for _, k in z)
-    worst = max((p for p, k in z if k == last), key=lambda p: z[(p, last)][0])
+    # ties (a TP group's pipelines late alike on a coarse clock) go to the lowest pipeline, whatever order
+    # the tables came in
+    worst = max(sorted(p for p, k in z if k == last), key=lambda p: z[(p, last)][0])
     row = [(k, *z[(worst, k)]) for k in stages if (worst, k) in z]
     if not row or row[-1][1] < OUTLIER_MADS:
         return None
@@ -287,6 +299,18 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
            "late_ns": late, "stage": int(first), "pipeline": pipes[worst],
            "factor_vs": "the same stage's forward time in the other pipelines",
            "late_by_stage_ns": {str(k): round(float(v), 1) for k, _, v in row}}
+    if first == len(pipes[worst]) - 1 and max(_upstream_late(z, p, first) for p in [worst, *mates]) >= UPSTREAM_LATE_Z:
+        # the last stage is read from its first gradient back, which follows the forwards it runs first:
+        # one under 1F1B, every micro-batch's under GPipe, whose arrivals an earlier slow stage delays each
+        # time. So a pipeline late from an earlier stage on by less than the bar shows at the last stage
+        # multiplied (dev corpus, once RoCE ACKs had flows of their own: three slow workers at stages 1, 2
+        # and 6, 1-10 ms late from there on, read 13-118 ms late at the last stage, two of them named there)
+        members = sorted({x for p in [worst, *mates] for x in pipes[p]})
+        return {**out, "kind": "late_pipelines", "culprit": None, "pipeline": None, "members": members,
+                "ambiguous": f"the pipeline is clearly late only at its last stage's first gradient "
+                             f"({late / 1e6:.1f} ms), and slightly late from an earlier stage on: a slow last "
+                             "stage, or an earlier one whose delay adds up over the micro-batches the last stage "
+                             "runs forward before its first backward (GPipe), so flows cannot tell which"}
     if mates:
         return {**out, "kind": "late_pipelines", "culprit": None, "pipeline": None,
                 "members": sorted(pipes[p][first] for p in [worst, *mates]),

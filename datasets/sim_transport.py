@@ -9,6 +9,10 @@ optional destination QPs, plus the traffic a real transport adds:
   AETH) on the same QP, and NCCL's receiver writes a clear-to-send entry
   (``CTS_BYTES``) into the sender's FIFO for every ``CTS_CHUNK`` bytes. The
   first CTS leaves before the data does, so the reverse flow starts first.
+  NCCL's network connections are one-way (a send comm at one end, a recv
+  comm at the other, each with its own QPs), so the ACKs and CTS of A -> B
+  leave B from other QPs than B's own data to A: another UDP source port and
+  another destination QP, a flow record of their own.
 - TCP: one connection per rank pair and group; the lower rank listens (a
   listening port per rank and group, unique on its address), the other
   connects from an ephemeral port. Both directions share the 5-tuple, the
@@ -50,6 +54,10 @@ RTT_NS = 8_000
 EXIT_SPREAD_NS = 2_000_000
 """mean gap (exponential) between one process's exit and the next at the end of a job."""
 LISTEN_BASE, EPHEMERAL_BASE, EPHEMERAL_SPAN = 20_000, 40_000, 20_000
+ACK_SIDE = 1 << 48
+"""hash input for the QP pair that a one-way connection's ACKs and CTS travel on (the responder's source
+port, the requester's QP number), kept apart from the QPs of the reverse connection (connection ids stay
+below it)."""
 
 
 def _hash(*cols: np.ndarray) -> np.ndarray:
@@ -98,11 +106,12 @@ def _roce(tr: pl.DataFrame, cfg: SimConfig, topo: Topology, exporters: pl.Series
         "src_addr": topo.addr_int[d], "dst_addr": topo.addr_int[s], "conn": c,
         "t0": np.maximum(tr["t0"].to_numpy() - CTS_LEAD_NS, 0), "t1": tr["t1"].to_numpy() + RTT_NS // 2,
         "bytes": acks * ACK_PAYLOAD + cts * CTS_BYTES, "pkts": acks + cts, "qps": tr["qps"].to_numpy(),
-        "sport": source_port(d, s, c, cfg.qps), "dport": np.full(len(s), ROCE_PORT),
+        # the responder's QPs of this one-way connection: not those of its own data to the sender
+        "sport": source_port(d, s, c | ACK_SIDE, cfg.qps), "dport": np.full(len(s), ROCE_PORT),
         "protocol": np.full(len(s), 17), "exporter": exporters.gather(d), "hdr": np.full(len(s), HEADER_BYTES),
         "srank": d, "drank": s})
     if r.dst_qp:
-        rev = rev.with_columns(qpn=pl.Series(qp_base(s, c, topo, cfg.qps)))
+        rev = rev.with_columns(qpn=pl.Series(qp_base(s, c | ACK_SIDE, topo, cfg.qps)))
     return pl.concat([tr, rev], how="diagonal_relaxed")
 
 

@@ -65,6 +65,21 @@ def test_a_slow_last_stage_is_named_from_its_first_gradient_sent_back():
     assert late_stage(f, strat, STEP, 1)["culprit"] == "10.1.2.1"
 
 
+def test_a_last_stage_late_after_earlier_stages_slightly_late_names_nobody():
+    # GPipe: the last stage runs every micro-batch's forward before its first backward, so an earlier stage
+    # slow by a little delays each arrival and the last stage's first gradient by their sum. Stages 1-2 of
+    # pipeline 2 are 0.3 ms late (under the bar), its last stage's gradient 30 ms: the last stage, or
+    # stage 1 multiplied, so the pipeline is named, not an address (dev corpus: slow workers at stages 1,
+    # 2 and 6 were named at the last stage)
+    f, strat = _pipeline_records(extra={(2, 1): 300_000, (2, 3): 15_000_000}, backward=True)
+    x = late_stage(f, strat, STEP, 1)
+    assert x is not None and x["culprit"] is None and x["kind"] == "late_pipelines", x
+    assert set(x["members"]) == set(strat.pp_groups[2]) and x["stage"] == 3
+    # the same last stage with the earlier stages on time is named
+    f, strat = _pipeline_records(extra={(2, 3): 15_000_000}, backward=True)
+    assert late_stage(f, strat, STEP, 1)["culprit"] == strat.pp_groups[2][3]
+
+
 def test_a_slow_ring_and_a_late_pipeline_read_together():
     from rankscope.analysis.flow_stragglers import _ring_and_late_stage
 

@@ -383,6 +383,26 @@ def test_a_pair_that_only_ever_carried_its_set_up_is_no_heavy_link():
     assert heavy_edges(edges.drop("data_ab", "data_ba")).height == 3
 
 
+def test_a_link_seen_in_one_sample_is_not_heavy_next_to_links_seen_in_hundreds():
+    from rankscope.analysis.flow_features import heavy_edges, sampled_bytes_floor
+
+    # 1 in 1,000 sampling: each ring link shows 1,000 payload samples (4 GB); one sampled packet between
+    # two of its hosts scales to 12 MB, 0.3 % of a ring link, over the heavy fraction (0.2 %). A single
+    # sample says only that the pair carried something (seed 3 of the dev corpus: a storage server's
+    # single packets to five hosts of a 2,048-GPU job joined it to the job, which then fit no grid)
+    ring = [(f"h{i}", f"h{i % 4 + 1}", 2e9, 2e9, 10 * i, 500 - i) for i in range(1, 5)]
+    chord = [("h1", "h3", 1.2e7, 0.0, 50, None)]
+    e = _directed(ring + chord).with_columns(data_samples=pl.Series([1000] * 4 + [1]))
+    ring_links = {frozenset(r[:2]) for r in ring}
+    assert {frozenset(x) for x in heavy_edges(e).select("a", "b").iter_rows()} == ring_links
+    # the same bytes counted packet by packet (unsampled: 0 samples), or in 40 samples, are heavy
+    for n in (0, 40):
+        heavy = heavy_edges(e.with_columns(data_samples=pl.Series([1000] * 4 + [n])))
+        assert {frozenset(x) for x in heavy.select("a", "b").iter_rows()} != ring_links
+    floor = pl.select(sampled_bytes_floor(pl.Series([0, 1, 3, 100]))).to_series().to_list()
+    assert floor[0] == 1.0 and floor[1] < 0.06 and 0.2 < floor[2] < 0.35 and 0.8 < floor[3] < 0.9
+
+
 def test_links_seen_in_a_few_samples_leave_room_for_unseen_ones():
     from rankscope.analysis.flow_features import pair_traffic, undirected_edges
     from rankscope.analysis.flow_sample_counts import all_links_seen_chance, sampled_packets

@@ -148,3 +148,30 @@ def test_dp_end_votes_need_most_steps_to_agree():
     assert dp_end_votes(shifted((-6, -32, 20, 14, 3, 0)), groups, pipes, pairs, MS) == {}
     # three of five steps clearly one way, one the other: the order stands, with its minority
     assert dp_end_votes(shifted((25, 30, -40, 28, 3, 0)), groups, pipes, pairs, MS) == {(0, 1): (3, 1), (1, 0): (1, 3)}
+
+
+def roce_link(lag_ns: int, steps: int = 6, period_ms: int = 375, busy_ms: int = 100) -> pl.DataFrame:
+    """One RoCE link, nanosecond clock, one record per direction per step, each direction on its own
+    queue pair (source port): B -> A's first payload ``lag_ns`` after A -> B's in every step. Times fall
+    on no round number of nanoseconds, or the clock would read as a coarse one."""
+    rows = []
+    for k in range(steps):
+        s = T0 + k * period_ms * MS + 123_457 + 7_919 * k * k
+        for src, dst, sp, t in (("10.0.0.1", "10.0.0.2", 50001, s), ("10.0.0.2", "10.0.0.1", 50002, s + lag_ns)):
+            rows.append({"exporter": "leaf0", "src_addr": src, "dst_addr": dst, "src_port": sp, "dst_port": 4791,
+                         "protocol": 17, "size_bytes": 1_600_000_000, "num_packets": 390_000, "sampling_rate": 1,
+                         "start_ns": t, "end_ns": t + busy_ms * MS})
+    return pl.DataFrame(rows)
+
+
+def test_a_collectives_directions_a_fraction_of_a_millisecond_apart_are_no_pipeline():
+    # each direction's first transfer leaves when its queues let it: a DP pair's two directions start
+    # up to a millisecond apart (0.16-0.25 ms read a DP2 x TP4 job as 2-stage pipelines at 0.99)
+    s = infer_flows(roce_link(250_000)).strategy
+    assert s.extra["ambiguous"] and s.confidence < 0.5
+
+
+def test_gradients_a_micro_batch_after_the_activations_read_as_a_pipeline():
+    s = infer_flows(roce_link(20 * MS + 3_217, busy_ms=5)).strategy
+    assert (s.dp, s.pp) == (1, 2) and not s.extra["ambiguous"] and s.confidence >= 0.9
+    assert s.pp_groups == [["10.0.0.1", "10.0.0.2"]] and s.extra["stage_order_known"]

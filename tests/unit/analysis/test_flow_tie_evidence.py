@@ -153,12 +153,15 @@ def test_simulated_plain_1f1b_pipeline_over_tcp_has_no_wrap_to_find():
 
 
 def test_simulated_tree_all_reduce_tie_stays_data_parallel_by_its_bytes():
-    # dp4 x pp2, double binary tree over RoCE, millisecond clock: no lag is measurable, so dp4 pp2 and
-    # dp2 pp4 (the trees' 4-cycles read as cyclic pipelines) fit alike; the cycles' links carry 1 : 2 : 2 : 1
-    # (links in both trees twice), which no pipeline schedule does
+    # dp4 x pp2, double binary tree over TCP (one connection a pair, both directions opened together at
+    # set-up), millisecond clock, one record per direction for the whole job: no lag is measurable, so
+    # dp4 pp2 and dp2 pp4 (the trees' 4-cycles read as cyclic pipelines) fit alike; the cycles' links carry
+    # 1 : 2 : 2 : 1 (links in both trees twice), which no pipeline schedule does. (Over RoCE the gradients
+    # leave on queue pairs of their own, whose records start with them: the lag shows.)
     cfg = SimConfig(dp=4, pp=2, tp=1, gpus_per_host=1, steps=3, microbatches=4, layers=8, seed=7, gemm_records=False,
                     algorithm="tree", active_timeout_s=60.0, idle_timeout_s=60.0,
-                    realism=Realism(double_tree=True, timestamp_ns=1_000_000, reverse=True, ack_every=8))
+                    realism=Realism(double_tree=True, timestamp_ns=1_000_000, reverse=True, ack_every=8,
+                                    transport="tcp"))
     res = simulate(cfg)
     s = infer_flows(pl.from_arrow(res.tables["flow"])).strategy
     assert (s.dp, s.pp) == (4, 2) and s.extra["alternatives"] and not s.extra["ambiguous"]

@@ -161,16 +161,17 @@ def test_pipelines_without_order_votes_all_run_the_same_way_through_the_stages()
 def test_two_stage_links_timed_on_two_exporters_vote_only_beyond_their_clock_skew():
     # dev corpus (seed 4): a RoCE interleaved 2-stage pipeline, 64 links, each direction timed on its
     # sender's exporter. The reverse records open with the activations' ACKs, so the two directions'
-    # first records are a few hundred microseconds apart, in the order of the exporters' offsets: 40
-    # links said one way and 24 the other. Summed, that read as a clear 16 and ordered the pipelines
-    # backwards at "voted clearly" against 5 of 5 steps of gradient reductions
+    # first records are apart by the exporters' offsets, in their order: 40 links said one way and 24
+    # the other. Summed, that read as a clear 16 and ordered the pipelines backwards at "voted clearly"
+    # against 5 of 5 steps of gradient reductions. (The offsets were a few hundred microseconds; lags
+    # under a millisecond no longer vote at all, flow_link_evidence.MIN_PP_LAG_NS, so here they are 1-3 ms)
     from rankscope.analysis.flow_groups import GridFit
     from rankscope.analysis.flow_stage_order import order_pipelines
 
     rng = np.random.default_rng(0)
     up = [f"10.0.0.{i}" for i in range(1, 65)]
     down = [f"10.0.1.{i}" for i in range(1, 65)]
-    lag = rng.choice([-1, 1], 64, p=[0.62, 0.38]) * rng.uniform(200e3, 500e3, 64)  # ns; down first: -
+    lag = rng.choice([-1, 1], 64, p=[0.62, 0.38]) * rng.uniform(1.2e6, 3e6, 64)  # ns; down first: -
     edges = pl.DataFrame({"a": up, "b": down, "first_ab": [10**9] * 64,
                           "first_ba": [int(10**9 + x) for x in lag]})
     fit = GridFit(dp_groups=[up, down], pipelines=[sorted(p) for p in zip(up, down)], is_pp=np.ones(64, bool),

@@ -58,6 +58,21 @@ def test_roce_reverse_flows_exist_are_small_and_start_first(ideal):
     assert (j["start_ns"] <= j["start_ns_data"]).all()
 
 
+def test_roce_acks_leave_from_other_queue_pairs_than_the_reverse_data():
+    # NCCL's connections are one-way: B's ACKs and CTS for A's data go out on the QPs of A's connection,
+    # B's own data to A on the QPs of its own, so a pipeline link's reverse ACKs are records of their own
+    f, _ = _flows(reverse=True, ack_every=16, dst_qp=True)
+    f = f.with_columns(payload=pl.col("size_bytes") / pl.col("num_packets") > 1000)
+    per_qp = f.group_by("src_addr", "dst_addr", "src_port", "dst_qp").agg(data=pl.col("payload").any(),
+                                                                           acks=(~pl.col("payload")).any())
+    assert not (per_qp["data"] & per_qp["acks"]).any()  # no 5-tuple mixes payload and ACKs
+    # pairs that carry payload both ways (pipeline links) also carry ACK flows both ways
+    both = per_qp.group_by("src_addr", "dst_addr").agg(pl.col("data").any(), pl.col("acks").any())
+    two_way = both.join(both, left_on=["src_addr", "dst_addr"], right_on=["dst_addr", "src_addr"], suffix="_rev")
+    assert two_way.filter(pl.col("data") & pl.col("data_rev")).height > 0
+    assert two_way.filter(pl.col("data") & pl.col("data_rev"))["acks"].all()
+
+
 def test_tcp_opens_both_directions_together_with_small_handshakes():
     res = simulate(SimConfig(**BASE, idle_timeout_s=0.1, realism=Realism(transport="tcp", mtu=8948)))
     f, truth = pl.from_arrow(res.tables["flow"]), res.truth
