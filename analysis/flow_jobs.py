@@ -96,18 +96,28 @@ def sample_batching_ns(start_ns: np.ndarray, end_ns: np.ndarray) -> int:
     return int(np.quantile(since, 0.95))
 
 
+MIN_CLOCK_RECORDS = 20
+"""an exporter's sample batching is read from at least this many records: a handful of samples that
+share a datagram tell little of how late the agent sends them."""
+
+
 def flow_resolution_ns(flows: pl.DataFrame) -> int:
-    """The finest clock tick among the exporters of the records (needs exporter, start_ns, end_ns); for
-    packet samples timed in batches, the batches' spacing when it is coarser (sample_batching_ns)."""
+    """The finest clock tick among the exporters of the records (needs exporter, start_ns, end_ns), or
+    the batches' spacing of any exporter whose packet samples are timed in batches when that is coarser
+    (sample_batching_ns; exporters with at least MIN_CLOCK_RECORDS records, or all when none has them).
+
+    The finest tick: records cut where an exporter's timer fires may all fall on its round seconds, and a
+    tick read from them alone is no clock. A batching agent's lag is no tick but how late its samples
+    are: a link timed by a batched sFlow agent (samples up to a second late) orders nothing however fine
+    the IPFIX exporter beside it, so its spacing holds for the whole capture.
+    """
     if flows.is_empty():
         return 1
     groups = [g for _, g in flows.group_by("exporter")] if "exporter" in flows.columns else [flows]
-
-    def one(g: pl.DataFrame) -> int:
-        s, e = g["start_ns"].to_numpy(), g["end_ns"].to_numpy()
-        return max(timestamp_resolution_ns(np.r_[s, e]), sample_batching_ns(s, e))
-
-    return min(one(g) for g in groups)
+    ticks = [timestamp_resolution_ns(np.r_[g["start_ns"].to_numpy(), g["end_ns"].to_numpy()]) for g in groups]
+    read = [g for g in groups if g.height >= MIN_CLOCK_RECORDS] or groups
+    batching = max(sample_batching_ns(g["start_ns"].to_numpy(), g["end_ns"].to_numpy()) for g in read)
+    return max(min(ticks), batching)
 
 
 def components(nodes: list[str], a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -369,6 +369,25 @@ def test_batched_packet_samples_are_timed_no_finer_than_their_batches():
     assert flow_resolution_ns(flows) == 1_000_000_000
 
 
+def test_a_fabric_mixing_a_fine_exporter_and_a_batched_sflow_agent_reads_at_the_agent_s_batching():
+    from rankscope.analysis.flow_jobs import flow_resolution_ns
+
+    rng = np.random.default_rng(3)
+    fine = np.sort(rng.integers(0, 10**10, 200))  # IPFIX, nanosecond clock
+    batches = np.repeat(np.arange(40) * 1_000_000_000, 5)  # sFlow: 5 samples a datagram, one a second
+    rows = pl.DataFrame({"exporter": ["ipfix/1"] * 200 + ["sflow/2"] * 200,
+                         "start_ns": np.r_[fine, batches], "end_ns": np.r_[fine + 1_234_567, batches]})
+    # a lag between two of the agent's samples orders nothing, whatever the IPFIX exporter beside it saw
+    assert flow_resolution_ns(rows) == 1_000_000_000
+    assert flow_resolution_ns(rows.filter(pl.col("exporter") == "ipfix/1")) == 1
+    # a millisecond exporter beside a nanosecond one: the finer tick (records cut on an exporter's round
+    # timer ticks may read as a coarse clock)
+    ms = pl.DataFrame({"exporter": ["ms/3"] * 50, "start_ns": np.arange(50) * 7_000_000,
+                       "end_ns": np.arange(50) * 7_000_000 + 2_000_000})
+    assert flow_resolution_ns(ms) == 1_000_000
+    assert flow_resolution_ns(pl.concat([rows.filter(pl.col("exporter") == "ipfix/1"), ms])) == 1
+
+
 def test_a_pair_that_only_ever_carried_its_set_up_is_no_heavy_link():
     from rankscope.analysis.flow_features import heavy_edges
 
