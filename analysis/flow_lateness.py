@@ -304,7 +304,8 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
         # one under 1F1B, every micro-batch's under GPipe, whose arrivals an earlier slow stage delays each
         # time. So a pipeline late from an earlier stage on by less than the bar shows at the last stage
         # multiplied (dev corpus, once RoCE ACKs had flows of their own: three slow workers at stages 1, 2
-        # and 6, 1-10 ms late from there on, read 13-118 ms late at the last stage, two of them named there)
+        # and 6, 1-10 ms late from there on, read 13-118 ms late at the last stage: one named there, two
+        # named a TP group without it)
         members = sorted({x for p in [worst, *mates] for x in pipes[p]})
         return {**out, "kind": "late_pipelines", "culprit": None, "pipeline": None, "members": members,
                 "ambiguous": f"the pipeline is clearly late only at its last stage's first gradient "
