@@ -206,7 +206,9 @@ def storage_shaped(edges: pl.DataFrame, min_links: int = 3) -> pl.DataFrame:
     """Per endpoint: heavy links, how many of them carry payload one way or lopsided (``one_way``: the
     smaller direction under flow_models.BALANCED of the larger), and whether that is a server's shape
     (at least ``min_links`` links, over STORAGE_ONE_WAY_SHARE of them one-way, and not the one-in-one-out
-    of a ring member). Every collective's and pipeline's link is one-way (a ring's, with its ACKs) or
+    of a ring member: its only two links, or its two heaviest when they carry HOST_OWN_TRAFFIC_FACTOR times
+    all its others, as a ring host that also reads and writes storage does). Every collective's and
+    pipeline's link is one-way (a ring's, with its ACKs) or
     balanced (activations and their gradients, a tree's reduce and broadcast): a link whose directions
     carry 5-50 % of each other is a client's reads and writes. Needs edges a, b, data_ab, data_ba (or
     bytes_ab, bytes_ba)."""
@@ -214,14 +216,23 @@ def storage_shaped(edges: pl.DataFrame, min_links: int = 3) -> pl.DataFrame:
 
     ab, ba = ("data_ab", "data_ba") if "data_ab" in edges.columns else ("bytes_ab", "bytes_ba")
     sym = (pl.min_horizontal(ab, ba) / pl.max_horizontal(ab, ba)).fill_nan(0.0).fill_null(0.0)
-    e = edges.with_columns(one_way=sym < BALANCED, a_sends=pl.col(ab) >= pl.col(ba))
+    e = edges.with_columns(one_way=sym < BALANCED, a_sends=pl.col(ab) >= pl.col(ba),
+                           w=(pl.col(ab) + pl.col(ba)).cast(pl.Float64))
     both = pl.concat([
-        e.select(n="a", one_way="one_way", out=pl.col("one_way") & pl.col("a_sends")),
-        e.select(n="b", one_way="one_way", out=pl.col("one_way") & ~pl.col("a_sends"))])
-    per = both.group_by("n").agg(links=pl.len(), one_way=pl.col("one_way").sum(), out=pl.col("out").sum())
-    ring_like = (pl.col("links") == 2) & (pl.col("out") == 1)
+        e.select(n="a", one_way="one_way", out=pl.col("one_way") & pl.col("a_sends"), w="w"),
+        e.select(n="b", one_way="one_way", out=pl.col("one_way") & ~pl.col("a_sends"), w="w")])
+    both = both.sort("w", descending=True)
+    per = both.group_by("n").agg(
+        links=pl.len(), one_way=pl.col("one_way").sum(), out=pl.col("out").sum(),
+        # its two heaviest links, one-way, one out and one in, carrying an order of magnitude more than
+        # all its others: a ring member that also reads and writes storage, not a server
+        top_in_out=(pl.col("one_way").head(2).all() & (pl.col("out").head(2).sum() == 1)),
+        second=pl.col("w").get(1, null_on_oob=True), rest=pl.col("w").slice(2).sum())
+    ring_like = ((pl.col("links") == 2) & (pl.col("out") == 1)) | (
+        pl.col("top_in_out") & (pl.col("second") >= HOST_OWN_TRAFFIC_FACTOR * pl.col("rest")).fill_null(False))
     return per.with_columns(server=(pl.col("links") >= min_links) & ~ring_like
-                            & (pl.col("one_way") > STORAGE_ONE_WAY_SHARE * pl.col("links")))
+                            & (pl.col("one_way") > STORAGE_ONE_WAY_SHARE * pl.col("links"))).drop(
+        "top_in_out", "second", "rest")
 
 
 def _peel_storage_shaped(members: list[str], edges: pl.DataFrame, config: FlowConfig,

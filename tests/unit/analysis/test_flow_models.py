@@ -334,6 +334,46 @@ def test_a_server_whose_clients_read_and_write_is_peeled_by_its_lopsided_links()
     assert fit.valid and [len(p) for p in fit.pipelines] == [8]
 
 
+def test_ring_hosts_that_also_use_storage_are_not_peeled_as_storage_servers():
+    # dev corpus (seed 1): a DP4 x TP2 ring job on two rails, 1 in 1,000 packets sampled, whose hosts read
+    # from and write to five storage servers (a5, a7, a9, b6, b8) that replicate among themselves, 100x
+    # lighter than the ring links. A ring host's links are all one-way, like a server's: two hosts were
+    # peeled with the servers and the job went unrecognised. Its two heaviest links (one in, one out, an
+    # order of magnitude over the rest) are a ring member's.
+    # (a, b, payload a->b, b->a, first a->b, first b->a in ms, payload samples)
+    rows = [
+        ("a1", "a2", 6.95e10, 0, 484, None, 16777), ("a1", "a4", 0, 6.8e10, None, 488, 16423),
+        ("a1", "a5", 1.24e8, 0, 2827, 2827, 30), ("a1", "b6", 2.95e8, 1.08e8, 2825, 0, 97),
+        ("a2", "a3", 6.81e10, 0, 484, None, 16447), ("a2", "a5", 2.16e8, 3.73e8, 2825, 0, 142),
+        ("a2", "a7", 7.05e7, 0, 2828, 2828, 17), ("a2", "a9", 1.16e8, 0, 2824, 2824, 28),
+        ("a3", "a4", 6.85e10, 0, 488, None, 16551), ("a3", "a5", 8.71e7, 2.78e8, 2825, 0, 88),
+        ("a3", "a9", 2.12e8, 0, 2825, 2825, 51), ("a3", "b6", 9.96e7, 0, 2827, 2827, 24),
+        ("a4", "a7", 0, 6.26e8, 0, 0, 151), ("a4", "b8", 3.98e8, 0, 2827, 2827, 96),
+        ("a5", "b2", 0, 1.29e8, 2827, 2827, 31), ("a7", "b1", 0, 1.24e8, 2824, 2824, 30),
+        ("a7", "b2", 0, 1.04e8, 2824, 2824, 25), ("a7", "b3", 0, 9.54e7, 2828, 2828, 23),
+        ("a9", "b3", 0, 9.13e7, 2825, 2825, 22), ("a9", "b4", 0, 2.2e8, 2824, 2824, 53),
+        ("b1", "b2", 6.85e10, 0, 484, None, 16538), ("b1", "b4", 0, 6.8e10, None, 488, 16426),
+        ("b1", "b8", 2.57e8, 0, 2827, 2827, 62), ("b2", "b3", 6.84e10, 0, 484, None, 16526),
+        ("b2", "b6", 1.04e8, 0, 2824, 2824, 25), ("b2", "b8", 1.16e8, 0, 2828, 2828, 28),
+        ("b3", "b4", 6.91e10, 0, 488, None, 16684), ("b3", "b6", 1.16e8, 0, 2824, 2824, 28),
+        ("b3", "b8", 9.54e7, 0, 2824, 2824, 23), ("b4", "b6", 1.78e8, 0, 2828, 2828, 43),
+        ("a5", "a7", 7.22e8, 0, 224, 224, 174), ("a5", "a9", 0, 6.3e8, 224, 224, 152),
+        ("a5", "b6", 7.13e8, 0, 224, 224, 172), ("a5", "b8", 0, 7.92e8, 224, 224, 191),
+        ("a7", "a9", 6.97e8, 0, 225, 225, 168), ("a7", "b6", 0, 6.8e8, 224, 224, 164),
+        ("a7", "b8", 6.89e8, 0, 224, 224, 166), ("a9", "b6", 7.3e8, 0, 224, 572, 176),
+        ("a9", "b8", 0, 6.51e8, 224, 224, 157), ("b6", "b8", 7.76e8, 0, 224, 224, 187)]
+    from rankscope.analysis.flow_evidence import storage_shaped
+    from rankscope.analysis.flow_features import heavy_edges
+
+    ms = 1_000_000
+    e = _directed([(a, b, float(x), float(y), None if f is None else f * ms, None if g is None else g * ms)
+                   for a, b, x, y, f, g, _ in rows]).with_columns(data_samples=pl.Series([r[6] for r in rows]))
+    hosts = {f"{r}{i}" for r in "ab" for i in range(1, 5)}
+    assert _endpoints(heavy_edges(e)) == hosts
+    shaped = storage_shaped(e)
+    assert set(shaped.filter(pl.col("server"))["n"]) <= {"a5", "a7", "a9", "b6", "b8"}
+
+
 def test_rails_whose_records_last_the_whole_job_line_up_by_their_opens():
     """Dev corpus (seed 4): an exporter whose active timeout outlasts the job writes one record per
     connection. Two rails of one job then show two instants each: opens in the same millisecond tick,
