@@ -44,6 +44,14 @@ class FlowConfig:
     min_job_endpoints: int = 2
     """a connected set of endpoints smaller than this is not a training job."""
 
+    @classmethod
+    def with_rendezvous(cls, *ports: int) -> FlowConfig:
+        """The defaults, with a job's own rendezvous ports (torchrun --master_port, `rankscope analyze
+        --control-port`) beside torchrun's default: their flows are control traffic, and the endpoints
+        that talk to one rendezvous server are one job."""
+        both = tuple(dict.fromkeys((*DEFAULT_CONTROL_PORTS, *ports)))
+        return cls(control_ports=both, rendezvous_ports=both)
+
     def __post_init__(self):
         if not 0 < self.edge_min_fraction < 1:
             raise ConfigError(f"FlowConfig.edge_min_fraction must be in (0, 1), got {self.edge_min_fraction}")

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 import polars as pl  # noqa: E402
 
 from rankscope.analysis.diagnose import DiagnoseConfig, analyze_job  # noqa: E402
-from rankscope.analysis.flow_config import DEFAULT_CONTROL_PORTS, FlowConfig  # noqa: E402
+from rankscope.analysis.flow_config import FlowConfig  # noqa: E402
 from rankscope.analysis.jobs import load_planned, plan_jobs  # noqa: E402
 from rankscope.collectors import formats  # noqa: E402
 from rankscope.collectors.ingest import ingest  # noqa: E402
@@ -43,9 +43,7 @@ DATA = ROOT / "tests" / "data" / "netns_gloo"
 
 def diagnose(name: str, truth: dict):
     """The capture's diagnosis, as `rankscope analyze --control-port` gives it (None: no job found)."""
-    port = truth["master_port"]
-    flow = FlowConfig(control_ports=tuple(dict.fromkeys((*DEFAULT_CONTROL_PORTS, port))),
-                      rendezvous_ports=tuple(dict.fromkeys((*DEFAULT_CONTROL_PORTS, port))))
+    flow = FlowConfig.with_rendezvous(truth["master_port"])
     cfg = DiagnoseConfig(flow=flow)
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "st")

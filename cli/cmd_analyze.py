@@ -149,16 +149,15 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
         raise StoreError(f"--store {store_dir}: expected a trace store with records, found none")
     if flow_job is not None and flow_job not in store.jobs("flow"):
         raise UsageError(f"--flow-job {flow_job!r}: expected a flow capture, one of {store.jobs('flow')}")
-    from rankscope.analysis.flow_config import DEFAULT_CONTROL_PORTS, FlowConfig
+    from rankscope.analysis.flow_config import FlowConfig
     from rankscope.analysis.gemm_throughput import ThroughputConfig
     from rankscope.analysis.regressions import RegressionConfig
     from rankscope.analysis.stragglers import StragglerConfig
 
-    ports = tuple(dict.fromkeys((*DEFAULT_CONTROL_PORTS, *control_ports)))
     config = DiagnoseConfig(
         stragglers=StragglerConfig(none_below=none_below),
         regressions=RegressionConfig(throughput=ThroughputConfig(threshold=regression_threshold)),
-        flow=FlowConfig(control_ports=ports, rendezvous_ports=ports) if control_ports else FlowConfig())
+        flow=FlowConfig.with_rendezvous(*control_ports))
     from rankscope.analysis.jobs import plan_jobs
 
     plan = plan_jobs(store, job, flow_job, config.flow)

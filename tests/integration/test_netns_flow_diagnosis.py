@@ -35,13 +35,13 @@ def slow_nic(tmp_path_factory):
 
 def test_slow_nic_is_reported_as_communication(slow_nic):
     from rankscope.analysis.diagnose import DiagnoseConfig, analyze_job
-    from rankscope.analysis.flow_config import DEFAULT_CONTROL_PORTS, FlowConfig
+    from rankscope.analysis.flow_config import FlowConfig
     from rankscope.analysis.jobs import load_planned, plan_jobs
     from rankscope.collectors.store import Store
 
     res = slow_nic
     store = Store(res.store)
-    flow = FlowConfig(control_ports=(*DEFAULT_CONTROL_PORTS, res.master_port), rendezvous_ports=(res.master_port,))
+    flow = FlowConfig.with_rendezvous(res.master_port)
     config = DiagnoseConfig(flow=flow)
     (planned,) = [p for p in plan_jobs(store, None, None, flow) if p.kind == "capture"]
     frames, _ = load_planned(store, planned)

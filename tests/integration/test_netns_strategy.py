@@ -39,13 +39,13 @@ pytestmark = [pytest.mark.netns, pytest.mark.torchjob, pytest.mark.slow]
 
 
 def _infer(res):
-    from rankscope.analysis.flow_config import DEFAULT_CONTROL_PORTS, FlowConfig
+    from rankscope.analysis.flow_config import FlowConfig
     from rankscope.analysis.strategy_flows import infer_flows
     from rankscope.collectors.store import Store
 
     flows = Store(res.store).read("flow", res.flow_job)
     assert flows.height > 0, res.collector_output
-    cfg = FlowConfig(control_ports=(*DEFAULT_CONTROL_PORTS, res.master_port), rendezvous_ports=(res.master_port,))
+    cfg = FlowConfig.with_rendezvous(res.master_port)
     return infer_flows(flows, cfg).strategy, flows
 
 

@@ -20,10 +20,10 @@ TRUTH = json.loads((DATA / "truth.json").read_text())
 
 
 def _config(name):
-    from rankscope.analysis.flow_config import DEFAULT_CONTROL_PORTS, FlowConfig
+    from rankscope.analysis.flow_config import FlowConfig
 
     port = TRUTH[name]["master_port"]
-    return FlowConfig(control_ports=(*DEFAULT_CONTROL_PORTS, port), rendezvous_ports=(port,))
+    return FlowConfig.with_rendezvous(port)
 
 
 def _flows(name) -> pl.DataFrame:
