@@ -101,10 +101,11 @@ MIN_CLOCK_RECORDS = 20
 share a datagram tell little of how late the agent sends them."""
 
 
-def flow_resolution_ns(flows: pl.DataFrame) -> int:
-    """The finest clock tick among the exporters of the records (needs exporter, start_ns, end_ns), or
-    the batches' spacing of any exporter whose packet samples are timed in batches when that is coarser
-    (sample_batching_ns; exporters with at least MIN_CLOCK_RECORDS records, or all when none has them).
+def flow_clock(flows: pl.DataFrame) -> tuple[int, int]:
+    """(clock tick, sample batching) of the records (needs exporter, start_ns, end_ns): the finest tick
+    among the exporters, and the coarsest spacing of any exporter whose packet samples are timed in
+    batches (sample_batching_ns; exporters with at least MIN_CLOCK_RECORDS records, or all when none
+    has them; 0 when none is batched).
 
     The finest tick: records cut where an exporter's timer fires may all fall on its round seconds, and a
     tick read from them alone is no clock. A batching agent's lag is no tick but how late its samples
@@ -112,12 +113,17 @@ def flow_resolution_ns(flows: pl.DataFrame) -> int:
     the IPFIX exporter beside it, so its spacing holds for the whole capture.
     """
     if flows.is_empty():
-        return 1
+        return 1, 0
     groups = [g for _, g in flows.group_by("exporter")] if "exporter" in flows.columns else [flows]
     ticks = [timestamp_resolution_ns(np.r_[g["start_ns"].to_numpy(), g["end_ns"].to_numpy()]) for g in groups]
     read = [g for g in groups if g.height >= MIN_CLOCK_RECORDS] or groups
     batching = max(sample_batching_ns(g["start_ns"].to_numpy(), g["end_ns"].to_numpy()) for g in read)
-    return max(min(ticks), batching)
+    return min(ticks), batching
+
+
+def flow_resolution_ns(flows: pl.DataFrame) -> int:
+    """How finely the records' times order anything: the coarser of flow_clock's tick and batching."""
+    return max(flow_clock(flows))
 
 
 def components(nodes: list[str], a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -20,9 +20,9 @@ from rankscope.analysis.flow_groups import fit_grid
 from rankscope.analysis.flow_jobs import (
     address_key,
     components,
+    flow_clock,
     flow_resolution_ns,
     merge_components,
-    sample_batching_ns,
 )
 from rankscope.analysis.flow_link_dating import connection_dated
 from rankscope.analysis.flow_period import whole_step
@@ -354,7 +354,8 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     quality["pairs"] = int(edges.height)
     quality["heavy_pairs"] = int(heavy.height)
 
-    resolution = flow_resolution_ns(pt.training_flows)
+    tick, batching = flow_clock(pt.training_flows)
+    resolution = max(tick, batching)
     quality["timestamp_resolution_ns"] = resolution
     # the job's records between its own endpoints: link dating, DP end votes and the caller read them
     inside = pt.training_flows.filter(pl.col("src_addr").is_in(nodes) & pl.col("dst_addr").is_in(nodes))
@@ -378,8 +379,7 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     rpa = ranks_per_address(job_flows, links)
     world, tp, rpa_note = degrees_with_hidden_ranks(n, dp, pp, rpa)
     notes = list(fit.notes) + [rpa_note]
-    tf = pt.training_flows
-    if resolution >= 1_000_000 and sample_batching_ns(tf["start_ns"].to_numpy(), tf["end_ns"].to_numpy()):
+    if resolution >= 1_000_000 and batching:
         notes.append(f"packet samples timed by the datagrams that carried them: a sample's time may be up to "
                      f"{resolution / 1e6:.0f} ms late, so lags shorter than that tell nothing of which came first")
     if pp_undated and pp > 1:

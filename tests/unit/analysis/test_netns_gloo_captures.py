@@ -185,3 +185,14 @@ def test_a_few_samples_claim_no_grid_with_confidence(name):
     exact = (s.dp, s.pp) == (1, 4) and {frozenset(x) for g in s.pp_groups for x in zip(g, g[1:])} == {
         frozenset(x) for x in zip(truth, truth[1:])}
     assert exact or s.confidence < 0.5, (s.dp, s.pp, s.pp_groups, s.confidence, s.extra["notes"])
+
+
+def test_sflow_captures_say_their_samples_are_timed_by_datagrams():
+    from rankscope.analysis.strategy_flows import infer_flows
+
+    def noted(name):
+        s = infer_flows(_flows(name), _config(name), one_job=True).strategy
+        return any("timed by the datagrams" in n for n in (s.extra or {}).get("notes", []))
+
+    assert all(noted(n) for n in TRUTH if "sflow" in n)
+    assert not any(noted(n) for n in TRUTH if TRUTH[n].get("exporter", "softflowd").startswith("softflowd"))
