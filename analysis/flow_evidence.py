@@ -221,15 +221,13 @@ def storage_shaped(edges: pl.DataFrame, min_links: int = 3) -> pl.DataFrame:
     both = pl.concat([
         e.select(n="a", one_way="one_way", out=pl.col("one_way") & pl.col("a_sends"), w="w"),
         e.select(n="b", one_way="one_way", out=pl.col("one_way") & ~pl.col("a_sends"), w="w")])
-    heaviest = {"by": "w", "descending": True}
-    per = both.group_by("n").agg(
+    # heaviest first: group_by keeps the rows' order within each group
+    per = both.sort("w", descending=True).group_by("n").agg(
         links=pl.len(), one_way=pl.col("one_way").sum(), out=pl.col("out").sum(),
         # its two heaviest links, one-way, one out and one in, carrying an order of magnitude more than
         # all its others: a ring member that also reads and writes storage, not a server
-        top_in_out=(pl.col("one_way").sort_by(**heaviest).head(2).all()
-                    & (pl.col("out").sort_by(**heaviest).head(2).sum() == 1)),
-        second=pl.col("w").sort(descending=True).slice(1, 1).first(),
-        rest=pl.col("w").sort(descending=True).slice(2).sum())
+        top_in_out=pl.col("one_way").head(2).all() & (pl.col("out").head(2).sum() == 1),
+        second=pl.col("w").slice(1, 1).first(), rest=pl.col("w").slice(2).sum())
     ring_like = ((pl.col("links") == 2) & (pl.col("out") == 1)) | (
         pl.col("top_in_out") & (pl.col("second") >= HOST_OWN_TRAFFIC_FACTOR * pl.col("rest")).fill_null(False))
     return per.with_columns(server=(pl.col("links") >= min_links) & ~ring_like

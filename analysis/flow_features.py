@@ -160,6 +160,7 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
     """
     p = pairs.with_columns(a=pl.min_horizontal("src", "dst"), b=pl.max_horizontal("src", "dst"),
                            fwd=pl.col("src") < pl.col("dst"))
+    samples = pl.col("data_samples") if "data_samples" in pairs.columns else pl.lit(0, pl.Int64)
     e = p.group_by(["a", "b"]).agg(
         bytes_ab=pl.col("bytes").filter(pl.col("fwd")).sum(),
         bytes_ba=pl.col("bytes").filter(~pl.col("fwd")).sum(),
@@ -167,10 +168,8 @@ def undirected_edges(pairs: pl.DataFrame) -> pl.DataFrame:
         first_ba=pl.coalesce(pl.col("first_data_ns"), pl.col("first_ns")).filter(~pl.col("fwd")).min(),
         data_ab=pl.col("data_bytes").filter(pl.col("fwd")).sum(),
         data_ba=pl.col("data_bytes").filter(~pl.col("fwd")).sum(),
-        samples_ab=pl.col("data_samples").filter(pl.col("fwd")).sum() if "data_samples" in pairs.columns
-        else pl.lit(0, pl.Int64),
-        samples_ba=pl.col("data_samples").filter(~pl.col("fwd")).sum() if "data_samples" in pairs.columns
-        else pl.lit(0, pl.Int64),
+        samples_ab=samples.filter(pl.col("fwd")).sum(),
+        samples_ba=samples.filter(~pl.col("fwd")).sum(),
         last_link=pl.coalesce(pl.col("last_data_ns").max(), pl.col("last_ns").max()) if "last_data_ns" in pairs.columns
         else pl.col("last_ns").max(),
         num_records=pl.col("num_records").sum(),
