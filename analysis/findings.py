@@ -230,8 +230,10 @@ def describe(f: dict) -> str:
 def summary_text(diagnosis: Diagnosis) -> str:
     """The CLI summary line of the straggler side: verdict, its culprit, S (and the top finding below the threshold)."""
     st = diagnosis.stragglers
+    unread = st.extra.get("not_evaluated") or {}
     if not st.extra.get("evaluated", True):
-        return f"stragglers not evaluated: {st.extra.get('why', 'unknown')}"
+        head = f"stragglers not evaluated: {st.extra.get('why', 'unknown')}"
+        return head + ("; not checked: " + "; ".join(f"{c} ({why})" for c, why in unread.items()) if unread else "")
     findings = diagnosis.extra.get("findings")
     if findings is None:
         findings = build_findings(st, diagnosis.regressions)
@@ -249,8 +251,7 @@ def summary_text(diagnosis: Diagnosis) -> str:
     if st.verdict in FINDING_OF and lead is not None and lead.get("evidence", {}).get("verdict") == st.verdict:
         return f"verdict {st.verdict}: {describe(lead)}; {s}"
     head = f"verdict {st.verdict}; {s}"
-    unread = st.extra.get("not_evaluated") if st.verdict == "none" else None
-    if unread:
+    if unread and st.verdict == "none":
         head += "; not evaluated: " + "; ".join(f"{cause} ({why})" for cause, why in unread.items())
     under = (st.extra.get("below_threshold") or [None])[0] if st.verdict == "none" else None
     if under:

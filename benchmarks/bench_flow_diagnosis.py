@@ -96,7 +96,7 @@ def score_job(cfg, realism, variant: str, faults: tuple, rank: int | None, tmp: 
     row = {"variant": variant, "world": t["world_size"], "transport": cfg.realism.transport,
            "rpa": cfg.realism.ranks_per_address, "ms_clock": realism.timestamp_ns >= 1_000_000,
            "sampling": cfg.sampling, "recognised": match is not None, "step": "unrecognised",
-           "verdict": "", "culprit": "", "named_right": False, "false_alarm": False, "merged": merged,
+           "verdict": "", "evaluated": False, "culprit": "", "named_right": False, "false_alarm": False, "merged": merged,
            "spurious": spurious, "job": cfg.job, "idle_s": cfg.idle_timeout_s, "active_s": cfg.active_timeout_s,
            "algorithm": cfg.algorithm, "dp_sync": cfg.dp_sync, "schedule": cfg.schedule,
            "cfg": f"dp{cfg.dp} pp{cfg.pp} tp{cfg.tp} {cfg.realism.transport} s{cfg.sampling} {variant}"}
@@ -116,7 +116,9 @@ def score_job(cfg, realism, variant: str, faults: tuple, rank: int | None, tmp: 
     listed = {str(w["endpoint"]) for w in s.top_workers or []}
     # a cause without an address names the group it is in: the slowed rank must be among them
     group = [str(x) for c in ((s.extra or {}).get("culprits") or {}).values() for x in c.get("ranks") or []]
-    row.update(verdict=s.verdict or "", culprit=culprit, late=str((s.extra or {}).get("late_dp_links", "")),
+    # a section that found nothing says it is not evaluated: "none" with an S is an all-clear
+    row.update(verdict=s.verdict or "", evaluated=bool((s.extra or {}).get("evaluated", True)), culprit=culprit,
+               late=str((s.extra or {}).get("late_dp_links", "")),
                listed_wrong=bool(listed - ({t["endpoints"][str(rank)]} if rank is not None else set())),
                in_group=rank is not None and t["endpoints"][str(rank)] in group,
                below_right=rank is not None and any(str(x["culprit"]) == t["endpoints"][str(rank)] for x in below),
@@ -183,8 +185,12 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
         # a fault that costs under the report's bar is rightly reported as verdict none
         costly = d.filter(pl.col("s_true") >= 1.05)
         print(f"{'  ... of those costing >= 5% (true S)':<52}{share(costly, pl.col('named_right')):>22}")
-        print(f"{'  ... costing < 5%: verdict none':<52}"
+        print(f"{'  ... costing < 5%: verdict none or not evaluated':<52}"
               f"{share(d.filter(pl.col('s_true') < 1.05), pl.col('verdict').is_in(['none', ''])):>22}")
+        print(f"{'  ... costing >= 5%: none, with an S (a wrong all-clear)':<52}"
+              f"{share(costly, pl.col('evaluated') & pl.col('verdict').is_in(['none', ''])):>22}  0")
+        print(f"{'  ... costing >= 5%: not evaluated (nothing found)':<52}"
+              f"{share(costly, ~pl.col('evaluated')):>22}")
         print(f"{'  ... another cause given':<52}"
               f"{share(d, ~pl.col('verdict').is_in(['none', '', want])):>22}  0")
         print(f"{'  ... someone else named':<52}{share(d, pl.col('false_alarm')):>22}  0")
@@ -197,6 +203,7 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
     print(f"{'clean jobs: a culprit named (false alarm)':<52}{share(clean, pl.col('false_alarm')):>22}  0")
     print(f"{'any job: a wrong address listed, any verdict':<52}{share(rec, pl.col('listed_wrong')):>22}  0")
     print(f"{'any job: another address under the 1.05 bar':<52}{share(rec, pl.col('below_wrong')):>22}")
+    print(f"{'clean jobs: not evaluated (nothing found)':<52}{share(clean, ~pl.col('evaluated')):>22}")
     print(f"{'clean jobs: any verdict but none':<52}{share(clean, ~pl.col('verdict').is_in(['none', ''])):>22}  0")
     by = (rec.group_by("variant", "transport").agg(n=pl.len(), step_ok=(pl.col("step") == "ok").mean(),
                                                    named=pl.col("named_right").mean())

@@ -86,8 +86,14 @@ def score_verdict(st, truth: dict) -> str:
         slow = truth["slow_rank"].split("(")[1].split(")")[0]
     named = [w["endpoint"] for w in st.top_workers or []]
     ring = ((st.extra or {}).get("culprits") or {}).get("communication", {}).get("ranks") or []
+    # no step time, or nothing found in the flows: no S and no verdict (flow_stragglers), an unknown
+    unread = (st.extra or {}).get("evaluated") is False
     if slow is None:
+        if unread:
+            return "unknown (not evaluated)"
         return "right (none)" if st.verdict == "none" else f"WRONG ({st.verdict} {named or ring})"
+    if unread:
+        return "missed (not evaluated)"
     if slow in named or slow in ring:
         return f"named ({st.verdict})"
     if named or (ring and slow not in ring):

@@ -33,6 +33,13 @@ VALIDATION = (ROOT / ".." / "shared" / "validation").resolve()
 BINS = ((0.0, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 1.01))
 
 
+def _verdict(st: dict) -> str:
+    """The straggler verdict and its culprit; "not evaluated" where the flows found nothing (no S to judge)."""
+    if st.get("evaluated") is False:
+        return "not evaluated"
+    return f"{st['verdict']} {st['top_workers'][0]['endpoint'] if st['top_workers'] else ''}".strip()
+
+
 def scorer():
     spec = importlib.util.spec_from_file_location("validation_score", VALIDATION / "score.py")
     mod = importlib.util.module_from_spec(spec)
@@ -88,8 +95,7 @@ def main() -> int:
                 step_found += e <= 0.01
                 step_wrong += e > 0.01
                 errs.append(f"{e:.2%}")
-        v = "; ".join(f"{r['stragglers']['verdict']} {r['stragglers']['top_workers'][0]['endpoint'] if r['stragglers']['top_workers'] else ''}".strip()
-                      for r in reps)
+        v = "; ".join(_verdict(r["stragglers"]) for r in reps)
         confs = ",".join(f"{float(r['strategy'].get('confidence') or 0):.2f}" for r in reps)
         print(f"{case_dir.name:<26}{f'{k}/{n}':>8}{len(reps):>6}{confs:>7}{','.join(errs):>10}{v[:34]:>36}{secs:>7.1f}")
         for x in lines:

@@ -98,10 +98,11 @@ def test_a_slow_ring_is_named_by_its_member_whose_pipeline_links_are_slow_too():
     assert st.verdict == "communication" and not st.top_workers
     amb = st.extra["ambiguous_flows"][0]
     assert amb["kind"] == "slow_group" and "10.1.2.1" in amb["members"] and amb["factor"] > 2.5
-    # healthy: nothing
+    # healthy: nothing found, and so no S and no verdict (flows give no ideal step time)
     f, strat = _grid_records()
     st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1)
-    assert st.verdict == "none" and not st.top_workers
+    assert st.extra["evaluated"] is False and not st.top_workers
+    assert st.extra["checked"]["late_dp_links"] == "no DP link opens consistently late"
 
 
 def test_a_ring_whose_records_hold_two_collectives_is_not_compared():
@@ -181,14 +182,16 @@ def test_a_late_ring_member_is_named_even_when_the_period_found_is_a_multiple_of
     # a period that does not repeat clearly is no grid to measure lateness on
     st = flow_straggler_section(f, strat, Steps(count=3, median_ns=3 * STEP,
                                                 extra={"ambiguous": True, "period_weak": True}), 1)
-    assert st.verdict == "none" and st.extra["late_dp_links"].startswith("not evaluated")
-    # and the summary says what was not checked: "none" is not "no straggler"
+    assert st.extra["evaluated"] is False and st.extra["late_dp_links"].startswith("not evaluated")
+    # and the summary says what was not checked
     assert "does not repeat clearly" in st.extra["not_evaluated"]["worker"]
     from rankscope.analysis.diagnosis import Diagnosis
     from rankscope.analysis.findings import summary_text
 
     d = Diagnosis(job="j", stragglers=st)
-    assert "not evaluated: worker (the traffic does not repeat clearly" in summary_text(d), summary_text(d)
+    text = summary_text(d)
+    assert text.startswith("stragglers not evaluated: no slow link") and "verdict none" not in text, text
+    assert "not checked: worker (the traffic does not repeat clearly" in text, text
 
 
 def _busy_ring_records(late="h3", n=6, steps=8, late_ns=150_000_000):

@@ -141,9 +141,20 @@ def test_real_slow_nic_is_reported_as_communication_on_its_ring(name, tmp_path):
         assert sorted(culprit["ranks"]) == sorted(ring), culprit
 
 
-def test_real_clean_job_names_nobody(tmp_path):
-    st = _diagnose("dp2pp2_clean", tmp_path).stragglers
+def test_real_clean_job_names_nobody(tmp_path, report_schema):
+    import jsonschema
+
+    from rankscope.analysis.findings import summary_text
+
+    d = _diagnose("dp2pp2_clean", tmp_path)
+    st = d.stragglers
     assert st.verdict == "none" and not st.top_workers, st.extra
+    # nothing found is no all-clear: flows give no S without a finding, so the section is not evaluated
+    assert st.extra["evaluated"] is False and st.extra["checked"]["link_rates"].endswith("links' rates compared")
+    assert summary_text(d).startswith("stragglers not evaluated: no slow link, NIC or late endpoint"), summary_text(d)
+    rep = json.loads(d.to_json())
+    jsonschema.validate(rep, report_schema)
+    assert rep["stragglers"]["evaluated"] is False and rep["stragglers"]["why"]
 
 
 def test_a_standing_tie_is_shown_in_the_text_report_and_the_summary_line(tmp_path):
