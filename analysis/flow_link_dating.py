@@ -12,6 +12,13 @@ least MIN_STEP_BURSTS bursts of payload records: its records then start and end 
 Otherwise neither its first nor its last time votes (flow_stage_order), and its last time is no check
 on a cycle's wrap either (flow_tie_evidence: the record ends round a cycle).
 
+A TCP link that kept its records open still dates its *last* data where the exporter's TCP flags show its
+teardown apart (:func:`ends_dated`): when every connection's last payload record carries no FIN or RST and
+a FIN or RST record of the same connection starts after it, the exporter closed that payload record before
+the teardown (its idle timeout: the processes outlived their last transfer, as a job that saves a
+checkpoint at the end does), so the record ends with the last payload packet. Packet samples miss most
+FINs, so only unsampled records count; without flags nothing changes.
+
 Measured: a real pure 4-stage gloo pipeline (tests/data/netns_gloo/pp4_whole_job_records), one record
 each way per link for the whole job, whose links' ends lay 1-2 ms apart in the order the processes
 exited, had been ordered backwards at "voted clearly". Keeping the first times of such links where no
@@ -59,3 +66,39 @@ def connection_dated(flows: pl.DataFrame, links: list[tuple[str, str]], resoluti
     for a, b, n in burst_counts(data, max(MIN_BURST_GAP_NS, 20 * int(resolution_ns))).iter_rows():
         most[frozenset((a, b))] = max(most[frozenset((a, b))], int(n))
     return {x for x in tcp if most[x] < MIN_STEP_BURSTS}
+
+
+TEARDOWN_FLAGS = 0x01 | 0x04
+"""FIN, RST: a record carrying either holds the connection's close."""
+
+
+def ends_dated(flows: pl.DataFrame, undated: set[frozenset]) -> set[frozenset]:
+    """The links of ``undated`` whose last payload records end with their last data, not their teardown:
+    every payload-carrying TCP connection of the link has flags on its unsampled records, no FIN or RST
+    in its last payload record, and a FIN or RST record (either way) that starts after that record ends.
+    Needs flows src_addr, dst_addr, src_port, dst_port, protocol, start_ns, end_ns, is_data, tcp_flags
+    (sampling_rate where known)."""
+    need = {"tcp_flags", "src_port", "dst_port", "is_data"}
+    if not undated or not need <= set(flows.columns):
+        return set()
+    f = on_pairs(flows.filter(pl.col("protocol") == 6), [tuple(x) for x in undated])
+    if f.is_empty():
+        return set()
+    rate = pl.col("sampling_rate").fill_null(1) if "sampling_rate" in flows.columns else pl.lit(1)
+    # a connection, either way: its lower (address, port) end first
+    fwd = (pl.col("src_addr") < pl.col("dst_addr")) | ((pl.col("src_addr") == pl.col("dst_addr"))
+                                                      & (pl.col("src_port") <= pl.col("dst_port")))
+    conn = [pl.when(fwd).then(pl.col(x)).otherwise(pl.col(y)).alias(n) for x, y, n in
+            (("src_addr", "dst_addr", "_a"), ("dst_addr", "src_addr", "_b"),
+             ("src_port", "dst_port", "_pa"), ("dst_port", "src_port", "_pb"))]
+    # no flags, or flags of sampled packets only: a record without FIN may still have held one
+    f = f.with_columns(*conn, _down=(pl.col("tcp_flags") & TEARDOWN_FLAGS) > 0,
+                       _blind=pl.col("tcp_flags").is_null() | (rate > 1))
+    last = f.filter(pl.col("is_data")).sort("end_ns").group_by("_a", "_b", "_pa", "_pb", "src_addr", "dst_addr").agg(
+        pl.col("end_ns").last().alias("_end"), pl.col("_down").last().alias("_closed"), pl.col("_blind").any())
+    downs = f.filter(pl.col("_down")).group_by("_a", "_b", "_pa", "_pb").agg(pl.col("start_ns").max().alias("_fin"))
+    seen = last.join(downs, on=["_a", "_b", "_pa", "_pb"], how="left").with_columns(
+        _ok=~pl.col("_blind") & ~pl.col("_closed") & (pl.col("_fin") > pl.col("_end")).fill_null(False))
+    by = seen.group_by(pl.min_horizontal("src_addr", "dst_addr").alias("a"),
+                       pl.max_horizontal("src_addr", "dst_addr").alias("b")).agg(pl.col("_ok").all())
+    return {frozenset((a, b)) for a, b, ok in by.iter_rows() if ok} & undated

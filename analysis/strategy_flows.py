@@ -24,7 +24,7 @@ from rankscope.analysis.flow_jobs import (
     flow_resolution_ns,
     merge_components,
 )
-from rankscope.analysis.flow_link_dating import connection_dated
+from rankscope.analysis.flow_link_dating import connection_dated, ends_dated
 from rankscope.analysis.flow_period import whole_step
 from rankscope.analysis.flow_ranks_per_address import degrees_with_hidden_ranks, ranks_per_address
 from rankscope.analysis.flow_sample_counts import all_links_seen_chance, sampled_packets
@@ -362,15 +362,20 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     # TCP links whose records span the steps end with their teardown: that end is no time of the traffic
     links = list(heavy.select("a", "b").iter_rows())
     undated = connection_dated(inside, links, resolution)
-    if undated and "last_link" in heavy.columns:
-        heavy = heavy.with_columns(last_link=pl.when(pl.Series([frozenset(x) in undated for x in links]))
+    # (their last data still dates them where the flags show the teardown in a record of its own)
+    end_dated = ends_dated(inside, undated)
+    end_undated = undated - end_dated
+    if end_undated and "last_link" in heavy.columns:
+        heavy = heavy.with_columns(last_link=pl.when(pl.Series([frozenset(x) in end_undated for x in links]))
                                    .then(None).otherwise(pl.col("last_link")))
     fit = fit_grid(nodes, heavy, cfg, resolution)
     dp_pairs = {(a, b) for (a, b), pp_edge in zip(links, fit.is_pp) if not pp_edge}
     stage_votes = dp_end_votes(inside, fit.dp_groups, fit.pipelines, dp_pairs,
                                resolution) if fit.valid and fit.pipelines and len(fit.pipelines[0]) > 1 else {}
     pp_undated = sum(1 for x, pp_edge in zip(links, fit.is_pp) if pp_edge and frozenset(x) in undated)
-    pipes, order_share = order_pipelines(fit, heavy, resolution, stage_votes, cfg.max_exporter_skew_ns, undated)
+    pp_end_dated = sum(1 for x, pp_edge in zip(links, fit.is_pp) if pp_edge and frozenset(x) in end_dated)
+    pipes, order_share = order_pipelines(fit, heavy, resolution, stage_votes, cfg.max_exporter_skew_ns, undated,
+                                         end_dated)
     n = len(nodes)
     dp = len(fit.dp_groups[0]) if fit.dp_groups else 1
     pp = len(pipes[0]) if pipes else 1
@@ -386,6 +391,9 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
         notes.append(f"{pp_undated} TCP pipeline link(s) kept their records open across steps: their first and last "
                      "records date the connections' set-up and teardown, not the first activations and last "
                      "gradients, and do not vote on the stage order")
+    if pp_end_dated and pp > 1:
+        notes.append(f"... but {pp_end_dated} of them closed with a FIN or RST in a record of its own, after their "
+                     "last payload record (TCP flags): that record ends with the last gradients, and votes")
     # TP groups between addresses: the part of tp that the addresses show (ranks sharing an
     # address are one group member here, since endpoints are addresses)
     tp_addr = tp // rpa.ranks if tp and rpa.ranks else (tp or 1)

@@ -142,6 +142,8 @@ KINDS: dict[str, tuple[Col, ...]] = {
         _i64("vlan", "", "VLAN id (int64: sFlow's 32-bit field may be 0xFFFFFFFF, 'unknown')"),
         _i64("input_if", "", "ingress interface index"),
         _i64("output_if", "", "egress interface index"),
+        _i32("tcp_flags", "", "TCP flags OR-ed over the record's packets (tcpControlBits: FIN 1, SYN 2, RST 4, "
+             "PSH 8, ACK 16); null when the exporter does not send them"),
     ),
     "step_mark": (
         _JOB,

@@ -149,6 +149,28 @@ def _spread(key, a, b, total, wkey, wstart, big):
     return pieces
 
 
+def _window_flags(key, a, b, flags, packets, wkey, wstart, big, sampling: int) -> np.ndarray:
+    """TCP flags per window: OR over the transfers it holds packets of, as the exporter ORs the flags of the
+    packets it meets. Under 1-in-N sampling a transfer's flags count only if one of its packets in the
+    window was sampled: a FIN (two packets) is seldom in a sampled record, so a record without FIN says
+    nothing of the connection's end there."""
+    wc = wkey * big + wstart
+    lo = np.searchsorted(wc, key * big + a, side="right") - 1
+    hi = np.maximum(np.searchsorted(wc, key * big + b, side="left") - 1, lo)
+    cnt = hi - lo + 1
+    tid = np.repeat(np.arange(len(a)), cnt)
+    win = np.repeat(lo, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    seen = np.ones(len(tid), dtype=bool)
+    if sampling > 1:
+        # its own stream, seeded by the transfers: the records' packet draws stay as they were
+        rng = np.random.default_rng([len(a), int(b.sum() % (1 << 32)), 61])
+        per_window = packets[tid] / cnt[tid]
+        seen = rng.random(len(tid)) < 1.0 - (1.0 - 1.0 / sampling) ** per_window
+    out = np.zeros(len(wstart), dtype=np.int64)
+    np.bitwise_or.at(out, win[seen], flags[tid][seen])
+    return out
+
+
 def flow_records(tr: pl.DataFrame, *, capture: str, epoch_ns: int, active_timeout_s: float,
                  idle_timeout_s: float, sampling: int, mtu: int, exporter_offsets: dict[str, int],
                  rng: np.random.Generator) -> pa.Table:
@@ -157,10 +179,11 @@ def flow_records(tr: pl.DataFrame, *, capture: str, epoch_ns: int, active_timeou
     Needs columns: src_addr, dst_addr (int), conn (int connection id), t0, t1 (int ns after epoch_ns),
     bytes, qps, sport (first source port), dport, protocol, exporter (str). Optional (sim_transport):
     pkts (packets when not ``ceil(bytes / mtu)``, e.g. ACKs without payload), hdr (header bytes per
-    packet, default HEADER_BYTES), qpn (first destination QP: records get ``dst_qp``).
+    packet, default HEADER_BYTES), qpn (first destination QP: records get ``dst_qp``), tcp_flags (the flags
+    of the transfer's packets, OR-ed: TCP records get ``tcp_flags``).
     Returns a flow table in the record-kind schema, job = ``capture``.
     """
-    for col, default in (("pkts", None), ("hdr", HEADER_BYTES), ("qpn", None)):
+    for col, default in (("pkts", None), ("hdr", HEADER_BYTES), ("qpn", None), ("tcp_flags", None)):
         if col not in tr.columns:
             tr = tr.with_columns(pl.lit(default, pl.Int64).alias(col))
     tr = tr.with_columns(pkts=pl.col("pkts").fill_null((pl.col("bytes") + mtu - 1) // mtu).cast(pl.Int64),
@@ -183,6 +206,13 @@ def flow_records(tr: pl.DataFrame, *, capture: str, epoch_ns: int, active_timeou
     big = int(b.max()) + active + 2
     wkey, ws, wl = _windows(key, a, b, active, int(idle_timeout_s * 1e9), big)
     payload, pkts = _spread(key, a, b, [tr["bytes"].to_numpy(), packets], wkey, ws, big)
+    tcp = tr["tcp_flags"].is_not_null().to_numpy()
+    wflags = _window_flags(key[tcp], a[tcp], b[tcp], tr["tcp_flags"].to_numpy()[tcp].astype(np.int64),
+                           packets[tcp], wkey, ws, big, sampling)
+    # records of connections that are no TCP (RoCE, UDP) carry no flags; every TCP packet but a SYN carries ACK
+    tcp_key = np.zeros(int(key.max()) + 1, dtype=bool)
+    tcp_key[key[tcp]] = True
+    wflags = np.where(tcp_key[wkey], wflags | 0x10, -1)
     info = tr.group_by("key").agg(pl.all().first()).sort("key")
     q = info["qps"].to_numpy()[wkey]
     rows = np.repeat(np.arange(len(wkey)), q)
@@ -202,7 +232,9 @@ def flow_records(tr: pl.DataFrame, *, capture: str, epoch_ns: int, active_timeou
         src_port=(pl.col("sport") + pl.Series(qp[keep])).cast(pl.Int32),
         dst_qp=pl.col("qpn") + pl.Series(qp[keep]),
         size_bytes=pl.Series(size[keep]), num_packets=pl.Series(kept[keep]),
-        start_ns=pl.Series(ws[rows][keep]), end_ns=pl.Series(wl[rows][keep]))
+        start_ns=pl.Series(ws[rows][keep]), end_ns=pl.Series(wl[rows][keep]),
+        tcp_flags=pl.Series(wflags[rows][keep]))
+    df = df.with_columns(tcp_flags=pl.when(pl.col("tcp_flags") >= 0).then(pl.col("tcp_flags")).cast(pl.Int32))
     off = pl.col("exporter").replace_strict(exporter_offsets, default=0, return_dtype=pl.Int64)
     df = df.with_columns(
         job=pl.lit(capture), source=pl.lit("simulator"), sampling_rate=pl.lit(sampling, pl.Int64),

@@ -41,6 +41,8 @@ from rankscope.datasets.sim_realism import exporter_name
 from rankscope.datasets.sim_template import STREAMS
 from rankscope.datasets.sim_topology import Topology
 
+FIN, SYN, RST, PSH, ACK = 0x01, 0x02, 0x04, 0x08, 0x10
+"""TCP flag bits (tcpControlBits): each transfer carries the flags its packets have, OR-ed."""
 TCP_HEADER_BYTES = 52
 """IPv4 20 + TCP 20 + timestamp option 12."""
 ACK_PAYLOAD = 4
@@ -129,11 +131,12 @@ def _tcp(tr: pl.DataFrame, cfg: SimConfig, topo: Topology, exporters: pl.Series)
               "hdr": np.full(n, TCP_HEADER_BYTES)}
     data = pl.DataFrame({"src_addr": topo.addr_int[s], "dst_addr": topo.addr_int[d], "t0": t0, "t1": t1,
                          "bytes": nbytes, "sport": sport, "dport": dport, "exporter": exporters.gather(s),
-                         "srank": s, "drank": d, **common})
+                         "srank": s, "drank": d, "tcp_flags": np.full(n, PSH | ACK), **common})
     acks = pl.DataFrame({"src_addr": topo.addr_int[d], "dst_addr": topo.addr_int[s], "t0": t0 + RTT_NS // 2,
                          "t1": t1 + RTT_NS // 2, "bytes": np.zeros(n, dtype=np.int64),
                          "pkts": np.maximum(-(-nbytes // mtu) // 2, 1), "sport": dport, "dport": sport,
-                         "exporter": exporters.gather(d), "srank": d, "drank": s, **common})
+                         "exporter": exporters.gather(d), "srank": d, "drank": s, "tcp_flags": np.full(n, ACK),
+                         **common})
     # one handshake per connection, just before its first data, both directions together
     first = data.group_by("srank", "drank", "conn").agg(pl.col("t0").min(), pl.col("sport").first(),
                                                         pl.col("dport").first())
@@ -154,11 +157,12 @@ def _tcp(tr: pl.DataFrame, cfg: SimConfig, topo: Topology, exporters: pl.Series)
                  "bytes": np.zeros(m, dtype=np.int64), "hdr": np.full(m, TCP_HEADER_BYTES + 8)}
     syn = pl.DataFrame({"src_addr": topo.addr_int[hi_], "dst_addr": topo.addr_int[lo_], "t0": t_syn,
                         "t1": t_syn + RTT_NS, "pkts": np.full(m, 2), "sport": ep, "dport": lp,
-                        "exporter": exporters.gather(hi_), "srank": hi_, "drank": lo_, **hs_common})
+                        "exporter": exporters.gather(hi_), "srank": hi_, "drank": lo_,
+                        "tcp_flags": np.full(m, SYN | ACK), **hs_common})
     synack = pl.DataFrame({"src_addr": topo.addr_int[lo_], "dst_addr": topo.addr_int[hi_],
                            "t0": t_syn + RTT_NS // 2, "t1": t_syn + RTT_NS // 2, "pkts": np.ones(m, dtype=np.int64),
                            "sport": lp, "dport": ep, "exporter": exporters.gather(lo_), "srank": lo_,
-                           "drank": hi_, **hs_common})
+                           "drank": hi_, "tcp_flags": np.full(m, SYN | ACK), **hs_common})
     parts = [data, acks, syn, synack]
     if r.close_lag_s > 0:
         parts += _teardown(int(tr["t1"].max()), lo_, hi_, lp, ep, cfg, topo, exporters, hs_common)
@@ -180,10 +184,12 @@ def _teardown(t_last: int, lo: np.ndarray, hi: np.ndarray, lport: np.ndarray, ep
     m = len(lo)
     fin = pl.DataFrame({"src_addr": topo.addr_int[closer], "dst_addr": topo.addr_int[peer], "t0": t,
                         "t1": t + RTT_NS, "pkts": np.full(m, 2), "sport": cport, "dport": pport,
-                        "exporter": exporters.gather(closer), "srank": closer, "drank": peer, **common})
+                        "exporter": exporters.gather(closer), "srank": closer, "drank": peer,
+                        "tcp_flags": np.full(m, FIN | ACK), **common})
     finack = pl.DataFrame({"src_addr": topo.addr_int[peer], "dst_addr": topo.addr_int[closer], "t0": t + RTT_NS // 2,
                            "t1": t + RTT_NS // 2, "pkts": np.ones(m, dtype=np.int64), "sport": pport, "dport": cport,
-                           "exporter": exporters.gather(peer), "srank": peer, "drank": closer, **common})
+                           "exporter": exporters.gather(peer), "srank": peer, "drank": closer,
+                           "tcp_flags": np.full(m, FIN | ACK), **common})
     return [fin, finack]
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import socket
 import struct
 import time
@@ -26,12 +27,17 @@ import polars as pl
 
 from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.flows.flow_decoder import FlowDecoder
+from rankscope.collectors.flows.packet_columns import TCP_FLAG_BITS
 
 PCAP_MAGICS = (b"\xd4\xc3\xb2\xa1", b"\xa1\xb2\xc3\xd4", b"\x4d\x3c\xb2\xa1", b"\xa1\xb2\x3c\x4d")
 PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
 NFDUMP_CSV_HEADER = "ts,te,td,sa,da,sp,dp,pr"
 PROTOCOLS = {"ICMP": 1, "IGMP": 2, "TCP": 6, "UDP": 17, "GRE": 47, "ESP": 50, "AH": 51, "ICMP6": 58,
              "SCTP": 132}
+NFDUMP_FLAG_LETTERS = "FSRPAUEC"
+"""nfdump's letter for each TCP flag bit, lowest first: it prints them highest first ('...AP.SF')."""
+_HEX_FLAGS = re.compile(r"0[xX]([0-9a-fA-F]{1,4})")
+_DECIMAL = re.compile(r"[0-9]{1,5}")
 
 
 # ------------------------------------------------------------------ IPFIX files
@@ -198,6 +204,36 @@ def _protocol(col: pl.Expr) -> pl.Expr:
                        txt.str.to_uppercase().replace_strict(PROTOCOLS, default=None, return_dtype=pl.Int32))
 
 
+def tcp_flags_value(text: str) -> int | None:
+    """TCP flags as nfdump spells them, as a number; None for anything nfdump does not write.
+
+    nfdump 1.7 writes 8 positions, 'CEUAPRSF' with '.' for an unset flag; 1.6 wrote the low 6
+    ('UAPRSF') and hex ('0xc2') when a higher flag was set; a JSON number is taken as it is.
+    """
+    t = text.strip()
+    if m := _HEX_FLAGS.fullmatch(t):
+        value = int(m[1], 16)
+    elif _DECIMAL.fullmatch(t):
+        value = int(t)
+    elif 0 < len(t) <= len(NFDUMP_FLAG_LETTERS) and all(
+            c in (".", NFDUMP_FLAG_LETTERS[i]) for i, c in enumerate(reversed(t))):
+        value = sum(1 << i for i, c in enumerate(reversed(t)) if c != ".")
+    else:
+        return None
+    return value if value <= TCP_FLAG_BITS else None  # beyond NS: not TCP flags
+
+
+def _tcp_flags(df: pl.DataFrame, name: str) -> pl.Expr:
+    """nfdump's flags column as tcp_flags; a spelling :func:`tcp_flags_value` does not know is null for
+    that record (the rest of the record is still good), and a file without the column gives nulls."""
+    if name not in df.columns:
+        return pl.lit(None, pl.Int32)
+    # a capture prints few distinct spellings: each is parsed once
+    spellings = df[name].drop_nulls().unique().to_list()
+    return pl.col(name).replace_strict({s: tcp_flags_value(s) for s in spellings}, default=None,
+                                       return_dtype=pl.Int32)
+
+
 def read_nfdump_csv(path: Path, text: str, extra: dict) -> tuple[pl.DataFrame, int]:
     """nfdump ``-o csv`` rows as flow columns; returns (frame, rows rejected by field count)."""
     lines = text.splitlines()
@@ -228,7 +264,7 @@ def read_nfdump_csv(path: Path, text: str, extra: dict) -> tuple[pl.DataFrame, i
         start_ns=start, end_ns=start + dur,
         input_if=pl.col("in"), output_if=pl.col("out"),
         vlan=pl.col("svln") if "svln" in df.columns else pl.lit(None),
-        source=pl.lit("nfdump"))
+        tcp_flags=_tcp_flags(df, "flg"), source=pl.lit("nfdump"))
     return out, bad
 
 
@@ -245,7 +281,7 @@ def read_nfdump_json(path: Path, text: str, extra: dict) -> pl.DataFrame:
         return pl.DataFrame()
     keys = ("first", "last", "src4_addr", "dst4_addr", "src6_addr", "dst6_addr", "src_port", "dst_port", "proto",
             "in_bytes", "in_packets", "ip4_router", "ip6_router", "input_snmp", "output_snmp", "src_vlan",
-            "sampled", "export_sysid")
+            "sampled", "export_sysid", "tcp_flags")
     df = pl.DataFrame({k: [None if r.get(k) is None else str(r.get(k)) for r in rows] for k in keys},
                       schema={k: pl.String for k in keys})
     off = _tz_offset_s(extra) * 1_000_000_000
@@ -261,4 +297,6 @@ def read_nfdump_json(path: Path, text: str, extra: dict) -> pl.DataFrame:
         src_addr=pl.coalesce("src4_addr", "src6_addr"), dst_addr=pl.coalesce("dst4_addr", "dst6_addr"),
         src_port="src_port", dst_port="dst_port", protocol=_protocol(pl.col("proto")),
         size_bytes="in_bytes", num_packets="in_packets", start_ns=t("first"), end_ns=t("last"),
-        input_if="input_snmp", output_if="output_snmp", vlan="src_vlan", source=pl.lit("nfdump"))
+        input_if="input_snmp", output_if="output_snmp", vlan="src_vlan",
+        # nfdump prints tcp_flags for every record but ICMP ones: those get null
+        tcp_flags=_tcp_flags(df, "tcp_flags"), source=pl.lit("nfdump"))

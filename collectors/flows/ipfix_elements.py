@@ -65,7 +65,7 @@ SAMPLING = (34, 50, 305)
 SELECTOR = (302, 48)
 SYSTEM_INIT_MS = 160
 
-NOT_DECODED = frozenset({5, 6})
+NOT_DECODED = frozenset({5})
 """Listed for reference but not read into any column (skipped like unknown elements)."""
 
 NTP_UNIX_OFFSET_S = 2_208_988_800

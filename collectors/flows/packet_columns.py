@@ -228,6 +228,9 @@ def _first(cols: dict, ids: tuple[int, ...]):
 
 INT64_MAX = np.iinfo(np.int64).max
 INT32_MAX = np.iinfo(np.int32).max
+TCP_FLAG_BITS = 0x0FFF
+"""The flag bits of tcpControlBits (NS 0x100 and up to FIN 0x01): RFC 7125 leaves the TCP header's data
+offset in the top 4 bits of its 16-bit encoding and tells collectors to ignore them."""
 _NS_PER_UNIT = {152: 1_000_000, 153: 1_000_000, 150: 1_000_000_000, 151: 1_000_000_000, 158: 1000, 159: 1000}
 
 
@@ -344,6 +347,7 @@ def flow_columns(cols: dict[int, np.ndarray], n: int, ctx: dict[str, np.ndarray]
         return None if e not in cols else _checked(cols[e], ie.ELEMENTS[e][0], INT64_MAX, keep, rejects)
 
     sport, dport, proto = i32(7), i32(11), i32(4)
+    flags = i32(6)  # tcpControlBits; NetFlow v9 TCP_FLAGS and the v5 record's byte share the id
     in_if, out_if = i64(10), i64(14)
     vlan = None if vlan is None else _checked(vlan, ie.ELEMENTS[vlan_e][0], INT64_MAX, keep, rejects)
     table = pa.table({
@@ -359,6 +363,7 @@ def flow_columns(cols: dict[int, np.ndarray], n: int, ctx: dict[str, np.ndarray]
         "est_num_packets": scaled_estimate(pkts, rate) if pkts is not None else pa.nulls(n, pa.int64()),
         "vlan": _opt_i64(vlan, n),
         "input_if": _opt_i64(in_if, n), "output_if": _opt_i64(out_if, n),
+        "tcp_flags": _opt_i32(None if flags is None else flags & TCP_FLAG_BITS, n),
     })
     return table if keep.all() else table.filter(pa.array(keep))
 

@@ -1,7 +1,7 @@
 """sFlow v5 datagrams: flow samples into ``flow`` rows, counter samples into ``interface_counter``.
 
 A flow sample's raw packet header record is decoded down to the transport:
-Ethernet (with 802.1Q/802.1ad tags), IPv4/IPv6, TCP/UDP ports, and for
+Ethernet (with 802.1Q/802.1ad tags), IPv4/IPv6, TCP/UDP ports, TCP flags, and for
 RoCEv2 (UDP destination port 4791) the InfiniBand base transport header's
 opcode and destination queue pair. Each sample becomes one flow row of one
 packet (``size_bytes`` = the sampled frame's length) with the sample's
@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from rankscope.collectors.flows.packet_columns import scaled_estimate
+from rankscope.collectors.flows.packet_columns import TCP_FLAG_BITS, scaled_estimate
 
 ROCE_PORT = 4791
 _U32 = struct.Struct(">I")
@@ -34,7 +34,7 @@ _SWITCH = struct.Struct(">IIII")
 _IPV4_DATA = struct.Struct(">II4s4sIIII")
 
 FLOW_COLUMNS = ("exporter", "src_addr", "dst_addr", "src_port", "dst_port", "protocol", "size_bytes",
-                "sampling_rate", "start_ns", "dst_qp", "ib_opcode", "vlan", "input_if", "output_if")
+                "sampling_rate", "start_ns", "dst_qp", "ib_opcode", "vlan", "input_if", "output_if", "tcp_flags")
 
 
 def parse_datagram(dec, data: bytes, addr: str, recv_ns: int) -> None:
@@ -115,20 +115,23 @@ def _flow_sample(dec, body: bytes, expanded: bool, exporter: str, when: int, dat
             else:
                 row = (frame_len, *parsed)
         elif fmt == 3 and len(rec) >= _IPV4_DATA.size and row is None:
-            length, proto, src, dst, sport, dport, _, _ = _IPV4_DATA.unpack_from(rec, 0)
-            row = (length, socket.inet_ntoa(src), socket.inet_ntoa(dst), sport, dport, proto, None, None, None)
+            length, proto, src, dst, sport, dport, flags, _ = _IPV4_DATA.unpack_from(rec, 0)
+            # a 32-bit field: beyond tcpControlBits' flag bits it is not flags (nor fits the int32 column)
+            flags = flags if proto == 6 and flags <= TCP_FLAG_BITS else None
+            row = (length, socket.inet_ntoa(src), socket.inet_ntoa(dst), sport, dport, proto, None, None, None,
+                   flags)
         elif fmt == 1001 and len(rec) >= _SWITCH.size:
             vlan = _SWITCH.unpack_from(rec, 0)[0]
     if row is None:
         dec.reject("sflow: flow sample without a decodable packet header", data)
         return
-    frame_len, src, dst, sport, dport, proto, qp, opcode, hdr_vlan = row
+    frame_len, src, dst, sport, dport, proto, qp, opcode, hdr_vlan, flags = row
     dec.sflow_rows.append((exporter, src, dst, sport, dport, proto, frame_len, max(rate, 1), when, qp, opcode,
-                           hdr_vlan if hdr_vlan is not None else vlan, in_if, out_if))
+                           hdr_vlan if hdr_vlan is not None else vlan, in_if, out_if, flags))
 
 
 def decode_header(proto: int, h: bytes):
-    """(src, dst, sport, dport, ip protocol, dst_qp, ib_opcode, vlan) of a sampled header, or None."""
+    """(src, dst, sport, dport, ip protocol, dst_qp, ib_opcode, vlan, tcp flags) of a sampled header, or None."""
     vlan = None
     if proto == 1:  # Ethernet
         if len(h) < 14:
@@ -160,7 +163,17 @@ def decode_header(proto: int, h: bytes):
             bth = l4 + 8
             opcode = h[bth]
             qp = int.from_bytes(h[bth + 5:bth + 8], "big")
-    return src, dst, sport, dport, ip_proto, qp, opcode, vlan
+    flags = _tcp_flags(h, l4) if ip_proto == 6 else None
+    return src, dst, sport, dport, ip_proto, qp, opcode, vlan, flags
+
+
+def _tcp_flags(h: bytes, tcp: int) -> int | None:
+    """The one sampled segment's flags, laid out as in tcpControlBits; None when the sampled header was cut
+    before them (a sample is one packet: these are its flags, not a flow's OR)."""
+    if len(h) < tcp + 14:
+        return None
+    # NS is the low bit of the data-offset byte; CWR..FIN are the byte after it
+    return ((h[tcp + 12] & 0x01) << 8) | h[tcp + 13]
 
 
 def _counter_sample(dec, body: bytes, expanded: bool, exporter: str, when: int, data: bytes) -> None:
@@ -202,6 +215,7 @@ def flow_table(rows: list[tuple]) -> pa.Table:
         "dst_qp": pa.array(cols["dst_qp"], pa.int64()), "ib_opcode": pa.array(cols["ib_opcode"], pa.int32()),
         "vlan": pa.array(cols["vlan"], pa.int64()),
         "input_if": pa.array(cols["input_if"], pa.int64()), "output_if": pa.array(cols["output_if"], pa.int64()),
+        "tcp_flags": pa.array(cols["tcp_flags"], pa.int32()),
     })
 
 

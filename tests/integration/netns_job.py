@@ -297,8 +297,8 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                          flow_timeouts: tuple[str, ...] = ("maxlife=2", "expint=1"), lazy_connect: bool = False,
                          job_args: tuple[str, ...] = (), timeout_s: float = 240.0,
                          nic_rates: dict[int, str] | None = None, exporter: str = "softflowd",
-                         nfpcapd_expire: tuple[int, int] = (2, 1), sflow_sampling: int = 16
-                         ) -> PlacedNetnsJobResult:
+                         nfpcapd_expire: tuple[int, int] = (2, 1), sflow_sampling: int = 16,
+                         exit_sleep_s: float = 0.0) -> PlacedNetnsJobResult:
     """Like :func:`run_netns_job`, with the placement of ranks chosen by the caller.
 
     ``ranks_per_node`` processes run in each namespace (they share its address;
@@ -314,6 +314,8 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
     and ingested as a user would), so the inference meets a second exporter's way of cutting records;
     ``"pmacct-sflow"`` runs pmacct's ``pmacctd`` with its sFlow probe (1 packet in ``sflow_sampling``),
     ``"pmacct-ipfix"`` with its IPFIX probe (``flow_timeouts`` as for softflowd), both into the collector.
+    ``exit_sleep_s``: the ranks wait this long after their last step before they close their connections
+    (as a job that saves a checkpoint at the end does).
     """
     if exporter not in ("softflowd", "nfpcapd", "pmacct-sflow", "pmacct-ipfix"):
         raise ValueError(f"exporter {exporter!r}: softflowd, nfpcapd, pmacct-sflow or pmacct-ipfix")
@@ -377,7 +379,7 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                        f"--master_addr={master}", f"--master_port={master_port}",
                        str(JOB_SCRIPT), "--steps", str(steps), "--hidden", str(hidden), "--pp", str(pp),
                        "--tp", str(tp), "--microbatch-size", str(microbatch_size),
-                       "--step-sleep-ms", str(step_sleep_ms),
+                       "--step-sleep-ms", str(step_sleep_ms), "--exit-sleep-s", str(exit_sleep_s),
                        "--out", str(out), "--pg-timeout-s", "60", *job_args]
                 procs.append(subprocess.Popen(cmd, env=env, stdout=open(logs / f"node{k}.log", "w"),
                                               stderr=subprocess.STDOUT))

@@ -76,6 +76,8 @@ def parse_args(argv=None):
     p.add_argument("--sleep-ms-rank", default=None, metavar="RANK:MS",
                    help="extra compute delay per microbatch forward on one rank")
     p.add_argument("--step-sleep-ms", type=float, default=0.0, help="pause between steps (flow tests)")
+    p.add_argument("--exit-sleep-s", type=float, default=0.0,
+                   help="pause after the outputs, before the process group closes (a final checkpoint save)")
     p.add_argument("--fr-dump", type=Path, default=None,
                    help="write the flight recorder dump here at exit (rank<r>.pkl and rank<r>.fr.json)")
     return p.parse_args(argv)
@@ -436,6 +438,8 @@ def main(argv=None):
     write_outputs(args, rank, result)
     if result.get("skipped") or status:
         wait_for_peers(args, dist.get_world_size())
+    elif args.exit_sleep_s:
+        time.sleep(args.exit_sleep_s)
     try:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - a broken group after a hang cannot always be torn down

@@ -109,6 +109,29 @@ def test_real_pipeline_from_other_exporters_reads_as_pp4(name):
         assert list(pipe) == truth
 
 
+def test_real_pipeline_whose_connections_close_apart_is_ordered_by_its_last_gradients():
+    # the same PP4 job, its ranks waiting 3 s after the last step before they close (a checkpoint at the
+    # end), metered by nfpcapd with a 1 s inactive timeout and no active cut in the job: one payload record
+    # each way per link, whose FIN/ACK (flags 0x11) came 4 s later in a record of its own. The payload
+    # records end with the last gradients: the links end 22-23 ms apart, downstream first
+    from rankscope.analysis.strategy_flows import infer_flows
+
+    name = "pp4_linger_nfpcapd"
+    flows = _flows(name)
+    assert ((flows["tcp_flags"] & 1) > 0).any() and flows["tcp_flags"].is_not_null().any()
+    s = infer_flows(flows, _config(name)).strategy
+    (truth,) = TRUTH[name]["pipelines_first_stage_first"]
+    assert (s.dp, s.pp, s.tp) == (1, 4, 1), s.extra
+    assert s.extra["stage_order_known"] and s.pp_groups == [truth], (s.pp_groups, s.extra["notes"])
+    assert any("in a record of its own" in n for n in s.extra["notes"]), s.extra["notes"]
+    # without the flags the payload records' ends date nothing (they might be the teardown's)
+    blind = infer_flows(flows.with_columns(tcp_flags=pl.lit(None, pl.Int32)), _config(name)).strategy
+    assert not blind.extra["stage_order_known"]
+    # with -e 2,1 nfpcapd kept the FIN in each payload record (flags 0x1b): the ends are the teardown's
+    fin_inside = infer_flows(_flows("pp4_nfpcapd"), _config("pp4_nfpcapd")).strategy
+    assert not fin_inside.extra["stage_order_known"]
+
+
 @pytest.mark.parametrize("name", ["dp2pp2tp2_sflow_pmacct", "pp4_sflow_pmacct"])
 def test_sflow_batches_time_their_samples_too_coarsely_to_order_stages(name):
     # pmacct's sfprobe sends a datagram when it is full or about once a second, and a sample is timed by

@@ -281,6 +281,61 @@ def test_tcp_link_times_date_the_traffic_only_when_its_records_show_bursts():
     assert undated(6, [(0, 0), (3, 3), (2400, 2400)]) == set()
 
 
+def test_a_whole_job_tcp_links_last_data_dates_it_when_its_flags_show_the_teardown_apart():
+    # the processes outlived their last transfer (a checkpoint at the end) past the exporter's idle timeout:
+    # the payload record ended with the data, and the FIN exchange came in a record of its own
+    from rankscope.analysis.flow_link_dating import ends_dated
+
+    ms, link = 1_000_000, frozenset(("x", "y"))
+    SYN, FIN, ACK, PSH = 0x02, 0x01, 0x10, 0x08
+
+    def dated(fin_apart=True, flags=True, sampling=1, fin_in_data=False):
+        data = [("x", "y", 40000, 50000, 0, 2400 * ms, 9_000_000, SYN | ACK | PSH | (FIN if fin_in_data else 0)),
+                ("y", "x", 50000, 40000, 0, 2400 * ms, 52_000, SYN | ACK | (FIN if fin_in_data else 0))]
+        fin = [("x", "y", 40000, 50000, 5000 * ms, 5000 * ms, 104, FIN | ACK),
+               ("y", "x", 50000, 40000, 5000 * ms, 5000 * ms, 52, FIN | ACK)]
+        f = pl.DataFrame(data + (fin if fin_apart else []), orient="row", schema={
+            "src_addr": pl.String, "dst_addr": pl.String, "src_port": pl.Int32, "dst_port": pl.Int32,
+            "start_ns": pl.Int64, "end_ns": pl.Int64, "size_bytes": pl.Int64, "tcp_flags": pl.Int32})
+        f = f.with_columns(protocol=pl.lit(6, pl.Int32), is_data=pl.col("size_bytes") > 1000,
+                           sampling_rate=pl.lit(sampling, pl.Int64))
+        if not flags:
+            f = f.with_columns(tcp_flags=pl.lit(None, pl.Int32))
+        return ends_dated(f, {link})
+
+    assert dated() == {link}
+    # the FIN inside the payload record: it ends at the teardown, in process-exit order
+    assert dated(fin_apart=False, fin_in_data=True) == set()
+    # no teardown seen at all: the capture may have ended mid-step, so the end dates nothing
+    assert dated(fin_apart=False) == set()
+    # no flags, or flags of sampled packets only (a FIN may hide in an unsampled packet)
+    assert dated(flags=False) == set()
+    assert dated(sampling=100) == set()
+
+
+@pytest.mark.parametrize(("close_lag_s", "idle_timeout_s", "known"), [(2.0, 1.0, True), (0.5, 60.0, False),
+                                                                     (0.0, 60.0, False)])
+def test_a_whole_job_tcp_pipeline_is_ordered_by_its_last_data_only_when_the_teardown_stands_apart(
+        close_lag_s, idle_timeout_s, known):
+    # the processes exit 2 s after the last data, past the exporter's 1 s idle timeout: each link's payload
+    # record ends with its last gradients, and those leave each stage earlier going downstream. Within the
+    # idle timeout the FIN joins the payload record (process-exit order), and with no teardown seen the end
+    # may be where the capture stopped: both stay unknown, never claimed
+    from rankscope.datasets.simulator import Realism, SimConfig, simulate
+
+    kw = dict(job="t", dp=1, pp=4, tp=1, gpus_per_host=1, steps=4, microbatches=4, layers=8, schedule="1f1b",
+              idle_timeout_s=idle_timeout_s, active_timeout_s=60.0)
+    res = simulate(SimConfig(**kw, realism=Realism(transport="tcp", close_lag_s=close_lag_s)))
+    s = infer_flows(pl.from_arrow(res.tables["flow"]), one_job=True).strategy
+    assert s.pp == 4 and s.extra["stage_order_known"] is known, s.extra
+    truth = res.truth["pp_groups_by_address"]
+    if known:
+        assert s.pp_groups == truth and s.confidence >= 0.9
+        assert any("in a record of its own" in n for n in s.extra.get("notes", [])), s.extra.get("notes")
+    else:
+        assert sorted(map(sorted, s.pp_groups)) == sorted(map(sorted, truth))
+
+
 def test_a_cycle_cut_where_no_evidence_shows_its_wrap_says_the_wrap_is_unknown():
     # an interleaved pipeline's last stage sends back to its first: its links form a cycle. With no
     # stage-order vote (TCP records kept open across steps) the cut is a guess unless one link is short

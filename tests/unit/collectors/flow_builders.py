@@ -75,7 +75,7 @@ def nf5_packet(records: list[dict], uptime_ms: int, unix_s: int, unix_ns: int = 
     for r in records:
         body += struct.pack(">4s4s4sHHIIIIHHBBBBHHBBH", v4(r["src"]), v4(r["dst"]), v4("0.0.0.0"), r.get("in", 1),
                             r.get("out", 2), r["packets"], r["bytes"], r["first"], r["last"], r["sport"],
-                            r["dport"], 0, 0x18, r["proto"], 0, 0, 0, 24, 24, 0)
+                            r["dport"], 0, r.get("tcp_flags", 0x18), r["proto"], r.get("tos", 0), 0, 0, 24, 24, 0)
     return head + body
 
 
@@ -89,9 +89,21 @@ def ethernet_ipv4_udp(src: str, dst: str, sport: int, dport: int, payload: bytes
     return eth + ip + udp
 
 
-def ethernet_ipv6_tcp(src: str, dst: str, sport: int, dport: int) -> bytes:
+def tcp_header(sport: int, dport: int, flags: int = 0x18) -> bytes:
+    """20 bytes; ``flags`` as in tcpControlBits (NS 0x100 goes to the data-offset byte)."""
+    return struct.pack(">HHIIBBHHH", sport, dport, 1, 0, 0x50 | (flags >> 8 & 1), flags & 0xFF, 1000, 0, 0)
+
+
+def ethernet_ipv4_tcp(src: str, dst: str, sport: int, dport: int, flags: int = 0x18) -> bytes:
+    eth = b"\x02\0\0\0\0\1" + b"\x02\0\0\0\0\2" + struct.pack(">H", 0x0800)
+    tcp = tcp_header(sport, dport, flags)
+    ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 0, 0, 64, 6, 0, v4(src), v4(dst))
+    return eth + ip + tcp
+
+
+def ethernet_ipv6_tcp(src: str, dst: str, sport: int, dport: int, flags: int = 0x18) -> bytes:
     eth = b"\x02\0\0\0\0\1" + b"\x02\0\0\0\0\2" + struct.pack(">H", 0x86DD)
-    tcp = struct.pack(">HHIIBBHHH", sport, dport, 1, 0, 0x50, 0x18, 1000, 0, 0)
+    tcp = tcp_header(sport, dport, flags)
     ip6 = struct.pack(">IHBB16s16s", 6 << 28, len(tcp), 6, 64, socket.inet_pton(socket.AF_INET6, src),
                       socket.inet_pton(socket.AF_INET6, dst))
     return eth + ip6 + tcp
@@ -112,6 +124,14 @@ def sflow_flow_sample(header: bytes, frame_length: int, rate: int, in_if: int = 
     if switch_vlan is not None:
         recs.append(_record(1001, struct.pack(">IIII", switch_vlan, 0, switch_vlan, 0)))
     body = struct.pack(">IIIIIIII", 1, 0x00000005, rate, rate * 10, 0, in_if, out_if, len(recs)) + b"".join(recs)
+    return struct.pack(">II", 1, len(body)) + body
+
+
+def sflow_ipv4_sample(src: str, dst: str, sport: int, dport: int, proto: int, tcp_flags: int, length: int,
+                      rate: int) -> bytes:
+    """A flow sample whose only record is a sampled IPv4 record (0:3), no raw header."""
+    rec = _record(3, struct.pack(">II4s4sIIII", length, proto, v4(src), v4(dst), sport, dport, tcp_flags, 0))
+    body = struct.pack(">IIIIIIII", 1, 0x00000005, rate, rate * 10, 0, 5, 6, 1) + rec
     return struct.pack(">II", 1, len(body)) + body
 
 

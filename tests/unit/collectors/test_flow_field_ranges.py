@@ -75,11 +75,13 @@ def test_ipfix_every_element_at_its_32_bit_or_natural_maximum():
     assert row["size_bytes"] == U32 and row["num_packets"] == U32
     assert row["input_if"] == U32 and row["output_if"] == U32
     assert (row["src_port"], row["dst_port"], row["protocol"], row["vlan"]) == (65535, 65535, 255, 65535)
+    assert row["tcp_flags"] == 0xFF
     assert row["src_addr"] == "255.255.255.255"
     assert row["start_ns"] == U32 * 10**9
 
 
-@pytest.mark.parametrize("element,length", [(1, 8), (2, 8), (10, 8), (14, 8), (7, 4), (4, 8), (152, 8), (159, 8)])
+@pytest.mark.parametrize("element,length", [(1, 8), (2, 8), (10, 8), (14, 8), (7, 4), (4, 8), (6, 8), (152, 8),
+                                            (159, 8)])
 def test_ipfix_values_beyond_their_column_are_counted_not_wrapped(element, length):
     base = [(8, 4), (12, 4), (1, 4)] if element != 1 else [(8, 4), (12, 4)]
     fields = base + [(element, length)]

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from rankscope.collectors import formats
+from rankscope.collectors.flows.flow_files import tcp_flags_value
 from rankscope.collectors.ingest import ingest
 from rankscope.collectors.store import Store
 
 FIXTURES = Path(__file__).parent / "fixtures"
+NETNS_GLOO = Path(__file__).resolve().parents[2] / "data" / "netns_gloo"
 KEY = ["src_addr", "dst_addr", "protocol", "size_bytes", "num_packets"]
 
 
@@ -110,5 +114,57 @@ def test_nfdump_json_of_flows_nfdump_metered_itself_loads_with_the_files_exporte
     assert set(df["exporter"]) == {"file/0"}
     tcp = df.filter((pl.col("protocol") == 6) & pl.col("src_addr").str.starts_with("10.213."))
     assert tcp.height > 20 and (tcp["end_ns"] >= tcp["start_ns"]).all()
+    # each link's record closes as the processes exit: '...AP.SF' (0x1B) on 24 of the 30, RST on 3
+    assert (tcp["tcp_flags"] & 0x01 != 0).sum() == 24 and (tcp["tcp_flags"] & 0x04 != 0).sum() == 3
     # milliseconds, as nfdump prints them
     assert (tcp["start_ns"] % 1_000_000 == 0).all()
+
+
+@pytest.mark.parametrize("spelling,value", [
+    ("...AP.SF", 0x1B), ("........", 0), ("...A.R..", 0x14), ("CEUAPRSF", 0xFF),  # nfdump 1.7
+    (".A..S.", 0x12), ("  0xc2", 0xC2),  # nfdump 1.6: six letters, hex above 63
+    ("27", 27), ("0x112", 0x112),
+    ("A.....S.", None), ("SA", None), ("...AP.SF.", None), ("0x", None), ("0x1000", None), ("", None),
+    ("garbage", None), ("-1", None),
+])
+def test_nfdump_tcp_flags_spellings(spelling, value):
+    assert tcp_flags_value(spelling) == value
+
+
+def test_nfdump_json_tcp_flags_of_a_real_gloo_capture(tmp_path):
+    """DP2 x PP2 x TP2 under nfpcapd (tests/data/netns_gloo/SOURCE.md): the gloo connections were closed
+    at exit, so half the TCP records carry FIN; the others are the opening halves (SYN) cut by nfpcapd."""
+    store, summary = _ingest(tmp_path, NETNS_GLOO / "dp2pp2tp2_nfpcapd.nfdump.json", extra={"tz_offset_s": "0"})
+    (f,) = summary.files
+    assert f.status == "ingested" and f.records == {"flow": 174}, f
+    df = store.read("flow")
+    tcp = df.filter(pl.col("protocol") == 6)
+    assert dict(tcp.group_by("tcp_flags").len().rows()) == {
+        0x02: 2, 0x11: 28, 0x12: 27, 0x14: 2, 0x19: 46, 0x1A: 47}  # as nfdump spelled them, e.g. '...AP..F'
+    assert (tcp["tcp_flags"] & 0x01 != 0).sum() == 74
+    assert df.filter(pl.col("protocol") == 58)["tcp_flags"].null_count() == 16  # nfdump prints none for ICMP
+
+
+def test_nfdump_tcp_flags_bad_spelling_is_null_and_the_record_kept(tmp_path):
+    base = {"type": "FLOW", "first": "2026-12-05T13:48:00.000", "last": "2026-12-05T13:48:01.000",
+            "in_packets": 3, "in_bytes": 180, "proto": 6, "src_port": 1, "dst_port": 2,
+            "src4_addr": "10.0.0.1", "dst4_addr": "10.0.0.2", "label": "<none>"}
+    recs = [dict(base, tcp_flags=f) for f in ("...A...F", "0x12", "not flags", 99999)]
+    p = tmp_path / "flows.json"
+    p.write_text(json.dumps(recs, indent=1))
+    store, summary = _ingest(tmp_path, p, extra={"tz_offset_s": "0"})
+    (f,) = summary.files
+    assert f.format == "nfdump_json" and f.status == "ingested" and f.records == {"flow": 4}, f
+    assert store.read("flow")["tcp_flags"].to_list() == [0x11, 0x12, None, None]
+
+
+def test_nfdump_csv_and_json_flags_match_the_ipfix_decoding_of_the_same_flows(tmp_path):
+    store, _ = _ingest(tmp_path, "softflowd.ipfix", "nfdump_softflowd.csv", "nfdump_softflowd.json",
+                       extra={"tz_offset_s": "0"})
+    df = store.read("flow").filter(pl.col("protocol").is_in([6, 17]))  # ICMP: null in IPFIX and JSON, 0 in CSV
+
+    def flags(source):
+        return sorted(df.filter(pl.col("source") == source).select("src_addr", "protocol", "tcp_flags").rows())
+
+    assert flags("ipfix") == [("10.67.0.1", 6, 0x1A), ("10.67.0.1", 17, 0), ("10.67.0.2", 6, 0x12)]
+    assert flags("nfdump") == sorted(flags("ipfix") * 2)  # the CSV's rows and the JSON's

@@ -38,6 +38,8 @@ def test_v5_capture_decodes_every_record(tmp_path):
     df = store.read("flow")
     assert df.height == 6
     assert df["input_if"].to_list()[0] == 9  # goflow2's own assertion on this packet
+    # each record's tcp_flags byte (offset 37), read from the capture by hand
+    assert sorted(df["tcp_flags"].to_list()) == [0x12, 0x16, 0x1B, 0x1B, 0x1B, 0x1B]
 
 
 def test_sflow_capture_decodes_every_flow_sample(tmp_path):
@@ -51,6 +53,7 @@ def test_sflow_capture_decodes_every_flow_sample(tmp_path):
     assert icmp.height == 1 and icmp["sampling_rate"][0] == 2048 and icmp["vlan"][0] == 32
     tcp = df.filter(df["protocol"] == 6)
     assert tcp.height == 5 and set(tcp["sampling_rate"]) == {16383}
+    assert set(tcp["tcp_flags"]) == {0x10} and icmp["tcp_flags"][0] is None  # bulk data segments: ACK only
 
 
 FIXTURES = Path(__file__).parent / "fixtures"

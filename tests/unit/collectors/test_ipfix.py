@@ -47,7 +47,8 @@ def test_softflowd_capture_matches_nfdump_decoding_of_the_same_bytes():
     assert not dec.rejects
     theirs = flow_files.read_nfdump_json(FIXTURES / "nfdump_softflowd.json",
                                          (FIXTURES / "nfdump_softflowd.json").read_text(), {"tz_offset_s": "0"})
-    cols = ["src_addr", "dst_addr", "protocol", "size_bytes", "num_packets", "start_ns", "end_ns"]
+    # softflowd sends tcpControlBits in its TCP/UDP template only; nfdump prints none for ICMP: both null there
+    cols = ["src_addr", "dst_addr", "protocol", "size_bytes", "num_packets", "start_ns", "end_ns", "tcp_flags"]
     a = ours.select(cols).sort(cols)
     b = theirs.select(cols).with_columns(pl.col("size_bytes", "num_packets").cast(pl.Int64)).sort(cols)
     assert a.height == 11
@@ -55,6 +56,7 @@ def test_softflowd_capture_matches_nfdump_decoding_of_the_same_bytes():
     tcp = ours.filter(pl.col("protocol") == 6).sort("size_bytes", descending=True).row(0, named=True)
     assert (tcp["src_addr"], tcp["dst_addr"], tcp["dst_port"]) == ("10.67.0.1", "10.67.0.2", 5001)
     assert tcp["exporter"] == "127.0.0.1/0" and tcp["sampling_rate"] == 1 and tcp["source"] == "ipfix"
+    assert tcp["tcp_flags"] == 0x1A  # nfdump: '...AP.S.'
 
 
 def test_fixed_template_decodes_columns():
@@ -67,6 +69,32 @@ def test_fixed_template_decodes_columns():
     assert df["start_ns"][0] == 1_700_000_000_000 * 10**6 and df["end_ns"][0] == 1_700_000_000_500 * 10**6
     assert df["exporter"].unique().to_list() == ["192.0.2.1/7"]
     assert not dec.rejects
+
+
+@pytest.mark.parametrize("length,wire,flags", [
+    (1, 0x12, 0x12),  # SYN|ACK, reduced-size encoding
+    (2, 0x0011, 0x11),  # FIN|ACK
+    (2, 0x5012, 0x12),  # the data offset in the top 4 bits is ignored (RFC 7125)
+    (2, 0x0118, 0x118),  # NS|ACK|PSH: the 16-bit encoding's ninth flag
+])
+def test_tcp_control_bits_become_tcp_flags(length, wire, flags):
+    fields = BASIC + [(6, length)]
+    df, dec = _decode(ipfix_message([template_set({256: fields}), data_set(256, [_rec() + u(wire, length)])]))
+    assert df["tcp_flags"].to_list() == [flags]
+    assert (df["src_port"][0], df["protocol"][0], df["size_bytes"][0]) == (1000, 6, 1500)
+    assert not dec.rejects
+
+
+def test_tcp_flags_are_null_without_tcp_control_bits_in_the_template():
+    df, _ = _decode(ipfix_message([template_set({256: BASIC}), data_set(256, [_rec()])]))
+    assert df["tcp_flags"].to_list() == [None]
+
+
+def test_tcp_control_bits_in_a_variable_length_template():
+    fields = [(8, 4), (12, 4), (82, 65535), (1, 8), (6, 2), (152, 8)]
+    rec = v4("10.0.0.1") + v4("10.0.0.2") + bytes([3]) + b"eth" + u(100, 8) + u(0x5011, 2) + u(1_700_000_000_000, 8)
+    df, dec = _decode(ipfix_message([template_set({256: fields}), data_set(256, [rec], pad_to=4)]))
+    assert df["tcp_flags"].to_list() == [0x11] and not dec.rejects
 
 
 def test_templates_are_per_domain_and_refresh_replaces_layout():

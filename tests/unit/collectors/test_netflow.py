@@ -44,6 +44,7 @@ def test_softflowd_netflow9_golden():
     assert (tcp["src_addr"], tcp["dst_addr"], tcp["size_bytes"], tcp["num_packets"]) == \
         ("10.67.0.1", "10.67.0.2", 238612, 161)
     assert tcp["source"] == "netflow9" and tcp["exporter"] == "127.0.0.1/0"
+    assert tcp["tcp_flags"] == 0x1A  # SYN|PSH|ACK, as in the record's TCP_FLAGS byte
     assert 0 < tcp["end_ns"] - tcp["start_ns"] < 10**9
     assert 1_796_000_000 * 10**9 < tcp["start_ns"] < 1_797_000_000 * 10**9  # Dec 2026, when it was captured
 
@@ -57,6 +58,7 @@ def test_softflowd_netflow5_golden():
     udp = df.filter(pl.col("protocol") == 17).row(0, named=True)
     assert (udp["dst_port"], udp["size_bytes"], udp["num_packets"]) == (9999, 640, 5)
     assert tcp["source"] == "netflow5"
+    assert tcp["tcp_flags"] == 0x1A and udp["tcp_flags"] == 0  # byte 37 of each record, read by hand
 
 
 def test_netflow9_times_are_placed_on_the_epoch_with_the_header():
@@ -110,3 +112,28 @@ def test_netflow5_count_beyond_packet_counted():
     pkt = nf5_packet(recs, 5_000, 1_700_000_000)
     _, dec = _decode(pkt[:2] + u(3, 2) + pkt[4:])
     assert dec.rejects["netflow5: packet shorter than its record count says"] == 1
+
+
+def test_netflow9_tcp_flags_field_and_its_absence():
+    with_flags = [(8, 4), (12, 4), (1, 4), (2, 4), (4, 1), (6, 1)]
+    without = [(8, 4), (12, 4), (1, 4), (2, 4), (4, 1)]
+    base = v4("10.0.0.1") + v4("10.0.0.2") + u(3000, 4) + u(2, 4) + u(6, 1)
+    pkt = nf9_packet([nf9_template({260: with_flags, 261: without}),
+                      data_set(260, [base + u(0x12, 1), base + u(0x11, 1)], pad_to=4),
+                      data_set(261, [base], pad_to=4)], uptime_ms=10_000, unix_s=1_700_000_000)
+    df, dec = _decode(pkt)
+    assert not dec.rejects
+    assert sorted(df["tcp_flags"].to_list(), key=str) == [17, 18, None]
+    assert df["protocol"].to_list() == [6, 6, 6] and df["size_bytes"].to_list() == [3000] * 3
+
+
+def test_netflow5_tcp_flags_byte():
+    recs = [dict(src="10.0.0.1", dst="10.0.0.2", sport=5, dport=6, proto=6, packets=1, bytes=60, first=1, last=1,
+                 tcp_flags=0x12, tos=0xB8),
+            dict(src="10.0.0.2", dst="10.0.0.1", sport=6, dport=5, proto=6, packets=1, bytes=60, first=1, last=1,
+                 tcp_flags=0x11)]
+    df, dec = _decode(nf5_packet(recs, 5_000, 1_700_000_000))
+    assert not dec.rejects
+    assert df["tcp_flags"].to_list() == [0x12, 0x11]
+    # the bytes either side (pad1, prot, tos) stay where they were
+    assert df["protocol"].to_list() == [6, 6] and df["src_port"].to_list() == [5, 6]

@@ -125,6 +125,21 @@ def test_tcp_connections_close_when_the_first_of_their_ends_exits():
         Realism(close_lag_s=-1.0)
 
 
+def test_tcp_records_carry_the_flags_of_their_packets_and_roce_records_none():
+    # SYN in the handshake's record, FIN in the teardown's, ACK on every TCP record; the exporter ORs them
+    kw = dict(BASE, dp=1, pp=4, tp=1, gpus_per_host=1, idle_timeout_s=1.0, active_timeout_s=60.0)
+    tcp = pl.from_arrow(simulate(SimConfig(**kw, realism=Realism(transport="tcp", close_lag_s=2.0))).tables["flow"])
+    flags = tcp["tcp_flags"]
+    assert flags.is_not_null().all() and ((flags & 0x10) > 0).all()
+    # the set-up (2 s ahead) and the teardown (2 s after) are records of their own past the 1 s idle timeout
+    syn, fin = tcp.filter((pl.col("tcp_flags") & 0x02) > 0), tcp.filter((pl.col("tcp_flags") & 0x01) > 0)
+    data = tcp.filter((pl.col("tcp_flags") & 0x03) == 0)
+    assert syn.height and fin.height and data.height
+    assert syn["end_ns"].max() < data["start_ns"].min() and fin["start_ns"].min() > data["end_ns"].max()
+    roce = pl.from_arrow(simulate(SimConfig(**kw, realism=Realism(transport="roce"))).tables["flow"])
+    assert roce["tcp_flags"].is_null().all()
+
+
 def test_millisecond_timestamps():
     f, truth = _flows(timestamp_ns=1_000_000)
     assert f.height and (f["start_ns"] % 1_000_000 == 0).all() and (f["end_ns"] % 1_000_000 == 0).all()
