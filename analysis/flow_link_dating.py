@@ -19,6 +19,12 @@ the teardown (its idle timeout: the processes outlived their last transfer, as a
 checkpoint at the end does), so the record ends with the last payload packet. Packet samples miss most
 FINs, so only unsampled records count; without flags nothing changes.
 
+The first times get no such rule, though a SYN in a record of its own dates the set-up apart just as
+well: a real gloo PP4 job that waited 3 s between connecting and its first step (nfpcapd, 1 s idle
+timeout) had its stage 2-3 link's payload records open 75 ms before its stage 0-1 link's. gloo's receiver
+tells the sender when a receive is posted, so a link's first packets date when its downstream stage
+started to wait, not when the first activations came.
+
 Measured: a real pure 4-stage gloo pipeline (tests/data/netns_gloo/pp4_whole_job_records), one record
 each way per link for the whole job, whose links' ends lay 1-2 ms apart in the order the processes
 exited, had been ordered backwards at "voted clearly". Keeping the first times of such links where no
