@@ -186,8 +186,10 @@ def flow_records(tr: pl.DataFrame, *, capture: str, epoch_ns: int, active_timeou
     for col, default in (("pkts", None), ("hdr", HEADER_BYTES), ("qpn", None), ("tcp_flags", None)):
         if col not in tr.columns:
             tr = tr.with_columns(pl.lit(default, pl.Int64).alias(col))
+    # TCP transfers without their own flags (background traffic) are mid-connection segments: PSH, ACK
     tr = tr.with_columns(pkts=pl.col("pkts").fill_null((pl.col("bytes") + mtu - 1) // mtu).cast(pl.Int64),
-                         hdr=pl.col("hdr").fill_null(HEADER_BYTES))
+                         hdr=pl.col("hdr").fill_null(HEADER_BYTES),
+                         tcp_flags=pl.when(pl.col("protocol") == 6).then(pl.col("tcp_flags").fill_null(0x18)))
     tr = tr.filter((pl.col("bytes") > 0) | (pl.col("pkts") > 0))
     if tr.height == 0:
         return to_kind(pl.DataFrame(), "flow")
