@@ -11,7 +11,8 @@ Six jobs (``run_placed_netns_job``), each ~15-60 s on a loaded 2-core machine:
 - the same pipeline under nfpcapd with a 1 s inactive timeout and 3 s between the last step and the
   connections' close (a checkpoint save at the end): its records still span the job, but the FIN of
   each connection comes in a record of its own, so each payload record ends with the link's last
-  gradients. The stage order must be claimed, and right.
+  gradients. The stage order must be claimed, and right, whenever the capture shows the FINs apart (the
+  exporter's idle check may keep them in the payload records: then the order must stay unknown).
 - DP2 x PP2 x TP2 with two ranks per namespace (each TP pair shares an
   address, so its traffic never reaches the bridge). DP groups and pipelines
   must be exact as address sets, and tp=2 from the two data connections on
@@ -119,18 +120,30 @@ def test_pure_pipeline_reads_as_pp4(pp4):
 def test_a_pipeline_whose_teardown_stands_apart_is_ordered_by_its_last_gradients(pp4_linger):
     # whole-job TCP records date the connections, not the traffic, unless the TCP flags show the FIN in a
     # record of its own: the payload record then ends with the link's last gradients, and those leave each
-    # stage earlier going downstream (flow_link_dating.ends_dated)
+    # stage earlier going downstream (flow_link_dating.ends_dated). Whether the exporter expired the
+    # payload records before the FIN is its own timing: nfpcapd checks for idle flows as packets come, and
+    # under load (make test beside a corpus run) it once kept every FIN in the payload record. So: the
+    # order is claimed exactly when the capture shows the FINs apart, and then it is right
     s, flows = _infer(pp4_linger)
     (truth,) = _truth(pp4_linger)[1]
-    fins = flows.filter((pl.col("tcp_flags") & 1) > 0)
-    print("pp4_linger:", s.pp_groups, "truth", truth, s.extra["notes"], "FIN records", fins.height)
-    assert flows["tcp_flags"].is_not_null().any(), "softflowd sent no tcpControlBits"
+    links = {frozenset(p) for p in zip(truth, truth[1:])}
+    # the pipeline's own connections: the rendezvous store's (torchrun's port) close at exit on every pair
+    port = pp4_linger.master_port
+    on_links = flows.filter(pl.struct("src_addr", "dst_addr").map_elements(
+        lambda r: frozenset((r["src_addr"], r["dst_addr"])) in links, return_dtype=pl.Boolean)
+        & (pl.col("src_port") != port) & (pl.col("dst_port") != port))
+    payload = on_links.filter(pl.col("size_bytes") > 128 * pl.col("num_packets"))
+    fin = (pl.col("tcp_flags") & 1) > 0
+    apart = bool(payload.height and not payload.filter(fin).height and on_links.filter(fin).height)
+    print("pp4_linger:", s.pp_groups, "truth", truth, s.extra["notes"], "FINs apart", apart)
+    assert flows["tcp_flags"].is_not_null().any(), "the exporter sent no TCP flags"
     assert (s.dp, s.pp) == (1, 4)
     (pipe,) = s.pp_groups
-    assert {frozenset(p) for p in zip(pipe, pipe[1:])} == {frozenset(p) for p in zip(truth, truth[1:])}
-    assert s.extra["stage_order_known"], s.extra["notes"]
-    assert list(pipe) == list(truth)
-    assert any("in a record of its own" in n for n in s.extra["notes"]), s.extra["notes"]
+    assert {frozenset(p) for p in zip(pipe, pipe[1:])} == links
+    assert s.extra["stage_order_known"] is apart, s.extra["notes"]
+    if apart:
+        assert list(pipe) == list(truth)
+        assert any("in a record of its own" in n for n in s.extra["notes"]), s.extra["notes"]
 
 
 def test_two_ranks_per_address_give_exact_groups_and_tp2(dp2pp2tp2):
