@@ -11,8 +11,8 @@ Six jobs (``run_placed_netns_job``), each ~15-60 s on a loaded 2-core machine:
 - the same pipeline under nfpcapd with a 1 s inactive timeout and 3 s between the last step and the
   connections' close (a checkpoint save at the end): its records still span the job, but the FIN of
   each connection comes in a record of its own, so each payload record ends with the link's last
-  gradients. The stage order must be claimed, and right, whenever the capture shows the FINs apart (the
-  exporter's idle check may keep them in the payload records: then the order must stay unknown).
+  gradients. The stage order must be claimed whenever the capture shows every link's FINs apart (the
+  exporter's idle check may keep them in the payload records), and be right whenever it is claimed.
 - DP2 x PP2 x TP2 with two ranks per namespace (each TP pair shares an
   address, so its traffic never reaches the bridge). DP groups and pipelines
   must be exact as address sets, and tp=2 from the two data connections on
@@ -122,8 +122,9 @@ def test_a_pipeline_whose_teardown_stands_apart_is_ordered_by_its_last_gradients
     # record of its own: the payload record then ends with the link's last gradients, and those leave each
     # stage earlier going downstream (flow_link_dating.ends_dated). Whether the exporter expired the
     # payload records before the FIN is its own timing: nfpcapd checks for idle flows as packets come, and
-    # under load (make test beside a corpus run) it once kept every FIN in the payload record. So: the
-    # order is claimed exactly when the capture shows the FINs apart, and then it is right
+    # under load (make test beside a corpus run) it kept every FIN in the payload records, and once one
+    # direction's of one link. So: the order is claimed whenever every link shows its FINs apart, and
+    # whenever it is claimed it is right
     s, flows = _infer(pp4_linger)
     (truth,) = _truth(pp4_linger)[1]
     links = {frozenset(p) for p in zip(truth, truth[1:])}
@@ -140,8 +141,10 @@ def test_a_pipeline_whose_teardown_stands_apart_is_ordered_by_its_last_gradients
     assert (s.dp, s.pp) == (1, 4)
     (pipe,) = s.pp_groups
     assert {frozenset(p) for p in zip(pipe, pipe[1:])} == links
-    assert s.extra["stage_order_known"] is apart, s.extra["notes"]
     if apart:
+        assert s.extra["stage_order_known"], s.extra["notes"]
+    if s.extra["stage_order_known"]:
+        # (a link or two whose FINs stood apart may be enough: their chronology orders the rest)
         assert list(pipe) == list(truth)
         assert any("in a record of its own" in n for n in s.extra["notes"]), s.extra["notes"]
 
