@@ -127,14 +127,20 @@ def _windows(key: np.ndarray, a: np.ndarray, b: np.ndarray, active: int, idle: i
     return wk[o], ws[o], wl[o]
 
 
-def _spread(key, a, b, total, wkey, wstart, big):
-    """Split each transfer's integer total over the windows it overlaps, in proportion to time."""
+def _overlaps(key, a, b, wkey, wstart, big):
+    """(transfer, window) pairs, one per window each transfer overlaps: (tid, win, windows per transfer)."""
     wc = wkey * big + wstart
     lo = np.searchsorted(wc, key * big + a, side="right") - 1
     hi = np.maximum(np.searchsorted(wc, key * big + b, side="left") - 1, lo)
     cnt = hi - lo + 1
     tid = np.repeat(np.arange(len(a)), cnt)
     win = np.repeat(lo, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    return tid, win, cnt
+
+
+def _spread(key, a, b, total, wkey, wstart, big):
+    """Split each transfer's integer total over the windows it overlaps, in proportion to time."""
+    tid, win, _ = _overlaps(key, a, b, wkey, wstart, big)
     nxt = np.where(win + 1 < len(wstart), wstart[np.minimum(win + 1, len(wstart) - 1)], np.iinfo(np.int64).max)
     upper = np.minimum(b[tid], nxt)
     span = np.maximum(b[tid] - a[tid], 1)
@@ -154,12 +160,7 @@ def _window_flags(key, a, b, flags, packets, wkey, wstart, big, sampling: int) -
     packets it meets. Under 1-in-N sampling a transfer's flags count only if one of its packets in the
     window was sampled: a FIN (two packets) is seldom in a sampled record, so a record without FIN says
     nothing of the connection's end there."""
-    wc = wkey * big + wstart
-    lo = np.searchsorted(wc, key * big + a, side="right") - 1
-    hi = np.maximum(np.searchsorted(wc, key * big + b, side="left") - 1, lo)
-    cnt = hi - lo + 1
-    tid = np.repeat(np.arange(len(a)), cnt)
-    win = np.repeat(lo, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    tid, win, cnt = _overlaps(key, a, b, wkey, wstart, big)
     seen = np.ones(len(tid), dtype=bool)
     if sampling > 1:
         # its own stream, seeded by the transfers: the records' packet draws stay as they were

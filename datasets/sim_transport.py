@@ -141,9 +141,12 @@ def _tcp(tr: pl.DataFrame, cfg: SimConfig, topo: Topology, exporters: pl.Series)
     first = data.group_by("srank", "drank", "conn").agg(pl.col("t0").min(), pl.col("sport").first(),
                                                         pl.col("dport").first())
     first = first.with_columns(lo=pl.min_horizontal("srank", "drank"), hi=pl.max_horizontal("srank", "drank"))
-    first = first.sort("t0").unique(["lo", "hi", "conn"], keep="first", maintain_order=True)
+    # a full sort key: group_by's row order varies from run to run, and each row below draws its own
+    # handshake delay in this order (the same job must always get the same records)
+    order = ["t0", "lo", "hi", "conn"]
+    first = first.sort(*order).unique(["lo", "hi", "conn"], keep="first", maintain_order=True)
     if r.tcp_mesh:
-        first = pl.concat([first.select("lo", "hi", "conn", "t0"), _mesh(first, topo)]).sort("t0").unique(
+        first = pl.concat([first.select("lo", "hi", "conn", "t0"), _mesh(first, topo)]).sort(*order).unique(
             ["lo", "hi", "conn"], keep="first", maintain_order=True)
     lo_, hi_, cc = (first[k].to_numpy() for k in ("lo", "hi", "conn"))
     lp = listen_port(lo_, cc, topo, r.ranks_per_address)
