@@ -41,6 +41,14 @@ CLOSE_LAGS_S = (0.0, 0.05, 0.5, 2.0)
 (Realism.close_lag_s); 0: the capture ends while the job runs (an SRE analysing a live job). Drawn from
 its own stream (CLOSE_LAG_STREAM) keyed by the job's seed, so the corpus's other draws stay as they were."""
 CLOSE_LAG_STREAM = 47
+CHECKPOINT_SHARE = 0.5
+"""share of the TCP jobs that close their connections whose processes first save a checkpoint: their close
+lag gets CHECKPOINT_SAVE_S more (Megatron saves at the end of training when told where). How long a save
+takes depends on the model and the storage, and nothing tells us the mix: an even share, and saves of half
+a minute and two minutes, longer than most exporters' idle timeouts (so the FIN comes in a record of its
+own) or not. Drawn from CHECKPOINT_STREAM keyed by the job's seed, so every other draw stays as it was."""
+CHECKPOINT_SAVE_S = (30.0, 120.0)
+CHECKPOINT_STREAM = 71
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,9 @@ def _job(rng: np.random.Generator, name: str, max_world: int, fabric: Realism) -
     cfg = _job_draws(rng, name, max_world, fabric)
     scattered = np.random.default_rng([cfg.seed, SCATTER_CHOICE_STREAM]).random() < SCATTERED_SHARE
     lag = float(np.random.default_rng([cfg.seed, CLOSE_LAG_STREAM]).choice(CLOSE_LAGS_S))
+    save = np.random.default_rng([cfg.seed, CHECKPOINT_STREAM])
+    if lag > 0 and save.random() < CHECKPOINT_SHARE:
+        lag += float(save.choice(CHECKPOINT_SAVE_S))
     return dataclasses.replace(cfg, realism=dataclasses.replace(
         cfg.realism, host_order="scattered" if scattered else "rank",
         close_lag_s=lag if cfg.realism.transport == "tcp" else 0.0))

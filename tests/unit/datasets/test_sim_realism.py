@@ -340,3 +340,17 @@ def test_corpus_scatters_a_share_of_its_jobs():
     share = np.mean([c.realism.host_order == "scattered" for c in cfgs])
     assert abs(share - SCATTERED_SHARE) < 0.2
     assert len({c.realism.host_order for c in cfgs}) == 2
+
+
+def test_corpus_lets_some_tcp_jobs_save_a_checkpoint_before_they_close():
+    # real jobs often save at the end: longer than an exporter's idle timeout, so the FIN makes a record of
+    # its own (flow_link_dating.ends_dated); drawn apart, so the shorter lags keep their old draws
+    from rankscope.datasets.sim_corpus import CHECKPOINT_SAVE_S, CLOSE_LAGS_S
+
+    cfgs = [c for f in corpus_fabrics(11, 120, 4096) for c in f.configs]
+    lags = [c.realism.close_lag_s for c in cfgs if c.realism.transport == "tcp" and c.realism.close_lag_s > 0]
+    saved = [x for x in lags if x >= min(CHECKPOINT_SAVE_S)]
+    assert lags and 0.2 < len(saved) / len(lags) < 0.8
+    # a save is added to one of the usual lags
+    assert all(any(abs(x - save - lag) < 1e-9 for save in CHECKPOINT_SAVE_S for lag in CLOSE_LAGS_S) for x in saved)
+    assert all(c.realism.close_lag_s == 0 for c in cfgs if c.realism.transport != "tcp")
