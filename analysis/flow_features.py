@@ -136,6 +136,15 @@ def on_pairs(flows: pl.DataFrame, pairs) -> pl.DataFrame:
                         .is_in(keys))
 
 
+def connection_columns() -> list[pl.Expr]:
+    """A connection's key, the same for both directions of its records: the lower address ``a`` with its
+    port ``a_port``, the higher ``b`` with ``b_port`` (needs src/dst addresses and ports)."""
+    fwd = pl.col("src_addr") < pl.col("dst_addr")
+    return [pl.min_horizontal("src_addr", "dst_addr").alias("a"), pl.max_horizontal("src_addr", "dst_addr").alias("b"),
+            pl.when(fwd).then("src_port").otherwise("dst_port").alias("a_port"),
+            pl.when(fwd).then("dst_port").otherwise("src_port").alias("b_port")]
+
+
 def burst_index(gap_ns: int, pair: tuple[str, str] = ("src_addr", "dst_addr"), start: str = "start_ns",
                 end: str = "end_ns") -> pl.Expr:
     """Per record of a frame sorted by pair, then start: the number (1, 2, ...) of its burst within its

@@ -41,7 +41,7 @@ from collections import defaultdict
 import polars as pl
 
 from rankscope.analysis.flow_evidence import burst_counts
-from rankscope.analysis.flow_features import MIN_BURST_GAP_NS, on_pairs
+from rankscope.analysis.flow_features import MIN_BURST_GAP_NS, connection_columns, on_pairs
 
 MIN_STEP_BURSTS = 3
 """a link or DP group whose payload shows fewer bursts than this kept its records open across steps."""
@@ -91,20 +91,15 @@ def ends_dated(flows: pl.DataFrame, undated: set[frozenset]) -> set[frozenset]:
     if f.is_empty():
         return set()
     rate = pl.col("sampling_rate").fill_null(1) if "sampling_rate" in flows.columns else pl.lit(1)
-    # a connection, either way: its lower (address, port) end first
-    fwd = (pl.col("src_addr") < pl.col("dst_addr")) | ((pl.col("src_addr") == pl.col("dst_addr"))
-                                                      & (pl.col("src_port") <= pl.col("dst_port")))
-    conn = [pl.when(fwd).then(pl.col(x)).otherwise(pl.col(y)).alias(n) for x, y, n in
-            (("src_addr", "dst_addr", "_a"), ("dst_addr", "src_addr", "_b"),
-             ("src_port", "dst_port", "_pa"), ("dst_port", "src_port", "_pb"))]
+    conn = ["a", "b", "a_port", "b_port"]
     # no flags, or flags of sampled packets only: a record without FIN may still have held one
-    f = f.with_columns(*conn, _down=(pl.col("tcp_flags") & TEARDOWN_FLAGS) > 0,
+    f = f.with_columns(*connection_columns(), _down=(pl.col("tcp_flags") & TEARDOWN_FLAGS) > 0,
                        _blind=pl.col("tcp_flags").is_null() | (rate > 1))
-    last = f.filter(pl.col("is_data")).sort("end_ns").group_by("_a", "_b", "_pa", "_pb", "src_addr", "dst_addr").agg(
+    # each direction's last payload record
+    last = f.filter(pl.col("is_data")).sort("end_ns").group_by(*conn, "src_addr").agg(
         pl.col("end_ns").last().alias("_end"), pl.col("_down").last().alias("_closed"), pl.col("_blind").any())
-    downs = f.filter(pl.col("_down")).group_by("_a", "_b", "_pa", "_pb").agg(pl.col("start_ns").max().alias("_fin"))
-    seen = last.join(downs, on=["_a", "_b", "_pa", "_pb"], how="left").with_columns(
+    downs = f.filter(pl.col("_down")).group_by(conn).agg(pl.col("start_ns").max().alias("_fin"))
+    seen = last.join(downs, on=conn, how="left").with_columns(
         _ok=~pl.col("_blind") & ~pl.col("_closed") & (pl.col("_fin") > pl.col("_end")).fill_null(False))
-    by = seen.group_by(pl.min_horizontal("src_addr", "dst_addr").alias("a"),
-                       pl.max_horizontal("src_addr", "dst_addr").alias("b")).agg(pl.col("_ok").all())
+    by = seen.group_by("a", "b").agg(pl.col("_ok").all())
     return {frozenset((a, b)) for a, b, ok in by.iter_rows() if ok} & undated

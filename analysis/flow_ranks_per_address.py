@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from rankscope.analysis.flow_features import on_pairs
+from rankscope.analysis.flow_features import connection_columns, on_pairs
 from rankscope.collectors.errors import ConfigError
 
 ROCE_PORT = 4791
@@ -101,11 +101,8 @@ def _data_connections(sizes: list[float], cfg: RanksPerAddressConfig) -> int | N
 
 def _tcp_pair_counts(tcp: pl.DataFrame, pairs: list[tuple[str, str]],
                      cfg: RanksPerAddressConfig) -> dict[str, tuple[int | None, str]]:
-    fwd = pl.col("src_addr") < pl.col("dst_addr")
-    conn = (tcp.with_columns(a=pl.min_horizontal("src_addr", "dst_addr"), b=pl.max_horizontal("src_addr", "dst_addr"),
-                             a_port=pl.when(fwd).then("src_port").otherwise("dst_port"),
-                             b_port=pl.when(fwd).then("dst_port").otherwise("src_port"))
-            .group_by("a", "b", "a_port", "b_port").agg(bytes=pl.col("_bytes").sum()))
+    conn = tcp.with_columns(connection_columns()).group_by("a", "b", "a_port", "b_port").agg(
+        bytes=pl.col("_bytes").sum())
     by_pair = {(a, b): g for (a, b), g in conn.group_by("a", "b")}
     out = {}
     for a, b in pairs:

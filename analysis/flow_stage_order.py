@@ -112,18 +112,18 @@ def dp_end_votes(flows: pl.DataFrame, dp_groups: list[list[str]], pipelines: lis
     return out
 
 
-def _link_times(pe: pl.DataFrame, undated: set[frozenset] = frozenset(),
-                end_dated: set[frozenset] = frozenset()) -> tuple[dict, dict]:
-    """(first payload per link, last record per link) of pipeline links; None for an ``undated`` link,
-    whose times date its TCP connection, not its traffic, except the last time of one in ``end_dated``."""
+def _link_times(pe: pl.DataFrame, undated: set[frozenset] = frozenset()) -> tuple[dict, dict]:
+    """(first payload per link, last record per link) of pipeline links; no first time for an ``undated``
+    link, whose first record dates its TCP connection's set-up, and no last time where ``last_link`` is
+    null (the caller nulls it where the record ends at the teardown)."""
     link_first, link_last = {}, {}
     has_last = "last_link" in pe.columns
     for row in pe.iter_rows(named=True):
         a, b, fa, fb = row["a"], row["b"], row["first_ab"], row["first_ba"]
         key = frozenset((a, b))
-        ok = key not in undated
-        link_first[key] = min((x for x in (fa, fb) if x is not None), default=None) if ok else None
-        link_last[key] = row["last_link"] if has_last and (ok or key in end_dated) else None
+        dated = key not in undated
+        link_first[key] = min((x for x in (fa, fb) if x is not None), default=None) if dated else None
+        link_last[key] = row["last_link"] if has_last else None
     return link_first, link_last
 
 
@@ -171,8 +171,7 @@ def _walk(p: list[str], adj: dict) -> tuple[list[str], bool]:
 def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
                     stage_votes: dict[tuple[int, int], tuple[int, int]] | None = None,
                     exporter_skew_ns: int = FlowConfig.max_exporter_skew_ns,
-                    undated: set[frozenset] = frozenset(),
-                    end_dated: set[frozenset] = frozenset()) -> tuple[list[list[str]], float]:
+                    undated: set[frozenset] = frozenset()) -> tuple[list[list[str]], float]:
     """Order each pipeline first stage to last; returns (pipelines, share of consistent votes: 0 when
     any pipeline got no vote, its direction then being a guess).
 
@@ -188,13 +187,14 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
       counted only when the two starts are clearly apart (flow_link_evidence.lag_floor_ns: beyond
       ``exporter_skew_ns`` when two exporters timed them, ``same_clock`` not true).
 
-    Times of ``undated`` links (flow_link_dating.connection_dated) do not vote, but for the last times of
-    those in ``end_dated`` (flow_link_dating.ends_dated: the teardown in a record of its own).
+    First times and direction lags of ``undated`` links (flow_link_dating.connection_dated) do not vote;
+    a link's last time votes where ``last_link`` is not null (strategy_flows nulls it for undated links
+    whose flags do not show the teardown apart: flow_link_dating.ends_dated).
     Needs edges a, b, first_ab, first_ba (last_link when present) and the fit's pipeline edges.
     """
     stage_key = {x: i for i, g in enumerate(fit.dp_groups) for x in g}
     pe = edges.filter(pl.Series(fit.is_pp))
-    link_first, link_last = _link_times(pe, undated, end_dated)
+    link_first, link_last = _link_times(pe, undated)
     # pro[(i, j)]: the weight of the votes that stage i is upstream of stage j. The two ways are kept
     # apart, so that the minority counts against the agreement: 64 links between two stages voting 40
     # to 24 are noise, not a clear 16 (a RoCE interleaved pipeline whose ACK-opened reverse records

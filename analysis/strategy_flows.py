@@ -374,8 +374,7 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
                                resolution) if fit.valid and fit.pipelines and len(fit.pipelines[0]) > 1 else {}
     pp_undated = sum(1 for x, pp_edge in zip(links, fit.is_pp) if pp_edge and frozenset(x) in undated)
     pp_end_dated = sum(1 for x, pp_edge in zip(links, fit.is_pp) if pp_edge and frozenset(x) in end_dated)
-    pipes, order_share = order_pipelines(fit, heavy, resolution, stage_votes, cfg.max_exporter_skew_ns, undated,
-                                         end_dated)
+    pipes, order_share = order_pipelines(fit, heavy, resolution, stage_votes, cfg.max_exporter_skew_ns, undated)
     n = len(nodes)
     dp = len(fit.dp_groups[0]) if fit.dp_groups else 1
     pp = len(pipes[0]) if pipes else 1

@@ -31,6 +31,8 @@ from rankscope.datasets.sim_template import OP
 HEADER_BYTES = 44
 """IPv4 20 + UDP 8 + InfiniBand BTH 12 + ICRC 4 bytes per RoCEv2 packet."""
 ROCE_PORT = 4791
+FIN, SYN, RST, PSH, ACK = 0x01, 0x02, 0x04, 0x08, 0x10
+"""TCP flag bits (tcpControlBits): each transfer carries the flags its packets have, OR-ed."""
 
 
 def ring_bytes(op: np.ndarray, size: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -190,7 +192,7 @@ def flow_records(tr: pl.DataFrame, *, capture: str, epoch_ns: int, active_timeou
     # TCP transfers without their own flags (background traffic) are mid-connection segments: PSH, ACK
     tr = tr.with_columns(pkts=pl.col("pkts").fill_null((pl.col("bytes") + mtu - 1) // mtu).cast(pl.Int64),
                          hdr=pl.col("hdr").fill_null(HEADER_BYTES),
-                         tcp_flags=pl.when(pl.col("protocol") == 6).then(pl.col("tcp_flags").fill_null(0x18)))
+                         tcp_flags=pl.when(pl.col("protocol") == 6).then(pl.col("tcp_flags").fill_null(PSH | ACK)))
     tr = tr.filter((pl.col("bytes") > 0) | (pl.col("pkts") > 0))
     if tr.height == 0:
         return to_kind(pl.DataFrame(), "flow")
@@ -215,7 +217,7 @@ def flow_records(tr: pl.DataFrame, *, capture: str, epoch_ns: int, active_timeou
     # records of connections that are no TCP (RoCE, UDP) carry no flags; every TCP packet but a SYN carries ACK
     tcp_key = np.zeros(int(key.max()) + 1, dtype=bool)
     tcp_key[key[tcp]] = True
-    wflags = np.where(tcp_key[wkey], wflags | 0x10, -1)
+    wflags = np.where(tcp_key[wkey], wflags | ACK, -1)
     info = tr.group_by("key").agg(pl.all().first()).sort("key")
     q = info["qps"].to_numpy()[wkey]
     rows = np.repeat(np.arange(len(wkey)), q)

@@ -36,13 +36,11 @@ import numpy as np
 import polars as pl
 
 from rankscope.datasets.sim_config import SimConfig
-from rankscope.datasets.sim_flows import HEADER_BYTES, ROCE_PORT
+from rankscope.datasets.sim_flows import ACK, FIN, HEADER_BYTES, PSH, ROCE_PORT, SYN
 from rankscope.datasets.sim_realism import exporter_name
 from rankscope.datasets.sim_template import STREAMS
 from rankscope.datasets.sim_topology import Topology
 
-FIN, SYN, RST, PSH, ACK = 0x01, 0x02, 0x04, 0x08, 0x10
-"""TCP flag bits (tcpControlBits): each transfer carries the flags its packets have, OR-ed."""
 TCP_HEADER_BYTES = 52
 """IPv4 20 + TCP 20 + timestamp option 12."""
 ACK_PAYLOAD = 4
