@@ -353,8 +353,9 @@ def _arrival_with_compute_evidence(frames: JobFrames, config: StragglerConfig, l
         a.extra["verdict_before_evidence"] = a.verdict
         a.verdict = "sequence_imbalance"
         a.extra["verdict_from"] = "compute evidence (no trusted replay): " + (
-            f"heaviest microbatch agrees in forward and backward in {seq['agreement']['agree']} of "
-            f"{seq['agreement']['groups']} (rank, step)s" if seq.get("agreement") else "forward/backward correlation")
+            f"the heaviest microbatch is the same in {seq['agreement']['agree']} of {seq['agreement']['pairs']} "
+            "pairs of passes (consecutive stages, or a rank's forward and backward)" if seq.get("agreement")
+            else "forward/backward correlation")
         return a
     graph = inter.get("graph")
     top = a.top_workers[0] if a.top_workers else None

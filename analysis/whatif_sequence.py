@@ -13,13 +13,14 @@ both its forward and its backward. Two ways to see it:
   and backward durations (within each rank and step, so a uniformly slow
   worker does not count; the paper uses Pearson >= 0.9), or, where a few
   descheduled passes on a busy host spoil the correlation, from agreement:
-  the microbatch with the longest forward of a (rank, step) is also the one
-  with the longest backward far more often than chance (1 in m) says, and
-  by a clear margin over that step's median; a (rank, step) whose heaviest
-  forward is directly followed by its own backward (1F1B's last stage) is
-  left out, as one descheduling stretches both. Its share comes from replaying
-  with each microbatch's compute at its step's mean, each rank keeping its
-  own long-run speed.
+  the microbatch that takes longest in one pass, by a clear margin over that
+  pass's median, is also the longest in another pass far more often than
+  chance says. Passes are paired across consecutive stages of a pipeline
+  (forward with forward, backward with backward: different processes, which
+  one descheduling cannot stretch together), else a rank's own forward with
+  its backward unless they run back to back (1F1B's last stage). Its share
+  comes from replaying with each microbatch's compute at its step's mean,
+  each rank keeping its own long-run speed.
 
 Share = (T - T_balanced) / (T - T_ideal), like M_W and M_S.
 """
@@ -44,9 +45,9 @@ class SequenceConfig:
     min_r2: float = 0.5
     """with lengths: the a*s + b*s^2 fit must explain this much of the compute variance."""
     max_agreement_p: float = 1e-3
-    """without lengths: chance probability (binomial, 1 in m) below which heaviest-microbatch agreement counts."""
+    """without lengths: chance probability (binomial tail) below which heaviest-microbatch agreement counts."""
     min_heavy_ratio: float = 1.2
-    """without lengths: the agreeing heaviest microbatch must take this times its step's median, both passes."""
+    """without lengths: the agreeing heaviest microbatch must take this times its pass's median, in both passes."""
 
     def __post_init__(self):
         if not -1 <= self.min_pearson <= 1:
@@ -83,40 +84,71 @@ def fwd_bwd_pearson(cops: pl.DataFrame) -> float:
 
 
 def heaviest_agreement(cops: pl.DataFrame, min_ratio: float) -> dict:
-    """How often the microbatch with the longest forward of a (rank, step) also has the longest backward.
+    """Whether the microbatch that takes longest in one pass is also the longest in another, more often
+    than chance: a long sequence is heavy in every pass of every stage it goes through.
 
-    Needs columns rank, step, microbatch, optype, a. Returns {groups, agree, chance, p_value}: a
-    (rank, step) agrees when both passes' heaviest is the same microbatch and takes at least
-    ``min_ratio`` times the step's median in each pass; p_value is the binomial chance of as many
-    agreements if the passes stood out independently (each at its observed rate, on the same
-    microbatch one time in m).
+    Needs columns rank, step, microbatch, optype, a; dp_rank and stage (one pipeline per rank without
+    them) and start_ns optional. Each (rank, step, pass) is one observation: its heaviest microbatch,
+    standing out when it takes at least ``min_ratio`` times the median. Observations are paired so
+    that no two pairs share one (so the pairs are independent whatever each one's odds):
+
+    - in each pipeline and step, consecutive stages (one rank per stage) pair their forwards and
+      their backwards: different processes, so one descheduling cannot stretch both;
+    - a rank left over (an odd stage, TP peers) pairs its own forward and backward, unless its
+      heaviest forward is directly followed by its own backward (the last stage of 1F1B), where one
+      descheduling stretches both.
+
+    A pair agrees when both stand out on the same microbatch. The chance of that is sum_k q_k^2, q
+    the share of standing-out observations on microbatch k over the whole job: a microbatch index
+    that is always heavy (a step's first pass warming up) raises the chance, so position is not
+    taken for length. Returns {pairs (both standing out), agree, chance, p_value (binomial tail),
+    left_out_back_to_back}.
     """
-    key = ["rank", "step", "microbatch"]
-    f = cops.filter(pl.col("optype") == FWD).group_by(key).agg(pl.col("a").sum().alias("f"))
-    b = cops.filter(pl.col("optype") == BWD).group_by(key).agg(pl.col("a").sum().alias("b"))
-    w = f.join(b, on=key, how="inner")
-    g = w.group_by("rank", "step").agg(
-        m=pl.len(), fmax=pl.col("microbatch").sort_by("f").last(), bmax=pl.col("microbatch").sort_by("b").last(),
-        fr=pl.col("f").max() / pl.col("f").median(), br=pl.col("b").max() / pl.col("b").median()).filter(pl.col("m") >= 3)
+    pipe = pl.col("dp_rank") if "dp_rank" in cops.columns else pl.col("rank")
+    stage = pl.col("stage") if "stage" in cops.columns else pl.lit(0)
+    per_mb = cops.group_by("rank", "step", "microbatch", "optype").agg(
+        pl.col("a").sum(), pipe.first().alias("pipe"), stage.first().alias("stage"))
+    obs = per_mb.group_by("rank", "step", "optype").agg(
+        pl.len().alias("m"), pl.col("microbatch").sort_by("a", "microbatch").last().alias("heavy"),
+        (pl.col("a").max() / pl.col("a").median()).alias("ratio"), pl.first("pipe"), pl.first("stage"),
+    ).filter(pl.col("m") >= 3).with_columns((pl.col("ratio") >= min_ratio).alias("out"))
+    # one rank per stage of a pipeline carries the cross-stage pairs; consecutive stages pair up
+    reps = (obs.group_by("pipe", "step", "stage").agg(pl.col("rank").min()).sort("pipe", "step", "stage")
+            .with_columns((pl.int_range(pl.len()).over("pipe", "step")).alias("pos"))
+            .with_columns((pl.len().over("pipe", "step")).alias("n_stages")))
+    paired = reps.filter(~((pl.col("pos") % 2 == 0) & (pl.col("pos") == pl.col("n_stages") - 1)))
+    cols = ["heavy", "out"]
+    first = paired.filter(pl.col("pos") % 2 == 0).select("pipe", "step", "pos", pl.col("rank").alias("r1"))
+    second = paired.filter(pl.col("pos") % 2 == 1).select("pipe", "step", (pl.col("pos") - 1).alias("pos"),
+                                                         pl.col("rank").alias("r2"))
+    couples = first.join(second, on=["pipe", "step", "pos"])
+    o = obs.select("rank", "step", "optype", *cols)
+    across = (couples.join(o.rename({c: c + "1" for c in cols}), left_on=["r1", "step"], right_on=["rank", "step"])
+              .join(o.rename({c: c + "2" for c in cols}), left_on=["r2", "step", "optype"],
+                    right_on=["rank", "step", "optype"])
+              .select(*(c + s for s in "12" for c in cols)))
+    used = pl.concat([couples.select(pl.col("r1").alias("rank"), "step"),
+                      couples.select(pl.col("r2").alias("rank"), "step")])
+    own = obs.join(used, on=["rank", "step"], how="anti")
+    f = own.filter(pl.col("optype") == FWD).select("rank", "step", *cols)
+    b = own.filter(pl.col("optype") == BWD).select("rank", "step", *cols)
+    within = f.join(b, on=["rank", "step"], suffix="2")
     adjacent = 0
     if "start_ns" in cops.columns:
         # where a microbatch's backward directly follows its own forward (the last stage of 1F1B), one
         # descheduling of the rank stretches both: their agreement is no independent evidence
-        back_to_back = _back_to_back(cops)
-        n0 = g.height
-        g = g.join(back_to_back, left_on=["rank", "step", "fmax"], right_on=["rank", "step", "microbatch"],
-                   how="anti")
-        adjacent = n0 - g.height
-    if g.is_empty():
-        return {"groups": 0, "agree": 0, "chance": None, "p_value": 1.0, "left_out_back_to_back": adjacent}
-    fh, bh = pl.col("fr") >= min_ratio, pl.col("br") >= min_ratio
-    agree = int(g.filter((pl.col("fmax") == pl.col("bmax")) & fh & bh).height)
-    # without sequence effects the two passes stand out independently (a descheduled pass is one pass):
-    # both stand out with the product of their rates, and on the same microbatch one time in m
-    rates = g.select(fh.mean().alias("f"), bh.mean().alias("b"), (1.0 / pl.col("m")).mean().alias("m")).row(0)
-    chance = float(rates[0] * rates[1] * rates[2])
-    p = _binomial_tail(agree, int(g.height), chance) if agree and chance < 1 else 1.0
-    return {"groups": int(g.height), "agree": agree, "chance": chance, "p_value": p,
+        n0 = within.height
+        within = within.join(_back_to_back(cops), left_on=["rank", "step", "heavy"],
+                             right_on=["rank", "step", "microbatch"], how="anti")
+        adjacent = n0 - within.height
+    within = within.rename({c: c + "1" for c in cols}).select(*(c + s for s in "12" for c in cols))
+    pairs = pl.concat([across, within]).filter(pl.col("out1") & pl.col("out2"))
+    agree = int(pairs.filter(pl.col("heavy1") == pl.col("heavy2")).height)
+    # the chance is pooled over the job: a per-series estimate from a few steps would be mostly noise
+    q = obs.filter(pl.col("out"))["heavy"].value_counts(normalize=True)["proportion"].to_numpy()
+    chance = float((q ** 2).sum()) if q.size else None
+    p = _binomial_tail(agree, pairs.height, chance) if agree and chance < 1 else 1.0
+    return {"pairs": int(pairs.height), "agree": agree, "chance": chance, "p_value": p,
             "left_out_back_to_back": adjacent}
 
 

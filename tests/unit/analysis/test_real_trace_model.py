@@ -138,3 +138,47 @@ def test_a_cause_without_its_evidence_is_set_aside_with_why():
     assert v == "mixed" and set(aside) == {"communication", "stage_imbalance"}
     assert evidenced_verdict(1.2, shares, cfg, {}) == ("communication", {})
     assert evidenced_verdict(1.01, shares, cfg, {"communication": "x"}) == ("none", {})
+
+
+def _pipelines(heavy: dict, stretch: dict, steps: int = 5, m: int = 4) -> pl.DataFrame:
+    """DP 2 x PP 2 under 1F1B (the truth matrix's seq-skew job): stage 0 runs F0 F1 B0 F2 B1 F3 B2 B3,
+    stage 1 each microbatch's backward right after its forward. heavy: (dp_rank, step) -> the long
+    microbatch (4x work on every stage, both passes); stretch: (rank, step, mb, pass) -> extra factor."""
+    first = [(0, FWD), (1, FWD), (0, BWD), (2, FWD), (1, BWD), (3, FWD), (2, BWD), (3, BWD)]
+    last = [(mb, o) for mb in range(m) for o in (FWD, BWD)]
+    rows = []
+    for rank in range(4):
+        dp, stage = rank % 2, rank // 2
+        for s in range(steps):
+            t = 0.0
+            for mb, o in first if stage == 0 else last:
+                a = (1 if o == FWD else 2) * (4.0 if heavy.get((dp, s)) == mb else 1.0)
+                a *= stretch.get((rank, s, mb, o), 1.0)
+                rows.append((rank, dp, stage, s, mb, o, a, s * 1000.0 + t))
+                t += a
+    return pl.DataFrame(rows, schema={"rank": pl.Int64, "dp_rank": pl.Int64, "stage": pl.Int64, "step": pl.Int64,
+                                      "microbatch": pl.Int64, "optype": pl.Utf8, "a": pl.Float64,
+                                      "start_ns": pl.Float64}, orient="row")
+
+
+def test_a_long_microbatch_is_the_heaviest_on_every_stage_of_its_pipeline():
+    # one long microbatch per step, its DP rank and position moving (train_dp_pp.py --seq-skew), five
+    # steps, and a descheduled pass on some rank in every step: within a rank, forward/backward
+    # agreement has only five chances (the last stage's passes run back to back), and a 1-in-4 chance
+    # five times over is ~1e-3; pairing each stage's passes with the next stage's doubles the chances,
+    # and two processes are not descheduled together
+    heavy = {(s % 2, s): (3 * s + 1) % 4 for s in range(5)}
+    stretch = {(s % 4, s, (s + 2) % 4, FWD if s % 3 else BWD): 1.6 for s in range(5)}
+    res = heaviest_agreement(_pipelines(heavy, stretch), 1.2)
+    assert res["agree"] == 10 and res["p_value"] < 1e-4, res
+    # the same descheduled passes without long microbatches agree nowhere
+    clean = heaviest_agreement(_pipelines({}, stretch), 1.2)
+    assert clean["agree"] == 0 and clean["p_value"] == 1.0, clean
+
+
+def test_a_microbatch_index_that_is_always_heavy_is_position_not_length():
+    # every step's first microbatch runs long on every rank (warming up after the optimizer): it is
+    # heaviest everywhere, so agreeing on it is what chance gives, not evidence of long sequences
+    heavy = {(dp, s): 0 for dp in range(2) for s in range(5)}
+    res = heaviest_agreement(_pipelines(heavy, {}), 1.2)
+    assert res["agree"] == res["pairs"] == 20 and res["chance"] == 1.0 and res["p_value"] == 1.0, res
