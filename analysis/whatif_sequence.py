@@ -145,7 +145,8 @@ def heaviest_agreement(cops: pl.DataFrame, min_ratio: float) -> dict:
     pairs = pl.concat([across, within]).filter(pl.col("out1") & pl.col("out2"))
     agree = int(pairs.filter(pl.col("heavy1") == pl.col("heavy2")).height)
     # the chance is pooled over the job: a per-series estimate from a few steps would be mostly noise
-    q = obs.filter(pl.col("out"))["heavy"].value_counts(normalize=True)["proportion"].to_numpy()
+    # sorted so the squares sum in one order: reports are reproducible to the last digit
+    q = obs.filter(pl.col("out"))["heavy"].value_counts(normalize=True).sort("heavy")["proportion"].to_numpy()
     chance = float((q ** 2).sum()) if q.size else None
     p = _binomial_tail(agree, pairs.height, chance) if agree and chance < 1 else 1.0
     return {"pairs": int(pairs.height), "agree": agree, "chance": chance, "p_value": p,
