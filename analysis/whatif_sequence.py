@@ -112,15 +112,14 @@ def heaviest_agreement(cops: pl.DataFrame, min_ratio: float) -> dict:
         pl.len().alias("m"), pl.col("microbatch").sort_by("a", "microbatch").last().alias("heavy"),
         (pl.col("a").max() / pl.col("a").median()).alias("ratio"), pl.first("pipe"), pl.first("stage"),
     ).filter(pl.col("m") >= 3).with_columns((pl.col("ratio") >= min_ratio).alias("out"))
-    # one rank per stage of a pipeline carries the cross-stage pairs; consecutive stages pair up
+    # one rank per stage of a pipeline carries the cross-stage pairs; consecutive stages pair up (the
+    # inner join leaves an odd last stage to pair with itself below)
     reps = (obs.group_by("pipe", "step", "stage").agg(pl.col("rank").min()).sort("pipe", "step", "stage")
-            .with_columns((pl.int_range(pl.len()).over("pipe", "step")).alias("pos"))
-            .with_columns((pl.len().over("pipe", "step")).alias("n_stages")))
-    paired = reps.filter(~((pl.col("pos") % 2 == 0) & (pl.col("pos") == pl.col("n_stages") - 1)))
+            .with_columns((pl.int_range(pl.len()).over("pipe", "step")).alias("pos")))
     cols = ["heavy", "out"]
-    first = paired.filter(pl.col("pos") % 2 == 0).select("pipe", "step", "pos", pl.col("rank").alias("r1"))
-    second = paired.filter(pl.col("pos") % 2 == 1).select("pipe", "step", (pl.col("pos") - 1).alias("pos"),
-                                                         pl.col("rank").alias("r2"))
+    first = reps.filter(pl.col("pos") % 2 == 0).select("pipe", "step", "pos", pl.col("rank").alias("r1"))
+    second = reps.filter(pl.col("pos") % 2 == 1).select("pipe", "step", (pl.col("pos") - 1).alias("pos"),
+                                                       pl.col("rank").alias("r2"))
     couples = first.join(second, on=["pipe", "step", "pos"])
     o = obs.select("rank", "step", "optype", *cols)
     across = (couples.join(o.rename({c: c + "1" for c in cols}), left_on=["r1", "step"], right_on=["rank", "step"])
@@ -131,8 +130,8 @@ def heaviest_agreement(cops: pl.DataFrame, min_ratio: float) -> dict:
                       couples.select(pl.col("r2").alias("rank"), "step")])
     own = obs.join(used, on=["rank", "step"], how="anti")
     f = own.filter(pl.col("optype") == FWD).select("rank", "step", *cols)
-    b = own.filter(pl.col("optype") == BWD).select("rank", "step", *cols)
-    within = f.join(b, on=["rank", "step"], suffix="2")
+    b = own.filter(pl.col("optype") == BWD).select("rank", "step", *(pl.col(c).alias(c + "2") for c in cols))
+    within = f.join(b, on=["rank", "step"])
     adjacent = 0
     if "start_ns" in cops.columns:
         # where a microbatch's backward directly follows its own forward (the last stage of 1F1B), one
