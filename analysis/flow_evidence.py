@@ -91,7 +91,8 @@ def storage_hubs(edges: pl.DataFrame, min_links: int = 6, ratio: float = 2.0) ->
     return set(nb.filter(hub)["n"].to_list())
 
 
-def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3) -> set[str]:
+def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3,
+                 undecided: list[dict] | None = None) -> set[str]:
     """Servers hidden in a small job's graph: in a connected set of links that forms no valid grid,
     the busiest-linked endpoints whose removal leaves a valid grid (a storage server that a few hosts
     read from closes cycles that no collective or pipeline has).
@@ -100,6 +101,9 @@ def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3) -
     than a quarter of the set. When no removal of that kind helps, the endpoints below a gap between
     byte scales (:func:`below_scale_gap`): servers that all of a job's hosts write to, as many as the
     hosts' own peers. Needs edges a, b, bytes, first_ab, first_ba, data_symmetry.
+
+    A connected set whose peel is unfounded (:func:`_peel_unfounded`) is returned whole and, when
+    ``undecided`` is given, described there (its endpoints and why), so that the report can say it.
     """
     from rankscope.analysis.flow_groups import fit_grid
     from rankscope.analysis.flow_jobs import address_key, components
@@ -121,9 +125,10 @@ def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3) -
         e = edges.filter(pl.col("a").is_in(members))
         if fit_grid(members, e, config).valid:
             continue
+        component = e
         shaped = _peel_storage_shaped(members, e, config)
         if shaped:
-            servers.update(shaped)
+            servers.update(_founded_or_whole(shaped, members, component, undecided))
             continue
         removed: list[str] = []
         found = False
@@ -139,12 +144,42 @@ def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3) -
             e = e.filter(~pl.col("a").is_in(top) & ~pl.col("b").is_in(top))
             rest = sorted(set(e["a"].to_list()) | set(e["b"].to_list()), key=address_key)
             if not e.is_empty() and _pieces_valid(rest, e, config):
-                servers.update(removed)
+                servers.update(_founded_or_whole(set(removed), members, component, undecided))
                 found = True
                 break
         if not found:
             servers.update(below_scale_gap(members, edges.filter(pl.col("a").is_in(members)), config))
     return servers
+
+
+def _peel_unfounded(peeled: set[str], edges: pl.DataFrame) -> bool:
+    """Both signs of a server are missing from the endpoints peeled off as servers: they have fewer links,
+    on average, than the endpoints kept (a server serves many clients, a client uses a few servers), and
+    they exchange among themselves a link at least as heavy as any the kept ones do (a job's own
+    collective or pipeline link). Then they are as likely the job, and the kept ones its storage: in the
+    dev corpus, a 2-host pipeline writing a checkpoint to three servers that replicate to each other both
+    ways was peeled as "servers" and the servers' triangle named a 3-stage pipeline at 0.99. Neither
+    reading is claimed then: the caller sets the whole connected set apart."""
+    a, b = pl.col("a").is_in(list(peeled)), pl.col("b").is_in(list(peeled))
+    inner, rest = edges.filter(a & b), edges.filter(~a & ~b)
+    if inner.is_empty() or rest.is_empty():
+        return False
+    links = pl.concat([edges.select(n="a"), edges.select(n="b")]).group_by("n").agg(k=pl.len())
+    mean = links.with_columns(peeled=pl.col("n").is_in(list(peeled))).group_by("peeled").agg(pl.col("k").mean())
+    k = dict(mean.iter_rows())
+    return k.get(True, 0.0) < k.get(False, 0.0) and float(inner["bytes"].max()) >= float(rest["bytes"].max())
+
+
+def _founded_or_whole(peeled: set[str], members: list[str], edges: pl.DataFrame,
+                      undecided: list[dict] | None) -> set[str]:
+    if not _peel_unfounded(peeled, edges):
+        return peeled
+    if undecided is not None:
+        undecided.append({"endpoints": len(members), "first": members[0], "either_job": sorted(peeled),
+                          "reason": "the endpoints that would be peeled as storage servers have fewer links "
+                                    "than the rest and a heavier link among themselves: either set may be "
+                                    "the job and the other its storage, so neither is claimed"})
+    return set(members)
 
 
 def below_scale_gap(members: list[str], edges: pl.DataFrame, config: FlowConfig) -> set[str]:

@@ -223,7 +223,8 @@ def sampled_bytes_floor(samples: pl.Expr, z: float = SAMPLED_BYTES_Z) -> pl.Expr
     return pl.when(k > 0).then(low / k).otherwise(1.0)
 
 
-def heavy_edges(edges: pl.DataFrame, config: FlowConfig | None = None) -> pl.DataFrame:
+def heavy_edges(edges: pl.DataFrame, config: FlowConfig | None = None,
+                undecided: list[dict] | None = None) -> pl.DataFrame:
     """Edges carrying at least ``edge_min_fraction`` of the busiest edge of either endpoint, less the
     links of storage/checkpoint servers (see :func:`rankscope.analysis.flow_evidence.storage_hubs`).
 
@@ -233,6 +234,9 @@ def heavy_edges(edges: pl.DataFrame, config: FlowConfig | None = None) -> pl.Dat
     stages (gloo connects every pair) read as 3 KB against 1 MB links, 0.3 % of the busiest, and
     closed a cycle that no pipeline has; the middle stage was then peeled off as a server and the
     job read as a 2-stage pipeline at 0.98.
+
+    Connected sets that could be a job or its storage either way are dropped whole and, when
+    ``undecided`` is given, described there.
     """
     cfg = config or FlowConfig()
     if edges.is_empty():
@@ -255,5 +259,5 @@ def heavy_edges(edges: pl.DataFrame, config: FlowConfig | None = None) -> pl.Dat
 
     hubs = list(storage_hubs(heavy) | light_pendants(heavy, cfg.mode_gap))
     heavy = heavy.filter(~pl.col("a").is_in(hubs) & ~pl.col("b").is_in(hubs)) if hubs else heavy
-    hidden = list(peel_servers(heavy, cfg))
+    hidden = list(peel_servers(heavy, cfg, undecided=undecided))
     return heavy.filter(~pl.col("a").is_in(hidden) & ~pl.col("b").is_in(hidden)) if hidden else heavy

@@ -273,10 +273,13 @@ def recognise_jobs(flow: pl.DataFrame, capture: str, config: FlowConfig | None =
     cfg = config or FlowConfig()
     pt = pair_traffic(flow, cfg)
     edges = undirected_edges(pt.pairs) if not pt.pairs.is_empty() else pt.pairs
-    heavy = heavy_edges(edges, cfg) if not edges.is_empty() else edges
+    undecided: list[dict] = []
+    heavy = heavy_edges(edges, cfg, undecided) if not edges.is_empty() else edges
     nodes = sorted(set(pt.pairs["src"].to_list()) | set(pt.pairs["dst"].to_list()), key=address_key) \
         if not pt.pairs.is_empty() else []
     quality = dict(pt.quality)
+    if undecided:
+        quality["undecided_job_or_storage"] = undecided
     if not nodes or heavy.is_empty():
         quality.update(non_training_endpoints=len(nodes), light_pair_bytes=float(edges["bytes"].sum())
                        if not edges.is_empty() else 0.0)
@@ -301,12 +304,14 @@ def recognise_jobs(flow: pl.DataFrame, capture: str, config: FlowConfig | None =
         sel = e_lab == c
         jobs.append(RecognisedJob(name, m, int(sel.sum()), float(e_bytes[sel].sum())))
     in_job = {a for j in jobs for a in j.endpoints}
-    light = edges.filter(~(pl.col("a").is_in(list(in_job)) & pl.col("b").is_in(list(in_job))))
+    inside = pl.col("a").is_in(list(in_job)) & pl.col("b").is_in(list(in_job))
+    light = edges.filter(~inside)
     quality.update(
         non_training_endpoints=len(nodes) - len(in_job),
         non_training_pairs=int(light.height),
         non_training_bytes=float(light["bytes"].sum()) if light.height else 0.0,
-        light_pairs_inside_jobs=int(edges.height - heavy.height - light.height),
+        # heavy links of sets rejected as jobs are outside every job: counting them here went negative
+        light_pairs_inside_jobs=int(edges.height - light.height - heavy.filter(inside).height),
     )
     return FabricJobs(jobs, quality)
 

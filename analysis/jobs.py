@@ -73,6 +73,32 @@ def plan_jobs(store: Store, job: str | None = None, flow_job: str | None = None,
     return plan
 
 
+def why_no_jobs(store: Store, flow: FlowConfig) -> list[str]:
+    """For each flow capture of the store in which no training job was recognised, one line saying what
+    was set apart and why: `analyze` then says why it has nothing to analyse instead of only that."""
+    training = training_jobs(store)
+    lines = []
+    for cap in (j for j in store.jobs() if j not in training and store.count("flow", j)):
+        found = recognised_jobs(store, cap, flow)
+        if found.jobs:
+            continue
+        q = found.quality
+        rejected, undecided = q.get("not_training") or [], q.get("undecided_job_or_storage") or []
+        parts = []
+        if rejected:
+            no_grid = sum(not r.get("grid_valid") for r in rejected)
+            parts.append(f"{len(rejected)} connected set(s) of heavy links without a training job's shape "
+                         f"({no_grid} fit no DP x PP grid of collectives; {len(rejected) - no_grid} fit one but "
+                         f"show neither repeated bursts nor rail copies; first endpoint {rejected[0]['first']})")
+        if undecided:
+            parts.append(f"{len(undecided)} set(s) that could be a job or its storage either way (first endpoint "
+                         f"{undecided[0]['first']}; {undecided[0]['reason']})")
+        if not parts:
+            parts.append(f"no heavy, repeated traffic between {q.get('non_training_endpoints', 0)} endpoint(s)")
+        lines.append(f"capture {cap}: " + "; ".join(parts))
+    return lines
+
+
 def recognised_jobs(store: Store, capture: str, flow: FlowConfig) -> FabricJobs:
     """Job recognition on one flow capture, through the store's result cache: every `analyze` and every
     dashboard start plans the store's jobs, and recognition on a large capture costs seconds (1.7 s for a

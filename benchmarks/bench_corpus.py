@@ -121,9 +121,15 @@ def score_fabric(fab) -> list[dict]:
     found = recognise_jobs(flow, "fabric")
     by_eps = {frozenset(j.endpoints): j for j in found.jobs}
     rows = []
-    for res in fab.jobs:
+    job_sets = [frozenset(r.truth["endpoints"].values()) for r in fab.jobs]
+    # a recognised endpoint set that is no true job (storage servers taken for a job, a job split or merged)
+    # is a wrong answer that the per-job rows alone never show; it is counted once, on the fabric's first row
+    phantom = [sorted(e) for e in by_eps if e not in job_sets]
+    phantom_conf = max((infer_flows(job_flows(flow, p), one_job=True).strategy.confidence for p in phantom),
+                       default=float("nan"))
+    for i, res in enumerate(fab.jobs):
         t, cfg = res.truth, res.config
-        eps = frozenset(t["endpoints"].values())
+        eps = job_sets[i]
         rec = by_eps.get(eps)
         s = infer_flows(job_flows(flow, rec.endpoints), one_job=True).strategy if rec else None
         deg = t["degrees"]
@@ -152,7 +158,10 @@ def score_fabric(fab) -> list[dict]:
         wb_ok = ((wb.dp, wb.pp, wb.tp) == (deg["dp"], deg["pp"], deg["tp"])
                  and same_sets(wb.dp_groups, t["dp_groups"]) and same_pipelines(wb.pp_groups, t["pp_groups"]))
         rows.append({"world": t["world_size"], "recognised": rec is not None, "found_jobs": len(found.jobs),
-                     "true_jobs": len(fab.jobs), "shape_ok": shape, "ok": shape and s.tp == deg["tp"],
+                     "true_jobs": len(fab.jobs), "phantom_jobs": len(phantom) if i == 0 else 0,
+                     "phantom_first": (phantom[0][0] if phantom and i == 0 else ""),
+                     "phantom_confidence": phantom_conf if i == 0 else float("nan"),
+                     "shape_ok": shape, "ok": shape and s.tp == deg["tp"],
                      "ok_reported": shape_reported and s.tp in (None, deg["tp"]),
                      "groups_ok": groups_ok, "order_claimed": order_claimed, "truth_in_tie": truth_listed,
                      "evidence": evidence_class(s) if s else "unrecognised",
@@ -263,6 +272,12 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
             print(f"{'  of which a standing tie listing the truth as its alternative':<60}"
                   f"{tie.height / max(df.height, 1):>12.1%}{'':>10}")
     print(f"{'jobs recognised on their fabric (exact endpoint set)':<60}{df['recognised'].mean():>12.1%}{'':>10}")
+    if "phantom_jobs" in df.columns:
+        print(f"{'phantom jobs (a recognised endpoint set that is no true job)':<60}"
+              f"{int(df['phantom_jobs'].fill_null(0).sum()):>12}{'0':>10}")
+        if "phantom_confidence" in df.columns:
+            high = int((df["phantom_confidence"].fill_nan(0.0).fill_null(0.0) >= 0.9).sum())
+            print(f"{'  of which fabrics with one claimed at confidence >= 0.9 (wrong)':<60}{high:>12}{'0':>10}")
     if "tp_null" in df.columns:
         shared = df.filter(pl.col("shared_address"))
         print(f"{'tp reported null (share of jobs)':<60}{df['tp_null'].fill_null(False).mean():>12.1%}{'':>10}")

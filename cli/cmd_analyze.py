@@ -162,8 +162,13 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
 
     plan = plan_jobs(store, job, flow_job, config.flow)
     if not plan:
-        raise UsageError(f"--job {job!r}: no such job (training jobs and captures: {store.jobs()})"
-                         if job else f"--store {store_dir}: no training job or flow capture with a job in it")
+        if job:
+            raise UsageError(f"--job {job!r}: no such job (training jobs and captures: {store.jobs()})")
+        from rankscope.analysis.jobs import why_no_jobs
+
+        why = why_no_jobs(store, config.flow)
+        raise UsageError(f"--store {store_dir}: no training job or flow capture with a job in it"
+                         + ("; " + "; ".join(why) if why else ""))
     out = output_dir(out_dir, "--out-dir")  # hardstore: exit 1 naming the path, no traceback
     render = None
     if not no_html:

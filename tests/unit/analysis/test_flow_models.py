@@ -379,3 +379,27 @@ def test_rails_whose_records_last_the_whole_job_line_up_by_their_opens():
     assert corr[(0, 1)][0] >= 0.8
     corr, _ = rail_correlations(f.filter(pl.col("c") != 1), [0, 2], FlowConfig(), 1_000_000)
     assert corr[(0, 2)][0] < 0.8
+
+
+def test_two_hosts_and_their_replicating_servers_are_no_job_either_way():
+    # dev corpus (seed 2): a 2-host pipeline (9.8 GB both ways) whose hosts write a checkpoint to the
+    # servers and read from them (one-way and lopsided links), three servers replicating to each other both
+    # ways (3.1 GB a pair). The hosts, two of three links one-way, were peeled as servers and the servers'
+    # triangle was named a 3-stage pipeline at 0.99. The "servers" peeled have fewer links than the rest
+    # and a heavier link among themselves: neither reading is claimed
+    from rankscope.analysis.flow_evidence import peel_servers
+    from rankscope.analysis.flow_features import heavy_edges
+
+    hosts, servers = ["10.0.0.1", "10.0.0.2"], ["10.0.0.3", "10.0.0.5", "10.1.0.4"]
+    rows = [(hosts[0], hosts[1], 4.96e9, 4.87e9, 10, 10),
+            (hosts[1], servers[0], 1.48e9, 0.0, 57, 57), (hosts[0], servers[0], 9.3e8, 2.6e8, 57, 0),
+            (hosts[0], servers[2], 4.9e8, 0.0, 57, 57), (hosts[1], servers[2], 0.0, 3.0e8, 0, 0)]
+    replication = [(s, t, 1.55e9, 1.58e9, 0, 0) for i, s in enumerate(servers) for t in servers[i + 1:]]
+    e = directed_edges(rows + replication)
+    assert not fit_grid(hosts + servers, e, FlowConfig()).valid
+    assert peel_servers(e, FlowConfig()) == set(hosts + servers)
+    assert heavy_edges(e).is_empty()
+    # with replication a tenth as heavy the hosts are still the ones peeled (their links' shape) and the
+    # triangle was still named; their link outweighs the triangle's as before: neither
+    light = [(s, t, 1.55e8, 1.58e8, 0, 0) for i, s in enumerate(servers) for t in servers[i + 1:]]
+    assert heavy_edges(directed_edges(rows + light)).is_empty()
