@@ -185,9 +185,20 @@ def _job_options(views: JobViews, store_dir: str | None) -> list[str]:
 
 
 def no_job_message(store: str | None) -> str:
-    """Why there is no job to show: no store chosen, a missing or empty store, or no job recognised."""
-    return store_problem(store) or (f"store {store} has records but no training job was recognised in them "
-                                    "(see `rankscope info --store ...`)")
+    """Why there is no job to show: no store chosen, a missing or empty store, or no job recognised (then
+    what each flow capture set apart, as `rankscope analyze` says it)."""
+    problem = store_problem(store)
+    if problem:
+        return problem
+    try:
+        from rankscope.analysis.flow_config import FlowConfig
+        from rankscope.analysis.jobs import why_no_jobs
+
+        why = why_no_jobs(Store(store), FlowConfig())
+    except Exception:  # noqa: BLE001 - a store mid-write: the plain message still holds
+        why = []
+    return (f"store {store} has records but no training job was recognised in them"
+            + ("; " + "; ".join(why) if why else " (see `rankscope info --store ...`)"))
 
 
 def _tables(d: Diagnosis | None, tables: dict | None) -> dict:

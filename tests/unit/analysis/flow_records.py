@@ -20,3 +20,24 @@ def directed_edges(rows):
 
 def endpoints(e):
     return set(e["a"].to_list()) | set(e["b"].to_list())
+
+
+def job_or_storage_flows():
+    """Flow records of two hosts exchanging 9.8 GB both ways, writing to and reading from three servers that
+    replicate to each other both ways (dev corpus, seed 2): either set could be the job and the other its
+    storage. Eight bursts each way, 100 ms apart, one exporter, unsampled RoCE."""
+    hosts, servers = ["10.0.0.1", "10.0.0.2"], ["10.0.0.3", "10.0.0.5", "10.1.0.4"]
+    links = [(hosts[0], hosts[1], 4.96e9, 4.87e9), (hosts[1], servers[0], 1.48e9, 0.0),
+             (hosts[0], servers[0], 9.3e8, 2.6e8), (hosts[0], servers[2], 4.9e8, 0.0),
+             (hosts[1], servers[2], 0.0, 3.0e8)]
+    links += [(s, t, 1.55e9, 1.58e9) for i, s in enumerate(servers) for t in servers[i + 1:]]
+    rows = []
+    for a, b, ab, ba in links:
+        for k in range(8):
+            t = 1_764_000_000_000_000_000 + k * 100_000_000
+            rows += [(a, b, int(ab / 8), t, t + 20_000_000)] if ab else []
+            rows += [(b, a, int(ba / 8), t + 1_000_000, t + 21_000_000)] if ba else []
+    flows = pl.DataFrame(rows, schema=["src_addr", "dst_addr", "size_bytes", "start_ns", "end_ns"], orient="row")
+    return flows.with_columns(src_port=pl.lit(49152), dst_port=pl.lit(4791), protocol=pl.lit(17),
+                              sampling_rate=pl.lit(1), exporter=pl.lit("10.9.0.1"), job=pl.lit("fabric"),
+                              source=pl.lit("ipfix"))

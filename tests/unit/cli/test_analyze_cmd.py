@@ -139,8 +139,8 @@ def test_dashboard_and_analyze_share_one_job_plan(job_store, fabric_store, tmp_p
 
 def test_control_port_sets_a_rendezvous_store_apart(tmp_path, capsys):
     # a real 4-stage gloo pipeline under 1-in-16 sFlow (tests/data/netns_gloo), rendezvous on a port
-    # other than 29500: its store connections, scaled by the sampling, outweigh the job's at this size
-    # (without the port no job is found in it)
+    # other than 29500: its store connections, scaled by the sampling, outweigh the job's at this size;
+    # the port sets them apart as control traffic (without it, the job was once not found at all)
     from pathlib import Path
 
     import polars as pl
@@ -162,30 +162,13 @@ def test_control_port_sets_a_rendezvous_store_apart(tmp_path, capsys):
 
 
 def test_a_capture_with_no_job_says_what_was_set_apart(tmp_path, capsys):
-    # two hosts exchanging 9.8 GB both ways, writing to and reading from three servers that replicate to
-    # each other both ways: either set could be the job and the other its storage (dev corpus, seed 2,
-    # where the servers were named a 3-stage pipeline at 0.99). Nothing is claimed, and the refusal says why
-    import polars as pl
-
+    # either set could be the job and the other its storage (dev corpus, seed 2, where the servers were
+    # named a 3-stage pipeline at 0.99): nothing is claimed, and the refusal says why
     from rankscope.collectors.schema import conform
     from rankscope.collectors.store import Store
+    from tests.unit.analysis.flow_records import job_or_storage_flows
 
-    hosts, servers = ["10.0.0.1", "10.0.0.2"], ["10.0.0.3", "10.0.0.5", "10.1.0.4"]
-    links = [(hosts[0], hosts[1], 4.96e9, 4.87e9), (hosts[1], servers[0], 1.48e9, 0.0),
-             (hosts[0], servers[0], 9.3e8, 2.6e8), (hosts[0], servers[2], 4.9e8, 0.0),
-             (hosts[1], servers[2], 0.0, 3.0e8)]
-    links += [(s, t, 1.55e9, 1.58e9) for i, s in enumerate(servers) for t in servers[i + 1:]]
-    rows = []
-    for a, b, ab, ba in links:
-        for k in range(8):  # eight bursts each way, 100 ms apart
-            t = 1_764_000_000_000_000_000 + k * 100_000_000
-            rows += [(a, b, int(ab / 8), t, t + 20_000_000)] if ab else []
-            rows += [(b, a, int(ba / 8), t + 1_000_000, t + 21_000_000)] if ba else []
-    flows = pl.DataFrame(rows, schema=["src_addr", "dst_addr", "size_bytes", "start_ns", "end_ns"], orient="row")
-    flows = flows.with_columns(src_port=pl.lit(49152), dst_port=pl.lit(4791), protocol=pl.lit(17),
-                               sampling_rate=pl.lit(1), exporter=pl.lit("10.9.0.1"), job=pl.lit("fabric"),
-                               source=pl.lit("ipfix"))
-    Store(tmp_path / "st").write("flow", conform(flows, "flow"), job="fabric")
+    Store(tmp_path / "st").write("flow", conform(job_or_storage_flows(), "flow"), job="fabric")
     capsys.readouterr()
     assert main(["analyze", "--store", str(tmp_path / "st"), "--no-html", "--out-dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err

@@ -77,6 +77,16 @@ def test_missing_empty_and_unchosen_stores_are_said_plainly(tmp_path):
         assert "_" not in fig.layout.title.text and "does not exist" in fig.layout.annotations[0].text
 
 
+def test_a_capture_with_no_job_says_on_the_page_what_was_set_apart(tmp_path):
+    from rankscope.collectors.schema import conform
+    from rankscope.collectors.store import Store
+    from tests.unit.analysis.flow_records import job_or_storage_flows
+
+    Store(tmp_path / "st").write("flow", conform(job_or_storage_flows(), "flow"), job="fabric")
+    status = page_content(JobViews(), str(tmp_path / "st"), None)["status.children"]
+    assert "no training job was recognised" in status and "could be a job or its storage either way" in status
+
+
 def test_page_is_tagged_with_the_job_it_was_computed_for(hand_store):
     c = _content(page_content(JobViews(), str(hand_store), "handjob"))
     assert c["rendered"] == {"store": str(hand_store), "job": "handjob"}
