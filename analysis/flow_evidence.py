@@ -130,6 +130,10 @@ def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3,
         if shaped:
             servers.update(_founded_or_whole(shaped, members, component, undecided))
             continue
+        one_way = _peel_one_way_servers(members, e, config)
+        if one_way:
+            servers.update(one_way)
+            continue
         removed: list[str] = []
         found = False
         for _ in range(max_rounds):
@@ -295,6 +299,32 @@ def _peel_storage_shaped(members: list[str], edges: pl.DataFrame, config: FlowCo
             if _pieces_valid(rest, e, config):
                 return set(removed)
     return set()
+
+
+def _peel_one_way_servers(members: list[str], edges: pl.DataFrame, config: FlowConfig) -> set[str]:
+    """The storage-shaped endpoints (:func:`storage_shaped`) that have no balanced link, all at once, when
+    the rest then forms valid grids and the peel is founded (:func:`_peel_unfounded`). A training host has
+    a balanced link (a pipeline's activations and gradients, a tree's reduce and broadcast, a pair) or is
+    a ring member (one in, one out: never storage-shaped); a server's links are one-way or lopsided, its
+    clients' reads and writes and its chain replication. Small jobs writing to more servers than they have
+    hosts need this: the most-linked-first peel stops at half the set (dev corpus: a 2-host pipeline and
+    its six servers, whose hosts, writing to three servers each, looked like servers too)."""
+    from rankscope.analysis.flow_models import BALANCED
+
+    ab, ba = ("data_ab", "data_ba") if "data_ab" in edges.columns else ("bytes_ab", "bytes_ba")
+    sym = (pl.min_horizontal(ab, ba) / pl.max_horizontal(ab, ba)).fill_nan(0.0).fill_null(0.0)
+    two = edges.filter(sym >= BALANCED)
+    balanced = set(two["a"].to_list()) | set(two["b"].to_list())
+    cand = {n for n in storage_shaped(edges).filter(pl.col("server"))["n"].to_list() if n not in balanced}
+    if not cand or len(cand) >= len(members) - 1:
+        return set()
+    rest = edges.filter(~pl.col("a").is_in(list(cand)) & ~pl.col("b").is_in(list(cand)))
+    if rest.is_empty():
+        return set()
+    nodes = sorted(set(rest["a"].to_list()) | set(rest["b"].to_list()))
+    if not _pieces_valid(nodes, rest, config) or _peel_unfounded(cand, edges):
+        return set()
+    return cand
 
 
 def _pieces_valid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig) -> bool:

@@ -403,3 +403,31 @@ def test_two_hosts_and_their_replicating_servers_are_no_job_either_way():
     # triangle was still named; their link outweighs the triangle's as before: neither
     light = [(s, t, 1.55e8, 1.58e8, 0, 0) for i, s in enumerate(servers) for t in servers[i + 1:]]
     assert heavy_edges(directed_edges(rows + light)).is_empty()
+
+
+def test_more_servers_than_hosts_are_peeled_when_they_have_no_balanced_link():
+    # dev corpus (seed 2), its heavy links as measured: a 2-host pipeline (1.6 GB both ways) whose hosts
+    # write a checkpoint to three or four servers and read from one (one-way or lopsided), six servers
+    # replicating one way round a mesh (120-150 MB a link). The hosts, three of four links one-way, looked
+    # like servers too; the most-linked-first peel took three servers and left a path of one-way links:
+    # unrecognised. No server has a balanced link; both hosts do
+    from rankscope.analysis.flow_evidence import peel_servers
+    from rankscope.analysis.flow_features import heavy_edges
+
+    a1, a2, a3, a5, a7 = (f"10.0.0.{i}" for i in (1, 2, 3, 5, 7))
+    b4, b6, b8 = (f"10.1.0.{i}" for i in (4, 6, 8))
+    links = [(a1, a2, 8.02e8, 8.17e8), (a1, a5, 1.13e9, 0), (a1, b6, 6.96e8, 0), (a2, b6, 5.18e8, 8.21e7),
+             (a2, a5, 5.33e8, 0), (a2, b8, 5.04e8, 0), (a1, b8, 0, 2.59e8), (a2, a7, 2.47e8, 0),
+             (b6, b8, 1.46e8, 0), (a7, b6, 0, 1.35e8), (a3, b8, 0, 1.35e8), (a3, a5, 1.34e8, 0),
+             (a3, b4, 1.3e8, 0), (a5, b6, 1.28e8, 0), (b4, b6, 1.28e8, 0), (a3, a7, 0, 1.28e8),
+             (b4, b8, 0, 1.28e8), (a7, b8, 1.27e8, 0), (a5, b4, 0, 1.24e8), (a5, a7, 1.23e8, 0)]
+    e = directed_edges([(a, b, ab, ba, 50, 50) for a, b, ab, ba in links])
+    servers = {a3, a5, a7, b4, b6, b8}
+    assert not fit_grid(sorted(servers | {a1, a2}), e, FlowConfig()).valid
+    assert peel_servers(e, FlowConfig()) == servers
+    assert endpoints(heavy_edges(e)) == {a1, a2}
+    # one server that also exchanges balanced payload with a host: the one-way peel leaves it, the rest is
+    # no valid grid, and the set stays whole (then rejected by the job evidence: unrecognised, as before)
+    e = directed_edges([(a, b, ab, ba, 50, 50) for a, b, ab, ba in links] + [(a3, a1, 2.4e8, 1.7e8, 5, 5)])
+    assert peel_servers(e, FlowConfig()) == set()
+    assert not fit_grid(sorted(servers | {a1, a2}), e, FlowConfig()).valid
