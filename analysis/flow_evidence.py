@@ -303,7 +303,8 @@ def _peel_storage_shaped(members: list[str], edges: pl.DataFrame, config: FlowCo
 
 def _peel_one_way_servers(members: list[str], edges: pl.DataFrame, config: FlowConfig) -> set[str]:
     """The storage-shaped endpoints (:func:`storage_shaped`) that have no balanced link, all at once, when
-    the rest then forms valid grids and the peel is founded (:func:`_peel_unfounded`). A training host has
+    the rest then forms valid grids (directly, or after a shaped peel of the rest) and the whole peel is
+    founded (:func:`_peel_unfounded`). A training host has
     a balanced link (a pipeline's activations and gradients, a tree's reduce and broadcast, a pair) or is
     a ring member (one in, one out: never storage-shaped); a server's links are one-way or lopsided, its
     clients' reads and writes and its chain replication. Small jobs writing to more servers than they have
@@ -322,9 +323,14 @@ def _peel_one_way_servers(members: list[str], edges: pl.DataFrame, config: FlowC
     if rest.is_empty():
         return set()
     nodes = sorted(set(rest["a"].to_list()) | set(rest["b"].to_list()))
-    if not _pieces_valid(nodes, rest, config) or _peel_unfounded(cand, edges):
-        return set()
-    return cand
+    if not _pieces_valid(nodes, rest, config):
+        # a server that also trades balanced payload with one client stays; among the rest, its other
+        # links are one-way again and it has the storage shape
+        more = _peel_storage_shaped(nodes, rest, config)
+        if not more:
+            return set()
+        cand |= more
+    return set() if _peel_unfounded(cand, edges) else cand
 
 
 def _pieces_valid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig) -> bool:
