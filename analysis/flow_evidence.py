@@ -310,13 +310,9 @@ def _peel_one_way_servers(members: list[str], edges: pl.DataFrame, config: FlowC
     clients' reads and writes and its chain replication. Small jobs writing to more servers than they have
     hosts need this: the most-linked-first peel stops at half the set (dev corpus: a 2-host pipeline and
     its six servers, whose hosts, writing to three servers each, looked like servers too)."""
-    from rankscope.analysis.flow_models import BALANCED
-
-    ab, ba = ("data_ab", "data_ba") if "data_ab" in edges.columns else ("bytes_ab", "bytes_ba")
-    sym = (pl.min_horizontal(ab, ba) / pl.max_horizontal(ab, ba)).fill_nan(0.0).fill_null(0.0)
-    two = edges.filter(sym >= BALANCED)
-    balanced = set(two["a"].to_list()) | set(two["b"].to_list())
-    cand = {n for n in storage_shaped(edges).filter(pl.col("server"))["n"].to_list() if n not in balanced}
+    # every link one-way or lopsided: no balanced one
+    cand = set(storage_shaped(edges).filter(pl.col("server") & (pl.col("one_way") == pl.col("links")))["n"]
+               .to_list())
     if not cand or len(cand) >= len(members) - 1:
         return set()
     rest = edges.filter(~pl.col("a").is_in(list(cand)) & ~pl.col("b").is_in(list(cand)))

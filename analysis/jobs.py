@@ -49,6 +49,11 @@ def training_jobs(store: Store) -> list[str]:
     return [j for j in store.jobs() if any(store.count(k, j) for k in TRAINING_KINDS)]
 
 
+def flow_captures(store: Store, training: list[str]) -> list[str]:
+    """The store's flow captures: jobs with flow records that are not training jobs."""
+    return [j for j in store.jobs() if j not in training and store.count("flow", j)]
+
+
 def plan_jobs(store: Store, job: str | None = None, flow_job: str | None = None,
               flow: FlowConfig | None = None) -> list[PlannedJob]:
     """The jobs to analyse, training jobs first, then the jobs of each flow-only capture.
@@ -61,7 +66,7 @@ def plan_jobs(store: Store, job: str | None = None, flow_job: str | None = None,
     training = training_jobs(store)
     if job is not None and job in training:
         return [PlannedJob(job, "job", job, flow_job=flow_job)]
-    captures = [j for j in store.jobs() if j not in training and store.count("flow", j)]
+    captures = flow_captures(store, training)
     plan = [PlannedJob(j, "job", j, flow_job=flow_job) for j in training] if job is None else []
     for cap in captures:
         if job is not None and job != cap and not job.startswith(cap + "-"):
@@ -76,9 +81,8 @@ def plan_jobs(store: Store, job: str | None = None, flow_job: str | None = None,
 def why_no_jobs(store: Store, flow: FlowConfig) -> list[str]:
     """For each flow capture of the store in which no training job was recognised, one line saying what
     was set apart and why: `analyze` then says why it has nothing to analyse instead of only that."""
-    training = training_jobs(store)
     lines = []
-    for cap in (j for j in store.jobs() if j not in training and store.count("flow", j)):
+    for cap in flow_captures(store, training_jobs(store)):
         found = recognised_jobs(store, cap, flow)
         if found.jobs:
             continue

@@ -22,17 +22,26 @@ def endpoints(e):
     return set(e["a"].to_list()) | set(e["b"].to_list())
 
 
+JOB_OR_STORAGE_HOSTS = ["10.0.0.1", "10.0.0.2"]
+JOB_OR_STORAGE_SERVERS = ["10.0.0.3", "10.0.0.5", "10.1.0.4"]
+
+
+def job_or_storage_links(replication_scale: float = 1.0):
+    """(a, b, bytes a->b, bytes b->a) of two hosts exchanging 9.8 GB both ways, writing to and reading from
+    three servers (one-way and lopsided links) that replicate to each other both ways, 3.1 GB a pair times
+    ``replication_scale`` (dev corpus, seed 2): either set could be the job and the other its storage."""
+    (h1, h2), servers = JOB_OR_STORAGE_HOSTS, JOB_OR_STORAGE_SERVERS
+    links = [(h1, h2, 4.96e9, 4.87e9), (h2, servers[0], 1.48e9, 0.0), (h1, servers[0], 9.3e8, 2.6e8),
+             (h1, servers[2], 4.9e8, 0.0), (h2, servers[2], 0.0, 3.0e8)]
+    return links + [(s, t, 1.55e9 * replication_scale, 1.58e9 * replication_scale)
+                    for i, s in enumerate(servers) for t in servers[i + 1:]]
+
+
 def job_or_storage_flows():
-    """Flow records of two hosts exchanging 9.8 GB both ways, writing to and reading from three servers that
-    replicate to each other both ways (dev corpus, seed 2): either set could be the job and the other its
-    storage. Eight bursts each way, 100 ms apart, one exporter, unsampled RoCE."""
-    hosts, servers = ["10.0.0.1", "10.0.0.2"], ["10.0.0.3", "10.0.0.5", "10.1.0.4"]
-    links = [(hosts[0], hosts[1], 4.96e9, 4.87e9), (hosts[1], servers[0], 1.48e9, 0.0),
-             (hosts[0], servers[0], 9.3e8, 2.6e8), (hosts[0], servers[2], 4.9e8, 0.0),
-             (hosts[1], servers[2], 0.0, 3.0e8)]
-    links += [(s, t, 1.55e9, 1.58e9) for i, s in enumerate(servers) for t in servers[i + 1:]]
+    """Flow records of :func:`job_or_storage_links`: eight bursts each way, 100 ms apart, one exporter,
+    unsampled RoCE."""
     rows = []
-    for a, b, ab, ba in links:
+    for a, b, ab, ba in job_or_storage_links():
         for k in range(8):
             t = 1_764_000_000_000_000_000 + k * 100_000_000
             rows += [(a, b, int(ab / 8), t, t + 20_000_000)] if ab else []

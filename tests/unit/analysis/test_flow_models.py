@@ -9,7 +9,13 @@ from rankscope.analysis.flow_groups import fit_grid
 from rankscope.analysis.flow_jobs import rail_correlations, timestamp_resolution_ns
 from rankscope.analysis.flow_models import adjacency, group_kind
 from rankscope.analysis.flow_period import whole_step
-from tests.unit.analysis.flow_records import directed_edges, endpoints
+from tests.unit.analysis.flow_records import (
+    JOB_OR_STORAGE_HOSTS,
+    JOB_OR_STORAGE_SERVERS,
+    directed_edges,
+    endpoints,
+    job_or_storage_links,
+)
 
 
 def _kind(n, links, two_way):
@@ -390,19 +396,15 @@ def test_two_hosts_and_their_replicating_servers_are_no_job_either_way():
     from rankscope.analysis.flow_evidence import peel_servers
     from rankscope.analysis.flow_features import heavy_edges
 
-    hosts, servers = ["10.0.0.1", "10.0.0.2"], ["10.0.0.3", "10.0.0.5", "10.1.0.4"]
-    rows = [(hosts[0], hosts[1], 4.96e9, 4.87e9, 10, 10),
-            (hosts[1], servers[0], 1.48e9, 0.0, 57, 57), (hosts[0], servers[0], 9.3e8, 2.6e8, 57, 0),
-            (hosts[0], servers[2], 4.9e8, 0.0, 57, 57), (hosts[1], servers[2], 0.0, 3.0e8, 0, 0)]
-    replication = [(s, t, 1.55e9, 1.58e9, 0, 0) for i, s in enumerate(servers) for t in servers[i + 1:]]
-    e = directed_edges(rows + replication)
-    assert not fit_grid(hosts + servers, e, FlowConfig()).valid
-    assert peel_servers(e, FlowConfig()) == set(hosts + servers)
+    everyone = JOB_OR_STORAGE_HOSTS + JOB_OR_STORAGE_SERVERS
+    e = directed_edges([(a, b, ab, ba, 50, 50) for a, b, ab, ba in job_or_storage_links()])
+    assert not fit_grid(everyone, e, FlowConfig()).valid
+    assert peel_servers(e, FlowConfig()) == set(everyone)
     assert heavy_edges(e).is_empty()
     # with replication a tenth as heavy the hosts are still the ones peeled (their links' shape) and the
     # triangle was still named; their link outweighs the triangle's as before: neither
-    light = [(s, t, 1.55e8, 1.58e8, 0, 0) for i, s in enumerate(servers) for t in servers[i + 1:]]
-    assert heavy_edges(directed_edges(rows + light)).is_empty()
+    light = job_or_storage_links(replication_scale=0.1)
+    assert heavy_edges(directed_edges([(a, b, ab, ba, 50, 50) for a, b, ab, ba in light])).is_empty()
 
 
 def test_more_servers_than_hosts_are_peeled_when_they_have_no_balanced_link():
