@@ -12,7 +12,8 @@ least once a step); the burst ends of two stages are matched step by step, and a
 its starts and its ends are further apart than the clock can blur (20 ticks, and MIN_STAGE_END_GAP_NS),
 the same way round: ends apart after starts together are reductions of different lengths (a slow NIC's
 ring), not the stage order. Two stages' votes count only when most of their matched steps vote the same
-way. The last burst is left out (it may run on into the job's shutdown), and so are groups with fewer than
+way. Where too few steps pass that wide floor and none votes the other way, the steps are counted again
+past the clock's own blur (two ticks): then every step that votes must vote the same way. The last burst is left out (it may run on into the job's shutdown), and so are groups with fewer than
 MIN_STEP_BURSTS.
 
 :func:`order_pipelines` orients the pipelines that :func:`rankscope.analysis.flow_groups.fit_grid`
@@ -53,6 +54,19 @@ def _bursts(t: pl.DataFrame, gap_ns: int) -> tuple[np.ndarray, np.ndarray]:
     return s[idx], np.maximum.reduceat(e, idx)
 
 
+def _step_votes(gaps: list[tuple[int, int]], floor: int) -> tuple[int, int]:
+    """(steps voting the first stage upstream, steps voting the second) among matched steps' (ends apart,
+    starts apart): a reduction that started and ended later belongs to the upstream stage. Ends alone are
+    no order: two reductions that start together and end apart took different times (a slow NIC's ring:
+    a real gloo DP2 x PP2 job's stage-1 ring ended 1.2-1.5 s after stage 0's, every step, both starting
+    within a millisecond)."""
+    up = down = 0
+    for d, ds in gaps:
+        if abs(d) > floor and abs(ds) > floor and (d > 0) == (ds > 0):
+            up, down = (up + 1, down) if d > 0 else (up, down + 1)
+    return up, down
+
+
 def dp_end_votes(flows: pl.DataFrame, dp_groups: list[list[str]], pipelines: list[list[str]],
                  dp_pairs: set[tuple[str, str]], resolution_ns: int) -> dict[tuple[int, int], tuple[int, int]]:
     """Per ordered pair of DP groups (i, j) joined by a pipeline link: (steps voting i upstream of j,
@@ -70,6 +84,7 @@ def dp_end_votes(flows: pl.DataFrame, dp_groups: list[list[str]], pipelines: lis
     f = f.with_columns(g=pl.col("src_addr").replace_strict(group_of, default=-1, return_dtype=pl.Int64))
     gap = max(MIN_BURST_GAP_NS, 20 * int(resolution_ns))
     floor = max(MIN_STAGE_END_GAP_NS, 20 * int(resolution_ns))
+    blur = max(MIN_STAGE_END_GAP_NS, 2 * int(resolution_ns))
     # a step's bursts only: the last burst may run on into the job's shutdown (barriers, teardown), and
     # fewer than MIN_STEP_BURSTS bursts are records kept open across steps, whose ends are no step's
     bursts = {int(g): (b[0][:-1], b[1][:-1]) for (g,), t in f.group_by("g") if g >= 0
@@ -77,7 +92,7 @@ def dp_end_votes(flows: pl.DataFrame, dp_groups: list[list[str]], pipelines: lis
     stage_pairs = {(group_of[u], group_of[v]) for p in pipelines for u, v in zip(p, p[1:])
                    if u in group_of and v in group_of}
     stage_pairs |= {(group_of[p[-1]], group_of[p[0]]) for p in pipelines if len(p) > 2}
-    counts: dict[tuple[int, int], list[int]] = {}
+    counts: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for i, j in stage_pairs:
         a, b = (i, j) if i < j else (j, i)
         if a not in bursts or b not in bursts or (a, b) in counts:
@@ -87,25 +102,28 @@ def dp_end_votes(flows: pl.DataFrame, dp_groups: list[list[str]], pipelines: lis
             continue
         # match each of a's bursts to b's nearest; a step apart is no match
         spacing = np.median(np.diff(ea)) if len(ea) > 1 else np.inf
-        c = counts[(a, b)] = [0, 0, 0]  # steps voting a upstream, b upstream, and matched steps
+        gaps = []  # per matched step: (ends apart, starts apart), + where a is later
         for x, xs in zip(ea, sa):
             k = int(np.argmin(np.abs(eb - x)))
             d, ds = int(x) - int(eb[k]), int(xs) - int(sb[k])
-            if abs(d) >= 0.5 * spacing:
-                continue
-            c[2] += 1
-            # a's reduction started and ended later: a is upstream. Ends alone are no order: two
-            # reductions that start together and end apart took different times (a slow NIC's ring: a
-            # real gloo DP2 x PP2 job's stage-1 ring ended 1.2-1.5 s after stage 0's, every step, both
-            # starting within a millisecond)
-            if abs(d) > floor and abs(ds) > floor and (d > 0) == (ds > 0):
-                c[0 if d > 0 else 1] += 1
-    for (a, b), (up, down, matched) in counts.items():
+            if abs(d) < 0.5 * spacing:
+                gaps.append((d, ds))
+        counts[(a, b)] = gaps
+    for (a, b), gaps in counts.items():
+        up, down = _step_votes(gaps, floor)
         # the stage order holds every step, so it shows in most of them. Where most steps' reductions end
         # within the clock's blur, the few that stand apart were set apart by something else (one
         # reduction ran longer: more bytes, a busy CPU): a real gloo DP2 x PP2 job's five steps ended
         # -6, -32, +20, +14 and +3 ms apart, and the one step past the floor ordered it backwards
-        if max(up, down) * 2 <= matched:
+        if max(up, down) * 2 <= len(gaps) and min(up, down) == 0:
+            # too few steps past the wide floor, none the other way: the stages may stand closer than it
+            # (one micro-batch's backward of 19-20 ms against a 20 ms floor, steady to the tick in every
+            # step, on two of a job's four rails). Past the clock's own blur (two ticks), every step that
+            # votes must vote the same way, and most steps must vote: noise like that gloo job's splits
+            up, down = _step_votes(gaps, blur)
+            if min(up, down) > 0:
+                continue
+        if max(up, down) * 2 <= len(gaps):
             continue
         out[(a, b)] = (up, down)
         out[(b, a)] = (down, up)

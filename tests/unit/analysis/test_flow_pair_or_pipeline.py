@@ -148,6 +148,13 @@ def test_dp_end_votes_need_most_steps_to_agree():
     assert dp_end_votes(shifted((-6, -32, 20, 14, 3, 0)), groups, pipes, pairs, MS) == {}
     # three of five steps clearly one way, one the other: the order stands, with its minority
     assert dp_end_votes(shifted((25, 30, -40, 28, 3, 0)), groups, pipes, pairs, MS) == {(0, 1): (3, 1), (1, 0): (1, 3)}
+    # one micro-batch's backward (19-20 ms) apart in every step but the first, a little under the 20-tick
+    # floor (a simulated 16 x 2 RoCE job's rails did this): past the clock's blur, unanimous, most steps
+    assert dp_end_votes(shifted((1, 20, 19, 20, 20, 0)), groups, pipes, pairs, MS) == {(0, 1): (4, 0), (1, 0): (0, 4)}
+    # ... but one step the other way past the blur, and the short gaps are no order
+    assert dp_end_votes(shifted((-4, 20, 19, 20, 20, 0)), groups, pipes, pairs, MS) == {}
+    # ... nor are two steps of five past it
+    assert dp_end_votes(shifted((1, 20, 19, 1, 0, 0)), groups, pipes, pairs, MS) == {}
 
 
 def roce_link(lag_ns: int, steps: int = 6, period_ms: int = 375, busy_ms: int = 100) -> pl.DataFrame:
