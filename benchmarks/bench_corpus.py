@@ -250,6 +250,27 @@ def calibration(df: pl.DataFrame, col: str = "ok") -> list[tuple[str, int, float
     return out
 
 
+def misses_by_kind(df: pl.DataFrame) -> list[tuple[str, int]]:
+    """(kind, jobs) of the jobs not exact apart from tp: unrecognised; a standing tie that lists the truth
+    as its alternative; pipelines and groups right with the stage order not claimed (listed the wrong way
+    round); a reported field wrong; anything else."""
+    need = {"recognised", "shape_ok", "ok_reported", "order_claimed", "groups_ok", "truth_in_tie"}
+    if not need <= set(df.columns):
+        return []
+    m = df.filter(~pl.col("shape_ok"))
+    rec = pl.col("recognised").fill_null(False)
+    tie = rec & pl.col("truth_in_tie").fill_null(False)
+    unclaimed = rec & ~tie & ~pl.col("order_claimed").fill_null(True) & pl.col("groups_ok").fill_null(False)
+    wrong = rec & ~tie & ~unclaimed & ~pl.col("ok_reported").fill_null(False)
+    kinds = [("unrecognised (no job found with exactly its endpoints)", ~rec),
+             ("standing tie, the truth listed as its alternative", tie),
+             ("stage order not claimed, groups and pipelines right", unclaimed),
+             ("a reported field wrong", wrong)]
+    out = [(label, int(m.filter(e).height)) for label, e in kinds]
+    rest = m.height - sum(k for _, k in out)
+    return out + ([("other", rest)] if rest else [])
+
+
 def _share(d: pl.DataFrame) -> str:
     return f"{d['ok'].mean():6.1%} of {d.height:<4}" if d.height else "   -          "
 
@@ -305,6 +326,17 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
     if "evidence" in df.columns:
         print("the same by evidence class (strategy_flows.evidence_class):")
         _calibration_rows(calibration_by_evidence(df), "evidence")
+    kinds = misses_by_kind(df)
+    if kinds:
+        print("misses apart from tp, by kind (a tie's labelling listed first, or an unclaimed order's direction, "
+              "is right or wrong by chance where the records read the same either way):")
+        for kind, k in kinds:
+            print(f"  {kind:<66}{k:>6}")
+        rec = pl.col("recognised").fill_null(False)
+        chance = df.filter(rec & (pl.col("truth_in_tie").fill_null(False) | (
+            ~pl.col("order_claimed").fill_null(True) & pl.col("groups_ok").fill_null(False))))
+        print(f"  jobs whose exactness the records leave to chance (the two kinds above, exact or not): "
+              f"{chance.height}, exact among them {int(chance['shape_ok'].sum())}")
     print("exact share by realism feature (jobs with it / without it):")
     for feat in ("tcp", "reverse", "ms_clock", "pods", "exporter_offsets", "rail_jitter", "shared_address",
                  "tree", "wild_background", "pure_pp", "pure_dp", "sampled", "scattered_hosts"):
