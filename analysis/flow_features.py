@@ -257,7 +257,12 @@ def heavy_edges(edges: pl.DataFrame, config: FlowConfig | None = None,
     # storage / checkpoint servers are told by the shape of their links, on whatever port they use
     from rankscope.analysis.flow_evidence import light_pendants, peel_servers, storage_hubs
 
-    hubs = list(storage_hubs(heavy) | light_pendants(heavy, cfg.mode_gap))
+    # servers first: a pendant is judged against its neighbour's busiest *job* link, and a rail whose host
+    # also reads from a server more than it trades with its peer is no pendant of that server (dev corpus
+    # seed 6: one rail of a 2-stage pipeline on eight rails was dropped so, and the job found one rail short)
+    hubs = list(storage_hubs(heavy))
     heavy = heavy.filter(~pl.col("a").is_in(hubs) & ~pl.col("b").is_in(hubs)) if hubs else heavy
+    pendants = list(light_pendants(heavy, cfg.mode_gap))
+    heavy = heavy.filter(~pl.col("a").is_in(pendants) & ~pl.col("b").is_in(pendants)) if pendants else heavy
     hidden = list(peel_servers(heavy, cfg, undecided=undecided))
     return heavy.filter(~pl.col("a").is_in(hidden) & ~pl.col("b").is_in(hidden)) if hidden else heavy

@@ -455,3 +455,22 @@ def test_a_server_trading_balanced_payload_with_one_client_is_peeled_in_a_second
     assert not fit_grid(sorted(servers | {h1, h2, g1, g2}), e, FlowConfig()).valid
     assert peel_servers(e, FlowConfig()) == servers
     assert endpoints(heavy_edges(e)) == {h1, h2, g1, g2}
+
+
+def test_a_rail_whose_host_reads_more_from_a_server_than_from_its_peer_stays():
+    # a storage server that eight hosts of another job write to (one-way), and two hosts of a 2-stage
+    # pipeline trading 0.25 GB both ways, one of which also trades 0.87 GB with the server (dev corpus seed 6:
+    # the pair's link was taken for a light pendant of that host, whose busiest link was the server's, and the
+    # job was found one rail short)
+    from rankscope.analysis.flow_features import heavy_edges
+
+    writers = [(f"w{i}", "srv", 1.2e9, 1.5e6, 10, 10) for i in range(8)]
+    ring = [(f"w{i}", f"w{(i + 1) % 8}", 4e9, 4e9, 10, 10) for i in range(8)]
+    rail = [("h1", "h2", 1.25e8, 1.25e8, 10, 12), ("h1", "srv", 7.0e8, 1.7e8, 10, 10)]
+    heavy = heavy_edges(directed_edges(writers + ring + rail))
+    pairs = {frozenset(x) for x in heavy.select("a", "b").iter_rows()}
+    assert frozenset(("h1", "h2")) in pairs
+    assert not any("srv" in p for p in pairs)
+    # with no server the same light link off a host's heavy one is still a pendant (a control host)
+    pend = heavy_edges(directed_edges(ring + [("w0", "ctl", 1e8, 1e8, 10, 10)]))
+    assert "ctl" not in endpoints(pend)
