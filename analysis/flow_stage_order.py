@@ -13,8 +13,8 @@ its starts and its ends are further apart than the clock can blur (20 ticks, and
 the same way round: ends apart after starts together are reductions of different lengths (a slow NIC's
 ring), not the stage order. Two stages' votes count only when most of their matched steps vote the same
 way. Where too few steps pass that wide floor and none votes the other way, the steps are counted again
-past the clock's own blur (two ticks): then every step that votes must vote the same way. The last burst is left out (it may run on into the job's shutdown), and so are groups with fewer than
-MIN_STEP_BURSTS.
+past the clock's own blur (two ticks): then every step that votes must vote the same way. The last burst
+is left out (it may run on into the job's shutdown), and so are groups with fewer than MIN_STEP_BURSTS.
 
 :func:`order_pipelines` orients the pipelines that :func:`rankscope.analysis.flow_groups.fit_grid`
 found, from these votes and the pipeline links' own times (link chronology, direction lag, where an
