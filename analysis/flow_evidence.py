@@ -30,7 +30,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.flow_config import FlowConfig
-from rankscope.analysis.flow_features import burst_index
+from rankscope.analysis.flow_features import burst_index, links_without
 
 MIN_BURSTS = 3
 """a link that went busy fewer times than this did not repeat a per-step exchange."""
@@ -145,7 +145,7 @@ def peel_servers(edges: pl.DataFrame, config: FlowConfig, max_rounds: int = 3,
                 if not top or len(removed) + len(top) > max(len(members) // 2, 1):
                     break
             removed.extend(top)
-            e = e.filter(~pl.col("a").is_in(top) & ~pl.col("b").is_in(top))
+            e = links_without(e, top)
             rest = sorted(set(e["a"].to_list()) | set(e["b"].to_list()), key=address_key)
             if not e.is_empty() and _pieces_valid(rest, e, config):
                 servers.update(_founded_or_whole(set(removed), members, component, undecided))
@@ -292,7 +292,7 @@ def _peel_storage_shaped(members: list[str], edges: pl.DataFrame, config: FlowCo
             if len(removed) + len(top) > len(members) // 2:
                 break
             removed.extend(top)
-            e = e.filter(~pl.col("a").is_in(top) & ~pl.col("b").is_in(top))
+            e = links_without(e, top)
             if e.is_empty():
                 break
             rest = sorted(set(e["a"].to_list()) | set(e["b"].to_list()))
@@ -315,7 +315,7 @@ def _peel_one_way_servers(members: list[str], edges: pl.DataFrame, config: FlowC
                .to_list())
     if not cand or len(cand) >= len(members) - 1:
         return set()
-    rest = edges.filter(~pl.col("a").is_in(list(cand)) & ~pl.col("b").is_in(list(cand)))
+    rest = links_without(edges, cand)
     if rest.is_empty():
         return set()
     nodes = sorted(set(rest["a"].to_list()) | set(rest["b"].to_list()))

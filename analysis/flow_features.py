@@ -223,6 +223,12 @@ def sampled_bytes_floor(samples: pl.Expr, z: float = SAMPLED_BYTES_Z) -> pl.Expr
     return pl.when(k > 0).then(low / k).otherwise(1.0)
 
 
+def links_without(edges: pl.DataFrame, nodes) -> pl.DataFrame:
+    """The links (edges a, b) with neither end among ``nodes``."""
+    nodes = list(nodes)
+    return edges.filter(~pl.col("a").is_in(nodes) & ~pl.col("b").is_in(nodes)) if nodes else edges
+
+
 def heavy_edges(edges: pl.DataFrame, config: FlowConfig | None = None,
                 undecided: list[dict] | None = None) -> pl.DataFrame:
     """Edges carrying at least ``edge_min_fraction`` of the busiest edge of either endpoint, less the
@@ -260,9 +266,6 @@ def heavy_edges(edges: pl.DataFrame, config: FlowConfig | None = None,
     # servers first: a pendant is judged against its neighbour's busiest *job* link, and a rail whose host
     # also reads from a server more than it trades with its peer is no pendant of that server (dev corpus
     # seed 6: one rail of a 2-stage pipeline on eight rails was dropped so, and the job found one rail short)
-    hubs = list(storage_hubs(heavy))
-    heavy = heavy.filter(~pl.col("a").is_in(hubs) & ~pl.col("b").is_in(hubs)) if hubs else heavy
-    pendants = list(light_pendants(heavy, cfg.mode_gap))
-    heavy = heavy.filter(~pl.col("a").is_in(pendants) & ~pl.col("b").is_in(pendants)) if pendants else heavy
-    hidden = list(peel_servers(heavy, cfg, undecided=undecided))
-    return heavy.filter(~pl.col("a").is_in(hidden) & ~pl.col("b").is_in(hidden)) if hidden else heavy
+    heavy = links_without(heavy, storage_hubs(heavy))
+    heavy = links_without(heavy, light_pendants(heavy, cfg.mode_gap))
+    return links_without(heavy, peel_servers(heavy, cfg, undecided=undecided))

@@ -92,10 +92,10 @@ def dp_end_votes(flows: pl.DataFrame, dp_groups: list[list[str]], pipelines: lis
     stage_pairs = {(group_of[u], group_of[v]) for p in pipelines for u, v in zip(p, p[1:])
                    if u in group_of and v in group_of}
     stage_pairs |= {(group_of[p[-1]], group_of[p[0]]) for p in pipelines if len(p) > 2}
-    counts: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    matched: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for i, j in stage_pairs:
         a, b = (i, j) if i < j else (j, i)
-        if a not in bursts or b not in bursts or (a, b) in counts:
+        if a not in bursts or b not in bursts or (a, b) in matched:
             continue
         (sa, ea), (sb, eb) = bursts[a], bursts[b]
         if not len(ea) or not len(eb):
@@ -108,8 +108,8 @@ def dp_end_votes(flows: pl.DataFrame, dp_groups: list[list[str]], pipelines: lis
             d, ds = int(x) - int(eb[k]), int(xs) - int(sb[k])
             if abs(d) < 0.5 * spacing:
                 gaps.append((d, ds))
-        counts[(a, b)] = gaps
-    for (a, b), gaps in counts.items():
+        matched[(a, b)] = gaps
+    for (a, b), gaps in matched.items():
         up, down = _step_votes(gaps, floor)
         # the stage order holds every step, so it shows in most of them. Where most steps' reductions end
         # within the clock's blur, the few that stand apart were set apart by something else (one
