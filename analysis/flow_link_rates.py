@@ -53,6 +53,11 @@ MIN_PACKETS = 30
 
 
 
+def _pairs(links: pl.DataFrame) -> list[list[str]]:
+    """The (src, dst) pairs of some links, sorted: the report lists them the same way on every run."""
+    return sorted([a, b] for a, b in links.select("src_addr", "dst_addr").iter_rows())
+
+
 def group_of(strategy: Strategy) -> dict:
     return {x: i for i, g in enumerate(strategy.dp_groups or []) if len(g) > 1 for x in g}
 
@@ -156,7 +161,7 @@ def slow_links(links: pl.DataFrame, num_steps: int) -> dict | None:
                 continue
         found.append({"kind": kind, "culprit": culprit, "factor": round(float(np.exp(med) / sel["rate"].min()), 3),
                       "extra_ns": _extra_per_step(sel, float(np.exp(med)), num_steps),
-                      "links": [[r["src_addr"], r["dst_addr"]] for r in sel.iter_rows(named=True)]})
+                      "links": _pairs(sel)})
     return max(found, key=lambda x: x["extra_ns"]) if found else None
 
 
@@ -225,7 +230,7 @@ def slow_group(links: pl.DataFrame, strategy: Strategy, num_steps: int) -> dict 
             x = cands[0]
             mine = other.filter((pl.col("src_addr") == x) | (pl.col("dst_addr") == x))
             return {**out, "kind": "slow_nic", "culprit": x,
-                    "links": [[r["src_addr"], r["dst_addr"]] for r in mine.iter_rows(named=True)]}
+                    "links": _pairs(mine)}
         why = ("no member of the slow ring has measured links outside it" if not other.height else
                f"{len(cands)} members of the slow ring are also slow outside it" if cands else
                "no member of the slow ring is slow outside it")
@@ -240,4 +245,4 @@ def slow_group(links: pl.DataFrame, strategy: Strategy, num_steps: int) -> dict 
     ref = other_stats["median_rate"]
     return {"kind": "slow_nic", "culprit": x, "factor": round(float(ref / mine["rate"].max()), 3),
             "extra_ns": _extra_per_step(mine, ref, num_steps), "outside_ring": other_stats,
-            "links": [[r["src_addr"], r["dst_addr"]] for r in mine.iter_rows(named=True)]}
+            "links": _pairs(mine)}
