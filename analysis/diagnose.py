@@ -15,23 +15,23 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from rankscope.analysis.clock_align import (
+from rankscope.analysis.fabric.config import FlowConfig
+from rankscope.analysis.hangs import hang_section
+from rankscope.analysis.kernels.regressions import RegressionConfig, regression_section
+from rankscope.analysis.model.clocks import (
     ClockConfig,
     apply_exporter_offsets,
     exporter_clock_offsets,
     exporter_clocks,
 )
-from rankscope.analysis.coverage import rank_coverage
-from rankscope.analysis.diagnosis import Diagnosis, Steps, Strategy
-from rankscope.analysis.findings import build_findings
-from rankscope.analysis.flow_config import FlowConfig
-from rankscope.analysis.hangs import hang_section
-from rankscope.analysis.job_model import JobModel, build_job_model
-from rankscope.analysis.regressions import RegressionConfig, regression_section
-from rankscope.analysis.steps import steps_frame, steps_section
-from rankscope.analysis.stragglers import StragglerConfig, straggler_section
-from rankscope.analysis.strategy_compare import compare_strategies
-from rankscope.analysis.timelines import rank_timelines
+from rankscope.analysis.model.data_quality import rank_coverage
+from rankscope.analysis.model.job_model import JobModel, build_job_model
+from rankscope.analysis.model.steps import steps_frame, steps_section
+from rankscope.analysis.model.timelines import rank_timelines
+from rankscope.analysis.report.diagnosis import Diagnosis, Steps, Strategy
+from rankscope.analysis.report.findings import build_findings
+from rankscope.analysis.stragglers.attribution import StragglerConfig, straggler_section
+from rankscope.analysis.strategy.compare import compare_strategies
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
 
@@ -81,12 +81,12 @@ def align_job(frames: JobFrames, config: ClockConfig | None = None) -> AlignedJo
 
 
 def model_timelines(model: JobModel) -> pl.DataFrame:
-    """Per-rank, per-step phases from a job model (see :func:`rankscope.analysis.timelines.rank_timelines`)."""
+    """Per-rank, per-step phases from a job model (see :func:`rankscope.analysis.model.timelines.rank_timelines`)."""
     return rank_timelines(model.rank_steps, model.aligned_comm, model.aligned_compute)
 
 
 def job_timelines(frames: JobFrames, config: DiagnoseConfig | None = None) -> pl.DataFrame:
-    """Per-rank, per-step phases of one job (see :func:`rankscope.analysis.timelines.rank_timelines`)."""
+    """Per-rank, per-step phases of one job (see :func:`rankscope.analysis.model.timelines.rank_timelines`)."""
     config = config or DiagnoseConfig()
     return model_timelines(build_job_model(frames, config.clock))
 
@@ -120,8 +120,8 @@ def _whitebox(model: JobModel, d: Diagnosis) -> pl.DataFrame:
 
 def _blackbox(frames: JobFrames, config: DiagnoseConfig, d: Diagnosis) -> None:
     # only flow records need the flow analyses: a white-box job does not load them (~10 ms of its startup)
-    from rankscope.analysis.flow_stragglers import flow_straggler_section
-    from rankscope.analysis.strategy_flows import infer_flows
+    from rankscope.analysis.stragglers.from_flows import flow_straggler_section
+    from rankscope.analysis.strategy.flows.infer import infer_flows
 
     exp_off = exporter_clock_offsets(frames.flow)
     flow = apply_exporter_offsets(frames.flow, exp_off)

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.diagnosis import jsonable
-from rankscope.analysis.gemm_alignment import alignment_findings
-from rankscope.analysis.gemm_throughput import class_throughput
-from rankscope.analysis.regressions import RegressionConfig, regression_section
+from rankscope.analysis.kernels.alignment import alignment_findings
+from rankscope.analysis.kernels.regressions import RegressionConfig, regression_section
+from rankscope.analysis.kernels.throughput import class_throughput
+from rankscope.analysis.report.diagnosis import jsonable
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
 
@@ -67,7 +67,7 @@ def diff_runs(baseline: JobFrames, current: JobFrames, config: DiffConfig | None
     compute_op (``rank, name, category, start_ns, end_ns, step`` and GEMM ``m, n, k, dtype``), comm_op
     (``rank, op, group_ranks, peer, size_bytes, start_ns, end_ns, state, step``). Returns a RunDiff.
     """
-    from rankscope.analysis.job_model import build_job_model
+    from rankscope.analysis.model.job_model import build_job_model
 
     cfg = config or DiffConfig()
     # both runs through the one job model: the same steps analyze reports, labels filled where records lack them
@@ -107,11 +107,11 @@ def _row(aspect, item, a, b, unit, higher_is_better, evidence="") -> dict:
 
 
 def step_durations(frames: JobFrames) -> pl.DataFrame:
-    """The job's steps by the one step definition (:mod:`rankscope.analysis.steps`), as analyze reports them.
+    """The job's steps by the one step definition (:mod:`rankscope.analysis.model.steps`), as analyze reports them.
 
     Returns ``step, start_ns, end_ns, dur_ns, warmup`` (dur_ns: the step time; warmup: left out of the median).
     """
-    from rankscope.analysis.job_model import build_job_model
+    from rankscope.analysis.model.job_model import build_job_model
 
     return _step_frame(build_job_model(frames).steps)
 
@@ -227,7 +227,7 @@ def _comm_rows(a: JobFrames, b: JobFrames) -> list[dict]:
 
 def _strategy_rows(a: JobFrames, b: JobFrames) -> list[dict]:
     """World size and parallel degrees from the collectives' groups; a change is reported as ``changed``."""
-    from rankscope.analysis.strategy_whitebox import infer_whitebox
+    from rankscope.analysis.strategy.whitebox import infer_whitebox
 
     if a.comm_op.height == 0 or b.comm_op.height == 0:
         return []

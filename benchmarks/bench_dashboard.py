@@ -34,7 +34,7 @@ import numpy as np
 import plotly.graph_objects as go
 import polars as pl
 
-from rankscope.analysis.diagnosis import Diagnosis, Steps, Stragglers, Strategy
+from rankscope.analysis.report.diagnosis import Diagnosis, Steps, Stragglers, Strategy
 from rankscope.dashboard.figures import all_figures
 from rankscope.dashboard.report_html import render_report
 

@@ -44,7 +44,7 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rankscope.analysis.diagnose import analyze_job  # noqa: E402
-from rankscope.analysis.jobs import load_planned, plan_jobs  # noqa: E402
+from rankscope.analysis.runner.plan import load_planned, plan_jobs  # noqa: E402
 from rankscope.collectors.store import Store  # noqa: E402
 from rankscope.datasets.sim_config import Fault  # noqa: E402
 from rankscope.datasets.sim_corpus import corpus_fabrics  # noqa: E402

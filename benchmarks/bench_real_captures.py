@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 import polars as pl  # noqa: E402
 
 from rankscope.analysis.diagnose import DiagnoseConfig, analyze_job  # noqa: E402
-from rankscope.analysis.flow_config import FlowConfig  # noqa: E402
-from rankscope.analysis.jobs import load_planned, plan_jobs  # noqa: E402
+from rankscope.analysis.fabric.config import FlowConfig  # noqa: E402
+from rankscope.analysis.runner.plan import load_planned, plan_jobs  # noqa: E402
 from rankscope.collectors import formats  # noqa: E402
 from rankscope.collectors.ingest import ingest  # noqa: E402
 from rankscope.collectors.schema import conform  # noqa: E402

@@ -34,7 +34,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.hangs import hang_section
-from rankscope.analysis.regressions import regression_section
+from rankscope.analysis.kernels.regressions import regression_section
 from rankscope.collectors.job_frames import JobFrames
 from rankscope.datasets.sim_config import Fault, SimConfig
 from rankscope.datasets.simulator import simulate

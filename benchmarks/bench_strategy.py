@@ -24,10 +24,10 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rankscope.analysis.clock_align import apply_exporter_offsets, exporter_clock_offsets  # noqa: E402
-from rankscope.analysis.flow_jobs import job_flows, recognise_jobs  # noqa: E402
-from rankscope.analysis.strategy_flows import infer_flows  # noqa: E402
-from rankscope.analysis.strategy_whitebox import infer_whitebox  # noqa: E402
+from rankscope.analysis.fabric.recognise import job_flows, recognise_jobs  # noqa: E402
+from rankscope.analysis.model.clocks import apply_exporter_offsets, exporter_clock_offsets  # noqa: E402
+from rankscope.analysis.strategy.flows.infer import infer_flows  # noqa: E402
+from rankscope.analysis.strategy.whitebox import infer_whitebox  # noqa: E402
 from rankscope.datasets.simulator import Fault, SimConfig, simulate_fabric  # noqa: E402
 
 FULL = os.environ.get("BENCH_FULL") == "1"

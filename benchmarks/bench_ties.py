@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_corpus import CORPUS_SEED, same_pipelines_any_direction, same_sets, wilson  # noqa: E402
 
-from rankscope.analysis.clock_align import apply_exporter_offsets, exporter_clock_offsets  # noqa: E402
-from rankscope.analysis.flow_jobs import job_flows, recognise_jobs  # noqa: E402
-from rankscope.analysis.strategy_flows import infer_flows  # noqa: E402
+from rankscope.analysis.fabric.recognise import job_flows, recognise_jobs  # noqa: E402
+from rankscope.analysis.model.clocks import apply_exporter_offsets, exporter_clock_offsets  # noqa: E402
+from rankscope.analysis.strategy.flows.infer import infer_flows  # noqa: E402
 from rankscope.datasets.sim_corpus import corpus_fabrics  # noqa: E402
 from rankscope.datasets.simulator import simulate_fabric  # noqa: E402
 

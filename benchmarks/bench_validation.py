@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rankscope.analysis.diagnose import DiagnoseConfig, analyze_job  # noqa: E402
-from rankscope.analysis.jobs import load_planned, plan_jobs  # noqa: E402
+from rankscope.analysis.runner.plan import load_planned, plan_jobs  # noqa: E402
 from rankscope.collectors import formats  # noqa: E402
 from rankscope.collectors.ingest import ingest  # noqa: E402
 from rankscope.collectors.store import Store  # noqa: E402

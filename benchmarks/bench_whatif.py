@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.stragglers import analyze_stragglers
+from rankscope.analysis.stragglers.attribution import analyze_stragglers
 from rankscope.collectors.ingest import ingest
 from rankscope.collectors.job_frames import JobFrames, load_job
 from rankscope.collectors.store import Store
@@ -288,9 +288,9 @@ def _fault_params(kind: str, rng, world: int, pp: int) -> dict:
 
 def findings_target(n: int) -> None:
     """Issue 12: verdict kind + culprit from analyze alone where the fault costs >= 5%; a finding otherwise."""
-    from rankscope.analysis.findings import build_findings
-    from rankscope.analysis.stragglers import straggler_section
-    from rankscope.analysis.strategy_whitebox import infer_whitebox
+    from rankscope.analysis.report.findings import build_findings
+    from rankscope.analysis.stragglers.attribution import straggler_section
+    from rankscope.analysis.strategy.whitebox import infer_whitebox
     from rankscope.datasets.simulator import Fault, SimConfig, simulate
 
     rng = np.random.default_rng(12)

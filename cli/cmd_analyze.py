@@ -24,7 +24,7 @@ def _summary(d) -> str:
         step += f" ({len(warm)} warm-up left out of the median)"
     if d.steps.extra.get("ambiguous"):
         step += " (ambiguous: may be a multiple of the step)"
-    from rankscope.analysis.findings import summary_text
+    from rankscope.analysis.report.findings import summary_text
     from rankscope.dashboard.report_text import tied_labellings
 
     tied = tied_labellings(s)
@@ -38,13 +38,13 @@ def _results(store, plan, config, engine: str, address: str | None, fresh=None):
 
     ``fresh``: the rows ``--ingest`` just wrote, analysed from memory instead of re-read (embedded engine)."""
     if engine == "ray":
-        from rankscope.analysis.ray_engine import analyse_with_ray
+        from rankscope.analysis.runner.on_ray import analyse_with_ray
 
         yield from analyse_with_ray(str(store.root), plan, config, address)
         return
     from rankscope.analysis.diagnose import analyze_job
-    from rankscope.analysis.jobs import load_planned
-    from rankscope.analysis.result_cache import ResultCache, cached_analysis
+    from rankscope.analysis.runner.cache import ResultCache, cached_analysis
+    from rankscope.analysis.runner.plan import load_planned
 
     cache = ResultCache(store)
     for planned in plan:
@@ -67,8 +67,8 @@ def _load(with_ingest: bool, inputs=()) -> None:
 
     blas_without_threads()
     lean_allocators(inputs)
-    modules = ["polars", "numpy", "pyarrow.parquet", "rankscope.analysis.diagnose", "rankscope.analysis.jobs",
-               "rankscope.analysis.findings", "rankscope.dashboard.report_text"]
+    modules = ["polars", "numpy", "pyarrow.parquet", "rankscope.analysis.diagnose", "rankscope.analysis.runner.plan",
+               "rankscope.analysis.report.findings", "rankscope.dashboard.report_text"]
     if with_ingest:
         if "pyarrow" not in sys.modules:
             # Arrow buffers on this path are conversion copies freed within each file's ingest. Arrow's own
@@ -149,22 +149,22 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
         raise StoreError(f"--store {store_dir}: expected a trace store with records, found none")
     if flow_job is not None and flow_job not in store.jobs("flow"):
         raise UsageError(f"--flow-job {flow_job!r}: expected a flow capture, one of {store.jobs('flow')}")
-    from rankscope.analysis.flow_config import FlowConfig
-    from rankscope.analysis.gemm_throughput import ThroughputConfig
-    from rankscope.analysis.regressions import RegressionConfig
-    from rankscope.analysis.stragglers import StragglerConfig
+    from rankscope.analysis.fabric.config import FlowConfig
+    from rankscope.analysis.kernels.regressions import RegressionConfig
+    from rankscope.analysis.kernels.throughput import ThroughputConfig
+    from rankscope.analysis.stragglers.attribution import StragglerConfig
 
     config = DiagnoseConfig(
         stragglers=StragglerConfig(none_below=none_below),
         regressions=RegressionConfig(throughput=ThroughputConfig(threshold=regression_threshold)),
         flow=FlowConfig.with_rendezvous(*control_ports))
-    from rankscope.analysis.jobs import plan_jobs
+    from rankscope.analysis.runner.plan import plan_jobs
 
     plan = plan_jobs(store, job, flow_job, config.flow)
     if not plan:
         if job:
             raise UsageError(f"--job {job!r}: no such job (training jobs and captures: {store.jobs()})")
-        from rankscope.analysis.jobs import why_no_jobs
+        from rankscope.analysis.runner.plan import why_no_jobs
 
         why = why_no_jobs(store, config.flow)
         raise UsageError(f"--store {store_dir}: no training job or flow capture with a job in it"

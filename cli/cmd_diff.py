@@ -58,10 +58,10 @@ def diff(baseline_dir, store_dir, job, baseline_job, json_out, threshold):
     Example:
       rankscope diff --baseline st-aligned --store st-resized --json diff.json
     """
-    from rankscope.analysis.gemm_throughput import ThroughputConfig
-    from rankscope.analysis.regressions import RegressionConfig
-    from rankscope.analysis.result_cache import ResultCache, result_key, store_version
+    from rankscope.analysis.kernels.regressions import RegressionConfig
+    from rankscope.analysis.kernels.throughput import ThroughputConfig
     from rankscope.analysis.run_diff import DiffConfig, diff_runs
+    from rankscope.analysis.runner.cache import ResultCache, result_key, store_version
     from rankscope.collectors.job_frames import load_job
     from rankscope.collectors.store import Store
 

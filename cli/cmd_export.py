@@ -33,11 +33,11 @@ def perfetto(store_dir: str, job: str, out: str):
 
     One process per rank and timeline (``rank N`` and ``rank N (ideal)``), one track per stream.
     """
-    from rankscope.analysis.job_model import build_job_model
-    from rankscope.analysis.perfetto_export import metadata_events, perfetto_events
-    from rankscope.analysis.result_cache import ResultCache, result_key, store_version
-    from rankscope.analysis.whatif_graph import build_graph
-    from rankscope.analysis.whatif_metrics import ideal_durations
+    from rankscope.analysis.model.job_model import build_job_model
+    from rankscope.analysis.runner.cache import ResultCache, result_key, store_version
+    from rankscope.analysis.whatif.graph import build_graph
+    from rankscope.analysis.whatif.metrics import ideal_durations
+    from rankscope.analysis.whatif.perfetto import metadata_events, perfetto_events
     from rankscope.collectors.job_frames import load_job
     from rankscope.collectors.store import Store
 

@@ -22,8 +22,8 @@ from rankscope.collectors.store import MANIFEST_DIR, Store
 from rankscope.dashboard.security import public_error
 
 if TYPE_CHECKING:
-    from rankscope.analysis.diagnosis import Diagnosis
-    from rankscope.analysis.jobs import PlannedJob
+    from rankscope.analysis.report.diagnosis import Diagnosis
+    from rankscope.analysis.runner.plan import PlannedJob
 
 CACHE_SIZE = 8
 """analyses kept in memory (one per store version, job and baseline): a 2,048-rank job is a few tens of MB."""
@@ -73,14 +73,14 @@ def store_problem(store_dir: str | None) -> str | None:
 
 def job_plan(store: Store) -> dict[str, PlannedJob]:
     """Job name -> how to load it: the one job plan of ``rankscope analyze`` (analysis.jobs.plan_jobs)."""
-    from rankscope.analysis.jobs import plan_jobs
+    from rankscope.analysis.runner.plan import plan_jobs
 
     return {p.name: p for p in plan_jobs(store)}
 
 
 def load_planned(store: Store, name: str, how: PlannedJob) -> JobFrames:
     """The frames of one planned job (analysis.jobs.load_planned), named ``name``."""
-    from rankscope.analysis.jobs import load_planned as load
+    from rankscope.analysis.runner.plan import load_planned as load
 
     frames = load(store, how)[0]
     frames.job = name
@@ -139,7 +139,7 @@ def _analysed(store: Store, job: str, how: PlannedJob,
     (analysis.result_cache), with the very computation ``rankscope analyze`` caches, so one entry serves
     both; the records are loaded only on a miss."""
     from rankscope.analysis.diagnose import analyze_job
-    from rankscope.analysis.jobs import load_planned as load
+    from rankscope.analysis.runner.plan import load_planned as load
 
     if baseline is not None:
         frames = load_planned(store, job, how)
@@ -154,7 +154,7 @@ def _analysed(store: Store, job: str, how: PlannedJob,
         d.data_quality.update(dq)
         return d, tables
 
-    from rankscope.analysis.result_cache import cached_analysis as stored_analysis
+    from rankscope.analysis.runner.cache import cached_analysis as stored_analysis
 
     diag, tables, _hit = stored_analysis(store, how, None, compute)
     return diag, dict(tables)
@@ -188,7 +188,7 @@ class JobViews:
         return plan
 
     def _located(self, store_dir: str, job: str) -> tuple[Store, PlannedJob, tuple]:
-        from rankscope.analysis.jobs import PlannedJob
+        from rankscope.analysis.runner.plan import PlannedJob
 
         how = self.plan(store_dir).get(job) or PlannedJob(job, "job", job)
         store = Store(store_dir)

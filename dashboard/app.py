@@ -32,7 +32,7 @@ from rankscope.dashboard.summary_band import summary_band
 from rankscope.dashboard.table_figures import empty_figure
 
 if TYPE_CHECKING:
-    from rankscope.analysis.diagnosis import Diagnosis
+    from rankscope.analysis.report.diagnosis import Diagnosis
 
 __all__ = ["GRAPHS", "TABLES", "JobViews", "create_app", "load_planned", "page_content", "serve", "strategy_summary"]
 
@@ -191,8 +191,8 @@ def no_job_message(store: str | None) -> str:
     if problem:
         return problem
     try:
-        from rankscope.analysis.flow_config import FlowConfig
-        from rankscope.analysis.jobs import why_no_jobs
+        from rankscope.analysis.fabric.config import FlowConfig
+        from rankscope.analysis.runner.plan import why_no_jobs
 
         why = why_no_jobs(Store(store), FlowConfig())
     except Exception:  # noqa: BLE001 - a store mid-write: the plain message still holds

@@ -113,7 +113,7 @@ def data_table(table_id: str, rows: Any, title: str, empty_text: str, first: tup
 
 def findings_rows(findings: list[dict]) -> list[dict]:
     """Findings as table rows: the finding in words first (analysis.findings.describe), then its parts."""
-    from rankscope.analysis.findings import describe
+    from rankscope.analysis.report.findings import describe
 
     return [{"finding": describe(f), "kind": f.get("kind"), "factor": f.get("factor"), "steps": f.get("steps"),
              "evidence": f.get("evidence")} for f in findings]

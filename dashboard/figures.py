@@ -45,7 +45,7 @@ from rankscope.dashboard.table_figures import (
 )
 
 if TYPE_CHECKING:  # annotations only: the figures read attributes, and the page starts faster without it
-    from rankscope.analysis.diagnosis import Diagnosis, Stragglers
+    from rankscope.analysis.report.diagnosis import Diagnosis, Stragglers
 
 PHASES = (("compute_ns", "compute", "#4C78A8"), ("comm_ns", "exposed communication", "#F58518"),
           ("wait_ns", "idle (waiting)", "#E45756"))

@@ -21,7 +21,7 @@ import polars as pl
 from rankscope.dashboard.table_figures import LAYOUT, as_frame, empty_figure
 
 if TYPE_CHECKING:
-    from rankscope.analysis.diagnosis import Strategy
+    from rankscope.analysis.report.diagnosis import Strategy
 
 RANK_COLUMNS = ("rank", "endpoint", "worker")
 DIVERGING = "RdBu_r"

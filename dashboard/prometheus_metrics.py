@@ -27,7 +27,7 @@ from pathlib import Path
 
 import polars as pl
 
-from rankscope.analysis.diagnosis import Diagnosis
+from rankscope.analysis.report.diagnosis import Diagnosis
 
 SIZE_BUCKETS_BYTES = (1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28)
 """upper bounds of the comm size buckets (label ``size_bucket``: ``le_1KiB`` ... ``gt_256MiB``)."""
@@ -299,8 +299,8 @@ class StoreCollector:
 
     def _analyse(self, store) -> list[Sample]:
         from rankscope.analysis.diagnose import analyze_job
-        from rankscope.analysis.jobs import load_planned, plan_jobs
-        from rankscope.analysis.result_cache import ResultCache, cached_analysis
+        from rankscope.analysis.runner.cache import ResultCache, cached_analysis
+        from rankscope.analysis.runner.plan import load_planned, plan_jobs
 
         samples: list[Sample] = []
         cache = ResultCache(store)

@@ -16,7 +16,7 @@ from rankscope.dashboard.report_text import tied_labellings
 from rankscope.dashboard.table_figures import fmt_value
 
 if TYPE_CHECKING:
-    from rankscope.analysis.diagnosis import Diagnosis
+    from rankscope.analysis.report.diagnosis import Diagnosis
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;background:#f6f7f9;color:#222}

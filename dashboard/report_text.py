@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rankscope.analysis.diagnosis import Diagnosis
-from rankscope.analysis.findings import describe, summary_text
+from rankscope.analysis.report.diagnosis import Diagnosis
+from rankscope.analysis.report.findings import describe, summary_text
 
 MAX_ROWS = 8
 """rows per list section; the JSON report holds them all."""

@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rankscope.analysis.diagnosis import Diagnosis
+    from rankscope.analysis.report.diagnosis import Diagnosis
 
 HOURS_PER_DAY = 24.0
 
 
 def _findings(d: Diagnosis) -> list[dict]:
-    from rankscope.analysis.findings import build_findings
+    from rankscope.analysis.report.findings import build_findings
 
     found = d.extra.get("findings")
     return list(found) if found is not None else build_findings(d.stragglers, d.regressions)
@@ -32,7 +32,7 @@ def _endpoints_are_gpus(d: Diagnosis) -> bool:
 def summary_facts(d: Diagnosis) -> dict:
     """The band's content as plain values: job, evaluated, why, headline, verdict, culprit, factor, slowdown,
     waste_pct, step_ms, lost_ms_per_step, hours_per_day, hours_unit, other_findings."""
-    from rankscope.analysis.findings import describe, summary_text
+    from rankscope.analysis.report.findings import describe, summary_text
 
     st = d.stragglers
     evaluated = bool(st.extra.get("evaluated", True))

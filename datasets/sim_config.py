@@ -239,7 +239,7 @@ class SimConfig:
         holds size / tp of it, and the slowdown follows from that split: ``factor`` when it misses the
         dtype's 16-byte minimum (cuBLAS falls back to an align1/align2 kernel), a ``PREFERRED_SHARE`` of
         that when it misses only the 128-byte line, none when aligned; FLOPs scale with the size."""
-        from rankscope.analysis.gemm_alignment import check_dim
+        from rankscope.analysis.kernels.alignment import check_dim
 
         dim, mult = TP_DIM.get(p["kernel"], ("n", 1))
         aligned = mult * self.hidden // self.tp

@@ -3,7 +3,7 @@
 The per-stage step templates (:mod:`sim_template`) are tiled over ranks and
 steps with numpy; edges, sync groups (collective members, send/recv pairs),
 durations and launch delays come out as flat arrays ready for
-:func:`rankscope.analysis.replay.replay`. Faults act here, on physical
+:func:`rankscope.analysis.replay.engine.replay`. Faults act here, on physical
 quantities only: a slow worker's compute takes ``factor`` times longer, a
 slow NIC makes every inter-host transfer it takes part in ``factor`` times
 longer, a GC pause delays the launch of a forward pass, a hang is a launch

@@ -8,7 +8,7 @@
     write_store(res_or_fab, "out")                          # the trace store + out/truth.json
 
 Timing comes from replaying the job's dependency graph with
-:func:`rankscope.analysis.replay.replay` (the engine the what-if analysis
+:func:`rankscope.analysis.replay.engine.replay` (the engine the what-if analysis
 uses): per-rank compute chains, asynchronous send/recv pairs that start
 together, collectives that start when their last member arrives.
 """
@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from rankscope.analysis.replay import replay
+from rankscope.analysis.replay.engine import replay
 from rankscope.collectors.errors import UsageError
 from rankscope.collectors.schema import empty
 from rankscope.collectors.store import ManifestEntry, Store

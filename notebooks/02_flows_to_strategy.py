@@ -29,7 +29,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from rankscope.analysis.diagnose import analyze_job
-from rankscope.analysis.jobs import load_planned, plan_jobs
+from rankscope.analysis.runner.plan import load_planned, plan_jobs
 from rankscope.collectors.ingest import ingest
 from rankscope.collectors.formats import ImportOptions
 from rankscope.collectors.store import Store

@@ -35,8 +35,8 @@ def slow_nic(tmp_path_factory):
 
 def test_slow_nic_is_reported_as_communication(slow_nic):
     from rankscope.analysis.diagnose import DiagnoseConfig, analyze_job
-    from rankscope.analysis.flow_config import FlowConfig
-    from rankscope.analysis.jobs import load_planned, plan_jobs
+    from rankscope.analysis.fabric.config import FlowConfig
+    from rankscope.analysis.runner.plan import load_planned, plan_jobs
     from rankscope.collectors.store import Store
 
     res = slow_nic

@@ -44,8 +44,8 @@ pytestmark = [pytest.mark.netns, pytest.mark.torchjob, pytest.mark.slow]
 
 
 def _infer(res):
-    from rankscope.analysis.flow_config import FlowConfig
-    from rankscope.analysis.strategy_flows import infer_flows
+    from rankscope.analysis.fabric.config import FlowConfig
+    from rankscope.analysis.strategy.flows.infer import infer_flows
     from rankscope.collectors.store import Store
 
     flows = Store(res.store).read("flow", res.flow_job)

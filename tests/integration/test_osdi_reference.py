@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rankscope.analysis.stragglers import analyze_stragglers
+from rankscope.analysis.stragglers.attribution import analyze_stragglers
 from rankscope.cli.main import main
 from rankscope.collectors.ingest import ingest
 from rankscope.collectors.job_frames import load_job
@@ -93,8 +93,8 @@ def test_batched_template_replay_equals_the_shared_engine(osdi_store):
 
     import numpy as np
 
-    from rankscope.analysis.whatif_batch import Scenarios, step_times
-    from rankscope.analysis.whatif_graph import build_graph
+    from rankscope.analysis.whatif.graph import build_graph
+    from rankscope.analysis.whatif.scenarios import Scenarios, step_times
 
     store, _ = osdi_store
     g = build_graph(load_job(store, "ST"))
@@ -144,7 +144,7 @@ def test_job_model_recovers_the_layout_the_traces_record(osdi_store, name):
 
     import polars as pl
 
-    from rankscope.analysis.job_model import build_job_model
+    from rankscope.analysis.model.job_model import build_job_model
 
     store, _ = osdi_store
     f = load_job(store, name)

@@ -3,7 +3,7 @@ import random
 
 from scipy.stats import binomtest
 
-from rankscope.analysis.whatif_sequence import _binomial_tail
+from rankscope.analysis.whatif.sequence import _binomial_tail
 
 
 def test_binomial_tail_equals_binomtest_including_underflow():

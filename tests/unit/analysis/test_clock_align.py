@@ -2,7 +2,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from rankscope.analysis.clock_align import (
+from rankscope.analysis.model.clocks import (
     ClockConfig,
     apply_exporter_offsets,
     apply_rank_offsets,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.collective_streams import label_groups, memberships_from
-from rankscope.analysis.job_model import one_source_per_rank
-from rankscope.analysis.strategy_whitebox import infer_whitebox
-from rankscope.analysis.whatif_graph import BWD, FWD
-from rankscope.analysis.whatif_sequence import heaviest_agreement
+from rankscope.analysis.model.job_model import one_source_per_rank
+from rankscope.analysis.strategy.groups_from_streams import label_groups, memberships_from
+from rankscope.analysis.strategy.whitebox import infer_whitebox
+from rankscope.analysis.whatif.graph import BWD, FWD
+from rankscope.analysis.whatif.sequence import heaviest_agreement
 
 TP = [[0, 1], [2, 3], [4, 5], [6, 7]]
 DP = [[0, 2], [1, 3], [4, 6], [5, 7]]

@@ -7,8 +7,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from rankscope.analysis.collective_timing import label_groups_by_timing
-from rankscope.analysis.strategy_whitebox import infer_whitebox
+from rankscope.analysis.strategy.groups_from_timing import label_groups_by_timing
+from rankscope.analysis.strategy.whitebox import infer_whitebox
 from rankscope.datasets.sim_config import Fault, SimConfig
 from rankscope.datasets.sim_realism import Realism
 from rankscope.datasets.simulator import simulate
@@ -148,7 +148,7 @@ def test_grid_matches_dp_members_across_clear_tp_groups():
     # real gloo on a loaded host: a TP pair's bucket all-reduces end closer together than the DP
     # members do, so no clustering of the 8 ranks is clear; but each DP group takes one rank of every
     # TP pair, and matching the pairs to each other by drift is
-    from rankscope.analysis.collective_timing import _across, _cluster
+    from rankscope.analysis.strategy.groups_from_timing import _across, _cluster
 
     dp_of = {r: r % 2 for r in range(8)}
     d = np.array([[0.0 if a == b else 0.4 if a // 2 == b // 2 else 1.0 if dp_of[a] == dp_of[b] else 4.0
@@ -164,7 +164,7 @@ def test_grid_matches_dp_members_across_clear_tp_groups():
 
 
 def test_lone_family_role_from_the_undecided_streams():
-    from rankscope.analysis.strategy_whitebox import lone_role
+    from rankscope.analysis.strategy.whitebox import lone_role
 
     fam = {"stream_calls": 60.0, "mb_frac": 0.0}
     none = pl.DataFrame(schema={"op": pl.Utf8, "peer": pl.Int32, "rank": pl.Int32, "microbatch": pl.Int32})

@@ -6,7 +6,7 @@ import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from rankscope.analysis.strategy_whitebox import _components
+from rankscope.analysis.strategy.whitebox import _components
 
 
 def _scipy_components(nodes, edges):

@@ -2,8 +2,8 @@
 
 import polars as pl
 
-from rankscope.analysis.coverage import rank_coverage
 from rankscope.analysis.diagnose import diagnose
+from rankscope.analysis.model.data_quality import rank_coverage
 from rankscope.collectors.job_frames import JobFrames, declared_world
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from rankscope.analysis.diagnosis import Diagnosis, Stragglers
-from rankscope.analysis.findings import build_findings, summary_text
-from rankscope.analysis.stragglers import _honest, analyze_stragglers
+from rankscope.analysis.report.diagnosis import Diagnosis, Stragglers
+from rankscope.analysis.report.findings import build_findings, summary_text
+from rankscope.analysis.stragglers.attribution import _honest, analyze_stragglers
 from rankscope.collectors.job_frames import JobFrames
 
 sim = pytest.importorskip("rankscope.datasets.simulator")
@@ -96,8 +96,8 @@ def test_s_below_one_is_noise_not_negative_waste():
 
 
 def test_hook_records_take_their_placement_from_the_strategy():
-    from rankscope.analysis.diagnosis import Strategy
-    from rankscope.analysis.stragglers import layout_from_strategy, straggler_section
+    from rankscope.analysis.report.diagnosis import Strategy
+    from rankscope.analysis.stragglers.attribution import layout_from_strategy, straggler_section
 
     st = Strategy(world_size=8, dp=4, pp=2, dp_groups=[[0, 1, 2, 3], [4, 5, 6, 7]],
                   pp_groups=[[0, 4], [1, 5], [2, 6], [3, 7]])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.flow_config import FlowConfig
-from rankscope.analysis.flow_groups import byte_rank_candidates, fit_grid
+from rankscope.analysis.fabric.config import FlowConfig
+from rankscope.analysis.fabric.grid import byte_rank_candidates, fit_grid
 
 
 def _grid(dp: int, pp: int, pp_bytes: float, dp_bytes: float, seed: int = 0):

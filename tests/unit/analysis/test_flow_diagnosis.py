@@ -3,12 +3,12 @@
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.diagnosis import Steps, Strategy
-from rankscope.analysis.flow_lateness import late_senders
-from rankscope.analysis.flow_link_rates import link_rates, slow_group
-from rankscope.analysis.flow_period import whole_step
-from rankscope.analysis.flow_stragglers import flow_straggler_section
-from rankscope.analysis.strategy_flows import flow_steps
+from rankscope.analysis.report.diagnosis import Steps, Strategy
+from rankscope.analysis.stragglers.from_flows import flow_straggler_section
+from rankscope.analysis.stragglers.late_arrivals import late_senders
+from rankscope.analysis.stragglers.link_rates import link_rates, slow_group
+from rankscope.analysis.strategy.flows.infer import flow_steps
+from rankscope.analysis.strategy.flows.period import whole_step
 from tests.unit.analysis.flow_records import STEP, frame
 
 
@@ -185,8 +185,8 @@ def test_a_late_ring_member_is_named_even_when_the_period_found_is_a_multiple_of
     assert st.extra["evaluated"] is False and st.extra["late_dp_links"].startswith("not evaluated")
     # and the summary says what was not checked
     assert "does not repeat clearly" in st.extra["not_evaluated"]["worker"]
-    from rankscope.analysis.diagnosis import Diagnosis
-    from rankscope.analysis.findings import summary_text
+    from rankscope.analysis.report.diagnosis import Diagnosis
+    from rankscope.analysis.report.findings import summary_text
 
     d = Diagnosis(job="j", stragglers=st)
     text = summary_text(d)
@@ -266,7 +266,7 @@ def test_a_finding_too_small_to_matter_names_nobody():
 
 
 def test_the_period_follows_most_links_burst_spacing():
-    from rankscope.analysis.strategy_flows import _burst_spacing
+    from rankscope.analysis.strategy.flows.infer import _burst_spacing
 
     # bursts every 1.5 s on most links, every second step on some (the exporter hid one); a period
     # guess 5 % long is pulled back to what the spacings say

@@ -4,9 +4,9 @@ group's pipelines late alike, clocks that cannot be compared, and readings no sl
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.diagnosis import Steps, Strategy
-from rankscope.analysis.flow_lateness import late_stage
-from rankscope.analysis.flow_stragglers import flow_straggler_section
+from rankscope.analysis.report.diagnosis import Steps, Strategy
+from rankscope.analysis.stragglers.from_flows import flow_straggler_section
+from rankscope.analysis.stragglers.late_arrivals import late_stage
 from tests.unit.analysis.flow_records import STEP, frame
 
 
@@ -81,7 +81,7 @@ def test_a_last_stage_late_after_earlier_stages_slightly_late_names_nobody():
 
 
 def test_a_slow_ring_and_a_late_pipeline_read_together():
-    from rankscope.analysis.flow_stragglers import _ring_and_late_stage
+    from rankscope.analysis.stragglers.from_flows import _ring_and_late_stage
 
     ring = {"kind": "slow_group", "culprit": None, "members": ["a1", "b1", "c1"], "extra_ns": 9e8, "factor": 3.0,
             "group": 1}
@@ -117,8 +117,8 @@ def test_pipelines_as_late_from_one_stage_name_nobody_even_when_only_one_clears_
     st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 5_000_000)
     assert st.verdict == "worker" and not st.top_workers, st.extra
     assert st.extra["culprits"]["worker"]["ranks"] == ["10.1.1.1", "10.1.2.1"] and st.slowdown > 1.5
-    from rankscope.analysis.diagnosis import Diagnosis
-    from rankscope.analysis.findings import summary_text
+    from rankscope.analysis.report.diagnosis import Diagnosis
+    from rankscope.analysis.report.findings import summary_text
 
     text = summary_text(Diagnosis(job="j", stragglers=st))
     assert text.startswith("verdict worker: one of 10.1.1.1, 10.1.2.1 (stage 1) computes"), text
@@ -131,8 +131,8 @@ def test_pipelines_as_late_from_one_stage_name_nobody_even_when_only_one_clears_
 def test_a_late_two_stage_pipeline_group_under_the_bar_is_said_with_its_cost_a_lower_bound():
     # two pipelines of one TP group 30 ms late from stage 0 of two: no later stage gives the forward time,
     # so the cost is the lateness alone (S 1.03, under the bar) and the summary says it is a lower bound
-    from rankscope.analysis.diagnosis import Diagnosis
-    from rankscope.analysis.findings import summary_text
+    from rankscope.analysis.report.diagnosis import Diagnosis
+    from rankscope.analysis.report.findings import summary_text
 
     f, strat = _pipeline_records(extra={(1, 0): 30_000_000, (2, 0): 30_000_000}, n_pipes=8, pp=2)
     st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1)
@@ -200,7 +200,7 @@ def test_the_pipelines_of_one_replica_are_not_compared():
 
 
 def test_exporter_clocks_keep_unmatched_exporters_apart():
-    from rankscope.analysis.clock_align import exporter_clocks
+    from rankscope.analysis.model.clocks import exporter_clocks
 
     off = pl.DataFrame({"exporter": ["r", "p1", "rail1"], "offset_ns": [0.0, 5e5, 0.0], "num_matched": [0, 40, 0]})
     assert exporter_clocks(off) == {"r": "r", "p1": "r", "rail1": "rail1"}

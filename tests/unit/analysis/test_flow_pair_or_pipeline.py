@@ -10,7 +10,7 @@ links were busy 13-48 % of their burst period, DP links 3-42 %): a lone pair is 
 import polars as pl
 import pytest
 
-from rankscope.analysis.strategy_flows import infer_flows
+from rankscope.analysis.strategy.flows.infer import infer_flows
 
 MS = 1_000_000
 T0 = 1_764_000_000_000 * MS
@@ -110,7 +110,7 @@ def test_a_slow_ring_ending_late_is_no_stage_order():
 
 
 def test_dp_end_votes_need_ends_clearly_apart():
-    from rankscope.analysis.flow_stage_order import dp_end_votes
+    from rankscope.analysis.strategy.flows.stage_order import dp_end_votes
 
     rows = _link("a0", "a1", [(300 * k + 237, 300 * k + 297) for k in range(6)], 4e8, 1) \
         + _link("b0", "b1", [(300 * k + 237, 300 * k + 297) for k in range(6)], 4e8, 2)
@@ -129,7 +129,7 @@ def test_dp_end_votes_need_ends_clearly_apart():
 
 
 def test_dp_end_votes_need_most_steps_to_agree():
-    from rankscope.analysis.flow_stage_order import dp_end_votes
+    from rankscope.analysis.strategy.flows.stage_order import dp_end_votes
 
     rows = _link("a0", "a1", [(300 * k + 237, 300 * k + 297) for k in range(6)], 4e8, 1) \
         + _link("b0", "b1", [(300 * k + 237, 300 * k + 297) for k in range(6)], 4e8, 2)

@@ -3,7 +3,7 @@
 import polars as pl
 import pytest
 
-from rankscope.analysis.flow_ranks_per_address import (
+from rankscope.analysis.strategy.flows.ranks_per_address import (
     RanksPerAddress,
     RanksPerAddressConfig,
     degrees_with_hidden_ranks,
@@ -121,7 +121,7 @@ def test_empty_inputs_and_bad_config():
 
 
 def test_infer_flows_reports_tp_from_ranks_per_address():
-    from rankscope.analysis.strategy_flows import infer_flows
+    from rankscope.analysis.strategy.flows.infer import infer_flows
 
     # A,B hold stage 0 and C,D stage 1 (DP pairs A-B, C-D carry gradients; PP pairs A-C, B-D activations);
     # two ranks per address, each with its own connection to its peer; TCP, millisecond clock

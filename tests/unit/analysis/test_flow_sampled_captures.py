@@ -8,7 +8,7 @@ from tests.unit.analysis.flow_records import directed_edges
 
 
 def test_batched_packet_samples_are_timed_no_finer_than_their_batches():
-    from rankscope.analysis.flow_jobs import flow_resolution_ns, sample_batching_ns
+    from rankscope.analysis.fabric.recognise import flow_resolution_ns, sample_batching_ns
 
     # sFlow-like: 20 batches a second apart of 5 samples each, and 80 more in 2 ms batches
     slow = np.repeat(np.arange(20) * 1_000_000_000, 5)
@@ -25,7 +25,7 @@ def test_batched_packet_samples_are_timed_no_finer_than_their_batches():
 
 
 def test_a_fabric_mixing_a_fine_exporter_and_a_batched_sflow_agent_reads_at_the_agent_s_batching():
-    from rankscope.analysis.flow_jobs import flow_resolution_ns
+    from rankscope.analysis.fabric.recognise import flow_resolution_ns
 
     rng = np.random.default_rng(3)
     fine = np.sort(rng.integers(0, 10**10, 200))  # IPFIX, nanosecond clock
@@ -44,7 +44,7 @@ def test_a_fabric_mixing_a_fine_exporter_and_a_batched_sflow_agent_reads_at_the_
 
 
 def test_a_pair_that_only_ever_carried_its_set_up_is_no_heavy_link():
-    from rankscope.analysis.flow_features import heavy_edges
+    from rankscope.analysis.fabric.pair_traffic import heavy_edges
 
     # 1-in-16 sampling scales a connection set-up (SYN, ACKs) to kilobytes: 0.3 % of a 1 MB link, above
     # the heavy fraction, but no payload
@@ -58,7 +58,7 @@ def test_a_pair_that_only_ever_carried_its_set_up_is_no_heavy_link():
 
 
 def test_a_link_seen_in_one_sample_is_not_heavy_next_to_links_seen_in_hundreds():
-    from rankscope.analysis.flow_features import heavy_edges, sampled_bytes_floor
+    from rankscope.analysis.fabric.pair_traffic import heavy_edges, sampled_bytes_floor
 
     # 1 in 1,000 sampling: each ring link shows 1,000 payload samples (4 GB); one sampled packet between
     # two of its hosts scales to 12 MB, 0.3 % of a ring link, over the heavy fraction (0.2 %). A single
@@ -78,8 +78,11 @@ def test_a_link_seen_in_one_sample_is_not_heavy_next_to_links_seen_in_hundreds()
 
 
 def test_links_seen_in_a_few_samples_leave_room_for_unseen_ones():
-    from rankscope.analysis.flow_features import pair_traffic, undirected_edges
-    from rankscope.analysis.flow_sample_counts import all_links_seen_chance, sampled_packets
+    from rankscope.analysis.fabric.pair_traffic import pair_traffic, undirected_edges
+    from rankscope.analysis.strategy.flows.sample_counts import (
+        all_links_seen_chance,
+        sampled_packets,
+    )
 
     rows = [("a", "b", 1, 512), ("b", "a", 1, 512), ("b", "c", 1, 512), ("c", "b", 1, 512), ("c", "d", 1, 512)]
     f = pl.DataFrame(rows, schema=["src_addr", "dst_addr", "num_packets", "sampling_rate"], orient="row").with_columns(
@@ -100,7 +103,7 @@ def test_links_seen_in_a_few_samples_leave_room_for_unseen_ones():
 
 
 def test_a_few_payload_samples_split_by_chance_are_not_read_as_one_way():
-    from rankscope.analysis.flow_features import undirected_edges
+    from rankscope.analysis.fabric.pair_traffic import undirected_edges
 
     def sym(ab, ba, samples_ab, samples_ba):
         pairs = pl.DataFrame({"src": ["x", "y"], "dst": ["y", "x"], "bytes": [ab, ba], "num_records": [1, 1],

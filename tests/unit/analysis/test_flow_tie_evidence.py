@@ -11,16 +11,16 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.flow_config import FlowConfig
-from rankscope.analysis.flow_groups import fit_grid
-from rankscope.analysis.flow_tie_evidence import (
+from rankscope.analysis.fabric.config import FlowConfig
+from rankscope.analysis.fabric.grid import fit_grid
+from rankscope.analysis.fabric.tie_evidence import (
     ends_from_wrap,
     ends_walk,
     short_link,
     two_short,
     wrap_by_bytes,
 )
-from rankscope.analysis.strategy_flows import VALID_GRID_CONFIDENCE, infer_flows
+from rankscope.analysis.strategy.flows.infer import VALID_GRID_CONFIDENCE, infer_flows
 from rankscope.datasets.simulator import Realism, SimConfig, simulate
 
 NODES = [f"n{i}" for i in range(8)]

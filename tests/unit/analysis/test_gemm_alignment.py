@@ -1,14 +1,14 @@
 import polars as pl
 import pytest
 
-from rankscope.analysis.gemm_alignment import (
+from rankscope.analysis.kernels.alignment import (
     AlignmentConfig,
     alignment_findings,
     check_dim,
     required_elements,
     tp_split_findings,
 )
-from rankscope.analysis.kernel_classes import class_of, classify
+from rankscope.analysis.kernels.classes import class_of, classify
 from rankscope.collectors.errors import ConfigError
 
 from .gemm_frames import gemm_frame
@@ -94,7 +94,7 @@ def test_kernel_classes_table():
 def test_kernel_traits_parse_layout_alignment_and_tile():
     import polars as pl
 
-    from rankscope.analysis.kernel_classes import kernel_traits
+    from rankscope.analysis.kernels.classes import kernel_traits
 
     df = kernel_traits(pl.DataFrame({"name": ["cutlass_80_tensorop_bf16_s16816gemm_bf16_128x256_32x3_tn_align1",
                                               "ampere_sgemm_64x64_nn", "aten::mm"]}))

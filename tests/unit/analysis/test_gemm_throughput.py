@@ -2,7 +2,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from rankscope.analysis.gemm_throughput import (
+from rankscope.analysis.kernels.throughput import (
     ThroughputConfig,
     baseline_findings,
     cross_rank_findings,

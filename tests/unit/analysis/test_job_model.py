@@ -4,8 +4,8 @@ import polars as pl
 import pytest
 
 from rankscope.analysis import diagnose as diagnose_mod
-from rankscope.analysis.diagnosis import Stragglers
-from rankscope.analysis.job_model import build_job_model, rank_layout
+from rankscope.analysis.model.job_model import build_job_model, rank_layout
+from rankscope.analysis.report.diagnosis import Stragglers
 from rankscope.collectors.job_frames import JobFrames
 
 sim = pytest.importorskip("rankscope.datasets.simulator")

@@ -3,7 +3,7 @@
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.whatif_evidence import _median_of_others
+from rankscope.analysis.whatif.evidence import _median_of_others
 
 
 def test_equals_the_self_join_on_random_groups_with_ties():

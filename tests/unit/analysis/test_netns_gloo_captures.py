@@ -20,7 +20,7 @@ TRUTH = json.loads((DATA / "truth.json").read_text())
 
 
 def _config(name):
-    from rankscope.analysis.flow_config import FlowConfig
+    from rankscope.analysis.fabric.config import FlowConfig
 
     port = TRUTH[name]["master_port"]
     return FlowConfig.with_rendezvous(port)
@@ -40,7 +40,7 @@ def _flows(name) -> pl.DataFrame:
 def _diagnose(name, tmp_path):
     """The capture analysed the way ``rankscope analyze`` analyses a store holding it."""
     from rankscope.analysis.diagnose import DiagnoseConfig, analyze_job
-    from rankscope.analysis.jobs import load_planned, plan_jobs
+    from rankscope.analysis.runner.plan import load_planned, plan_jobs
     from rankscope.collectors.schema import conform
     from rankscope.collectors.store import Store
 
@@ -55,7 +55,7 @@ def _diagnose(name, tmp_path):
 
 @pytest.mark.parametrize("name", sorted(n for n in TRUTH if n.startswith("dp2pp2")))
 def test_real_capture_groups_and_stage_order_never_wrong(name):
-    from rankscope.analysis.strategy_flows import infer_flows
+    from rankscope.analysis.strategy.flows.infer import infer_flows
 
     t = TRUTH[name]
     s = infer_flows(_flows(name), _config(name)).strategy
@@ -80,7 +80,7 @@ def test_real_pipeline_whose_records_span_the_job_claims_no_stage_order_from_the
     # per link, opened when gloo connected the pairs and closed as the processes exited; the three links'
     # ends 1-2 ms apart in exit order were read as the last gradients' and ordered the pipeline
     # backwards at confidence 0.99. This is the capture of a local run that did the same
-    from rankscope.analysis.strategy_flows import infer_flows
+    from rankscope.analysis.strategy.flows.infer import infer_flows
 
     t = TRUTH["pp4_whole_job_records"]
     s = infer_flows(_flows("pp4_whole_job_records"), _config("pp4_whole_job_records")).strategy
@@ -97,7 +97,7 @@ def test_real_pipeline_from_other_exporters_reads_as_pp4(name):
     # sFlow, the set-up of two non-neighbour stages' connection (gloo connects every pair) scaled to 3 KB,
     # joined the heavy links, closed a cycle no pipeline has, and the middle stage was peeled off as a
     # server: the job read as a 2-stage pipeline at 0.98
-    from rankscope.analysis.strategy_flows import infer_flows
+    from rankscope.analysis.strategy.flows.infer import infer_flows
 
     t = TRUTH[name]
     s = infer_flows(_flows(name), _config(name)).strategy
@@ -114,7 +114,7 @@ def test_real_pipeline_whose_connections_close_apart_is_ordered_by_its_last_grad
     # end), metered by nfpcapd with a 1 s inactive timeout and no active cut in the job: one payload record
     # each way per link, whose FIN/ACK (flags 0x11) came 4 s later in a record of its own. The payload
     # records end with the last gradients: the links end 22-23 ms apart, downstream first
-    from rankscope.analysis.strategy_flows import infer_flows
+    from rankscope.analysis.strategy.flows.infer import infer_flows
 
     name = "pp4_linger_nfpcapd"
     flows = _flows(name)
@@ -138,7 +138,7 @@ def test_sflow_batches_time_their_samples_too_coarsely_to_order_stages(name):
     # its datagram: the first samples of a link's two directions, milliseconds apart, may arrive a second
     # apart. Those batch lags had ordered this DP2 x PP2 x TP2 job's pipelines at 0.98 (right by luck of
     # which datagram each sample rode in)
-    from rankscope.analysis.strategy_flows import infer_flows
+    from rankscope.analysis.strategy.flows.infer import infer_flows
 
     inf = infer_flows(_flows(name), _config(name))
     assert inf.quality["timestamp_resolution_ns"] >= 50_000_000
@@ -167,7 +167,7 @@ def test_real_slow_nic_is_reported_as_communication_on_its_ring(name, tmp_path):
 def test_real_clean_job_names_nobody(tmp_path, report_schema):
     import jsonschema
 
-    from rankscope.analysis.findings import summary_text
+    from rankscope.analysis.report.findings import summary_text
 
     d = _diagnose("dp2pp2_clean", tmp_path)
     st = d.stragglers
@@ -211,7 +211,7 @@ def test_a_few_samples_claim_no_grid_with_confidence(name):
     # sparser sFlow on the 3.3 MB pipeline: at 1 in 512 four samples in all, one link unseen, read as a
     # 3-stage pipeline at 0.99 (2 runs of 2); at 1 in 128 two addresses read as a 2-way tie (the others
     # peeled as servers on the direction split of 7-12 samples a link): neither may be confident
-    from rankscope.analysis.strategy_flows import infer_flows
+    from rankscope.analysis.strategy.flows.infer import infer_flows
 
     t = TRUTH[name]
     s = infer_flows(_flows(name), _config(name)).strategy
@@ -222,7 +222,7 @@ def test_a_few_samples_claim_no_grid_with_confidence(name):
 
 
 def test_sflow_captures_say_their_samples_are_timed_by_datagrams():
-    from rankscope.analysis.strategy_flows import infer_flows
+    from rankscope.analysis.strategy.flows.infer import infer_flows
 
     def noted(name):
         s = infer_flows(_flows(name), _config(name), one_job=True).strategy

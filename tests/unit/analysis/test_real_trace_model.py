@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.steps import startup_steps
-from rankscope.analysis.stragglers import StragglerConfig, evidenced_verdict
-from rankscope.analysis.whatif_evidence import persistent_links
-from rankscope.analysis.whatif_generic import generic_graph
-from rankscope.analysis.whatif_graph import BWD, FWD
-from rankscope.analysis.whatif_sequence import heaviest_agreement
+from rankscope.analysis.model.steps import startup_steps
+from rankscope.analysis.stragglers.attribution import StragglerConfig, evidenced_verdict
+from rankscope.analysis.whatif.evidence import persistent_links
+from rankscope.analysis.whatif.generic import generic_graph
+from rankscope.analysis.whatif.graph import BWD, FWD
+from rankscope.analysis.whatif.sequence import heaviest_agreement
 from rankscope.collectors.job_frames import JobFrames
 
 MS = 1_000_000

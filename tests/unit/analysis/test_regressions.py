@@ -1,8 +1,8 @@
 import jsonschema
 import pytest
 
-from rankscope.analysis.gemm_throughput import ThroughputConfig
-from rankscope.analysis.regressions import RegressionConfig, regression_section
+from rankscope.analysis.kernels.regressions import RegressionConfig, regression_section
+from rankscope.analysis.kernels.throughput import ThroughputConfig
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
 

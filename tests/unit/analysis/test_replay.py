@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rankscope.analysis.replay import CycleError, chain_edges, replay
+from rankscope.analysis.replay.engine import CycleError, chain_edges, replay
 
 
 def _naive(duration, src, dst, delay, group, release):

@@ -8,9 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from rankscope.analysis.replay import CycleError, replay
-from rankscope.analysis.replay_batch import plan_replay, replay_many
-from rankscope.analysis.replay_template import step_template
+from rankscope.analysis.replay.engine import CycleError, replay
+from rankscope.analysis.replay.step_template import step_template
+from rankscope.analysis.replay.waves import plan_replay, replay_many
 
 
 def _random_graph(rng, n=400, streams=12, groups=40):
@@ -67,9 +67,9 @@ def _sim_graph(**cfg):
     """(what-if graph, actual durations, ideal durations) of a small simulated job (flows off)."""
     sim = pytest.importorskip("rankscope.datasets.simulator")
 
-    from rankscope.analysis.job_model import build_job_model
-    from rankscope.analysis.whatif_graph import build_graph
-    from rankscope.analysis.whatif_metrics import ideal_durations
+    from rankscope.analysis.model.job_model import build_job_model
+    from rankscope.analysis.whatif.graph import build_graph
+    from rankscope.analysis.whatif.metrics import ideal_durations
     from rankscope.collectors.job_frames import JobFrames
 
     res = sim.simulate(sim.SimConfig(flows=False, **cfg))
@@ -113,7 +113,7 @@ def test_blocks_replay_like_one_graph(joined):
 
 
 def test_choice_replayer_equals_step_times_of_the_scenario_durations():
-    from rankscope.analysis.whatif_batch import Scenarios, step_times
+    from rankscope.analysis.whatif.scenarios import Scenarios, step_times
 
     graph, actual, ideal = _sim_graph(dp=2, pp=2, tp=2, steps=3, microbatches=2)
     rng = np.random.default_rng(3)
@@ -136,7 +136,7 @@ def test_choice_replayer_equals_step_times_of_the_scenario_durations():
 
 
 def test_super_nodes_number_like_unique_of_the_group_keys():
-    from rankscope.analysis.replay_batch import _super_nodes
+    from rankscope.analysis.replay.waves import _super_nodes
 
     rng = np.random.default_rng(1)
     for n in (0, 1, 7, 5000):
@@ -147,8 +147,8 @@ def test_super_nodes_number_like_unique_of_the_group_keys():
 
 
 def test_scenarios_with_the_same_choices_replay_once_and_alike():
-    from rankscope.analysis.whatif_batch import Scenarios, step_times
-    from rankscope.analysis.whatif_graph import WhatIfGraph
+    from rankscope.analysis.whatif.graph import WhatIfGraph
+    from rankscope.analysis.whatif.scenarios import Scenarios, step_times
 
     graph, actual, ideal = _sim_graph(dp=2, pp=2, tp=1, steps=2, microbatches=2)
     labels = np.arange(len(actual)) % 3
@@ -192,7 +192,7 @@ def _whole(graph):
                                         # step's graph differs, so the whole graph is replayed
                                         (dict(dp=2, pp=4, tp=1, steps=3, microbatches=4, jitter=0.2), False)])
 def test_template_replay_equals_the_whole_graph(cfg, shared):
-    from rankscope.analysis.whatif_batch import Scenarios, step_times
+    from rankscope.analysis.whatif.scenarios import Scenarios, step_times
 
     graph, actual, ideal = _sim_graph(**cfg)
     whole = _whole(graph)

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from rankscope.analysis import result_cache as rc
-from rankscope.analysis.diagnosis import Diagnosis, Stragglers
+from rankscope.analysis.report.diagnosis import Diagnosis, Stragglers
+from rankscope.analysis.runner import cache as rc
 from rankscope.cli.main import main
 from rankscope.collectors.store import Store
 
@@ -125,7 +125,7 @@ def test_store_version_follows_the_jobs_parts(store_dir):
 
 def test_export_and_diff_reuse_their_results(store_dir, tmp_path, monkeypatch):
     import rankscope.analysis.run_diff as run_diff_mod
-    import rankscope.analysis.whatif_graph as graph_mod
+    import rankscope.analysis.whatif.graph as graph_mod
 
     n = {}
     _count_calls(monkeypatch, n, "graph", graph_mod, "build_graph")
@@ -147,8 +147,8 @@ def test_export_and_diff_reuse_their_results(store_dir, tmp_path, monkeypatch):
 def test_job_recognition_on_a_capture_is_cached(tmp_path, monkeypatch):
     """Planning a store's jobs (every analyze, every dashboard start) reuses job recognition on an unchanged
     capture, gives the same plan from the cache, and recognises again once the capture changes."""
-    import rankscope.analysis.flow_jobs as flow_jobs_mod
-    from rankscope.analysis.jobs import plan_jobs
+    import rankscope.analysis.fabric.recognise as flow_jobs_mod
+    from rankscope.analysis.runner.plan import plan_jobs
 
     monkeypatch.delenv("RANKSCOPE_NO_CACHE", raising=False)
     fab = sim.simulate_fabric([sim.SimConfig(job="a", dp=4, pp=2, gpus_per_host=1, steps=3, seed=1, qps=1),

@@ -2,7 +2,7 @@
 
 import polars as pl
 
-from rankscope.analysis.steps import job_steps, rank_step_windows, steps_section
+from rankscope.analysis.model.steps import job_steps, rank_step_windows, steps_section
 
 MS = 1_000_000
 

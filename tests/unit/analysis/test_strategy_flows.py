@@ -4,9 +4,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from rankscope.analysis.clock_align import apply_exporter_offsets, exporter_clock_offsets
-from rankscope.analysis.flow_config import FlowConfig
-from rankscope.analysis.strategy_flows import infer_flows
+from rankscope.analysis.fabric.config import FlowConfig
+from rankscope.analysis.model.clocks import apply_exporter_offsets, exporter_clock_offsets
+from rankscope.analysis.strategy.flows.infer import infer_flows
 from rankscope.collectors.errors import ConfigError
 
 sim = pytest.importorskip("rankscope.datasets.simulator")
@@ -113,7 +113,7 @@ def test_stage_order_from_link_chronology_when_ack_flows_open_both_directions_to
 
 
 def test_confidence_comes_from_the_evidence():
-    from rankscope.analysis import strategy_flows as sf
+    from rankscope.analysis.strategy.flows import infer as sf
 
     conf, klass, order = sf.grid_confidence, sf.evidence_class, sf.stage_order_confidence
     # one valid labelling, no pipeline: the groups' own (dev-measured) chance
@@ -140,8 +140,8 @@ def test_pipelines_without_order_votes_all_run_the_same_way_through_the_stages()
     # addresses that do not follow the ranks, and no link time on any pipeline link: nothing votes on
     # the direction, yet the pipelines form one grid, so they must all run the same way through the
     # stages (DP groups); walking each from its lowest address would flip some of them
-    from rankscope.analysis.flow_groups import GridFit
-    from rankscope.analysis.flow_stage_order import order_pipelines
+    from rankscope.analysis.fabric.grid import GridFit
+    from rankscope.analysis.strategy.flows.stage_order import order_pipelines
 
     truth = [["10.0.0.7", "10.0.0.2", "10.0.0.5"], ["10.0.0.1", "10.0.0.9", "10.0.0.4"],
              ["10.0.0.8", "10.0.0.3", "10.0.0.6"]]
@@ -165,8 +165,8 @@ def test_two_stage_links_timed_on_two_exporters_vote_only_beyond_their_clock_ske
     # the other. Summed, that read as a clear 16 and ordered the pipelines backwards at "voted clearly"
     # against 5 of 5 steps of gradient reductions. (The offsets were a few hundred microseconds; lags
     # under a millisecond no longer vote at all, flow_link_evidence.MIN_PP_LAG_NS, so here they are 1-3 ms)
-    from rankscope.analysis.flow_groups import GridFit
-    from rankscope.analysis.flow_stage_order import order_pipelines
+    from rankscope.analysis.fabric.grid import GridFit
+    from rankscope.analysis.strategy.flows.stage_order import order_pipelines
 
     rng = np.random.default_rng(0)
     up = [f"10.0.0.{i}" for i in range(1, 65)]
@@ -192,8 +192,8 @@ def test_a_pipeline_no_vote_reached_leaves_the_stage_order_unclaimed():
     # dev corpus (seed 5): a 2-stage job on 4 rails; the gradient reductions voted on three rails, not on
     # the fourth, whose pipelines ran the way the address rule guessed: the other way through the stages
     # from the three voted rails, reported as "voted clearly"
-    from rankscope.analysis.flow_groups import GridFit
-    from rankscope.analysis.flow_stage_order import order_pipelines
+    from rankscope.analysis.fabric.grid import GridFit
+    from rankscope.analysis.strategy.flows.stage_order import order_pipelines
 
     # on every rail the stage holding the lower addresses is downstream
     rails = [([f"10.0.{r}.{i}" for i in (3, 4)], [f"10.0.{r}.{i}" for i in (1, 2)]) for r in range(4)]
@@ -217,7 +217,7 @@ def test_a_pipeline_no_vote_reached_leaves_the_stage_order_unclaimed():
 
 
 def test_undirected_edges_say_whether_one_exporter_timed_both_directions():
-    from rankscope.analysis.flow_features import undirected_edges
+    from rankscope.analysis.fabric.pair_traffic import undirected_edges
 
     pairs = pl.DataFrame({"src": ["a", "b", "a", "c"], "dst": ["b", "a", "c", "a"], "bytes": [1.0] * 4,
                           "first_ns": [0] * 4, "first_data_ns": [0] * 4, "last_ns": [1] * 4,
@@ -232,8 +232,8 @@ def test_link_times_one_clock_tick_apart_cast_no_stage_order_vote():
     # softflowd stamps): one whole-job record per direction, all opening together and closing within a
     # millisecond of each other; that tick ordered the pipeline backwards "clearly". Times cut to a tick
     # less than two ticks apart may be in either order: no vote, so no claimed direction
-    from rankscope.analysis.flow_groups import GridFit
-    from rankscope.analysis.flow_stage_order import order_pipelines
+    from rankscope.analysis.fabric.grid import GridFit
+    from rankscope.analysis.strategy.flows.stage_order import order_pipelines
 
     ms = 1_000_000
     path = ["10.0.0.2", "10.0.0.4", "10.0.0.1", "10.0.0.3"]
@@ -256,7 +256,7 @@ def test_link_times_one_clock_tick_apart_cast_no_stage_order_vote():
 def test_tcp_link_times_date_the_traffic_only_when_its_records_show_bursts():
     # a TCP connection's first record opens with its set-up and its last closes with its teardown (gloo
     # connects every pair at start and closes them at exit); RoCE carries only data on the flow
-    from rankscope.analysis.flow_link_dating import connection_dated
+    from rankscope.analysis.strategy.flows.link_dating import connection_dated
 
     ms, link = 1_000_000, frozenset("xy")
 
@@ -284,7 +284,7 @@ def test_tcp_link_times_date_the_traffic_only_when_its_records_show_bursts():
 def test_a_whole_job_tcp_links_last_data_dates_it_when_its_flags_show_the_teardown_apart():
     # the processes outlived their last transfer (a checkpoint at the end) past the exporter's idle timeout:
     # the payload record ended with the data, and the FIN exchange came in a record of its own
-    from rankscope.analysis.flow_link_dating import ends_dated
+    from rankscope.analysis.strategy.flows.link_dating import ends_dated
 
     ms, link = 1_000_000, frozenset(("x", "y"))
     SYN, FIN, ACK, PSH = 0x02, 0x01, 0x10, 0x08
@@ -342,7 +342,7 @@ def test_a_cycle_cut_where_no_evidence_shows_its_wrap_says_the_wrap_is_unknown()
     # an interleaved pipeline's last stage sends back to its first: its links form a cycle. With no
     # stage-order vote (TCP records kept open across steps) the cut is a guess unless one link is short
     # by a model chunk both ways (dev corpus seed 3: a TCP PP16 cycle cut at a guessed link at 0.99)
-    from rankscope.analysis.strategy_flows import _wrap_unknown
+    from rankscope.analysis.strategy.flows.infer import _wrap_unknown
 
     p = ["a", "b", "c", "d"]
     ring = list(zip(p, p[1:] + p[:1]))
@@ -359,7 +359,7 @@ def test_a_cycle_cut_where_no_evidence_shows_its_wrap_says_the_wrap_is_unknown()
 
 def test_a_links_last_time_is_its_last_payload_not_a_teardown_record():
     # a short active timeout cuts the FIN exchange at the processes' exit into a record of its own
-    from rankscope.analysis.flow_features import pair_traffic, undirected_edges
+    from rankscope.analysis.fabric.pair_traffic import pair_traffic, undirected_edges
 
     ms = 1_000_000
     rows = [("x", "y", 40000, 50000, 0, 900 * ms, 9_000_000, 1000),  # the data

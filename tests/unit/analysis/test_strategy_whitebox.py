@@ -1,7 +1,12 @@
 import polars as pl
 import pytest
 
-from rankscope.analysis.strategy_whitebox import group_families, infer_whitebox, order_path, p2p_votes
+from rankscope.analysis.strategy.whitebox import (
+    group_families,
+    infer_whitebox,
+    order_path,
+    p2p_votes,
+)
 
 from .wb_frames import build_job, layout
 

@@ -3,8 +3,8 @@
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.replay import chain_edges
-from rankscope.analysis.whatif_generic import _stream_edges
+from rankscope.analysis.replay.engine import chain_edges
+from rankscope.analysis.whatif.generic import _stream_edges
 
 
 def _ops(rng, n=3000):

@@ -1,7 +1,7 @@
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.timelines import (
+from rankscope.analysis.model.timelines import (
     TIMELINE_COLUMNS,
     period_steps,
     rank_timelines,

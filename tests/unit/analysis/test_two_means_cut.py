@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rankscope.analysis.flow_link_evidence import two_means_cut
+from rankscope.analysis.fabric.link_evidence import two_means_cut
 
 
 def _sse(x, cut):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.timelines import union_ns
+from rankscope.analysis.model.timelines import union_ns
 
 
 def _merged(rows) -> dict:

@@ -6,10 +6,15 @@ import numpy as np
 import polars as pl
 import pytest
 
-from rankscope.analysis.stragglers import StragglerConfig, analyze_stragglers, straggler_section, verdict
-from rankscope.analysis.whatif_batch import Scenarios, step_times
-from rankscope.analysis.whatif_graph import WhatIfInputError, build_graph
-from rankscope.analysis.whatif_sequence import _fit_cols, fwd_bwd_pearson
+from rankscope.analysis.stragglers.attribution import (
+    StragglerConfig,
+    analyze_stragglers,
+    straggler_section,
+    verdict,
+)
+from rankscope.analysis.whatif.graph import WhatIfInputError, build_graph
+from rankscope.analysis.whatif.scenarios import Scenarios, step_times
+from rankscope.analysis.whatif.sequence import _fit_cols, fwd_bwd_pearson
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
 

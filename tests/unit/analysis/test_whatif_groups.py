@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.whatif_generic import _groups
+from rankscope.analysis.whatif.generic import _groups
 
 
 def _partition(codes: np.ndarray) -> set[frozenset]:

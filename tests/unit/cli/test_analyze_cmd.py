@@ -114,7 +114,7 @@ def test_thresholds_reach_the_analysis_and_bad_ones_are_usage_errors(tmp_path):
 
 def test_dashboard_and_analyze_share_one_job_plan(job_store, fabric_store, tmp_path):
     """The same names, and for each the same records, from the CLI and the dashboard (analysis.jobs)."""
-    from rankscope.analysis.jobs import load_planned, plan_jobs
+    from rankscope.analysis.runner.plan import load_planned, plan_jobs
     from rankscope.collectors.store import Store
     from rankscope.dashboard.app import JobViews
     from rankscope.dashboard.app import load_planned as dash_load

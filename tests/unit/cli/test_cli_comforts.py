@@ -10,8 +10,8 @@ import sys
 import click
 import pytest
 
-from rankscope.analysis.diagnosis import Stragglers
-from rankscope.analysis.findings import build_findings, describe
+from rankscope.analysis.report.diagnosis import Stragglers
+from rankscope.analysis.report.findings import build_findings, describe
 from rankscope.cli.cmd_info import duration_text, time_text
 from rankscope.cli.main import COMMANDS
 from rankscope.datasets.simulator import Fault, SimConfig, simulate, write_store

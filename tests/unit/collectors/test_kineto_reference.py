@@ -103,7 +103,7 @@ def test_sampled_ranks_give_no_hang_and_few_real_regressions(reference_dir, tmp_
     # on a microsecond timer between two ranks are below the noise floor, and fp32 / GEMV-like shapes
     # have no tensor-core alignment rule. Before the floor and the rules: 214 regressions and 1 hang.
     from rankscope.analysis.hangs import hang_section
-    from rankscope.analysis.regressions import regression_section
+    from rankscope.analysis.kernels.regressions import regression_section
     from rankscope.collectors.job_frames import load_job
 
     st = Store(tmp_path / "store")

@@ -140,7 +140,7 @@ def test_layout_has_every_graph_and_a_refresh_interval(hand_store):
 
 
 def test_strategy_summary_truncates_many_groups():
-    from rankscope.analysis.diagnosis import Diagnosis, Strategy
+    from rankscope.analysis.report.diagnosis import Diagnosis, Strategy
 
     s = Strategy(world_size=64, dp=64, dp_groups=[list(range(64))], pp_groups=[[r] for r in range(64)])
     text = strategy_summary(Diagnosis(job="j", strategy=s))
@@ -174,7 +174,7 @@ def test_flow_only_capture_lists_recognised_jobs_with_address_endpoints(tmp_path
 def test_band_names_a_finding_under_the_verdict_threshold():
     from dash import html
 
-    from rankscope.analysis.diagnosis import Diagnosis, Stragglers, Strategy
+    from rankscope.analysis.report.diagnosis import Diagnosis, Stragglers, Strategy
     from rankscope.dashboard.summary_band import summary_band, summary_facts
 
     finding = {"kind": "slow_worker", "culprit": {"rank": 1000, "stage": 1, "dp_rank": 61}, "factor": 1.5,

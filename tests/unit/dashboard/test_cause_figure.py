@@ -1,6 +1,6 @@
 """The cause chart shows the shares the verdict used, labelled apart from OSDI'25's M_W and M_S (issue 12)."""
 
-from rankscope.analysis.diagnosis import Stragglers
+from rankscope.analysis.report.diagnosis import Stragglers
 from rankscope.dashboard.figures import cause_figure
 
 

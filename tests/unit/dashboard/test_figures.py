@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import polars as pl
 import pytest
 
-from rankscope.analysis.diagnosis import Diagnosis, Steps, Stragglers, Strategy
+from rankscope.analysis.report.diagnosis import Diagnosis, Steps, Stragglers, Strategy
 from rankscope.dashboard import figures, table_figures
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from rankscope.analysis.diagnosis import Strategy
+from rankscope.analysis.report.diagnosis import Strategy
 from rankscope.dashboard import grid_figures
 
 

@@ -7,7 +7,7 @@ import re
 import pytest
 from plotly.offline import get_plotlyjs
 
-from rankscope.analysis.diagnosis import Diagnosis, Steps, Stragglers, Strategy
+from rankscope.analysis.report.diagnosis import Diagnosis, Steps, Stragglers, Strategy
 from rankscope.dashboard.report_html import key_numbers, render_report
 
 

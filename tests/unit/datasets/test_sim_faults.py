@@ -93,7 +93,7 @@ def test_misaligned_gemm_slowdown_depends_on_the_split():
 
 
 def test_analyze_alone_flags_the_misaligned_gemm_without_a_baseline():
-    from rankscope.analysis.regressions import regression_section
+    from rankscope.analysis.kernels.regressions import regression_section
     from rankscope.collectors.job_frames import JobFrames
 
     cfg = SimConfig(dp=2, pp=2, tp=2, gemm_records=True, **{k: v for k, v in SMALL.items() if k != "gemm_records"},

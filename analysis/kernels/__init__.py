@@ -1,0 +1,1 @@
+"""The regression section: GEMM alignment and throughput against peers or a baseline."""

@@ -1,0 +1,161 @@
+"""Step boundaries and per-rank, per-step phases on the aligned clock.
+
+Step boundaries come, in order of preference, from step_mark records, from
+the ``step`` column of comm_op/compute_op records, or (flows only) from the
+period of data-parallel bursts (see :func:`burst_steps`). Phases per rank and
+step are interval unions, computed column-wise: compute (union of compute
+spans), communication (union of comm spans), exposed communication (comm not
+hidden under compute) and idle (neither): exposed communication plus idle is
+the time the rank waited.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from rankscope.analysis.model.steps import rank_step_windows, steps_section  # noqa: F401  (the one step definition)
+
+step_table = rank_step_windows
+
+TIMELINE_COLUMNS = ("rank", "step", "start_ns", "end_ns", "duration_ns", "compute_ns", "comm_ns",
+                    "exposed_comm_ns", "idle_ns", "exposed_wait_ns")
+
+
+def union_ns(iv: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Total length of the union of [start_ns, end_ns) per key group, vectorised (sort + running max)."""
+    if iv.is_empty():
+        return iv.select(keys).clear().with_columns(union_ns=pl.lit(None, pl.Int64))  # the keys' own types
+    s = iv.sort([*keys, "start_ns"])
+    # end of everything that started before this interval (running max, shifted): the frame is sorted
+    # by key, so the previous row's running max is the group's unless the key changed there
+    same = pl.all_horizontal([pl.col(k).eq_missing(pl.col(k).shift(1)) for k in keys])
+    prev_end = _group_running_max(s, same)
+    if prev_end is None:
+        prev_end = pl.when(same).then(pl.col("end_ns").cum_max().over(keys).shift(1))
+    s = s.with_columns(prev_end=prev_end)
+    # each interval adds only its part beyond that
+    add = pl.max_horizontal(pl.col("end_ns") - pl.max_horizontal(pl.col("start_ns"),
+                                                                  pl.col("prev_end").fill_null(pl.col("start_ns"))), 0)
+    return s.group_by(keys).agg(union_ns=add.sum().cast(pl.Int64))
+
+
+def _group_running_max(s: pl.DataFrame, same: pl.Expr) -> pl.Expr | None:
+    """The previous row's running max of end_ns within its key group (null on a group's first row), as
+    one running max over the whole sorted frame: each group's ends are lifted into a band of their own
+    (group index x span), so a max never crosses a group boundary. Exact in integers; None when the
+    bands would not fit in int64 or an end is null (then the windowed form)."""
+    b = s.select(lo=pl.min_horizontal(pl.col("start_ns").min(), pl.col("end_ns").min()),
+                 hi=pl.max_horizontal(pl.col("start_ns").max(), pl.col("end_ns").max()),
+                 nulls=pl.col("end_ns").null_count())
+    lo, hi, nulls = b.row(0)
+    if nulls or lo is None or hi is None:
+        return None
+    span = int(hi) - int(lo) + 1
+    if (s.height + 1) * span >= 2**62:
+        return None
+    band = (~same).cast(pl.Int64).cum_sum() * span
+    lifted = pl.col("end_ns").cast(pl.Int64) - int(lo) + band
+    return pl.when(same).then(lifted.cum_max().shift(1) - band + int(lo))
+
+
+def _clip_to_steps(spans: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Assign spans (rank, start_ns, end_ns, optional step) to a step window, clipped to it.
+
+    A span labelled with a step goes to that step's window (on relative-time
+    traces every window of a rank starts at 0, so only the label can tell
+    them apart); an unlabelled one to the window containing its start.
+    """
+    empty = pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64})
+    if spans.is_empty() or steps.is_empty():
+        return empty
+    w = steps.select("rank", "step", w0="start_ns", w1="end_ns")
+    s = spans.select(pl.col("rank").cast(pl.Int64), "start_ns", "end_ns",
+                     (pl.col("step").cast(pl.Int64) if "step" in spans.columns
+                      else pl.lit(None, dtype=pl.Int64)).alias("step"))
+    lab = s.filter(pl.col("step").is_not_null()).join(w, on=["rank", "step"], how="inner")
+    unl = s.filter(pl.col("step").is_null()).drop("step").sort("start_ns").join_asof(
+        w.sort("w0"), left_on="start_ns", right_on="w0", by="rank", strategy="backward", check_sortedness=False)
+    j = pl.concat([lab.select("rank", "step", "start_ns", "end_ns", "w0", "w1"),
+                   unl.select("rank", "step", "start_ns", "end_ns", "w0", "w1")])
+    j = j.filter(pl.col("step").is_not_null() & (pl.col("start_ns") < pl.col("w1")))
+    return j.select("rank", "step", start_ns=pl.max_horizontal(pl.col("start_ns"), pl.col("w0")),
+                    end_ns=pl.min_horizontal(pl.col("end_ns"), pl.col("w1")))
+
+
+def _spans(df: pl.DataFrame) -> pl.DataFrame:
+    return df.select("rank", "start_ns", "end_ns", *(["step"] if "step" in df.columns else []))
+
+
+def rank_timelines(steps: pl.DataFrame, comm_op: pl.DataFrame, compute_op: pl.DataFrame) -> pl.DataFrame:
+    """Per-rank, per-step phases.
+
+    Needs steps (from :func:`step_table`), comm_op and compute_op rank,
+    start_ns, end_ns and step where known (all on the aligned clock; pending comm ops run to the step end).
+    Returns the columns in ``TIMELINE_COLUMNS``, one row per (rank, step).
+    """
+    if steps.is_empty():
+        return pl.DataFrame(schema={c: pl.Int64 for c in TIMELINE_COLUMNS})
+    comp = _clip_to_steps(_spans(compute_op) if not compute_op.is_empty() else pl.DataFrame(), steps)
+    comm_src = (_spans(comm_op).with_columns(pl.col("end_ns").fill_null(np.iinfo(np.int64).max // 2))
+                if not comm_op.is_empty() else pl.DataFrame())
+    comm = _clip_to_steps(comm_src, steps)
+    k = ["rank", "step"]
+    u_comp = union_ns(comp, k).rename({"union_ns": "compute_ns"})
+    u_comm = union_ns(comm, k).rename({"union_ns": "comm_ns"})
+    u_all = union_ns(pl.concat([comp, comm]) if not (comp.is_empty() and comm.is_empty()) else comp, k
+                      ).rename({"union_ns": "busy_ns"})
+    out = (steps.with_columns(duration_ns=pl.col("end_ns") - pl.col("start_ns"))
+           .join(u_comp, on=k, how="left").join(u_comm, on=k, how="left").join(u_all, on=k, how="left")
+           .with_columns(pl.col("compute_ns", "comm_ns", "busy_ns").fill_null(0)))
+    out = out.with_columns(exposed_comm_ns=pl.col("busy_ns") - pl.col("compute_ns"),
+                           idle_ns=pl.max_horizontal(pl.col("duration_ns") - pl.col("busy_ns"), 0))
+    out = out.with_columns(exposed_wait_ns=pl.col("exposed_comm_ns") + pl.col("idle_ns"))
+    return out.select(*TIMELINE_COLUMNS).sort(k)
+
+
+def step_period(keys: np.ndarray, times_ns: np.ndarray, max_candidates: int = 40,
+                max_divisor: int = 24) -> float | None:
+    """The step period from the start times of periodic traffic, or None.
+
+    ``keys``: which pair each time belongs to; ``times_ns``: record starts
+    (aligned). Exporters start a record at the first packet after the last
+    record closed, so record starts sit on traffic bursts but may skip some
+    (when the active timeout is longer than a step) or add some inside a long
+    burst. Consecutive starts of one pair are then close to whole multiples of
+    the step, ``k * P``: the period is the longest candidate on which the
+    differences are phase-coherent (mean cos(2 pi d / P) near its maximum;
+    P/2, P/3 are coherent too, 2P is not), refined as the median of d / k.
+    """
+    if len(times_ns) < 3:
+        return None
+    order = np.lexsort((times_ns, keys))
+    k, t = keys[order], times_ns[order].astype(np.int64)
+    same = k[1:] == k[:-1]
+    d = (t[1:] - t[:-1])[same].astype(np.float64)
+    d = d[d > 0]
+    if len(d) < 2:
+        return None
+    if len(d) > 5000:
+        d = np.random.default_rng(0).choice(d, 5000, replace=False)
+    # candidates: the most frequent distinct diffs (to 0.5 %) and their whole fractions, since a
+    # pair whose records outlast several steps only ever shows multiples of the period
+    q = np.round(np.log(d) / 0.005)
+    vals, inv, cnt = np.unique(q, return_inverse=True, return_counts=True)
+    top = np.argsort(-cnt)[:max_candidates]
+    base = np.array([np.median(d[inv == j]) for j in top])
+    cand = (base[:, None] / np.arange(1, max_divisor + 1)[None, :]).ravel()
+    coh = np.cos(2 * np.pi * d[None, :] / cand[:, None]).mean(axis=1)
+    best = coh.max()
+    if best < 0.5:
+        return None
+    p0 = cand[coh >= best - 0.05 * (1 + best)].max()
+    kk = np.round(d / p0)
+    ok = (kk >= 1) & (np.abs(d / np.maximum(kk, 1) - p0) < 0.05 * p0)
+    return float(np.median(d[ok] / kk[ok])) if ok.any() else float(p0)
+
+
+def period_steps(t_first_ns: int, t_last_ns: int, period_ns: float) -> list[int]:
+    """Step starts every ``period_ns`` from the first periodic record to the last one."""
+    n = int(np.floor((t_last_ns - t_first_ns) / period_ns + 0.5)) + 1
+    return [int(round(t_first_ns + i * period_ns)) for i in range(max(n, 0))]

@@ -1,0 +1,1 @@
+"""The straggler section: slowdown S, its causes and culprits, from compute, arrivals or flows."""

@@ -1,0 +1,241 @@
+"""The straggler section of a flows-only report, from switch flow records alone.
+
+Both kinds of evidence are read off the data-parallel links of the inferred strategy (links between
+members of one DP group), whose traffic every step is the same collective moving the same bytes:
+
+- *slow link / NIC* (flow_link_rates): a link, an endpoint or a whole ring whose payload rate sits far
+  below its peers' (verdict ``communication``);
+- *slow endpoint* (flow_lateness): a worker whose ring links open late every step, or whose pipeline's
+  forward sends fall behind from its stage on (verdict ``worker``).
+
+When the evidence points at a group but cannot single out one address (a slow ring, the pipelines of a
+TP group), the verdict names the cause and the group, and no address. S is estimated as
+step / (step - cost); below ``none_below`` (the contract's 1.05) the verdict is ``none`` and the
+finding is kept as evidence (``below_threshold``), naming nobody. With no finding at all, the section
+is not evaluated: nothing gives S, and the checks miss too many slow ranks for a "none" (see
+``_nothing_found``).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from rankscope.analysis.fabric.pair_traffic import on_pairs
+from rankscope.analysis.report.diagnosis import Steps, Stragglers, Strategy
+from rankscope.analysis.stragglers.late_arrivals import late_senders, late_stage
+from rankscope.analysis.stragglers.link_rates import (
+    MIN_PACKETS,
+    SLOW_FACTOR,
+    group_of,
+    link_rates,
+    slow_group,
+    slow_links,
+)
+
+
+def _dp_links(flow: pl.DataFrame, strategy: Strategy, pairs: frozenset = frozenset()) -> pl.DataFrame:
+    """Payload records between members of one DP group (only on ``pairs``, the collectives' own links,
+    when given), with the group as ``g``."""
+    group = group_of(strategy)
+    if not group or flow.is_empty():
+        return flow.head(0)
+    f = flow.filter(pl.col("is_data")) if "is_data" in flow.columns else flow
+    gs = pl.col("src_addr").replace_strict(group, default=-1, return_dtype=pl.Int64)
+    gd = pl.col("dst_addr").replace_strict(group, default=-2, return_dtype=pl.Int64)
+    f = f.with_columns(g=gs).filter(pl.col("g") == gd)
+    return on_pairs(f, pairs) if pairs else f
+
+
+def _slow_group_if_tied(flow: pl.DataFrame, strategy: Strategy, steps: Steps, resolution_ns: int) -> dict | None:
+    """slow_group under the labellings as good as the reported one (a 2 x 2 grid over TCP), or None: a real
+    gloo DP2 x PP2 job with a slow NIC on stage 1 was reported with the DP/PP swap first."""
+    if not (strategy.extra or {}).get("ambiguous"):
+        return None
+    for k, alt in enumerate((strategy.extra or {}).get("alternatives") or []):
+        other = Strategy(dp=alt.get("dp", 1), pp=alt.get("pp", 1), dp_groups=alt.get("dp_groups") or [])
+        if not other.dp_groups:
+            continue
+        x = slow_group(link_rates(flow, other, float(steps.median_ns), resolution_ns), other, steps.count)
+        if x:
+            return {**x, "labelling": f"alternatives[{k}]", "labelling_note": "read in an alternative "
+                    "labelling that fits as well as the reported one: its members are the slow ring's either way"}
+    return None
+
+
+def _ring_and_late_stage(ring: dict | None, late: dict | None) -> tuple[dict | None, dict | None, dict | None]:
+    """A slow ring (no member singled out) and a late pipeline stage, read together: (ring, late, ambiguity).
+
+    Each can cause the other's symptom. A slow NIC slows its DP ring and holds up its pipeline's
+    activations, so its pipeline runs late (a DP32 x PP16 RoCE job, one NIC slowed 3.7x: its ring 3.5x
+    its peers', its pipeline 16 ms late at the last stage, whose worker flows named). A slow worker
+    holds up the backward pass of the stages before it, whose rings then wait and read slow (a DP4 x
+    PP8 job, stage 1 slowed 1.8x: stage 0's ring 2.2x its peers'). Where the ring crosses the late
+    pipeline, the finding with the larger cost is kept and the other becomes its alternative, and the
+    report says it is ambiguous; on the late stage itself, that address is named either way.
+    """
+    if not ring or ring.get("culprit") or not late or not late.get("pipeline") or not late.get("culprit"):
+        return ring, late, None
+    on = sorted(set(late["pipeline"]) & set(ring["members"]))
+    if not on:
+        return ring, late, None
+    x = late["culprit"]
+    costs = {"communication_extra_ns": float(ring["extra_ns"]), "worker_extra_ns": float(late["extra_ns"])}
+    nic = ring["extra_ns"] >= late["extra_ns"]
+    if on == [x]:
+        why = (f"{x}: its DP ring is slow and its pipeline falls behind from its stage; a slow NIC and a slow "
+               "worker both do that, so the cause is the one with the larger cost")
+        merged = {**(ring if nic else late), "kind": "slow_nic" if nic else "slow_worker", "culprit": x,
+                  "links": [], "ambiguous_cause": why}
+        return None, merged, {"between": ["communication", "worker"], "rank": x, **costs, "why": why}
+    why = (f"the slow ring crosses the late pipeline at {on[0]}, not at its late stage {x}: a slow NIC there "
+           f"holds up the pipeline, or a slow worker at {x} keeps the ring waiting; the larger cost is reported")
+    amb = {"between": ["communication", "worker"], "ring": ring["members"], "rank": x, **costs, "why": why}
+    if nic:
+        return ring, {**late, "culprit": None, "kind": "late_stage_or_ring", "ambiguous": why}, amb
+    return {**ring, "kind": "slow_group_or_late_stage"}, late, amb
+
+
+def _brief(x: dict) -> dict:
+    """A finding under the report's bar, as evidence: who (or which group), how late or slow, and whether
+    its cost is only a lower bound (no forward time to set a late send against: a two-stage pipeline)."""
+    keep = ("kind", "culprit", "members", "stage", "factor", "late_ns", "extra_ns", "ambiguous")
+    out = {k: x[k] for k in keep if k in x}
+    # (a late ring arrival is the whole cost: the ring waits for it; only a late forward send is a part)
+    if "stage" in x and x.get("factor") is None:
+        out["cost"] = "a lower bound: the lateness of the first send, with no forward time to set it against"
+    return out
+
+
+def _nothing_found(base: dict) -> Stragglers:
+    """A flows-only section with no finding: not evaluated, with what was checked.
+
+    Flows give no ideal step time: S is measured only from a finding's cost. And finding nothing is weak
+    evidence of health: on the flow-diagnosis corpus (dev seeds 1-7), 188 of 259 jobs slowed 5 % or more
+    by one slow rank or link showed nothing these checks read, against 165 of 167 clean jobs. A "none"
+    there, with S 1.00, was a wrong "no straggler" more often than a right one."""
+    rates = base["link_rates"]
+    checked = {"link_rates": f"{rates['trusted']} of {rates['links']} links' rates compared",
+               "late_dp_links": base["late_dp_links"]}
+    why = ("no slow link, NIC or late endpoint found in the flows: with no such finding they give no S (no "
+           "ideal step time), and finding none does not show that every rank is healthy")
+    return Stragglers(extra={**base, "evaluated": False, "why": why, "checked": checked, "findings_flows": []})
+
+
+def _slowdown(x: dict, step: float) -> float:
+    return round(step / (step - min(x["extra_ns"], 0.9 * step)), 4)
+
+
+def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps, resolution_ns: int = 1,
+                           none_below: float = 1.05, dp_pairs: frozenset = frozenset(),
+                           clocks: dict[str, str] | None = None) -> Stragglers:
+    """Straggler section of a flows-only report (see module doc).
+
+    Needs flow (aligned) src_addr, dst_addr, est_bytes or size_bytes, start_ns, end_ns and is_data,
+    num_packets, sampling_rate if known; the inferred strategy's dp_groups, pp_groups and the step time;
+    ``dp_pairs``: the heavy pairs labelled data-parallel (FlowInference.dp_pairs), whose links alone are
+    read for late arrivals; ``clocks``: exporter -> the clock its times are on (clock_align.exporter_clocks).
+    """
+    if "est_bytes" not in flow.columns:
+        rate = pl.col("sampling_rate").fill_null(1).clip(lower_bound=1) if "sampling_rate" in flow.columns else 1
+        flow = flow.with_columns(est_bytes=(pl.col("size_bytes") * rate).cast(pl.Float64))
+    step = float(steps.median_ns or 0.0)
+    if flow.is_empty() or not step:
+        return Stragglers(extra={"basis": "flows", "evaluated": False,
+                                 "why": "no step time from flows: link rates and lateness need one"})
+    links = link_rates(flow, strategy, step, resolution_ns)
+    base = {"basis": "flows", "evaluated": True,
+            "link_rates": {"links": int(links.height), "trusted": int(links["trusted"].sum()) if links.height else 0,
+                           "dp_links": int((links["g"] >= 0).sum()) if links.height else 0,
+                           "min_packets": MIN_PACKETS, "slow_factor": SLOW_FACTOR}}
+    if links.height and not links["trusted"].any():
+        base["link_rates"]["why"] = f"every link holds fewer than {MIN_PACKETS} sampled packets"
+    dp = _dp_links(flow, strategy, dp_pairs)
+    # late ring sends: in a tree all-reduce a member sends up only once its children's data arrived, so
+    # its sends are late by design; and lateness needs the steps where they are. A period that may be a
+    # whole multiple of the step (the exporter hid some steps) still groups whole steps: a late member's
+    # links open late in each of them against its group's, so only a period that does not repeat
+    # clearly keeps lateness out
+    kinds = (strategy.extra or {}).get("dp_group_kinds")
+    # (a pure pipeline's one-member groups hold no DP link to be late on)
+    multi = set(kinds or {}) - {"single"}
+    rings = kinds is None or multi <= {"ring", "pair"}
+    weak = bool(steps.extra.get("period_weak"))
+    readable = rings and (kinds is None or bool(multi)) and not weak
+    late = late_senders(dp, step, resolution_ns, strategy.pp_groups) if readable else None
+    base["late_dp_links"] = (
+        "not evaluated: no data-parallel group has two members" if kinds is not None and not multi
+        else "not evaluated: in a tree all-reduce members send up only once their children's data arrived"
+        if not rings else "not evaluated: the traffic does not repeat clearly at the step time found" if weak
+        else "no DP link opens consistently late" if late is None else late["kind"])
+    if late is None or not late.get("culprit"):
+        late = late_stage(flow, strategy, step, resolution_ns, clocks) or late
+    # what the flows could not check, so that a verdict "none" is not read as "no straggler"
+    unread = {}
+    if late is None and base["late_dp_links"].startswith("not evaluated"):
+        unread["worker"] = base["late_dp_links"].removeprefix("not evaluated: ")
+    if "why" in base["link_rates"] or not links.height:
+        unread["communication"] = base["link_rates"].get("why", "no link between the job's endpoints has a rate")
+    if unread:
+        base["not_evaluated"] = unread
+    ring0, link = slow_group(links, strategy, steps.count), slow_links(links, steps.count)
+    ring, late, crossing = _ring_and_late_stage(ring0, late)
+    if crossing:
+        base["ambiguous"] = crossing
+    cands = [link, ring, late]
+    if not (link or ring0):
+        cands.append(_slow_group_if_tied(flow, strategy, steps, resolution_ns))
+    found = [x for x in cands if x and x.get("culprit")]
+    ambiguous = [x for x in cands if x and not x.get("culprit")]
+    if ambiguous:
+        base["ambiguous_flows"] = [{k: v for k, v in x.items() if k != "links"} for x in ambiguous]
+    if not found:
+        # evidence that a ring or a TP group's pipelines are slow but not who: the cause is reported,
+        # nobody is named
+        slow = [x for x in ambiguous if x["kind"] in ("slow_group", "late_pipelines", "late_tp_group")]
+        x = max(slow, key=lambda y: y["extra_ns"], default=None)
+        if x is None:
+            return _nothing_found(base)
+        if _slowdown(x, step) < none_below:
+            return Stragglers(slowdown=_slowdown(x, step), verdict="none",
+                              extra={**base, "findings_flows": [], "below_threshold": [_brief(x)]})
+        s = _slowdown(x, step)
+        if x["kind"] == "slow_group":
+            cause, who = "communication", {"group_id": x["group"], "ranks": x["members"], "transfer_ratio": x["factor"],
+                                           **({"labelling": x["labelling"]} if "labelling" in x else {})}
+        else:
+            cause, who = "worker", {"ranks": x["members"], "ambiguous": x["ambiguous"],
+                                    **({"factor": x["factor"], "stage": x["stage"], "factor_vs": x["factor_vs"]}
+                                       if x["kind"] == "late_pipelines" else
+                                       {"late_ns": x["late_ns"], "factor": s,
+                                        "factor_vs": "the step without the group's lateness on its DP links"})}
+        return Stragglers(slowdown=s, verdict=cause, by_cause={cause: 1.0}, top_workers=[],
+                          waste_fraction=round(1 - 1 / s, 4),
+                          extra={**base, "findings_flows": [], "steps": [], "culprits": {cause: who}})
+    best = max(found, key=lambda x: x["extra_ns"])
+    s = _slowdown(best, step)
+    cause = "communication" if best["kind"] in ("slow_nic", "slow_link") else "worker"
+    if s < none_below:
+        # too small to matter: listed as evidence, nobody named (a clean job's member that opens its
+        # ring link 2 ms late in a 3.4 s step is no culprit)
+        return Stragglers(slowdown=s, verdict="none",
+                          extra={**base, "findings_flows": [], "below_threshold": [_brief(x) for x in found]})
+    verdict = cause
+    top = [{"endpoint": x["culprit"], "slowdown": _slowdown(x, step), "kind": x["kind"]}
+           for x in sorted(found, key=lambda x: -x["extra_ns"])]
+    # the evidence in the shape the findings read (culprits are addresses: flows know no ranks)
+    ev: dict = {"slow_links": [], "slow_ranks": []}
+    culprits: dict = {}
+    for x in found:
+        f = _slowdown(x, step)
+        if x["kind"] == "slow_worker":
+            ev["slow_ranks"].append({"rank": x["culprit"], "factor": f, "steps": []})
+            culprits.setdefault("worker", {"rank": x["culprit"], "factor": f,
+                                           "factor_vs": x.get("factor_vs", "its DP group's senders")})
+        else:
+            ev["slow_links"].append({"rank": x["culprit"], "factor": x["factor"], "steps": [],
+                                     "slow_transfers": len(x["links"]), "transfers": int(links.height)})
+            culprits.setdefault("communication", {"rank": x["culprit"], "transfer_ratio": x["factor"],
+                                                  **({"labelling": x["labelling"]} if "labelling" in x else {})})
+    return Stragglers(slowdown=s, verdict=verdict, by_cause={cause: 1.0}, top_workers=top,
+                      waste_fraction=round(1 - 1 / s, 4),
+                      extra={**base, "findings_flows": found, "evidence": ev, "culprits": culprits, "steps": []})

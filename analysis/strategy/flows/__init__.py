@@ -1,0 +1,1 @@
+"""One job's strategy and steps from its switch flow records alone (black-box)."""

@@ -1,0 +1,93 @@
+"""The whole training step from a period found in flow records.
+
+A period read off one link's bursts may be a whole fraction of the step:
+bucketed all-reduces, ZeRO's reduce-scatter and all-gather, and pipeline
+stages each burst several times a step. The job's total traffic, though,
+repeats only once a step (forward, backward, gradient sync, optimizer
+barrier): its activity correlates best with itself one whole step later. So
+each whole multiple ``k * period`` that the capture holds at least twice is
+scored by the autocorrelation of the job's binned activity at that lag (best
+within a few per cent, for step-to-step jitter), and the multiple that
+correlates clearly best is the step. When no multiple stands out the period
+is kept; when the best is weak the step is flagged as uncertain.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from rankscope.analysis.fabric.recognise import activity_series
+
+MARGIN = 0.1
+"""a longer multiple replaces the period only when it correlates better by this much."""
+JITTER = 0.03
+"""steps vary by this share around the lag (lognormal jitter of compute and transfers)."""
+
+
+def whole_step(flows: pl.DataFrame, period_ns: float, resolution_ns: int, max_multiple: int = 8) -> dict:
+    """{multiple, step_ns, corr: {k: r}, weak[, short]} for the job's payload records (start_ns, end_ns, est_bytes).
+
+    ``short``: the capture holds the period fewer than twice, so nothing confirms it."""
+    out = {"multiple": 1, "step_ns": float(period_ns), "corr": {}, "weak": False}
+    if flows.is_empty() or not period_ns:
+        return out
+    t0, t1 = int(flows["start_ns"].min()), int(flows["end_ns"].max())
+    span = t1 - t0
+    bin_ns = max(int(period_ns / 100), 4 * int(resolution_ns), 1)
+    nbins = int(span // bin_ns) + 1
+    x = activity_series(flows["start_ns"].to_numpy(), flows["end_ns"].to_numpy(),
+                  flows["est_bytes"].to_numpy().astype(float), t0, bin_ns, nbins)
+    x = x - x.mean()
+    if not (x * x).sum():
+        return out
+    corr, at = {}, {}
+    for k in range(1, max_multiple + 1):
+        lag = k * period_ns / bin_ns
+        if 2 * lag > nbins:
+            break
+        lags = np.arange(max(1, int(lag * (1 - JITTER))), int(np.ceil(lag * (1 + JITTER))) + 1)
+        r = np.array([_corr(x, int(lg)) for lg in lags])
+        i = int(np.argmax(r))
+        corr[k] = round(float(r[i]), 4)
+        at[k] = _peak(lags, r, i) * bin_ns
+    if not corr:
+        # a period seen fewer than twice cannot be told from a multiple of the step
+        out.update(weak=True, short=True)
+        return out
+    top = max(corr.values())
+    # every multiple of the step repeats too (2 steps later, 3 ...), the later ones over fewer steps and
+    # so a little noisier: the step is the first multiple that repeats about as well as the best one
+    better = [k for k in corr if corr[k] >= corr[1] + MARGIN and corr[k] >= top - 2 * MARGIN]
+    k = min(better) if better else 1
+    # a multiple is measured where the job's traffic repeats best (k periods carry k times the period's
+    # error); the period itself is kept when it is the step
+    step = float(at[k]) if k > 1 else float(period_ns)
+    out.update(multiple=k, step_ns=step, corr=corr, weak=corr.get(k, 0.0) < 0.5)
+    # the period may itself be a multiple of the step (records cut by the exporter's timer beat with
+    # the step): traffic that repeats as well at a whole fraction of it leaves the step undecided
+    frac = {}
+    for m in range(2, 5):
+        lag = step / m / bin_ns
+        if lag < 4:
+            break
+        lags = np.arange(max(1, int(lag * (1 - JITTER))), int(np.ceil(lag * (1 + JITTER))) + 1)
+        frac[m] = round(max(_corr(x, int(lg)) for lg in lags), 4)
+    out["fraction_corr"] = frac
+    out["fraction"] = next((m for m in sorted(frac, reverse=True) if frac[m] >= corr[k] - MARGIN), None)
+    return out
+
+
+def _corr(x: np.ndarray, lag: int) -> float:
+    a, b = x[:-lag], x[lag:]
+    den = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum() / den) if den > 0 else -1.0
+
+
+def _peak(lags: np.ndarray, r: np.ndarray, i: int) -> float:
+    """The lag of the autocorrelation peak, between bins by a parabola through its neighbours."""
+    if 0 < i < len(r) - 1:
+        den = r[i - 1] - 2 * r[i] + r[i + 1]
+        if den < 0:
+            return float(lags[i] + 0.5 * (r[i - 1] - r[i + 1]) / den)
+    return float(lags[i])

@@ -1,0 +1,207 @@
+"""OSDI'25 what-if metrics: S, waste, S_t, S_w, M_W, M_S, per step, worker x step heatmap.
+
+Definitions (as the authors' analyzer computes them):
+
+- T: mean step time of the replayed actual trace (no launch delays);
+  T_ideal: the same replay with every compute duration replaced by the mean
+  of its op type and every communication transfer time by the median of its
+  op type. S = T / T_ideal, waste = 1 - 1/S.
+- S_x for an op group x (an op type, a dp rank, a stage): start from the
+  ideal and put the actual durations back on x only; S_x = T_x / T_ideal.
+- S_w of a worker (dp rank d, stage s) = min(S_d, S_s), the authors' cheap
+  stand-in for fixing one worker alone (one replay per dp rank and stage,
+  not per worker).
+- M_W: remove the slowdown of the top 3% workers by S_w (ceil, at least 1)
+  from the actual timeline: M_W = (T - T_rem) / (T - T_ideal); M_S the same
+  for all workers of the last pipeline stage. Both may exceed 1 or be
+  negative (the replay is not additive).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from rankscope.analysis.whatif.graph import WhatIfGraph
+from rankscope.analysis.whatif.scenarios import Scenarios, step_times
+from rankscope.collectors.errors import ConfigError
+
+_PP_COMM = {"forward-send": "forward-pp-comm", "forward-recv": "forward-pp-comm",
+            "backward-send": "backward-pp-comm", "backward-recv": "backward-pp-comm"}
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    top_worker_percent: float = 3.0
+    """M_W fixes the top this-percent workers by S_w (at least one)."""
+
+    def __post_init__(self):
+        if not 0 < self.top_worker_percent <= 100:
+            raise ConfigError(f"top_worker_percent={self.top_worker_percent!r}; expected a value in (0, 100]")
+
+
+@dataclass
+class WhatIfMetrics:
+    T: float
+    T_ideal: float
+    S: float
+    waste: float
+    steps: list[int]
+    step_T: list[float]
+    step_T_ideal: list[float]
+    step_S: list[float]
+    by_optype: dict[str, float]
+    by_dp_rank: dict[int, float]
+    by_stage: dict[int, float]
+    worker_S: dict[int, float]
+    """S_w per rank."""
+    worker_place: dict[int, tuple[int, int]]
+    """rank -> (dp rank, stage)."""
+    M_W: dict
+    M_S: dict
+    stage_fix: dict[int, float] = field(default_factory=dict)
+    """per stage: share of the slowdown removed by making that stage's compute (no comm, no stalls) ideal."""
+    per_step: dict = field(default_factory=dict)
+    """{'by_optype'|'by_dp_rank'|'by_stage': {name: [per-step S]}}."""
+    heatmap: dict = field(default_factory=dict)
+    """{'workers': [rank...], 'steps': [...], 'slowdown': [[S_w per step] per worker]}."""
+    worker_order: list[int] = field(default_factory=list)
+    """ranks by S_w, highest first; ties (ranks of one (dp rank, stage) cell, e.g. a TP group)
+    broken by the rank's own excess compute time, so the slow member of the cell comes first."""
+
+
+STALL_TYPES = ("gc", "dataloader")
+"""Op types that are pure stalls, not work: their ideal is 0. (OSDI'25 traces record a gc op of
+length 0 on every rank, so this changes nothing there; where a source records a stall only where it
+happened, a mean over the stalls alone would keep it in the ideal.)"""
+
+
+def ideal_durations(graph: WhatIfGraph) -> np.ndarray:
+    """Per-op ideal replay duration: compute -> mean of its op type, communication -> median, stalls -> 0.
+
+    Needs graph.ops columns optype, comm, actual; with size_bytes a transfer's ideal is its size at the
+    median rate (bytes/ns) of its op type.
+    """
+    ops = graph.ops
+    typical = pl.col("actual").median().over("optype")
+    if "size_bytes" in ops.columns:
+        # transfers of one op type but different sizes (gradient buckets): the median *rate* of the
+        # op type times the op's own size (a median per size would keep a slow group's own buckets slow)
+        sized = pl.col("size_bytes").is_not_null() & (pl.col("size_bytes") > 0)
+        rate = (pl.col("actual") / pl.col("size_bytes")).filter(sized).median().over("optype")
+        typical = pl.when(sized & rate.is_not_null()).then(rate * pl.col("size_bytes")).otherwise(typical)
+    return ops.select(
+        pl.when(pl.col("optype").is_in(list(STALL_TYPES))).then(pl.lit(0.0))
+        .when(pl.col("comm")).then(typical)
+        .otherwise(pl.col("actual").mean().over("optype")).alias("i"))["i"].to_numpy()
+
+
+def _remove_metric(t_ori: float, t_ideal: float, t_rem: float, t_add: float, what: list) -> dict:
+    gap = t_ori - t_ideal
+    rem = (t_ori - t_rem) / gap if gap > 0 else 0.0
+    add = (t_add - t_ideal) / gap if gap > 0 else 0.0
+    return {"rem": rem, "add": add, "t_rem": t_rem, "t_add": t_add, "fixed": what}
+
+
+def compute_metrics(graph: WhatIfGraph, config: MetricsConfig | None = None,
+                    ideal: np.ndarray | None = None) -> WhatIfMetrics:
+    """All OSDI'25 metrics of one graph (two batched replays). ``ideal`` overrides ideal_durations."""
+    config = config or MetricsConfig()
+    ops = graph.ops.with_columns(
+        pl.col("optype").replace(_PP_COMM).alias("og"),
+        pl.col("dp_rank").fill_null(0), pl.col("stage").fill_null(0))
+    actual = graph.actual
+    ideal = ideal_durations(graph) if ideal is None else ideal
+    ranks = np.sort(ops["rank"].unique().to_numpy())
+    og_names = sorted(ops["og"].unique().to_list())
+    # codes by hashing, not sorting: a sort of 2 M op type strings is the slow part of a big job
+    rank_i = np.searchsorted(ranks, ops["rank"].to_numpy())
+    og_i = ops.select(pl.col("og").replace_strict({o: i for i, o in enumerate(og_names)},
+                                                  return_dtype=pl.Int64))["og"].to_numpy()
+    n_og = len(og_names)
+    labels = rank_i * n_og + og_i
+    place = ops.group_by("rank").agg(pl.col("dp_rank").first(), pl.col("stage").first()).sort("rank")
+    r_dp = place["dp_rank"].to_numpy()
+    r_st = place["stage"].to_numpy()
+    dps = np.unique(r_dp)
+    stages = np.unique(r_st)
+    n_codes = len(ranks) * n_og
+    code_rank = np.repeat(np.arange(len(ranks)), n_og)
+    code_og = np.tile(np.arange(n_og), len(ranks))
+
+    rows, remove, names = [], [], []
+
+    def add(sel: np.ndarray, rem: bool, name):
+        rows.append(sel)
+        remove.append(rem)
+        names.append(name)
+
+    add(np.ones(n_codes, bool), False, "actual")
+    add(np.zeros(n_codes, bool), False, "ideal")
+    for d in dps:
+        add(r_dp[code_rank] == d, False, ("dp", int(d)))
+    for s in stages:
+        add(r_st[code_rank] == s, False, ("stage", int(s)))
+    for j, o in enumerate(og_names):
+        add(code_og == j, False, ("og", o))
+    # work of a stage: its compute, without communication and stalls (a partition imbalance is compute)
+    og_work = ops.group_by("og").agg((~pl.col("comm").any()).alias("w")).filter(
+        pl.col("w") & ~pl.col("og").is_in(list(STALL_TYPES)))["og"].to_list()
+    is_work = np.isin(np.array(og_names, dtype=object), og_work)[code_og]
+    for s in stages:
+        add((r_st[code_rank] == s) & is_work, True, ("stage_rem", int(s)))
+    last = r_st[code_rank] == stages.max()
+    add(last, True, "ms_rem")
+    add(last, False, "ms_add")
+    st = step_times(graph, actual, ideal, Scenarios(labels, np.array(rows), np.array(remove)))
+    col = {n: st[:, i] for i, n in enumerate(names)}
+    step_T, step_Ti = col["actual"], col["ideal"]
+    T, Ti = float(step_T.mean()), float(step_Ti.mean())
+
+    def ratio(n):
+        return float(col[n].mean() / Ti)
+
+    by_dp = {int(d): ratio(("dp", int(d))) for d in dps}
+    by_stage = {int(s): ratio(("stage", int(s))) for s in stages}
+    by_og = {o: ratio(("og", o)) for o in og_names}
+    worker_S = {int(r): min(by_dp[int(r_dp[i])], by_stage[int(r_st[i])]) for i, r in enumerate(ranks)}
+    # Top workers: highest S_w. S_w is one number per (dp rank, stage) cell, so the ranks of a
+    # cell (a TP group) tie; the authors then take the lower rank, which picks the wrong member
+    # when the slow one is not the first. We break ties by the rank's own excess compute time
+    # over the ideal (actual - ideal of its non-communication ops), then by rank.
+    work = ~ops["comm"].to_numpy()
+    excess = np.zeros(len(ranks))
+    np.add.at(excess, rank_i[work], (actual - ideal)[work])
+    excess_of = {int(r): float(excess[i]) for i, r in enumerate(ranks)}
+    order = sorted(worker_S, key=lambda r: (-worker_S[r], -excess_of[r], r))
+    n_top = max(1, math.ceil(len(ranks) * config.top_worker_percent / 100))
+    top = order[:n_top]
+    top_sel = np.isin(ranks[code_rank], top)
+    st2 = step_times(graph, actual, ideal, Scenarios(labels, np.array([top_sel, top_sel]), np.array([True, False])))
+    m_w = _remove_metric(T, Ti, float(st2[:, 0].mean()), float(st2[:, 1].mean()), [int(r) for r in top])
+    m_s = _remove_metric(T, Ti, float(col["ms_rem"].mean()), float(col["ms_add"].mean()),
+                         [int(r) for r in ranks[r_st == stages.max()]])
+
+    gap = T - Ti
+    stage_fix = {int(s): (T - float(col[("stage_rem", int(s))].mean())) / gap if gap > 0 else 0.0 for s in stages}
+
+    def per_step(n):
+        return (col[n] / step_Ti).tolist()
+
+    per = {"by_optype": {o: per_step(("og", o)) for o in og_names},
+           "by_dp_rank": {int(d): per_step(("dp", int(d))) for d in dps},
+           "by_stage": {int(s): per_step(("stage", int(s))) for s in stages}}
+    heat = [[min(a, b) for a, b in zip(per["by_dp_rank"][int(r_dp[i])], per["by_stage"][int(r_st[i])], strict=True)]
+            for i in range(len(ranks))]
+    return WhatIfMetrics(
+        T=T, T_ideal=Ti, S=T / Ti if Ti > 0 else 1.0, waste=1 - Ti / T if T > 0 else 0.0,
+        steps=[int(s) for s in graph.steps], step_T=step_T.tolist(), step_T_ideal=step_Ti.tolist(),
+        step_S=(step_T / step_Ti).tolist(), by_optype=dict(sorted(by_og.items(), key=lambda x: -x[1])),
+        by_dp_rank=by_dp, by_stage=by_stage, worker_S=worker_S,
+        worker_place={int(r): (int(r_dp[i]), int(r_st[i])) for i, r in enumerate(ranks)},
+        M_W=m_w, M_S=m_s, stage_fix=stage_fix, per_step=per,
+        heatmap={"workers": [int(r) for r in ranks], "steps": [int(s) for s in graph.steps], "slowdown": heat},
+        worker_order=order)
