@@ -1,6 +1,6 @@
 """Black-box strategy accuracy and calibration on the de-idealised corpus (issue 13).
 
-Corpus (datasets/sim_corpus.py): fabrics of 1-3 jobs, 8..4,096 GPUs, with
+Corpus (datasets/sim/corpus.py): fabrics of 1-3 jobs, 8..4,096 GPUs, with
 RoCE ACK/CTS flows or TCP, millisecond exporter clocks, per-pod-and-rail
 exporters with independent offsets, jittered rails, storage/checkpoint/
 replication/monitoring traffic on arbitrary ports, several ranks per address,
@@ -41,13 +41,13 @@ from rankscope.analysis.fabric.recognise import job_flows, recognise_jobs  # noq
 from rankscope.analysis.model.clocks import apply_exporter_offsets, exporter_clock_offsets  # noqa: E402
 from rankscope.analysis.strategy.flows.infer import infer_flows  # noqa: E402
 from rankscope.analysis.strategy.whitebox import infer_whitebox  # noqa: E402
-from rankscope.datasets.sim_corpus import corpus_fabrics  # noqa: E402
+from rankscope.datasets.sim.corpus import corpus_fabrics  # noqa: E402
 from rankscope.datasets.simulator import Realism, simulate_fabric  # noqa: E402
 
 CORPUS_SEED = 13_2026_12
 FULL = os.environ.get("BENCH_FULL") == "1"
 BINS = (0.0, 0.4, 0.6, 0.8, 0.9, 0.95, 1.0001)
-"""fine enough that each level of evidence (strategy_flows.evidence_class) has its own bin: invalid
+"""fine enough that each level of evidence (strategy.flows.infer.evidence_class) has its own bin: invalid
 grid (0.3), k-way ties (0.99 / k and less), split stage-order votes (0.86), a unique grid with clear
 votes or no order claimed (0.98-0.99); the table by evidence class shows each class on its own."""
 CALIBRATION_TOLERANCE = 0.10

@@ -180,7 +180,7 @@ def simulated_store_rows(tmp: Path) -> list[tuple]:
     """A simulated 2,048-rank store: cold analysis, then a render answer from the cache."""
     from rankscope.dashboard.analysis_source import JobViews
     from rankscope.dashboard.app import page_content
-    from rankscope.datasets.sim_config import Fault, SimConfig
+    from rankscope.datasets.sim.job_config import Fault, SimConfig
     from rankscope.datasets.simulator import simulate, write_store
 
     store = tmp / "big"

@@ -1,6 +1,6 @@
 """Flows-only diagnosis on the de-idealised corpus (issue 13): step time, slow link / NIC, slow endpoint.
 
-Each job of the de-idealised corpus (datasets/sim_corpus.py: RoCE with ACK/CTS
+Each job of the de-idealised corpus (datasets/sim/corpus.py: RoCE with ACK/CTS
 flows or TCP, millisecond exporter clocks, per-pod exporters with offsets,
 jittered rails, storage traffic on any port, several ranks per address) is
 simulated alone on its fabric three times: clean, with one rank's links slowed
@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rankscope.analysis.diagnose import analyze_job  # noqa: E402
 from rankscope.analysis.runner.plan import load_planned, plan_jobs  # noqa: E402
 from rankscope.collectors.store import Store  # noqa: E402
-from rankscope.datasets.sim_config import Fault  # noqa: E402
-from rankscope.datasets.sim_corpus import corpus_fabrics  # noqa: E402
+from rankscope.datasets.sim.corpus import corpus_fabrics  # noqa: E402
+from rankscope.datasets.sim.job_config import Fault  # noqa: E402
 from rankscope.datasets.simulator import simulate_fabric  # noqa: E402
 
 CORPUS_SEED = 13_2026_12

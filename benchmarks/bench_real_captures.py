@@ -33,8 +33,8 @@ import polars as pl  # noqa: E402
 from rankscope.analysis.diagnose import DiagnoseConfig, analyze_job  # noqa: E402
 from rankscope.analysis.fabric.config import FlowConfig  # noqa: E402
 from rankscope.analysis.runner.plan import load_planned, plan_jobs  # noqa: E402
-from rankscope.collectors import formats  # noqa: E402
-from rankscope.collectors.ingest import ingest  # noqa: E402
+from rankscope.collectors.importers import contract as formats  # noqa: E402
+from rankscope.collectors.ingest.ingest_files import ingest  # noqa: E402
 from rankscope.collectors.schema import conform  # noqa: E402
 from rankscope.collectors.store import Store  # noqa: E402
 
@@ -86,7 +86,7 @@ def score_verdict(st, truth: dict) -> str:
         slow = truth["slow_rank"].split("(")[1].split(")")[0]
     named = [w["endpoint"] for w in st.top_workers or []]
     ring = ((st.extra or {}).get("culprits") or {}).get("communication", {}).get("ranks") or []
-    # no step time, or nothing found in the flows: no S and no verdict (flow_stragglers), an unknown
+    # no step time, or nothing found in the flows: no S and no verdict (stragglers.from_flows), an unknown
     unread = (st.extra or {}).get("evaluated") is False
     if slow is None:
         if unread:

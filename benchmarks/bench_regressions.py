@@ -36,7 +36,7 @@ import polars as pl
 from rankscope.analysis.hangs import hang_section
 from rankscope.analysis.kernels.regressions import regression_section
 from rankscope.collectors.job_frames import JobFrames
-from rankscope.datasets.sim_config import Fault, SimConfig
+from rankscope.datasets.sim.job_config import Fault, SimConfig
 from rankscope.datasets.simulator import simulate
 
 KINDS = ("misaligned-all", "misaligned-rank", "misaligned-cheap", "throttled-rank", "clean", "seq-skew")
@@ -132,8 +132,8 @@ def hta_table() -> None:
     if not hta.exists():
         print(f"\nHTA reference traces: not found at {hta} (skipped)")
         return
-    from rankscope.collectors.formats import ImportOptions
-    from rankscope.collectors.ingest import ingest
+    from rankscope.collectors.importers.contract import ImportOptions
+    from rankscope.collectors.ingest.ingest_files import ingest
     from rankscope.collectors.job_frames import load_job
     from rankscope.collectors.store import Store
 

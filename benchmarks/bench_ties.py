@@ -1,7 +1,7 @@
 """Ties between equally fitting labellings, and how often the evidence that breaks them is right.
 
-A tie (flow_groups.fit_grid: several valid labellings with equal link-model fits) is ~3 % of the
-accuracy corpus, too few to measure the tie breaker (flow_tie_evidence) on. This draws jobs the way
+A tie (fabric.grid.fit_grid: several valid labellings with equal link-model fits) is ~3 % of the
+accuracy corpus, too few to measure the tie breaker (fabric.tie_evidence) on. This draws jobs the way
 the corpus does (datasets.sim_corpus, dev seeds only, never bench_corpus's unseen seed) and simulates
 each on its own fabric with background traffic, in three sets:
 
@@ -35,7 +35,7 @@ from bench_corpus import CORPUS_SEED, same_pipelines_any_direction, same_sets, w
 from rankscope.analysis.fabric.recognise import job_flows, recognise_jobs  # noqa: E402
 from rankscope.analysis.model.clocks import apply_exporter_offsets, exporter_clock_offsets  # noqa: E402
 from rankscope.analysis.strategy.flows.infer import infer_flows  # noqa: E402
-from rankscope.datasets.sim_corpus import corpus_fabrics  # noqa: E402
+from rankscope.datasets.sim.corpus import corpus_fabrics  # noqa: E402
 from rankscope.datasets.simulator import simulate_fabric  # noqa: E402
 
 

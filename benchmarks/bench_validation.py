@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from rankscope.analysis.diagnose import DiagnoseConfig, analyze_job  # noqa: E402
 from rankscope.analysis.runner.plan import load_planned, plan_jobs  # noqa: E402
-from rankscope.collectors import formats  # noqa: E402
-from rankscope.collectors.ingest import ingest  # noqa: E402
+from rankscope.collectors.importers import contract as formats  # noqa: E402
+from rankscope.collectors.ingest.ingest_files import ingest  # noqa: E402
 from rankscope.collectors.store import Store  # noqa: E402
 
 VALIDATION = (ROOT / ".." / "shared" / "validation").resolve()

@@ -39,7 +39,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.stragglers.attribution import analyze_stragglers
-from rankscope.collectors.ingest import ingest
+from rankscope.collectors.ingest.ingest_files import ingest
 from rankscope.collectors.job_frames import JobFrames, load_job
 from rankscope.collectors.store import Store
 
@@ -105,7 +105,7 @@ def whole_process() -> None:
                       {"env": base}),
             # everything this command imports, and no work: what the one-process path pays before reading a file
             "imports": ([sys.executable, "-c", "import click, yaml, rankscope.cli.cmd_analyze as c; c._load(True); "
-                         "import rankscope.collectors.whatif_parquet"], {"env": base})}
+                         "import rankscope.collectors.importers.osdi_whatif"], {"env": base})}
     for name in ("ST", "AR", "SE"):
         trace, meta = OSDI / f"trace-{name}.parquet", OSDI / f"meta-{name}.yaml"
         st, out = tmp / f"st-{name}", tmp / f"out-{name}"

@@ -76,7 +76,7 @@ def _load(with_ingest: bool, inputs=()) -> None:
             # for the rest of the analysis: ~40 MB more peak RSS on the OSDI AR trace (1.1 MB of Parquet);
             # malloc hands them back, at no CPU cost measured. A user's own choice of pool is kept.
             os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
-        modules += ["rankscope.collectors.ingest", "rankscope.collectors.fresh_rows", "rankscope.cli.cmd_ingest"]
+        modules += ["rankscope.collectors.ingest.ingest_files", "rankscope.collectors.fresh_rows", "rankscope.cli.cmd_ingest"]
     import_frozen(*modules)
 
 
@@ -84,7 +84,7 @@ def _ingest_first(store_dir, paths):
     """``rankscope ingest PATHS --store`` in this process; the rows written, kept for the analysis."""
     from rankscope.cli.cmd_ingest import echo_summary
     from rankscope.collectors.fresh_rows import FreshRows
-    from rankscope.collectors.ingest import ingest
+    from rankscope.collectors.ingest.ingest_files import ingest
     from rankscope.collectors.store import Store
 
     store = Store(output_dir(store_dir, "--store"))

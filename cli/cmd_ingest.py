@@ -30,9 +30,9 @@ def parse_opts(items: tuple[str, ...]) -> dict:
 
 def _list_formats(ctx, _param, value) -> None:
     if value:
-        from rankscope.collectors import formats
+        from rankscope.collectors.ingest import registry
 
-        click.echo("\n".join(formats.names()))
+        click.echo("\n".join(registry.names()))
         ctx.exit()
 
 
@@ -48,7 +48,7 @@ def _list_formats(ctx, _param, value) -> None:
 @click.option("--list-formats", is_flag=True, is_eager=True, expose_value=False, callback=_list_formats,
               help="print the known formats and exit")
 @click.option("--max-bytes", type=click.IntRange(min=1), default=None,
-              # formats.MAX_RATIO and MIN_EXPANDED_BYTES, written out so that `ingest --help` loads no importer;
+              # contract.MAX_RATIO and MIN_EXPANDED_BYTES, written out so that `ingest --help` loads no importer;
               # tests/unit/cli/test_cli_startup_imports.py fails if they drift apart
               help="most bytes one file may hold after decompression (default: a compressed file may "
                    "expand 50x, at least 64 MiB)")
@@ -68,29 +68,30 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
     from rankscope.cli.progress import bar
     from rankscope.cli.startup import import_frozen
 
-    import_frozen("polars", "numpy", "pyarrow.parquet", "rankscope.collectors.ingest")
-    from rankscope.collectors import formats
-    from rankscope.collectors.ingest import ingest as run_ingest
+    import_frozen("polars", "numpy", "pyarrow.parquet", "rankscope.collectors.ingest.ingest_files")
+    from rankscope.collectors.importers import contract
+    from rankscope.collectors.ingest import registry
+    from rankscope.collectors.ingest.ingest_files import ingest as run_ingest
     from rankscope.collectors.store import Store, check_job_name
 
-    if fmt != "auto" and fmt not in formats.names():
-        raise UsageError(f"--format {fmt!r}: expected auto or one of {formats.names()}")
+    if fmt != "auto" and fmt not in registry.names():
+        raise UsageError(f"--format {fmt!r}: expected auto or one of {registry.names()}")
     if job is not None:
         check_job_name(job)
     store = Store(output_dir(store_dir, "--store"))
-    opt = formats.ImportOptions(job=job, kind=kind, extra=parse_opts(opts))
+    opt = contract.ImportOptions(job=job, kind=kind, extra=parse_opts(opts))
 
     def progress(files):
         return bar(files, hidden=quiet, desc="ingest", unit="file")
 
-    summary = run_ingest(store, paths, fmt, opt, progress=progress, lim=formats.Limits(max_bytes=max_bytes))
+    summary = run_ingest(store, paths, fmt, opt, progress=progress, lim=contract.Limits(max_bytes=max_bytes))
     if not echo_summary(summary):
         raise click.exceptions.Exit(1)
 
 
 def echo_summary(summary) -> bool:
     """Print what an ingest did (failures and notes on stderr); False when it failed (exit 1)."""
-    from rankscope.collectors import formats
+    from rankscope.collectors.ingest import registry
 
     unknown = [f.path for f in summary.files if f.status == "unknown"]
     for f in summary.files:
@@ -102,7 +103,7 @@ def echo_summary(summary) -> bool:
         # One line for a folder of unrelated files, not the format list once per file.
         shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3:,} more" if len(unknown) > 3 else "")
         click.echo(f"  unknown: {len(unknown):,} file(s) no importer recognises ({shown}); name one with "
-                   f"--format, known: {', '.join(formats.names())}", err=True)
+                   f"--format, known: {', '.join(registry.names())}", err=True)
     recs = ", ".join(f"{k} {v:,}" for k, v in sorted(summary.records.items())) or "no records"
     click.echo(f"ingested {summary.count('ingested')} file(s), skipped {summary.count('skipped')} "
                f"already in the store, {summary.count('failed')} failed"

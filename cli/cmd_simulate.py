@@ -55,7 +55,7 @@ def _faults(items, where: str):
 
 
 def _config(values: dict, where: str):
-    from rankscope.datasets.sim_realism import realism_from
+    from rankscope.datasets.sim.realism import realism_from
     from rankscope.datasets.simulator import SimConfig
 
     values = dict(values)
@@ -106,7 +106,7 @@ def _config(values: dict, where: str):
 @click.option("--gemm-records/--no-gemm-records", default=None, help="per-kernel GEMM records (default: <=64 GPUs)")
 @click.option("--flows/--no-flows", default=None, help="emit switch flow records (default on)")
 @click.option("--realism", default=None, metavar="K=V[,K=V...]",
-              help="de-idealise the fabric (datasets/sim_realism.py), e.g. transport=tcp,timestamp_ns=1000000,"
+              help="de-idealise the fabric (datasets/sim/realism.py), e.g. transport=tcp,timestamp_ns=1000000,"
                    "hosts_per_pod=4,exporter_offset_ms=2,reverse=true,ranks_per_address=2,wild_background=true")
 @click.option("--capture", default="fabric", show_default=True, help="job name of the flow records")
 @click.option("--background/--no-background", default=None,
@@ -143,7 +143,7 @@ def simulate(out_dir, faults, capture, background, config_file, **flags):
             cfgs.append(_config({**given, **job, "capture": data.get("capture", capture)},
                                 f"{config_file}: jobs[{i}]"))
         bg = data.get("background", True) if background is None else background
-        from rankscope.datasets.sim_realism import realism_from
+        from rankscope.datasets.sim.realism import realism_from
 
         fab = data.get("realism")
         res = simulate_fabric(cfgs, background=bool(bg), capture=data.get("capture", capture),

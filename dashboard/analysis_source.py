@@ -4,7 +4,7 @@ Everything the page shows comes from :func:`cached_analysis`, the dashboard's
 only call into the analysis. Its results are kept per *store version*: a hash
 of the job's committed part files (name and size) and the manifest entries, so
 a live store that gains data is re-analysed and an idle one never is. It is
-the one place that reaches the store's shared result cache (analysis/result_cache.py).
+the one place that reaches the store's shared result cache (analysis/runner/cache.py).
 """
 
 from __future__ import annotations

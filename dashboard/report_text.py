@@ -19,7 +19,7 @@ def tied_labellings(strategy) -> str:
     """The other labellings of a standing tie as ``dp=1 pp=2; ...``, or '' when the strategy is not one: the flows
     fit them as well as the one reported, which is listed first only by the order candidates are tried."""
     x = strategy.extra or {}
-    if not x.get("ambiguous"):  # flow_groups.fit_grid: alternatives left standing, never a broken tie
+    if not x.get("ambiguous"):  # fabric.grid.fit_grid: alternatives left standing, never a broken tie
         return ""
     out = []
     for a in x.get("alternatives") or []:

@@ -29,14 +29,25 @@ from rankscope.analysis.replay.engine import replay
 from rankscope.collectors.errors import UsageError
 from rankscope.collectors.schema import empty
 from rankscope.collectors.store import ManifestEntry, Store
-from rankscope.datasets.sim_config import Fault, SimConfig, parse_fault
-from rankscope.datasets.sim_flows import flow_records
-from rankscope.datasets.sim_graph import build_graph, build_templates, ops_per_step, sequence_lengths
-from rankscope.datasets.sim_realism import Realism, exporter_offsets, strip_layout, truncate_times
-from rankscope.datasets.sim_records import batch_table, comm_table, compute_table, endpoint_table, step_table
-from rankscope.datasets.sim_topology import build_topology, rail_exporter
-from rankscope.datasets.sim_traffic import job_transfers
-from rankscope.datasets.sim_transport import apply_transport, rank_exporters
+from rankscope.datasets.sim.job_config import Fault, SimConfig, parse_fault
+from rankscope.datasets.sim.network.flow_export import flow_records
+from rankscope.datasets.sim.network.traffic import job_transfers
+from rankscope.datasets.sim.network.transport import apply_transport, rank_exporters
+from rankscope.datasets.sim.op_graph import (
+    build_graph,
+    build_templates,
+    ops_per_step,
+    sequence_lengths,
+)
+from rankscope.datasets.sim.realism import Realism, exporter_offsets, strip_layout, truncate_times
+from rankscope.datasets.sim.records import (
+    batch_table,
+    comm_table,
+    compute_table,
+    endpoint_table,
+    step_table,
+)
+from rankscope.datasets.sim.topology import build_topology, rail_exporter
 from rankscope.datasets.truth import job_truth
 
 __all__ = ["Fault", "Realism", "SimConfig", "SimResult", "FabricResult", "fabric_seed", "parse_fault", "simulate",
@@ -200,8 +211,8 @@ def simulate_fabric(configs: list[SimConfig], *, background: bool = True, captur
     clock offsets, wild background; default: the first job's); transport,
     pods, rail jitter and ranks per address stay each job's own.
     """
-    from rankscope.datasets.sim_background import background_transfers
-    from rankscope.datasets.sim_noise import wild_background
+    from rankscope.datasets.sim.network.background import background_transfers
+    from rankscope.datasets.sim.network.noise import wild_background
 
     names = [c.job for c in configs]
     if not configs or len(set(names)) != len(names):

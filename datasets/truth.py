@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from rankscope.datasets.sim_config import AXES, SimConfig
-from rankscope.datasets.sim_graph import Templates
-from rankscope.datasets.sim_template import OP
-from rankscope.datasets.sim_topology import Topology
-from rankscope.datasets.sim_transport import rank_exporters
+from rankscope.datasets.sim.job_config import AXES, SimConfig
+from rankscope.datasets.sim.network.transport import rank_exporters
+from rankscope.datasets.sim.op_graph import Templates
+from rankscope.datasets.sim.stage_ops import OP
+from rankscope.datasets.sim.topology import Topology
 
 
 def fault_truth(cfg: SimConfig, topo: Topology, T: Templates) -> list[dict]:

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from rankscope.analysis.diagnose import analyze_job
-from rankscope.collectors.ingest import ingest
+from rankscope.collectors.ingest.ingest_files import ingest
 from rankscope.collectors.job_frames import load_job
 from rankscope.collectors.store import Store
 from rankscope.dashboard.figures import timeline_figure

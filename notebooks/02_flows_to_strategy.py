@@ -30,8 +30,8 @@ import polars as pl
 
 from rankscope.analysis.diagnose import analyze_job
 from rankscope.analysis.runner.plan import load_planned, plan_jobs
-from rankscope.collectors.ingest import ingest
-from rankscope.collectors.formats import ImportOptions
+from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.importers.contract import ImportOptions
 from rankscope.collectors.store import Store
 
 SHARED = Path(os.environ.get("RANKSCOPE_SHARED", Path.cwd().parent.parent / "shared"))

@@ -28,7 +28,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from rankscope.analysis.diagnose import analyze_job
-from rankscope.collectors.ingest import ingest
+from rankscope.collectors.ingest.ingest_files import ingest
 from rankscope.collectors.job_frames import load_job
 from rankscope.collectors.store import Store
 

@@ -8,7 +8,7 @@ from rankscope.collectors.errors import ConfigError
 
 # Ports set apart before anything else: only the torch rendezvous store, whose clients tie a job's
 # endpoints together. Storage, checkpoint and other background traffic is told by its shape on any
-# port (flow_evidence), not from a list.
+# port (fabric.job_evidence), not from a list.
 DEFAULT_CONTROL_PORTS = (29500,)
 
 

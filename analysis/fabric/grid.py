@@ -13,7 +13,7 @@ that grid:
   {DP, PP} is a candidate;
 - *first traffic*: pipeline links carry the first forward pass, DP links
   (except ZeRO-3 parameter gathers) start after the first backward pass;
-  that split only proposes a labeling (see :func:`flow_link_evidence.early_traffic`);
+  that split only proposes a labeling (see :func:`fabric.link_evidence.early_traffic`);
 - *direction lag*: on a pipeline edge the forward direction starts long
   before the backward one (activations before gradients), while the two
   directions of a DP exchange start together; edges that are symmetric and
@@ -53,17 +53,17 @@ class GridFit:
     score: float
     notes: list[str] = field(default_factory=list)
     fit: float = 0.0
-    """mean per-link fit to the traffic models of its labelling (0..1, see flow_models)."""
+    """mean per-link fit to the traffic models of its labelling (0..1, see fabric.link_models)."""
     group_kinds: dict = field(default_factory=dict)
     """collective kind -> number of DP groups that fit it."""
     alternatives: list[dict] = field(default_factory=list)
     """other valid labellings that explain the traffic (almost) as well: dp, pp, fit."""
     ambiguous: bool = False
     tie_evidence: str = ""
-    """what broke a tie between equally fitting labellings (flow_tie_evidence), or why nothing did."""
+    """what broke a tie between equally fitting labellings (fabric.tie_evidence), or why nothing did."""
     tie_broken: bool = False
     tie_kind: str = ""
-    """``wrap`` or ``misfit`` (flow_tie_evidence.TieBreak.kind) when a tie was broken."""
+    """``wrap`` or ``misfit`` (fabric.tie_evidence.TieBreak.kind) when a tie was broken."""
 
 
 def byte_modes(bytes_: np.ndarray, gap: float, max_modes: int) -> np.ndarray:

@@ -243,7 +243,7 @@ balance (tree, all-to-all, pairs, pipeline sends) or has exactly one ring link i
 
 def storage_shaped(edges: pl.DataFrame, min_links: int = 3) -> pl.DataFrame:
     """Per endpoint: heavy links, how many of them carry payload one way or lopsided (``one_way``: the
-    smaller direction under flow_models.BALANCED of the larger), and whether that is a server's shape
+    smaller direction under fabric.link_models.BALANCED of the larger), and whether that is a server's shape
     (at least ``min_links`` links, over STORAGE_ONE_WAY_SHARE of them one-way, and not the one-in-one-out
     of a ring member: its only two links, or its two heaviest when they carry HOST_OWN_TRAFFIC_FACTOR times
     all its others, as a ring host that also reads and writes storage does). Every collective's and

@@ -1,7 +1,7 @@
 """Per-link evidence of what a link carries: pipeline sends or a collective's traffic.
 
 Each function scores every edge of a job's heavy pair graph from its own
-records; :mod:`flow_groups` weighs these scores when it labels the edges and
+records; :mod:`fabric.grid` weighs these scores when it labels the edges and
 fits the grid. A score of 0.5 means the link's records say nothing either way.
 
 - *direction lag*: on a pipeline link the activations start long before the
@@ -39,7 +39,7 @@ forward and backward (5 ms and more on the dev corpus):
   when its queues let it (the simulator's rail jitter: exponential, 200 us mean): on dev corpus seeds
   1-2, 99 % of 2,573 two-way RoCE DP links had their directions' first payloads within 0.9 ms. At the
   earlier floor of 0.1 ms, a DP2 x TP4 job's 0.16-0.25 ms lags on two of its four links read it as
-  2-stage pipelines at 0.99 once RoCE ACKs had flows of their own (sim_transport)."""
+  2-stage pipelines at 0.99 once RoCE ACKs had flows of their own (sim.network.transport)."""
 
 
 def direction_lag(edges: pl.DataFrame) -> np.ndarray:
@@ -54,7 +54,7 @@ def lag_floor_ns(resolution_ns: int, same_clock: bool | None = True,
     """The direction lag below which a link's two first payloads tell nothing of which came first: the
     timestamp noise (20 ticks) or a transport's ACKs (:data:`MIN_PP_LAG_NS`), whichever is larger; and
     when the two directions were timed by different exporters (``same_clock`` not True), the offset two
-    exporters' clocks may have (``FlowConfig.max_exporter_skew_ns``): alignment (clock_align) only
+    exporters' clocks may have (``FlowConfig.max_exporter_skew_ns``): alignment (model.clocks) only
     corrects exporters that saw the same 5-tuples. A RoCE link's reverse record opens with the ACKs
     of the activations, so across two exporters its lag is their clocks' offset, not the pipeline's:
     on the dev corpus, 5 ms offsets ordered 2-stage pipelines backwards at "voted clearly"."""

@@ -95,8 +95,8 @@ def link_fit(is_pp: np.ndarray, kind_of_link: list[str | None], data_sym: np.nda
     """0..1 per link: how well its payload direction and timing match the model of its label.
 
     ``data_sym``: smaller payload direction / larger; ``lag_like``: 0..1, the evidence that the link
-    carries pipeline sends (0.5: none; see flow_link_evidence.link_likeness), e.g. the gradient direction
-    started clearly after the activation direction (see flow_link_evidence.pp_likeness).
+    carries pipeline sends (0.5: none; see fabric.link_evidence.link_likeness), e.g. the gradient direction
+    started clearly after the activation direction (see fabric.link_evidence.pp_likeness).
     """
     two = np.clip(data_sym / TWO_WAY, 0.0, 1.0)
     fit = np.empty(len(is_pp))

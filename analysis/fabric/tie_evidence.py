@@ -5,7 +5,7 @@ output back to the first stage's next chunk, so its stage links close a cycle, a
 carries payload both ways about evenly (activations one way, gradients back) that cycle fits a
 collective's shape too (a ring or tree all-reduce of the same members). Over TCP with exporter
 timeouts longer than the capture a link is one record per direction, so the direction lag
-(flow_link_evidence) cannot be measured and both labellings score alike.
+(fabric.link_evidence) cannot be measured and both labellings score alike.
 
 What still tells them apart is in the bytes and the record ends, from the two traffic models:
 

@@ -1,7 +1,7 @@
 """Regression section of the report: GEMM alignment and throughput regressions.
 
-Joins the alignment rules (:mod:`gemm_alignment`) and the throughput
-comparisons (:mod:`gemm_throughput`) into the report's ``regressions`` list:
+Joins the alignment rules (:mod:`kernels.alignment`) and the throughput
+comparisons (:mod:`kernels.throughput`) into the report's ``regressions`` list:
 one dict per finding with at least ``kernel, shape, dtype, ratio, reason``
 (report contract), worst ratio first.
 

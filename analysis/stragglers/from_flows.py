@@ -3,9 +3,9 @@
 Both kinds of evidence are read off the data-parallel links of the inferred strategy (links between
 members of one DP group), whose traffic every step is the same collective moving the same bytes:
 
-- *slow link / NIC* (flow_link_rates): a link, an endpoint or a whole ring whose payload rate sits far
+- *slow link / NIC* (stragglers.link_rates): a link, an endpoint or a whole ring whose payload rate sits far
   below its peers' (verdict ``communication``);
-- *slow endpoint* (flow_lateness): a worker whose ring links open late every step, or whose pipeline's
+- *slow endpoint* (stragglers.late_arrivals): a worker whose ring links open late every step, or whose pipeline's
   forward sends fall behind from its stage on (verdict ``worker``).
 
 When the evidence points at a group but cannot single out one address (a slow ring, the pipelines of a
@@ -133,7 +133,7 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
     Needs flow (aligned) src_addr, dst_addr, est_bytes or size_bytes, start_ns, end_ns and is_data,
     num_packets, sampling_rate if known; the inferred strategy's dp_groups, pp_groups and the step time;
     ``dp_pairs``: the heavy pairs labelled data-parallel (FlowInference.dp_pairs), whose links alone are
-    read for late arrivals; ``clocks``: exporter -> the clock its times are on (clock_align.exporter_clocks).
+    read for late arrivals; ``clocks``: exporter -> the clock its times are on (model.clocks.exporter_clocks).
     """
     if "est_bytes" not in flow.columns:
         rate = pl.col("sampling_rate").fill_null(1).clip(lower_bound=1) if "sampling_rate" in flow.columns else 1

@@ -6,7 +6,7 @@ first chunk is their own); over RoCE the link into it opens late too (the
 sender writes only into buffers it has posted). The endpoint that sends and
 receives on the late links (or sends on the one late link) is named. In a
 pipeline, its pipeline's forward sends fall behind from its stage on. Late
-is judged with the outlier rule of the link rates (flow_link_rates).
+is judged with the outlier rule of the link rates (stragglers.link_rates).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Pure functions over a WhatIfGraph and its per-op actual durations. They name
 culprits and factors; the shares of the slowdown come from the replays
-(whatif_metrics, whatif_comm, whatif_sequence), never from here.
+(whatif.metrics, whatif.comm, whatif.sequence), never from here.
 """
 
 from __future__ import annotations

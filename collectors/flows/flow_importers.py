@@ -13,7 +13,13 @@ from pathlib import Path
 
 from rankscope.collectors.flows import flow_files, template_state
 from rankscope.collectors.flows.flow_decoder import FlowDecoder
-from rankscope.collectors.formats import ImportBatch, ImportOptions, check_size, is_gzip, open_maybe_gzip
+from rankscope.collectors.importers.contract import (
+    ImportBatch,
+    ImportOptions,
+    check_size,
+    is_gzip,
+    open_maybe_gzip,
+)
 
 CHUNK_RECORDS = 32_768
 """Records decoded before they are handed on as one batch (ingest validates and writes each batch on its

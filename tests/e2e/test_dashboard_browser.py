@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::UserWarni
 @pytest.fixture
 def dashboard_url(tmp_path):
     """``rankscope dashboard`` over a simulated DP=4 x PP=2 job whose rank 5 computes 1.6x slower."""
-    from rankscope.datasets.sim_config import Fault, SimConfig
+    from rankscope.datasets.sim.job_config import Fault, SimConfig
     from rankscope.datasets.simulator import simulate, write_store
 
     store = tmp_path / "store"

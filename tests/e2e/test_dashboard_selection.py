@@ -19,7 +19,7 @@ STRATEGY = {"alpha": "DP=4 PP=2", "beta": "DP=3 PP=2"}
 
 @pytest.fixture
 def two_job_url(tmp_path):
-    from rankscope.datasets.sim_config import Fault, SimConfig
+    from rankscope.datasets.sim.job_config import Fault, SimConfig
     from rankscope.datasets.simulator import simulate, write_store
 
     store = tmp_path / "two"

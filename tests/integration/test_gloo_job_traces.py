@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.collectors.formats import ImportOptions, detect
-from rankscope.collectors.ingest import ingest
+from rankscope.collectors.importers.contract import ImportOptions
+from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.registry import detect
 from rankscope.collectors.store import Store
 
 pytestmark = pytest.mark.torchjob

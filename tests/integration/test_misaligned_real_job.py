@@ -49,7 +49,7 @@ def diffed(tmp_path_factory):
 
 def test_diff_does_not_call_fp32_dims_misaligned(diffed):
     # The job's GEMMs are IEEE fp32 on CPU: no tensor cores, so no alignment rule applies to 1000 / 2000
-    # (analysis/gemm_alignment.py TENSOR_CORE_DTYPES). A bf16 variant of the job would be flagged.
+    # (analysis/kernels/alignment.py TENSOR_CORE_DTYPES). A bf16 variant of the job would be flagged.
     r, d = diffed
     assert r.returncode == 0, r.stderr[-2000:]
     assert d is not None

@@ -3,7 +3,7 @@
 import pytest
 
 from rankscope.analysis.diagnose import diagnose
-from rankscope.collectors.ingest import ingest
+from rankscope.collectors.ingest.ingest_files import ingest
 from rankscope.collectors.job_frames import load_job
 from rankscope.collectors.store import Store
 

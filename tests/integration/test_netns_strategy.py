@@ -120,7 +120,7 @@ def test_pure_pipeline_reads_as_pp4(pp4):
 def test_a_pipeline_whose_teardown_stands_apart_is_ordered_by_its_last_gradients(pp4_linger):
     # whole-job TCP records date the connections, not the traffic, unless the TCP flags show the FIN in a
     # record of its own: the payload record then ends with the link's last gradients, and those leave each
-    # stage earlier going downstream (flow_link_dating.ends_dated). Whether the exporter expired the
+    # stage earlier going downstream (strategy.flows.link_dating.ends_dated). Whether the exporter expired the
     # payload records before the FIN is its own timing: nfpcapd checks for idle flows as packets come, and
     # under load (make test beside a corpus run) it kept every FIN in the payload records, and once one
     # direction's of one link. So: the order is claimed whenever every link shows its FINs apart, and

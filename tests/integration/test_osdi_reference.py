@@ -9,7 +9,7 @@ import pytest
 
 from rankscope.analysis.stragglers.attribution import analyze_stragglers
 from rankscope.cli.main import main
-from rankscope.collectors.ingest import ingest
+from rankscope.collectors.ingest.ingest_files import ingest
 from rankscope.collectors.job_frames import load_job
 from rankscope.collectors.store import Store
 

@@ -1,7 +1,7 @@
 """Parallel strategy and step times of one job from switch flow records alone (black-box).
 
-Pipeline: per-pair traffic (flow_features) -> heavy pairs -> the job's
-endpoints -> DP/PP grid fit (flow_groups) -> stage order -> tensor-parallel
+Pipeline: per-pair traffic (fabric.pair_traffic) -> heavy pairs -> the job's
+endpoints -> DP/PP grid fit (fabric.grid) -> stage order -> tensor-parallel
 degree from the endpoints that the grid leaves over -> step boundaries from
 the period of DP bursts. Endpoints are address strings.
 """
@@ -110,12 +110,12 @@ jobs whose groups were right; (k + 1) / (n + 2) = 0.993, rounded down."""
 SPLIT_ORDER_CONFIDENCE = 0.94
 """chance the stage order is right when votes exist but are split: dev corpora (seeds 1-5, 220 jobs each)
 15 of 15 right once each direction's votes are tallied apart (the minority of the link votes counting
-against the share, flow_stage_order.order_pipelines); (k + 1) / (n + 2) = 0.94. Before that tally only
+against the share, strategy.flows.stage_order.order_pipelines); (k + 1) / (n + 2) = 0.94. Before that tally only
 the gradient-reduction votes could split: 6 of 6 on seeds 1 and 2 gave 0.87. The former rule,
 2 * share - 1, gave these 0.0-0.5 and they were right every time."""
 TIE_BROKEN_CONFIDENCE = {"wrap": 0.97, "misfit": 0.9}
 """chance that the groups (and tp, or tp null) are right when a tie between equally fitting labellings
-was broken by the bytes per link (flow_tie_evidence), per kind of evidence. Ties are ~3 % of the corpus,
+was broken by the bytes per link (fabric.tie_evidence), per kind of evidence. Ties are ~3 % of the corpus,
 so this is measured on tie-prone jobs drawn like the corpus (benchmarks/bench_ties.py: corpus draws
 turned into interleaved TCP pipelines, into small DP x PP tree all-reduce jobs, and as drawn), on dev
 seeds 21-26, never used while the evidence was built. ``wrap`` (one link of each pipeline cycle short
@@ -128,7 +128,7 @@ with the slightly better link fit was right in 16 of 17 standing 2-way ties over
 the wrong one first, so that fit is our simulator's regularity, not evidence."""
 TIE_CLASSES = {"wrap": "tie broken by a short wrap link", "misfit": "tie broken: no pipeline fits the bytes"}
 UNVOTED_ORDER_CONFIDENCE = 0.5
-"""no link showed the stage order: the pipelines (oriented alike, flow_stage_order.order_pipelines) run one
+"""no link showed the stage order: the pipelines (oriented alike, strategy.flows.stage_order.order_pipelines) run one
 way or the other, and which is a coin flip. Address order is no evidence: hosts are numbered in rank
 order on some fabrics and not on others (Kubernetes pod IPs), and nothing in the traffic tells which
 (dev corpus: 5 such jobs, all with scattered hosts; 4 happened to be listed first to last)."""
@@ -136,7 +136,7 @@ order on some fabrics and not on others (Kubernetes pod IPs), and nothing in the
 
 def evidence_class(valid: bool, alternatives: int, pp: int, order_share: float, tie_kind: str = "") -> str:
     """What the confidence rests on: ``invalid grid``, ``<k>-way tie``, a tie broken (``tie_kind``:
-    ``wrap`` or ``misfit``, see flow_tie_evidence), or a unique valid grid with ``no pipeline``, stage
+    ``wrap`` or ``misfit``, see fabric.tie_evidence), or a unique valid grid with ``no pipeline``, stage
     order ``voted`` (clear or split) or ``unknown``."""
     if not valid:
         return "invalid grid"
@@ -170,7 +170,7 @@ def grid_confidence(valid: bool, alternatives: int, pp: int, order_share: float,
     claimed only when a link voted on it (``stage_order_known``), and then its own chance multiplies in;
     with no vote the report does not claim a direction (as tp null claims no tp), and
     ``extra.stage_order_confidence`` says 0.5. A tie that evidence outside the link models broke
-    (``tie_kind``, flow_tie_evidence) gets that evidence's dev-measured chance instead of 1 / k."""
+    (``tie_kind``, fabric.tie_evidence) gets that evidence's dev-measured chance instead of 1 / k."""
     if valid and alternatives and tie_kind in TIE_BROKEN_CONFIDENCE:
         conf = TIE_BROKEN_CONFIDENCE[tie_kind]
     else:
@@ -314,7 +314,7 @@ def _hidden_bursts(f: pl.DataFrame, bursts: pl.DataFrame, dur: np.ndarray, resol
 
 def _wrap_unknown(pipes: list[list[str]], pp_edges: pl.DataFrame) -> bool:
     """Whether the pipelines close into cycles (an interleaved schedule's last stage sends back to its
-    first) and some cycle's wrap is not the link that its bytes show short both ways (flow_tie_evidence):
+    first) and some cycle's wrap is not the link that its bytes show short both ways (fabric.tie_evidence):
     with no stage-order vote, where such a cycle was cut is a guess."""
     links = {frozenset(x) for x in pp_edges.select("a", "b").iter_rows()}
     cycles = [p for p in pipes if len(p) > 2 and frozenset((p[0], p[-1])) in links]
@@ -335,7 +335,7 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     size_bytes, sampling_rate, start_ns, end_ns. If the records hold more than
     one job, the biggest connected one is analysed and the rest counted.
     ``one_job``: the records are those of one job that job recognition found
-    on the whole capture (``flow_jobs.job_flows``), so all their endpoints are
+    on the whole capture (``fabric.recognise.job_flows``), so all their endpoints are
     that job: its rails are not merged again from these records alone, which
     lack what joined them there (the rendezvous server may sit outside the job).
     """

@@ -1,6 +1,6 @@
 """Which pipeline links' record times date their traffic, and which date their TCP connections.
 
-The stage order read from link times (flow_stage_order.order_pipelines) takes a link's first record to
+The stage order read from link times (strategy.flows.stage_order.order_pipelines) takes a link's first record to
 start with the first activations and its last record to end with the last gradients. Over TCP a
 connection's first record opens with its set-up and its last closes with its teardown, and either may be
 far from any data: gloo connects every pair of ranks when the process group starts, and connections
@@ -9,8 +9,8 @@ nothing but data on the flow, so their times are always the traffic's.
 
 A TCP link's times date its traffic when the exporter cut its records at idle gaps, which shows as at
 least MIN_STEP_BURSTS bursts of payload records: its records then start and end with the transfers.
-Otherwise neither its first nor its last time votes (flow_stage_order), and its last time is no check
-on a cycle's wrap either (flow_tie_evidence: the record ends round a cycle).
+Otherwise neither its first nor its last time votes (strategy.flows.stage_order), and its last time is no check
+on a cycle's wrap either (fabric.tie_evidence: the record ends round a cycle).
 
 A TCP link that kept its records open still dates its *last* data where the exporter's TCP flags show its
 teardown apart (:func:`ends_dated`): when every connection's last payload record carries no FIN or RST and

@@ -19,7 +19,7 @@ import polars as pl
 
 def sampled_packets(edges: pl.DataFrame) -> dict[frozenset, int]:
     """Sampled payload packets (as exported, before scaling) per sampled link, both directions; empty
-    when no link was sampled. Needs edges a, b, data_samples (flow_features.undirected_edges)."""
+    when no link was sampled. Needs edges a, b, data_samples (fabric.pair_traffic.undirected_edges)."""
     if edges.is_empty() or "data_samples" not in edges.columns:
         return {}
     return {frozenset((a, b)): int(n) for a, b, n in edges.select("a", "b", "data_samples").iter_rows() if n}

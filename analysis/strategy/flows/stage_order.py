@@ -202,12 +202,12 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
       record ends earlier going downstream. Both are link-level times (either direction) and so
       hold with ACK flows and TCP, where the reverse direction opens with the data;
     - *direction lag*: on one link the activation direction starts before the gradient direction;
-      counted only when the two starts are clearly apart (flow_link_evidence.lag_floor_ns: beyond
+      counted only when the two starts are clearly apart (fabric.link_evidence.lag_floor_ns: beyond
       ``exporter_skew_ns`` when two exporters timed them, ``same_clock`` not true).
 
-    First times and direction lags of ``undated`` links (flow_link_dating.connection_dated) do not vote;
-    a link's last time votes where ``last_link`` is not null (strategy_flows nulls it for undated links
-    whose flags do not show the teardown apart: flow_link_dating.ends_dated).
+    First times and direction lags of ``undated`` links (strategy.flows.link_dating.connection_dated) do not vote;
+    a link's last time votes where ``last_link`` is not null (strategy.flows.infer nulls it for undated links
+    whose flags do not show the teardown apart: strategy.flows.link_dating.ends_dated).
     Needs edges a, b, first_ab, first_ba (last_link when present) and the fit's pipeline edges.
     """
     stage_key = {x: i for i, g in enumerate(fit.dp_groups) for x in g}
@@ -226,7 +226,7 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
         elif s < 0:
             pro[(kv, ku)] -= s
 
-    # steps whose stages' data-parallel reductions end in one order or the other (flow_stage_order)
+    # steps whose stages' data-parallel reductions end in one order or the other (strategy.flows.stage_order)
     for (i, j), (up, down) in (stage_votes or {}).items():
         if i < j:
             pro[(i, j)] += up
@@ -262,7 +262,7 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
             if s:
                 vote(u, v, s)
                 vote(v, path[(i + 2) % len(path)], s)
-        # a cycle whose last records end in order round it from its short link (flow_tie_evidence): the
+        # a cycle whose last records end in order round it from its short link (fabric.tie_evidence): the
         # last backward pass leaves the wrap first and each link upstream later, so the direction the
         # ends rise in is upstream. Two votes a link: over TCP each link's first record opens with its
         # connection, in any order, and those first-time votes must not outweigh this
@@ -316,7 +316,7 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
         if cyclic:
             scores = _wrap_scores(path, link_first, link_last)
             # one link short by a model chunk both ways is the wrap whatever the clocks say
-            # (flow_tie_evidence): it outweighs both time ranks together (at most 2 n apart)
+            # (fabric.tie_evidence): it outweighs both time ranks together (at most 2 n apart)
             short = wrap_by_bytes(path, link_bytes)
             if short is not None:
                 scores[short] += 4.0 * len(path)

@@ -9,8 +9,8 @@ import pytest
 
 from rankscope.analysis.strategy.groups_from_timing import label_groups_by_timing
 from rankscope.analysis.strategy.whitebox import infer_whitebox
-from rankscope.datasets.sim_config import Fault, SimConfig
-from rankscope.datasets.sim_realism import Realism
+from rankscope.datasets.sim.job_config import Fault, SimConfig
+from rankscope.datasets.sim.realism import Realism
 from rankscope.datasets.simulator import simulate
 from tests.unit.analysis.test_collective_streams import DP, PIPES, TP, _calls
 

@@ -1,4 +1,4 @@
-"""strategy_whitebox._components (a union-find, no scipy import) equals scipy's connected components."""
+"""strategy.whitebox._components (a union-find, no scipy import) equals scipy's connected components."""
 import random
 from collections import defaultdict
 

@@ -1,4 +1,4 @@
-"""Pipelines whose links carry bytes within a byte mode of the DP links' (flow_groups.byte_rank_candidates)."""
+"""Pipelines whose links carry bytes within a byte mode of the DP links' (fabric.grid.byte_rank_candidates)."""
 
 from __future__ import annotations
 

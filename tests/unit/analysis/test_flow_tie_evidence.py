@@ -1,4 +1,4 @@
-"""Ties between an interleaved pipeline's cycle and a collective over the same links (flow_tie_evidence).
+"""Ties between an interleaved pipeline's cycle and a collective over the same links (fabric.tie_evidence).
 
 Over TCP with exporter timeouts longer than the job each link is one record per direction: no
 direction lag, and a two-way balanced cycle fits a ring/tree all-reduce and a pipeline alike.

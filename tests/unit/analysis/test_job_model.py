@@ -105,7 +105,7 @@ def test_stragglers_get_the_completed_frames_and_the_layout(monkeypatch):
 def test_records_without_labels_get_the_labelled_diagnosis(fault, verdict):
     """Kineto/NCCL-like records (no step, stage or microbatch on the ops, step marks only) are diagnosed
     as the same job with labels: the straggler section reads the completed frames."""
-    from rankscope.datasets.sim_config import parse_fault
+    from rankscope.datasets.sim.job_config import parse_fault
 
     t = _sim_tables(steps=4, gemm_records=False, faults=(parse_fault(fault),))
     full, _ = diagnose_mod.analyze_job(JobFrames.from_frames("j", **t))

@@ -81,7 +81,7 @@ def _sim_graph(**cfg):
 
 def test_graph_step_times_many_equals_step_times():
     pytest.importorskip("rankscope.datasets.simulator")
-    from rankscope.datasets.sim_config import Fault
+    from rankscope.datasets.sim.job_config import Fault
 
     graph, actual, ideal = _sim_graph(dp=2, pp=2, tp=2, steps=3, microbatches=2,
                                       faults=(Fault("slow-worker", {"rank": 3, "factor": 1.5}),))
@@ -177,7 +177,7 @@ def test_scenarios_with_the_same_choices_replay_once_and_alike():
             k, actual, ideal)))
 
 
-# steps replayed as columns of one step's plan (replay_template) equal the whole graph's replay, bit for
+# steps replayed as columns of one step's plan (replay.step_template) equal the whole graph's replay, bit for
 # bit; steps that differ fall back to the whole graph
 
 def _whole(graph):

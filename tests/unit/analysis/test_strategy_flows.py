@@ -14,7 +14,7 @@ sim = pytest.importorskip("rankscope.datasets.simulator")
 
 def run(**kw):
     # one RoCE queue pair per rank pair unless a test says otherwise: with several, how many ranks
-    # share an address (and so tp) cannot be told from flows (see flow_ranks_per_address)
+    # share an address (and so tp) cannot be told from flows (see strategy.flows.ranks_per_address)
     kw.setdefault("qps", 1)
     res = sim.simulate(sim.SimConfig(job="j", seed=kw.pop("seed", 0), steps=kw.pop("steps", 5), **kw))
     flow = pl.from_arrow(res.tables["flow"])
@@ -164,7 +164,7 @@ def test_two_stage_links_timed_on_two_exporters_vote_only_beyond_their_clock_ske
     # first records are apart by the exporters' offsets, in their order: 40 links said one way and 24
     # the other. Summed, that read as a clear 16 and ordered the pipelines backwards at "voted clearly"
     # against 5 of 5 steps of gradient reductions. (The offsets were a few hundred microseconds; lags
-    # under a millisecond no longer vote at all, flow_link_evidence.MIN_PP_LAG_NS, so here they are 1-3 ms)
+    # under a millisecond no longer vote at all, fabric.link_evidence.MIN_PP_LAG_NS, so here they are 1-3 ms)
     from rankscope.analysis.fabric.grid import GridFit
     from rankscope.analysis.strategy.flows.stage_order import order_pipelines
 
@@ -322,7 +322,7 @@ def test_a_whole_job_tcp_pipeline_is_ordered_by_its_last_data_only_when_the_tear
     # with its last gradients, which leave each stage earlier going downstream. Within the idle timeout the
     # FIN joins the payload record (process-exit order), and with no teardown seen the end may be where
     # the capture stopped: unknown, never claimed. A handshake in a record of its own (the second case:
-    # connected 1-3 s before the data) dates nothing (flow_link_dating: gloo's receive notices)
+    # connected 1-3 s before the data) dates nothing (strategy.flows.link_dating: gloo's receive notices)
     from rankscope.datasets.simulator import Realism, SimConfig, simulate
 
     kw = dict(job="t", dp=1, pp=4, tp=1, gpus_per_host=1, steps=4, microbatches=4, layers=8, schedule="1f1b",

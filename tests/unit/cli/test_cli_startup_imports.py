@@ -39,10 +39,10 @@ def test_ingest_help_still_names_the_expansion_limits():
     from click.testing import CliRunner
 
     from rankscope.cli.main import cli
-    from rankscope.collectors import formats
+    from rankscope.collectors.importers import contract
 
     out = CliRunner().invoke(cli, ["ingest", "--help"]).output
-    assert f"expand {formats.MAX_RATIO:g}x" in out and f"{formats.MIN_EXPANDED_BYTES >> 20} MiB" in out
+    assert f"expand {contract.MAX_RATIO:g}x" in out and f"{contract.MIN_EXPANDED_BYTES >> 20} MiB" in out
 
 
 def test_command_help_loads_no_data_library():

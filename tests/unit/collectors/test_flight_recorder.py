@@ -8,11 +8,12 @@ import pickle
 
 import pytest
 
-from rankscope.collectors import safe_pickle
 from rankscope.collectors.errors import InputFormatError, UnsafePickleError
-from rankscope.collectors.flight_recorder import read_dump
-from rankscope.collectors.formats import ImportOptions, detect
-from rankscope.collectors.ingest import ingest
+from rankscope.collectors.importers import safe_pickle
+from rankscope.collectors.importers.contract import ImportOptions
+from rankscope.collectors.importers.flight_recorder import read_dump
+from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.registry import detect
 from rankscope.collectors.store import Store
 
 T0 = 1_790_000_000_000_000_000

@@ -9,9 +9,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from rankscope.collectors import formats
 from rankscope.collectors.flows.flow_files import tcp_flags_value
-from rankscope.collectors.ingest import ingest
+from rankscope.collectors.importers import contract
+from rankscope.collectors.ingest import registry
+from rankscope.collectors.ingest.ingest_files import ingest
 from rankscope.collectors.store import Store
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -22,15 +23,15 @@ KEY = ["src_addr", "dst_addr", "protocol", "size_bytes", "num_packets"]
 def _ingest(tmp_path, *names, **kw):
     store = Store(tmp_path / "st")
     summary = ingest(store, [FIXTURES / n if isinstance(n, str) else n for n in names],
-                     opts=formats.ImportOptions(**kw))
+                     opts=contract.ImportOptions(**kw))
     return store, summary
 
 
 def test_detection():
-    assert formats.detect(FIXTURES / "softflowd.ipfix") == "ipfix_file"
-    assert formats.detect(FIXTURES / "softflowd_nf9.pcap") == "flow_pcap"
-    assert formats.detect(FIXTURES / "nfdump_softflowd.csv") == "nfdump_csv"
-    assert formats.detect(FIXTURES / "nfdump_softflowd.json") == "nfdump_json"
+    assert registry.detect(FIXTURES / "softflowd.ipfix") == "ipfix_file"
+    assert registry.detect(FIXTURES / "softflowd_nf9.pcap") == "flow_pcap"
+    assert registry.detect(FIXTURES / "nfdump_softflowd.csv") == "nfdump_csv"
+    assert registry.detect(FIXTURES / "nfdump_softflowd.json") == "nfdump_json"
 
 
 def test_ipfix_file_pcap_and_nfdump_agree(tmp_path):
@@ -106,7 +107,7 @@ def test_nfdump_json_of_flows_nfdump_metered_itself_loads_with_the_files_exporte
     # nfpcapd (nfdump metering an interface) writes no router address: every record had been rejected
     # for a null exporter. A real capture of a 4-stage gloo pipeline (tests/data/netns_gloo/SOURCE.md)
     path = Path(__file__).resolve().parents[2] / "data" / "netns_gloo" / "pp4_nfpcapd.nfdump.json"
-    assert formats.detect(path) == "nfdump_json"
+    assert registry.detect(path) == "nfdump_json"
     store, summary = _ingest(tmp_path, path, extra={"tz_offset_s": "0"})
     (f,) = summary.files
     assert f.status == "ingested" and f.records == {"flow": 49}, f

@@ -18,7 +18,7 @@ import pytest
 
 from rankscope.collectors.flows import template_state
 from rankscope.collectors.flows.flow_decoder import FlowDecoder, held_cost
-from rankscope.collectors.ingest import ingest
+from rankscope.collectors.ingest.ingest_files import ingest
 from rankscope.collectors.store import Store
 from tests.unit.collectors.flow_builders import (
     data_set,
@@ -197,7 +197,7 @@ def test_held_data_stays_with_its_capture(tmp_path):
     """A template ingested into another --job (another capture) does not decode this capture's held data."""
     data_dir = Path(__file__).parents[2] / "data" / "goflow2"
     store = Store(tmp_path / "st")
-    from rankscope.collectors.formats import ImportOptions
+    from rankscope.collectors.importers.contract import ImportOptions
 
     ingest(store, [data_dir / "nf9-data.pcap"], opts=ImportOptions(job="capA"))
     ingest(store, [data_dir / "nf9-template.pcap"], opts=ImportOptions(job="capB"))

@@ -3,8 +3,8 @@ from __future__ import annotations
 import csv
 import gzip
 
-from rankscope.collectors.formats import ImportOptions
-from rankscope.collectors.ingest import ingest
+from rankscope.collectors.importers.contract import ImportOptions
+from rankscope.collectors.ingest.ingest_files import ingest
 from rankscope.collectors.store import Store
 
 T0 = 1_764_000_000_000_000_000

@@ -12,9 +12,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from rankscope.collectors import kineto_reader, kineto_stream
 from rankscope.collectors.flows import flow_importers
-from rankscope.collectors.ingest import ingest_file
+from rankscope.collectors.importers.kineto import (
+    chrome_trace as kineto_reader,
+)
+from rankscope.collectors.importers.kineto import (
+    event_chunks as kineto_stream,
+)
+from rankscope.collectors.ingest.ingest_files import ingest_file
 from rankscope.collectors.store import Store
 from tests.unit.collectors.flow_builders import data_set, ipfix_message, template_set, u, v4
 from tests.unit.collectors.test_kineto_import import ev, gloo_trace
@@ -84,8 +89,8 @@ def _traced_peak(code: str) -> int:
     script = textwrap.dedent("""
         import sys, tracemalloc, pyarrow as pa
         from pathlib import Path
-        from rankscope.collectors import kineto_reader
-        from rankscope.collectors.ingest import ingest_file
+        from rankscope.collectors.importers.kineto import chrome_trace as kineto_reader
+        from rankscope.collectors.ingest.ingest_files import ingest_file
         from rankscope.collectors.store import Store
         import rankscope.collectors.flows.flow_importers
         tracemalloc.start()

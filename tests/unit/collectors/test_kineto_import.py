@@ -8,10 +8,11 @@ import json
 import pytest
 
 from rankscope.collectors.errors import InputFormatError
-from rankscope.collectors.formats import ImportOptions, detect
-from rankscope.collectors.ingest import ingest
-from rankscope.collectors.kineto_compute import gemm_shape
-from rankscope.collectors.kineto_import import read_trace
+from rankscope.collectors.importers.contract import ImportOptions
+from rankscope.collectors.importers.kineto.compute_rows import gemm_shape
+from rankscope.collectors.importers.kineto.importer import read_trace
+from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.registry import detect
 from rankscope.collectors.store import Store
 
 BASE = 1_700_000_000_000_000_000

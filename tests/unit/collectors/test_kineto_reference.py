@@ -8,8 +8,9 @@ from collections import Counter
 
 import pytest
 
-from rankscope.collectors.formats import ImportOptions, detect
-from rankscope.collectors.ingest import ingest
+from rankscope.collectors.importers.contract import ImportOptions
+from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.registry import detect
 from rankscope.collectors.store import Store
 
 FILES = ("nccl_data.json.gz", "sampled_rank-0.json.gz", "sampled_rank-1.json.gz")

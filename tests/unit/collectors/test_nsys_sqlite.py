@@ -8,9 +8,10 @@ import sqlite3
 import pytest
 
 from rankscope.collectors.errors import InputFormatError
-from rankscope.collectors.formats import ImportOptions, detect
-from rankscope.collectors.ingest import ingest
-from rankscope.collectors.nsys_sqlite import read_nsys
+from rankscope.collectors.importers.contract import ImportOptions
+from rankscope.collectors.importers.nsys_sqlite import read_nsys
+from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.registry import detect
 from rankscope.collectors.store import Store
 
 EPOCH = 1_760_000_000_000_000_000

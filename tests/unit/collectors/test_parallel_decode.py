@@ -12,8 +12,8 @@ from pathlib import Path
 
 import polars as pl
 
-from rankscope.collectors import parallel_decode
-from rankscope.collectors.ingest import ingest
+from rankscope.collectors.ingest import parallel_decode
+from rankscope.collectors.ingest.ingest_files import ingest
 from rankscope.collectors.store import Store
 from tests.unit.collectors.test_kineto_import import gloo_trace
 
@@ -24,11 +24,11 @@ HTA = REPO / "tests" / "data" / "hta"
 _INGEST = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from rankscope.collectors import parallel_decode
-    from rankscope.collectors.ingest import ingest
+    from rankscope.collectors.ingest import parallel_decode
+    from rankscope.collectors.ingest.ingest_files import ingest
     from rankscope.collectors.store import Store
     made = []
-    init = parallel_decode.Ahead.__init__
+    init = ingest.parallel_decode.Ahead.__init__
     def spy(self, *a, **k):
         made.append(self)
         init(self, *a, **k)
@@ -103,9 +103,9 @@ def test_no_fork_once_polars_pool_runs(tmp_path, monkeypatch):
 _HUNG = textwrap.dedent("""
     import json, sys
     import polars as pl
-    from rankscope.collectors import parallel_decode
-    from rankscope.collectors.ingest import ingest
-    from rankscope.collectors.kineto_import import KINETO
+    from rankscope.collectors.ingest import parallel_decode
+    from rankscope.collectors.ingest.ingest_files import ingest
+    from rankscope.collectors.importers.kineto.importer import KINETO
     from rankscope.collectors.store import Store
     pl.DataFrame({"a": [1, 2, 3]}).filter(pl.col("a") > 1)  # polars' pool runs: a forked child hangs in it
     parallel_decode._fork_safe = lambda: True  # as if the guard had missed it

@@ -5,11 +5,12 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from rankscope.collectors import formats
 from rankscope.collectors.errors import InputFormatError
-from rankscope.collectors.ingest import ingest
+from rankscope.collectors.importers import contract
+from rankscope.collectors.importers.osdi_whatif import WHATIF_PARQUET, read_layout
+from rankscope.collectors.ingest import registry
+from rankscope.collectors.ingest.ingest_files import ingest
 from rankscope.collectors.store import Store
-from rankscope.collectors.whatif_parquet import WHATIF_PARQUET, read_layout
 
 META = "trial_name: TINY\nrun_id: 0\ndp_size: 1\ndsp_size: 1\npp_size: 2\ntp_size: 1\nvpp_size: 1\nworld_size: 2\n"
 
@@ -54,8 +55,8 @@ def tiny_trace(path, extra_rows=()):
 def test_reads_trace_and_meta_as_one_job(tmp_path):
     tiny_trace(tmp_path / "trace-TINY.parquet")
     (tmp_path / "meta-TINY.yaml").write_text(META)
-    assert formats.detect(tmp_path / "trace-TINY.parquet") == "whatif_parquet"
-    assert formats.is_companion(tmp_path / "meta-TINY.yaml")
+    assert registry.detect(tmp_path / "trace-TINY.parquet") == "whatif_parquet"
+    assert registry.is_companion(tmp_path / "meta-TINY.yaml")
     store = Store(tmp_path / "st")
     summary = ingest(store, [tmp_path])
     assert [f.status for f in summary.files] == ["ingested"]  # the yaml is not a file of its own
@@ -80,7 +81,7 @@ def test_bad_rows_are_counted_good_rows_load(tmp_path):
             "duration": -1.0, "seq_id": 1, "mc": -1, "mb_id": -1, "gmc": -1}]
     tiny_trace(tmp_path / "trace-X.parquet", extra_rows=bad)
     store = Store(tmp_path / "st")
-    (res,) = ingest(store, [tmp_path / "trace-X.parquet"], opts=formats.ImportOptions(job="j")).files
+    (res,) = ingest(store, [tmp_path / "trace-X.parquet"], opts=contract.ImportOptions(job="j")).files
     assert res.status == "ingested"
     assert res.rejects["whatif_parquet: unknown optype"] == 1
     assert res.rejects["whatif_parquet: negative duration"] == 1
@@ -92,7 +93,7 @@ def test_missing_columns_and_bad_meta_name_the_file(tmp_path):
     pl.DataFrame({"rank": [0], "start_ts": [0.0]}).write_parquet(tmp_path / "trace-Y.parquet")
     assert not WHATIF_PARQUET.sniff(tmp_path / "trace-Y.parquet", b"PAR1")
     with pytest.raises(InputFormatError, match="trace-Y.parquet"):
-        WHATIF_PARQUET.read(tmp_path / "trace-Y.parquet", formats.ImportOptions())
+        WHATIF_PARQUET.read(tmp_path / "trace-Y.parquet", contract.ImportOptions())
     (tmp_path / "meta-Y.yaml").write_text("dp_size: -2\n")
     with pytest.raises(InputFormatError, match="meta-Y.yaml"):
         read_layout(tmp_path / "meta-Y.yaml")

@@ -155,7 +155,7 @@ def test_cli_dashboard_usage_errors(tmp_path, capsys):
 
 def test_flow_only_capture_lists_recognised_jobs_with_address_endpoints(tmp_path):
     from rankscope.collectors.store import Store
-    from rankscope.datasets.sim_config import SimConfig
+    from rankscope.datasets.sim.job_config import SimConfig
     from rankscope.datasets.simulator import simulate
 
     res = simulate(SimConfig(job="sim", dp=2, pp=2, steps=3, microbatches=2, layers=2, gpus_per_host=1))

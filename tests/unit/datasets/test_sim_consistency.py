@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.collectors.schema import validate
-from rankscope.datasets.sim_flows import HEADER_BYTES
+from rankscope.datasets.sim.network.flow_export import HEADER_BYTES
 from rankscope.datasets.simulator import Fault, SimConfig, simulate
 
 from .conftest import frames

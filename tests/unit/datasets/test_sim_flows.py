@@ -11,7 +11,7 @@ import pytest
 
 from rankscope.collectors.schema import validate
 from rankscope.collectors.store import Store
-from rankscope.datasets.sim_flows import HEADER_BYTES, flow_records
+from rankscope.datasets.sim.network.flow_export import HEADER_BYTES, flow_records
 from rankscope.datasets.simulator import Fault, SimConfig, simulate_fabric, write_store
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.schema import validate
-from rankscope.datasets.sim_corpus import corpus_fabrics
-from rankscope.datasets.sim_noise import wild_background
+from rankscope.datasets.sim.corpus import corpus_fabrics
+from rankscope.datasets.sim.network.noise import wild_background
 from rankscope.datasets.simulator import Realism, SimConfig, fabric_seed, simulate, simulate_fabric
 
 BASE = dict(dp=4, pp=2, tp=2, gpus_per_host=2, steps=3, microbatches=4, layers=8, seed=5, gemm_records=False)
@@ -304,7 +304,7 @@ def test_fabric_exporter_offsets_in_truth_are_the_ones_applied():
 
 
 def test_scattered_host_order_permutes_addresses_and_truth_follows():
-    from rankscope.datasets.sim_topology import nic_address
+    from rankscope.datasets.sim.topology import nic_address
 
     kw = dict(BASE, dp=2, pp=4, tp=1, gpus_per_host=1, seed=7)
     plain = simulate(SimConfig(**kw))
@@ -334,7 +334,7 @@ def test_scattered_host_order_permutes_addresses_and_truth_follows():
 
 
 def test_corpus_scatters_a_share_of_its_jobs():
-    from rankscope.datasets.sim_corpus import SCATTERED_SHARE
+    from rankscope.datasets.sim.corpus import SCATTERED_SHARE
 
     cfgs = [c for f in corpus_fabrics(11, 60, 4096) for c in f.configs]
     share = np.mean([c.realism.host_order == "scattered" for c in cfgs])
@@ -344,8 +344,8 @@ def test_corpus_scatters_a_share_of_its_jobs():
 
 def test_corpus_lets_some_tcp_jobs_save_a_checkpoint_before_they_close():
     # real jobs often save at the end: longer than an exporter's idle timeout, so the FIN makes a record of
-    # its own (flow_link_dating.ends_dated); drawn apart, so the shorter lags keep their old draws
-    from rankscope.datasets.sim_corpus import CHECKPOINT_SAVE_S, CLOSE_LAGS_S
+    # its own (strategy.flows.link_dating.ends_dated); drawn apart, so the shorter lags keep their old draws
+    from rankscope.datasets.sim.corpus import CHECKPOINT_SAVE_S, CLOSE_LAGS_S
 
     cfgs = [c for f in corpus_fabrics(11, 120, 4096) for c in f.configs]
     lags = [c.realism.close_lag_s for c in cfgs if c.realism.transport == "tcp" and c.realism.close_lag_s > 0]

@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 
 from rankscope.collectors.errors import ConfigError
-from rankscope.datasets.sim_config import parse_fault
+from rankscope.datasets.sim.job_config import parse_fault
 from rankscope.datasets.simulator import SimConfig, simulate
 
 from .conftest import frames
