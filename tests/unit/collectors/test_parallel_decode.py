@@ -28,7 +28,7 @@ _INGEST = textwrap.dedent("""
     from rankscope.collectors.ingest.ingest_files import ingest
     from rankscope.collectors.store import Store
     made = []
-    init = ingest.parallel_decode.Ahead.__init__
+    init = parallel_decode.Ahead.__init__
     def spy(self, *a, **k):
         made.append(self)
         init(self, *a, **k)
