@@ -40,7 +40,7 @@ from rankscope.analysis.fabric.link_models import (
     group_kind,
     link_fit,
 )
-from rankscope.analysis.fabric.recognise import address_key, components
+from rankscope.analysis.fabric.pair_graph import address_key, components
 from rankscope.analysis.fabric.tie_evidence import break_tie
 
 

@@ -13,21 +13,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from rankscope.analysis.fabric.clock import flow_clock, flow_resolution_ns
 from rankscope.analysis.fabric.config import FlowConfig
 from rankscope.analysis.fabric.grid import fit_grid
-from rankscope.analysis.fabric.pair_traffic import (
-    heavy_edges,
-    on_pairs,
-    pair_traffic,
-    undirected_edges,
-)
-from rankscope.analysis.fabric.recognise import (
-    address_key,
-    components,
-    flow_clock,
-    flow_resolution_ns,
-    merge_components,
-)
+from rankscope.analysis.fabric.heavy_links import heavy_edges
+from rankscope.analysis.fabric.pair_graph import address_key, components
+from rankscope.analysis.fabric.pair_traffic import on_pairs, pair_traffic, undirected_edges
+from rankscope.analysis.fabric.rails import merge_components
 from rankscope.analysis.fabric.tie_evidence import wrap_by_bytes
 from rankscope.analysis.model.timelines import period_steps, step_period
 from rankscope.analysis.report.diagnosis import Steps, Strategy

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.fabric.recognise import activity_series
+from rankscope.analysis.fabric.rails import activity_series
 
 MARGIN = 0.1
 """a longer multiple replaces the period only when it correlates better by this much."""

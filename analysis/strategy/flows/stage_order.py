@@ -32,8 +32,8 @@ import polars as pl
 from rankscope.analysis.fabric.config import FlowConfig
 from rankscope.analysis.fabric.grid import GridFit
 from rankscope.analysis.fabric.link_evidence import lag_floor_ns
+from rankscope.analysis.fabric.pair_graph import address_key
 from rankscope.analysis.fabric.pair_traffic import MIN_BURST_GAP_NS, on_pairs
-from rankscope.analysis.fabric.recognise import address_key
 from rankscope.analysis.fabric.tie_evidence import ends_from_wrap, wrap_by_bytes
 from rankscope.analysis.strategy.flows.link_dating import MIN_STEP_BURSTS
 

@@ -3,8 +3,9 @@
 import polars as pl
 import pytest
 
+from rankscope.analysis.fabric.pair_graph import address_key
 from rankscope.analysis.fabric.pair_traffic import pair_traffic
-from rankscope.analysis.fabric.recognise import address_key, job_flows, recognise_jobs
+from rankscope.analysis.fabric.recognise import job_flows, recognise_jobs
 from rankscope.analysis.strategy.flows.infer import infer_flows
 
 sim = pytest.importorskip("rankscope.datasets.simulator")

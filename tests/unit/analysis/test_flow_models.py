@@ -3,11 +3,13 @@
 import numpy as np
 import polars as pl
 
+from rankscope.analysis.fabric.clock import timestamp_resolution_ns
 from rankscope.analysis.fabric.config import FlowConfig
 from rankscope.analysis.fabric.grid import fit_grid
-from rankscope.analysis.fabric.job_evidence import burst_counts, light_pendants, storage_hubs
+from rankscope.analysis.fabric.heavy_links import light_pendants, storage_hubs
+from rankscope.analysis.fabric.job_evidence import burst_counts
 from rankscope.analysis.fabric.link_models import adjacency, group_kind
-from rankscope.analysis.fabric.recognise import rail_correlations, timestamp_resolution_ns
+from rankscope.analysis.fabric.rails import rail_correlations
 from rankscope.analysis.strategy.flows.period import whole_step
 from tests.unit.analysis.flow_records import (
     JOB_OR_STORAGE_HOSTS,
@@ -200,7 +202,7 @@ def test_a_cycle_whose_first_payload_walks_round_it_is_a_pipeline_not_a_tree():
 def test_storage_servers_as_many_as_the_hosts_are_peeled_by_shape():
     # a 4-stage pipeline (payload both ways, gradients late) whose every host writes checkpoints to each
     # of 4 servers over links as heavy as its own; the servers replicate among themselves, one way
-    from rankscope.analysis.fabric.job_evidence import peel_servers, storage_shaped
+    from rankscope.analysis.fabric.heavy_links import peel_servers, storage_shaped
 
     hosts, servers = [f"h{i}" for i in range(4)], [f"s{i}" for i in range(4)]
     rows = [(hosts[i], hosts[i + 1], 1e9, 100 * i, 10_000 - 100 * i, 1.0) for i in range(3)]
@@ -229,8 +231,7 @@ def test_servers_a_small_ring_writes_to_part_from_it_by_byte_scale():
     # 4 hosts in a one-way ring; 3 storage servers that every host writes to replicate among themselves.
     # For the servers the writes are heavy (a tenth of their replication), so the 7 endpoints form one
     # set that no grid fits, and the hosts, sending one way round the ring, look more like servers
-    from rankscope.analysis.fabric.job_evidence import peel_servers
-    from rankscope.analysis.fabric.pair_traffic import heavy_edges
+    from rankscope.analysis.fabric.heavy_links import heavy_edges, peel_servers
 
     hosts, servers = [f"10.0.0.{i}" for i in (1, 2, 3, 4)], ["10.0.0.5", "10.0.0.7", "10.1.0.6"]
     ring = [(hosts[i], hosts[(i + 1) % 4], 1.4e11, 0.0, 10, 10) for i in range(4)]
@@ -245,7 +246,7 @@ def test_servers_a_small_ring_writes_to_part_from_it_by_byte_scale():
 def test_pipeline_links_lighter_than_the_writes_stay_with_the_job():
     # dp2 x pp2: all-reduce pairs at 9e10, pipeline links at 1.1e10 and writes up to 3e9: the servers go,
     # the pipeline links (as light as the writes next to the all-reduce) stay
-    from rankscope.analysis.fabric.pair_traffic import heavy_edges
+    from rankscope.analysis.fabric.heavy_links import heavy_edges
 
     hosts, servers = [f"10.0.0.{i}" for i in (1, 2, 3, 4)], ["10.0.0.5", "10.0.0.7", "10.1.0.6"]
     job = [(hosts[0], hosts[2], 4.5e10, 4.5e10, 10, 10), (hosts[1], hosts[3], 4.5e10, 4.5e10, 10, 10),
@@ -259,8 +260,7 @@ def test_pipeline_links_lighter_than_the_writes_stay_with_the_job():
 def test_a_pure_pipeline_lighter_than_its_storage_is_not_traded_for_the_servers():
     # the servers replicate more than the pipeline's hosts send each other: the servers are the upper
     # byte scale, but they receive about as much as they replicate, so they are not taken for a job
-    from rankscope.analysis.fabric.job_evidence import below_scale_gap
-    from rankscope.analysis.fabric.pair_traffic import heavy_edges
+    from rankscope.analysis.fabric.heavy_links import below_scale_gap, heavy_edges
 
     hosts, servers = [f"10.0.0.{i}" for i in (1, 2, 3, 4)], ["10.0.0.5", "10.0.0.7", "10.1.0.6"]
     pipe = [(hosts[i], hosts[i + 1], 5e8, 5e8, 100 * i, 10_000 - 100 * i) for i in range(3)]
@@ -280,7 +280,7 @@ def test_replicating_storage_alone_is_no_job_and_keeps_its_shape():
     # only the servers' replication is above the scale gap, but they receive from their clients more than
     # a training host writes: the byte scales do not take the clients for the servers of a "job" made of
     # the servers
-    from rankscope.analysis.fabric.job_evidence import below_scale_gap
+    from rankscope.analysis.fabric.heavy_links import below_scale_gap
 
     clients, servers = [f"10.2.0.{i}" for i in range(1, 4)], ["10.0.0.5", "10.0.0.7", "10.1.0.6"]
     e = directed_edges(_storage(clients, servers, 3e8, 3.5e9))
@@ -308,8 +308,7 @@ def test_a_server_whose_clients_read_and_write_is_peeled_by_its_lopsided_links()
     # hosts write to four servers. Three servers take writes one way; the fourth also serves reads, so
     # its links carry 15-25 % back, more than an ACK flow (5 %) and far from a pipeline's or a tree's
     # balance. Counted as two-way, that server kept the set from any grid and the job went unrecognised
-    from rankscope.analysis.fabric.job_evidence import peel_servers
-    from rankscope.analysis.fabric.pair_traffic import heavy_edges
+    from rankscope.analysis.fabric.heavy_links import heavy_edges, peel_servers
 
     hosts = [f"10.0.0.{i}" for i in range(1, 9)]
     writes, mixed = ["10.0.0.9", "10.1.0.10", "10.0.0.11"], "10.1.0.12"
@@ -357,8 +356,7 @@ def test_ring_hosts_that_also_use_storage_are_not_peeled_as_storage_servers():
         ("a7", "a9", 6.97e8, 0, 225, 225, 168), ("a7", "b6", 0, 6.8e8, 224, 224, 164),
         ("a7", "b8", 6.89e8, 0, 224, 224, 166), ("a9", "b6", 7.3e8, 0, 224, 572, 176),
         ("a9", "b8", 0, 6.51e8, 224, 224, 157), ("b6", "b8", 7.76e8, 0, 224, 224, 187)]
-    from rankscope.analysis.fabric.job_evidence import storage_shaped
-    from rankscope.analysis.fabric.pair_traffic import heavy_edges
+    from rankscope.analysis.fabric.heavy_links import heavy_edges, storage_shaped
 
     ms = 1_000_000
     e = directed_edges([(a, b, float(x), float(y), None if f is None else f * ms, None if g is None else g * ms)
@@ -393,8 +391,7 @@ def test_two_hosts_and_their_replicating_servers_are_no_job_either_way():
     # ways (3.1 GB a pair). The hosts, two of three links one-way, were peeled as servers and the servers'
     # triangle was named a 3-stage pipeline at 0.99. The "servers" peeled have fewer links than the rest
     # and a heavier link among themselves: neither reading is claimed
-    from rankscope.analysis.fabric.job_evidence import peel_servers
-    from rankscope.analysis.fabric.pair_traffic import heavy_edges
+    from rankscope.analysis.fabric.heavy_links import heavy_edges, peel_servers
 
     everyone = JOB_OR_STORAGE_HOSTS + JOB_OR_STORAGE_SERVERS
     e = directed_edges([(a, b, ab, ba, 50, 50) for a, b, ab, ba in job_or_storage_links()])
@@ -413,8 +410,7 @@ def test_more_servers_than_hosts_are_peeled_when_they_have_no_balanced_link():
     # replicating one way round a mesh (120-150 MB a link). The hosts, three of four links one-way, looked
     # like servers too; the most-linked-first peel took three servers and left a path of one-way links:
     # unrecognised. No server has a balanced link; both hosts do
-    from rankscope.analysis.fabric.job_evidence import peel_servers
-    from rankscope.analysis.fabric.pair_traffic import heavy_edges
+    from rankscope.analysis.fabric.heavy_links import heavy_edges, peel_servers
 
     a1, a2, a3, a5, a7 = (f"10.0.0.{i}" for i in (1, 2, 3, 5, 7))
     b4, b6, b8 = (f"10.1.0.{i}" for i in (4, 6, 8))
@@ -435,8 +431,7 @@ def test_a_server_trading_balanced_payload_with_one_client_is_peeled_in_a_second
     # hosts write to six servers replicating one way; server s03 also reads and writes with g1 in balance
     # (0.71). The one-way peel leaves s03, which then joins the rails in a set no grid fits; among that
     # rest its other links are one-way and it has the storage shape. Was unrecognised
-    from rankscope.analysis.fabric.job_evidence import peel_servers
-    from rankscope.analysis.fabric.pair_traffic import heavy_edges
+    from rankscope.analysis.fabric.heavy_links import heavy_edges, peel_servers
 
     h1, h2, g1, g2, s03, s05, s07, s14, s16, s18 = (
         "10.0.0.1", "10.0.0.2", "10.1.0.1", "10.1.0.2", "10.0.0.3", "10.0.0.5", "10.0.0.7", "10.1.0.4",
@@ -462,7 +457,7 @@ def test_a_rail_whose_host_reads_more_from_a_server_than_from_its_peer_stays():
     # pipeline trading 0.25 GB both ways, one of which also trades 0.87 GB with the server (dev corpus seed 6:
     # the pair's link was taken for a light pendant of that host, whose busiest link was the server's, and the
     # job was found one rail short)
-    from rankscope.analysis.fabric.pair_traffic import heavy_edges
+    from rankscope.analysis.fabric.heavy_links import heavy_edges
 
     writers = [(f"w{i}", "srv", 1.2e9, 1.5e6, 10, 10) for i in range(8)]
     ring = [(f"w{i}", f"w{(i + 1) % 8}", 4e9, 4e9, 10, 10) for i in range(8)]

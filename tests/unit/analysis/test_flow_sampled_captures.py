@@ -8,7 +8,7 @@ from tests.unit.analysis.flow_records import directed_edges
 
 
 def test_batched_packet_samples_are_timed_no_finer_than_their_batches():
-    from rankscope.analysis.fabric.recognise import flow_resolution_ns, sample_batching_ns
+    from rankscope.analysis.fabric.clock import flow_resolution_ns, sample_batching_ns
 
     # sFlow-like: 20 batches a second apart of 5 samples each, and 80 more in 2 ms batches
     slow = np.repeat(np.arange(20) * 1_000_000_000, 5)
@@ -25,7 +25,7 @@ def test_batched_packet_samples_are_timed_no_finer_than_their_batches():
 
 
 def test_a_fabric_mixing_a_fine_exporter_and_a_batched_sflow_agent_reads_at_the_agent_s_batching():
-    from rankscope.analysis.fabric.recognise import flow_resolution_ns
+    from rankscope.analysis.fabric.clock import flow_resolution_ns
 
     rng = np.random.default_rng(3)
     fine = np.sort(rng.integers(0, 10**10, 200))  # IPFIX, nanosecond clock
@@ -44,7 +44,7 @@ def test_a_fabric_mixing_a_fine_exporter_and_a_batched_sflow_agent_reads_at_the_
 
 
 def test_a_pair_that_only_ever_carried_its_set_up_is_no_heavy_link():
-    from rankscope.analysis.fabric.pair_traffic import heavy_edges
+    from rankscope.analysis.fabric.heavy_links import heavy_edges
 
     # 1-in-16 sampling scales a connection set-up (SYN, ACKs) to kilobytes: 0.3 % of a 1 MB link, above
     # the heavy fraction, but no payload
@@ -58,7 +58,8 @@ def test_a_pair_that_only_ever_carried_its_set_up_is_no_heavy_link():
 
 
 def test_a_link_seen_in_one_sample_is_not_heavy_next_to_links_seen_in_hundreds():
-    from rankscope.analysis.fabric.pair_traffic import heavy_edges, sampled_bytes_floor
+    from rankscope.analysis.fabric.heavy_links import heavy_edges
+    from rankscope.analysis.fabric.pair_traffic import sampled_bytes_floor
 
     # 1 in 1,000 sampling: each ring link shows 1,000 payload samples (4 GB); one sampled packet between
     # two of its hosts scales to 12 MB, 0.3 % of a ring link, over the heavy fraction (0.2 %). A single
