@@ -16,7 +16,9 @@ import polars as pl
 from rankscope.analysis.kernels.alignment import alignment_findings
 from rankscope.analysis.kernels.regressions import RegressionConfig, regression_section
 from rankscope.analysis.kernels.throughput import class_throughput
+from rankscope.analysis.model.job_model import build_job_model
 from rankscope.analysis.report.diagnosis import jsonable
+from rankscope.analysis.strategy.whitebox import infer_whitebox
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
 
@@ -67,8 +69,6 @@ def diff_runs(baseline: JobFrames, current: JobFrames, config: DiffConfig | None
     compute_op (``rank, name, category, start_ns, end_ns, step`` and GEMM ``m, n, k, dtype``), comm_op
     (``rank, op, group_ranks, peer, size_bytes, start_ns, end_ns, state, step``). Returns a RunDiff.
     """
-    from rankscope.analysis.model.job_model import build_job_model
-
     cfg = config or DiffConfig()
     # both runs through the one job model: the same steps analyze reports, labels filled where records lack them
     ma, mb = build_job_model(baseline), build_job_model(current)
@@ -111,8 +111,6 @@ def step_durations(frames: JobFrames) -> pl.DataFrame:
 
     Returns ``step, start_ns, end_ns, dur_ns, warmup`` (dur_ns: the step time; warmup: left out of the median).
     """
-    from rankscope.analysis.model.job_model import build_job_model
-
     return _step_frame(build_job_model(frames).steps)
 
 
@@ -227,8 +225,6 @@ def _comm_rows(a: JobFrames, b: JobFrames) -> list[dict]:
 
 def _strategy_rows(a: JobFrames, b: JobFrames) -> list[dict]:
     """World size and parallel degrees from the collectives' groups; a change is reported as ``changed``."""
-    from rankscope.analysis.strategy.whitebox import infer_whitebox
-
     if a.comm_op.height == 0 or b.comm_op.height == 0:
         return []
     sa, sb = (infer_whitebox(f.comm_op, timing=not f.relative_time) for f in (a, b))

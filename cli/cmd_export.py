@@ -35,7 +35,7 @@ def perfetto(store_dir: str, job: str, out: str):
     """
     from rankscope.analysis.model.job_model import build_job_model
     from rankscope.analysis.runner.cache import ResultCache, result_key, store_version
-    from rankscope.analysis.whatif.graph import build_graph
+    from rankscope.analysis.whatif.build import build_graph
     from rankscope.analysis.whatif.metrics import ideal_durations
     from rankscope.analysis.whatif.perfetto import metadata_events, perfetto_events
     from rankscope.collectors.job_frames import load_job

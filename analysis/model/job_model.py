@@ -45,6 +45,8 @@ import polars as pl
 from rankscope.analysis.model.clocks import ClockConfig, apply_rank_offsets, rank_clock_offsets
 from rankscope.analysis.model.steps import job_steps, rank_step_windows
 from rankscope.analysis.report.diagnosis import Strategy
+from rankscope.analysis.strategy.groups_from_streams import label_groups, memberships_from
+from rankscope.analysis.strategy.whitebox import infer_whitebox
 from rankscope.collectors.job_frames import JobFrames
 
 LAYOUT_SCHEMA = {"rank": pl.Int64, "stage": pl.Int64, "dp_rank": pl.Int64, "tp_rank": pl.Int64,
@@ -86,8 +88,6 @@ class JobModel:
 
 def build_job_model(frames: JobFrames, clock: ClockConfig | None = None) -> JobModel:
     """Build the model of one job. Needs any subset of comm_op, compute_op, step_mark (JobFrames)."""
-    from rankscope.analysis.strategy.whitebox import infer_whitebox
-
     notes: list[str] = []
     frames = _one_source_each(frames, notes)
     frames = _groups_from_streams(frames, notes)
@@ -167,8 +167,6 @@ def _one_source_each(frames: JobFrames, notes: list[str]) -> JobFrames:
 
 def _groups_from_streams(frames: JobFrames, notes: list[str]) -> JobFrames:
     """Collectives without a group get one from their stream and the declared memberships."""
-    from rankscope.analysis.strategy.groups_from_streams import label_groups, memberships_from
-
     members = memberships_from(frames.declared)
     if not members:
         return frames

@@ -30,12 +30,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import polars as pl
+
+from rankscope.analysis.diagnose import DiagnoseConfig
+from rankscope.analysis.report.diagnosis import Diagnosis, Steps, Stragglers, Strategy
 from rankscope.collectors.schema import SCHEMAS
 
 if TYPE_CHECKING:
-    import polars as pl
-
-    from rankscope.analysis.report.diagnosis import Diagnosis
     from rankscope.collectors.store import Store
 
 CACHE_DIR = "_cache"
@@ -164,8 +165,6 @@ class ResultCache:
         e = self._get(key)
         if e is None:
             return None
-        import polars as pl
-
         try:
             d = diagnosis_from_dict(json.loads((e / "diagnosis.json").read_text()))
             tables = {p.stem: pl.read_ipc(p) for p in sorted((e / "tables").glob("*.arrow"))}
@@ -194,8 +193,6 @@ def _plain(x):
 
 def diagnosis_from_dict(x: dict) -> Diagnosis:
     """The inverse of ``dataclasses.asdict(Diagnosis)`` (JSON keeps NaN as NaN)."""
-    from rankscope.analysis.report.diagnosis import Diagnosis, Steps, Stragglers, Strategy
-
     x = dict(x)
     x["strategy"] = Strategy(**x["strategy"])
     x["steps"] = Steps(**x["steps"])
@@ -207,8 +204,6 @@ def cached_analysis(store: Store, planned, config,
                     compute: Callable[[], tuple[Diagnosis, dict[str, pl.DataFrame]]],
                     cache: ResultCache | None = None) -> tuple[Diagnosis, dict[str, pl.DataFrame], bool]:
     """(Diagnosis, tables, hit) of one planned job: from the cache when its store jobs are unchanged."""
-    from rankscope.analysis.diagnose import DiagnoseConfig
-
     cache = cache or ResultCache(store)
     config = config or DiagnoseConfig()  # None and the defaults are one computation
     key = result_key("analyze", [store_version(store, [planned.source, planned.flow_job])],

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from rankscope.analysis.runner.plan import PlannedJob
+from rankscope.analysis.diagnose import analyze_job
+from rankscope.analysis.runner.plan import PlannedJob, load_planned
 from rankscope.collectors.errors import RankscopeError
+from rankscope.collectors.store import Store
 
 
 class RayEngineError(RankscopeError):
@@ -25,10 +27,6 @@ class RayEngineError(RankscopeError):
 
 
 def _analyse_one(store_root: str, planned: PlannedJob, config):
-    from rankscope.analysis.diagnose import analyze_job
-    from rankscope.analysis.runner.plan import load_planned
-    from rankscope.collectors.store import Store
-
     frames, dq = load_planned(Store(store_root), planned)
     d, tables = analyze_job(frames, config)
     d.data_quality.update(dq)

@@ -14,14 +14,12 @@ planning needs job recognition, which lives here and not in collectors.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
 
 from rankscope.analysis.fabric.config import FlowConfig
+from rankscope.analysis.fabric.recognise import FabricJobs, RecognisedJob, job_flows, recognise_jobs
+from rankscope.analysis.runner.cache import ResultCache, result_key, store_version
 from rankscope.collectors.job_frames import JobFrames, load_job
 from rankscope.collectors.store import Store
-
-if TYPE_CHECKING:
-    from rankscope.analysis.fabric.recognise import FabricJobs
 
 TRAINING_KINDS = ("comm_op", "compute_op", "step_mark")
 
@@ -107,9 +105,6 @@ def recognised_jobs(store: Store, capture: str, flow: FlowConfig) -> FabricJobs:
     """Job recognition on one flow capture, through the store's result cache: every `analyze` and every
     dashboard start plans the store's jobs, and recognition on a large capture costs seconds (1.7 s for a
     4,096-GPU fabric) even when the analysis itself is answered from the cache."""
-    from rankscope.analysis.fabric.recognise import FabricJobs, RecognisedJob, recognise_jobs
-    from rankscope.analysis.runner.cache import ResultCache, result_key, store_version
-
     cache = ResultCache(store)
     key = result_key("recognise_jobs", [store_version(store, [capture])], (capture, flow))
     hit = cache.get_json(key)
@@ -131,8 +126,6 @@ def load_planned(store: Store, planned: PlannedJob, fresh=None) -> tuple[JobFram
     (:class:`~rankscope.collectors.fresh_rows.FreshRows`): rows just ingested by this process, used
     instead of re-reading a training job's Parquet where they are the whole of it.
     """
-    from rankscope.analysis.fabric.recognise import job_flows
-
     if planned.kind == "job":
         frames = load_job(store, planned.source, flow_job=planned.flow_job, fresh=fresh)
         if planned.flow_job and not frames.endpoint_map.is_empty():

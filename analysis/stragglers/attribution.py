@@ -23,6 +23,7 @@ from rankscope.analysis.model.steps import startup_steps
 from rankscope.analysis.report.causes import CAUSES, cause_shares
 from rankscope.analysis.report.diagnosis import Stragglers, Strategy
 from rankscope.analysis.stragglers.arrival_skew import arrival_skew
+from rankscope.analysis.whatif.build import build_graph
 from rankscope.analysis.whatif.comm import comm_whatif
 from rankscope.analysis.whatif.evidence import (
     link_evidence,
@@ -32,7 +33,7 @@ from rankscope.analysis.whatif.evidence import (
     work_or_hardware,
     worker_evidence,
 )
-from rankscope.analysis.whatif.graph import WhatIfGraph, WhatIfInputError, build_graph
+from rankscope.analysis.whatif.graph import WhatIfGraph, WhatIfInputError
 from rankscope.analysis.whatif.metrics import (
     STALL_TYPES,
     MetricsConfig,
@@ -364,7 +365,6 @@ def _arrival_with_compute_evidence(frames: JobFrames, config: StragglerConfig, l
     stage = top.get("stage")
     if _stage_peers(layout, stage) > 1:
         return a
-    from rankscope.analysis.whatif.evidence import work_or_hardware
 
     a.extra.pop("ambiguous", None)  # the compute records may decide what arrivals alone cannot
     # CPU traces of a contended host: compare each op class's floor, not its mean

@@ -30,6 +30,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.report.diagnosis import Strategy
+from rankscope.analysis.strategy.groups_from_timing import label_groups_by_timing
 
 P2P_OPS = ("send", "recv")
 
@@ -337,8 +338,6 @@ def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True) -> Strategy:
 
     timed = {}
     if timing and comm_op.select((~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_null()).any()).item():
-        from rankscope.analysis.strategy.groups_from_timing import label_groups_by_timing
-
         comm_op, timed = label_groups_by_timing(comm_op)
         if not timed.get("labelled") and all(v.startswith("calls of one stream overlap")
                                              for v in timed.get("undecided_keys", {}).values()):

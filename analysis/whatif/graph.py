@@ -32,11 +32,12 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.replay.engine import replay
+from rankscope.analysis.replay.step_template import step_template
+from rankscope.analysis.replay.waves import plan_replay, replay_waves
 from rankscope.collectors.errors import RankscopeError
-from rankscope.collectors.job_frames import JobFrames
 
 FWD, BWD = "forward-compute", "backward-compute"
-_EPS_NEG_NS = 1e-2 * 1e9
+CLOCK_ERROR_NS = 1e-2 * 1e9
 """Transfer times below -10 ms are clock errors and become 0 (as the authors)."""
 
 
@@ -153,16 +154,12 @@ class WhatIfGraph:
             return cached
         tmpl = None
         if self.notes.get("_step_template", True):
-            from rankscope.analysis.replay.step_template import step_template
-
             tmpl = step_template(self.ops, self.src, self.dst, self.group, self.step_index)
         maps = self._whole_plan() if tmpl is None else self._template_plan(tmpl)
         self.notes["_replay_plan"] = maps
         return maps
 
     def _whole_plan(self) -> _PlanMaps:
-        from rankscope.analysis.replay.waves import plan_replay
-
         had_nodes = "_nodes" in self.notes
         # int32 edge arrays where the node ids (ops, then one tail per synced op) fit: they are built
         # for the plan only (half the memory)
@@ -180,8 +177,6 @@ class WhatIfGraph:
 
     def _template_plan(self, tmpl) -> _PlanMaps:
         """One step's plan; node ``j`` of step ``s`` is entry ``j * n_steps + s`` of the flat arrays."""
-        from rankscope.analysis.replay.waves import plan_replay
-
         k = tmpl.n_steps
         src, dst, group, tail = engine_nodes(tmpl.src, tmpl.dst, tmpl.group, np.int64)
         plan = plan_replay(len(group), src, dst, group)
@@ -211,8 +206,6 @@ class WhatIfGraph:
         The plan and the launch delays' placement are shared by every call: a what-if replays one
         graph under many duration sets.
         """
-        from rankscope.analysis.replay.waves import replay_waves
-
         maps = self._replay_plan()
         delay = None
         if launch_delay is not None:
@@ -242,8 +235,6 @@ class WhatIfGraph:
         placed in the plan's node order once, so a scenario costs one look-up over the nodes instead of
         building the op durations and gathering them.
         """
-        from rankscope.analysis.replay.waves import replay_waves
-
         maps = self._replay_plan()
         in_idx = maps.in_idx
         delay = None
@@ -346,7 +337,7 @@ class WhatIfGraph:
         np.maximum.at(pred, self.dst, end[self.src])
         pred = np.where(np.isfinite(pred), pred, step_lo[self.step_index])
         d = start - pred
-        return np.where(d <= -_EPS_NEG_NS, 0.0, d)
+        return np.where(d <= -CLOCK_ERROR_NS, 0.0, d)
 
     def step_times(self, duration: np.ndarray, launch_delay: np.ndarray | None = None) -> np.ndarray:
         """Replayed time of each step (latest end of the step's ops; steps start at 0)."""
@@ -386,22 +377,3 @@ def _node_maps(plan, tail: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return node_dur, node_delay, plan.super_of_op[np.where(synced, tail, np.arange(n))]
 
 
-def build_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> WhatIfGraph:
-    """The what-if dependency model of a job.
-
-    Needs compute_op and comm_op with rank, start_ns, end_ns, step; the OSDI
-    model also optype, seq, stage, dp_rank (from the whatif_parquet importer).
-    ``layout`` (rank, stage, dp_rank, ...: the job model's) places the generic model's ranks.
-    Raises WhatIfInputError when there is nothing to replay.
-    """
-    comp, comm = frames.compute_op, frames.comm_op
-    if comp.height == 0 and comm.height == 0:
-        raise WhatIfInputError("no compute_op or comm_op records: nothing to replay")
-    has_osdi = ("optype" in comp.columns and comp["optype"].drop_nulls().is_in([FWD, BWD]).any())
-    if has_osdi:
-        from rankscope.analysis.whatif.osdi import osdi_graph, osdi_ops
-
-        return osdi_graph(osdi_ops(comp, comm))
-    from rankscope.analysis.whatif.generic import generic_graph
-
-    return generic_graph(frames, layout)

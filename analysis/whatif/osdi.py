@@ -11,8 +11,8 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.whatif.graph import (
-    _EPS_NEG_NS,
     BWD,
+    CLOCK_ERROR_NS,
     FWD,
     Template,
     WhatIfGraph,
@@ -237,7 +237,7 @@ def osdi_graph(ops: pl.DataFrame) -> WhatIfGraph:
     latest = np.full(group.max() + 1 if synced.any() else 0, -np.inf)
     np.maximum.at(latest, group[synced], start[synced])
     transfer = end - np.where(synced, latest[np.where(synced, group, 0)], start)
-    transfer = np.where(synced & (transfer <= -_EPS_NEG_NS), 0.0, transfer)
+    transfer = np.where(synced & (transfer <= -CLOCK_ERROR_NS), 0.0, transfer)
     actual = np.where(synced, transfer, end - start)
     stream = (pl.when(pl.col("optype").is_in(list(P2P_TYPES))).then(pl.col("optype"))
               .when(pl.col("optype").is_in(list(DP_COMM_TYPES))).then(pl.lit("dp-comm"))

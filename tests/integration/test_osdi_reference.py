@@ -93,7 +93,7 @@ def test_batched_template_replay_equals_the_shared_engine(osdi_store):
 
     import numpy as np
 
-    from rankscope.analysis.whatif.graph import build_graph
+    from rankscope.analysis.whatif.build import build_graph
     from rankscope.analysis.whatif.scenarios import Scenarios, step_times
 
     store, _ = osdi_store

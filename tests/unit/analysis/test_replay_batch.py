@@ -68,7 +68,7 @@ def _sim_graph(**cfg):
     sim = pytest.importorskip("rankscope.datasets.simulator")
 
     from rankscope.analysis.model.job_model import build_job_model
-    from rankscope.analysis.whatif.graph import build_graph
+    from rankscope.analysis.whatif.build import build_graph
     from rankscope.analysis.whatif.metrics import ideal_durations
     from rankscope.collectors.job_frames import JobFrames
 

@@ -125,7 +125,7 @@ def test_store_version_follows_the_jobs_parts(store_dir):
 
 def test_export_and_diff_reuse_their_results(store_dir, tmp_path, monkeypatch):
     import rankscope.analysis.run_diff as run_diff_mod
-    import rankscope.analysis.whatif.graph as graph_mod
+    import rankscope.analysis.whatif.build as graph_mod
 
     n = {}
     _count_calls(monkeypatch, n, "graph", graph_mod, "build_graph")
@@ -147,7 +147,7 @@ def test_export_and_diff_reuse_their_results(store_dir, tmp_path, monkeypatch):
 def test_job_recognition_on_a_capture_is_cached(tmp_path, monkeypatch):
     """Planning a store's jobs (every analyze, every dashboard start) reuses job recognition on an unchanged
     capture, gives the same plan from the cache, and recognises again once the capture changes."""
-    import rankscope.analysis.fabric.recognise as flow_jobs_mod
+    import rankscope.analysis.runner.plan as flow_jobs_mod  # where plan_jobs looks recognise_jobs up
     from rankscope.analysis.runner.plan import plan_jobs
 
     monkeypatch.delenv("RANKSCOPE_NO_CACHE", raising=False)

@@ -12,7 +12,8 @@ from rankscope.analysis.stragglers.attribution import (
     straggler_section,
     verdict,
 )
-from rankscope.analysis.whatif.graph import WhatIfInputError, build_graph
+from rankscope.analysis.whatif.build import build_graph
+from rankscope.analysis.whatif.graph import WhatIfInputError
 from rankscope.analysis.whatif.scenarios import Scenarios, step_times
 from rankscope.analysis.whatif.sequence import _fit_cols, fwd_bwd_pearson
 from rankscope.collectors.errors import ConfigError
