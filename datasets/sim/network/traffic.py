@@ -13,17 +13,10 @@ import polars as pl
 
 from rankscope.datasets.sim.job_config import SimConfig
 from rankscope.datasets.sim.network.flow_export import ROCE_PORT, collective_transfers
-from rankscope.datasets.sim.network.transport import rank_exporters
+from rankscope.datasets.sim.network.transport import rank_exporters, source_port
 from rankscope.datasets.sim.op_graph import Graph, Templates
 from rankscope.datasets.sim.stage_ops import OP, STREAMS
 from rankscope.datasets.sim.topology import Topology
-
-
-def source_port(src: np.ndarray, dst: np.ndarray, conn: np.ndarray, qps: int) -> np.ndarray:
-    """First RoCEv2 UDP source port of a connection (NCCL picks them per QP for ECMP entropy)."""
-    h = (src.astype(np.uint64) * np.uint64(2654435761) + dst.astype(np.uint64) * np.uint64(40503)
-         + conn.astype(np.uint64) * np.uint64(97)) % np.uint64(16384 - qps)
-    return (49152 + h).astype(np.int64)
 
 
 def first_payload(ready: np.ndarray, i: np.ndarray, t: dict, g: Graph, world: int, transport: str,

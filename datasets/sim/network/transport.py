@@ -36,7 +36,14 @@ import numpy as np
 import polars as pl
 
 from rankscope.datasets.sim.job_config import SimConfig
-from rankscope.datasets.sim.network.flow_export import ACK, FIN, HEADER_BYTES, PSH, ROCE_PORT, SYN
+from rankscope.datasets.sim.network.flow_export import (
+    ACK,
+    FIN,
+    HEADER_BYTES,
+    PSH,
+    ROCE_PORT,
+    SYN,
+)
 from rankscope.datasets.sim.realism import exporter_name
 from rankscope.datasets.sim.stage_ops import STREAMS
 from rankscope.datasets.sim.topology import Topology
@@ -96,7 +103,6 @@ def _roce(tr: pl.DataFrame, cfg: SimConfig, topo: Topology, exporters: pl.Series
         tr = tr.with_columns(qpn=pl.Series(qp_base(d, c, topo, cfg.qps)))
     if not r.reverse:
         return tr
-    from rankscope.datasets.sim.network.traffic import source_port
 
     nbytes = tr["bytes"].to_numpy()
     data_pkts = -(-nbytes // mtu)
@@ -219,3 +225,10 @@ def apply_transport(tr: pl.DataFrame, cfg: SimConfig, topo: Topology) -> pl.Data
     if "pkts" not in out.columns:
         out = out.with_columns(pkts=pl.lit(None, pl.Int64))
     return out.with_columns(pkts=pl.col("pkts").fill_null((pl.col("bytes") + mtu - 1) // mtu))
+
+
+def source_port(src: np.ndarray, dst: np.ndarray, conn: np.ndarray, qps: int) -> np.ndarray:
+    """First RoCEv2 UDP source port of a connection (NCCL picks them per QP for ECMP entropy)."""
+    h = (src.astype(np.uint64) * np.uint64(2654435761) + dst.astype(np.uint64) * np.uint64(40503)
+         + conn.astype(np.uint64) * np.uint64(97)) % np.uint64(16384 - qps)
+    return (49152 + h).astype(np.int64)
