@@ -65,7 +65,7 @@ def chain_edges(stream_key: np.ndarray, order: np.ndarray | None = None) -> tupl
     return idx[:-1][same], idx[1:][same]
 
 
-def _gather(offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def csr_gather(offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Concatenated index ranges offsets[r]:offsets[r+1] for each r in rows (CSR gather)."""
     lo = offsets[rows]
     counts = offsets[rows + 1] - lo
@@ -143,14 +143,14 @@ def replay(duration: np.ndarray, src: np.ndarray, dst: np.ndarray, *,
         waves += 1
         processed += frontier.size
         # Ready per member op of this wave; a group starts at its last member's ready.
-        ops = members[_gather(m_off, frontier)]
+        ops = members[csr_gather(m_off, frontier)]
         ready_ops = pred_end[ops] + delay[ops]
         m_counts = m_off[frontier + 1] - m_off[frontier]
         starts = np.maximum.reduceat(ready_ops, np.r_[0, np.cumsum(m_counts)[:-1]])
         s_start[frontier] = starts
         s_end[frontier] = starts + s_dur[frontier]
         # Out-edges of the frontier.
-        eidx = _gather(offsets, frontier)
+        eidx = csr_gather(offsets, frontier)
         if eidx.size == 0:
             break
         tgt_ops = e_dst_op[eidx]

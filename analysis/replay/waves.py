@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.analysis.replay.engine import CycleError, _gather
+from rankscope.analysis.replay.engine import CycleError, csr_gather
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
         processed += frontier.size
         wave_of[frontier] = wave_no
         wave_no += 1
-        eidx = _gather(offsets, frontier)
+        eidx = csr_gather(offsets, frontier)
         if eidx.size == 0:
             break
         tgt = e_dst[eidx]
@@ -201,7 +201,7 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
         super_order = np.lexsort((m_count, wave_of, s_block))
     new_super = np.empty(n_super, dtype=it)
     new_super[super_order] = np.arange(n_super, dtype=it)
-    op_order = members[_gather(m_off, super_order)] if n_super else np.zeros(0, it)
+    op_order = members[csr_gather(m_off, super_order)] if n_super else np.zeros(0, it)
     del members, m_off
     # the plan's op-side maps, before the wave loop, so their inputs are freed before it runs
     super_of_op = _idx(new_super[node], n)
@@ -225,7 +225,7 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
         node_runs = tuple((a, b, int(op_start[a]), int(op_start[b]), int(m_counts[a]))
                           for a, b in zip(rc[:-1].tolist(), rc[1:].tolist(), strict=True))
         wave_supers = super_order[lo:hi]
-        eidx = _gather(offsets, wave_supers)
+        eidx = csr_gather(offsets, wave_supers)
         tgt_ops = new_op[e_dst_op[eidx]]
         # the edges of super-node super_order[k] come from new super-node k, in CSR order
         e_from = np.repeat(np.arange(lo, hi, dtype=it), out_deg[wave_supers])

@@ -44,7 +44,7 @@ class StreamConfig:
     """timing clusters: compare at most this many calls per stream (evenly spread), to bound the cost."""
 
 
-def _streams(coll: pl.DataFrame) -> dict[tuple, np.ndarray]:
+def stream_end_times(coll: pl.DataFrame) -> dict[tuple, np.ndarray]:
     """(rank, op, size_bytes) -> end times in call order."""
     out = {}
     for (rank, op, size), g in coll.sort("start_ns").group_by("rank", "op", "size_bytes", maintain_order=True):
@@ -83,7 +83,7 @@ def label_groups(comm_op: pl.DataFrame, memberships: dict[int, list[list[int]]],
     coll = comm_op.filter(todo)
     if coll.is_empty():
         return comm_op, {}
-    streams = _streams(coll)
+    streams = stream_end_times(coll)
     rows, undecided, gaps = [], [], {}
     for key in streams:
         cands = [sorted(g) for g in memberships.get(key[0], []) if len(g) > 1 and key[0] in g]
@@ -108,10 +108,10 @@ def label_groups(comm_op: pl.DataFrame, memberships: dict[int, list[list[int]]],
     out = comm_op.with_row_index("_i").join(lab, on=["rank", "op", "size_bytes"], how="left")
     out = out.with_columns(_hit=todo & pl.col("_g").is_not_null())
     out = out.with_columns(pl.when("_hit").then(pl.col("_g")).otherwise(pl.col("group_ranks")).alias("group_ranks"))
-    return _group_ids(out).sort("_i").drop("_i", "_g", "_hit"), notes
+    return with_member_group_ids(out).sort("_i").drop("_i", "_g", "_hit"), notes
 
 
-def _group_ids(df: pl.DataFrame) -> pl.DataFrame:
+def with_member_group_ids(df: pl.DataFrame) -> pl.DataFrame:
     """Labelled rows without a group id get one named by the members, and their sequence number is
     recounted per group (the source counted the rank's calls over all its groups, so the n-th call
     of one member would otherwise meet the n-th call of another in a different group)."""

@@ -17,8 +17,8 @@ import polars as pl
 from rankscope.analysis.strategy.groups_from_streams import (
     P2P,
     StreamConfig,
-    _group_ids,
-    _streams,
+    stream_end_times,
+    with_member_group_ids,
 )
 
 
@@ -281,7 +281,7 @@ def label_groups_by_timing(comm_op: pl.DataFrame, config: StreamConfig | None = 
         return comm_op, {}
     # ns since the first call, in int64 before any float: epoch ns as float64 keep only 256 ns steps
     t0 = coll["start_ns"].min()
-    streams = _streams(coll.with_columns(pl.col("start_ns") - t0, pl.col("end_ns") - t0))
+    streams = stream_end_times(coll.with_columns(pl.col("start_ns") - t0, pl.col("end_ns") - t0))
     dur = (coll.group_by("rank", "op", "size_bytes")
            .agg(d=(pl.col("end_ns") - pl.col("start_ns")).median()))
     dur_of = {(int(r), o, s): float(d) for r, o, s, d in dur.iter_rows()}
@@ -303,4 +303,4 @@ def label_groups_by_timing(comm_op: pl.DataFrame, config: StreamConfig | None = 
     out = comm_op.with_row_index("_i").join(lab, on=["rank", "op", "size_bytes"], how="left")
     out = out.with_columns(_hit=todo & pl.col("_g").is_not_null())
     out = out.with_columns(pl.when("_hit").then(pl.col("_g")).otherwise(pl.col("group_ranks")).alias("group_ranks"))
-    return _group_ids(out).sort("_i").drop("_i", "_g", "_hit"), notes
+    return with_member_group_ids(out).sort("_i").drop("_i", "_g", "_hit"), notes
