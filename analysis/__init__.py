@@ -1,4 +1,1 @@
-"""rankscope.analysis: job recognition, strategy, timelines, what-if, regressions, hangs, the report.
-
-Pure functions over the record kinds' frames; no file I/O, printing or plotting.
-"""
+"""Job recognition, strategy, timelines, what-if, regressions, hangs and the report: pure functions over the record kinds (no file I/O, printing or plotting but in runner/)."""

@@ -20,8 +20,12 @@ its findings carry ``source``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import polars as pl
 
+from rankscope.analysis.model.job_model import JobModel
+from rankscope.analysis.report.hangs import Hang
 from rankscope.collectors.job_frames import JobFrames
 
 _STATE_ORDER = {"completed": 2, "failed": 1, "pending": 0}
@@ -30,11 +34,11 @@ _COLUMNS = ("rank", "op", "group_id", "group_ranks", "peer", "size_bytes", "dtyp
             "seq", "step", "source")
 
 
-def hang_section(frames: JobFrames) -> list[dict]:
+def stuck_collectives(frames: JobFrames) -> list[Hang]:
     """Stuck collectives of one job, first stuck first.
 
     Needs comm_op columns ``rank, op, group_id, group_ranks, peer, size_bytes, dtype, start_ns, end_ns,
-    state, seq, step, source``. Returns one dict per (source, group, seq) where an op never completed
+    state, seq, step, source``. Returns one Hang per (source, group, seq) where an op never completed
     (``evidence`` ``pending``: pending or failed in the dump) or where some members stopped short of the
     others (``lagging``: dumps that mark every op done, like gloo's flight recorder): ``group``
     (group id), ``group_ranks``, ``seq``, ``op``, ``size_bytes``, ``dtype``, ``step``, ``missing`` (member
@@ -51,7 +55,7 @@ def hang_section(frames: JobFrames) -> list[dict]:
     if df.height == 0:
         return []
     present = _ranks_with_records(frames)
-    out: list[dict] = []
+    out: list[Hang] = []
     sources = sorted(df["source"].unique().to_list(), key=lambda s: (s != "hook", s))
     for source in sources:
         # one source (the common case): every row is its, so no filtered copy of the whole frame
@@ -137,7 +141,7 @@ def _state_order(df: pl.DataFrame) -> pl.DataFrame:
     return df.sort(["_state_rank", "start_ns"], descending=[True, False], maintain_order=True)
 
 
-def _source_hangs(df: pl.DataFrame, key_members: pl.DataFrame, source: str, present: set[int]) -> list[dict]:
+def _source_hangs(df: pl.DataFrame, key_members: pl.DataFrame, source: str, present: set[int]) -> list[Hang]:
     members = df.group_by("_gkey").agg(pl.col("rank").unique().sort().alias("seen")).join(
         key_members, on="_gkey", how="left")
     members = members.with_columns(
@@ -181,29 +185,26 @@ def _source_hangs(df: pl.DataFrame, key_members: pl.DataFrame, source: str, pres
             if diff:
                 mismatched.append({"rank": r["rank"], "op": r["op"], "size_bytes": r["size_bytes"],
                                    "dtype": r["dtype"], "differs_in": sorted(diff)})
-        out.append({
-            "group": grp["group_id"] if grp["group_id"] is not None else gkey,
-            "group_key": gkey, "group_ranks": grp["members"], "seq": int(seq),
-            "op": ref["op"], "size_bytes": ref["size_bytes"], "dtype": ref["dtype"], "step": ref["step"],
-            "missing": missing, "mismatched": mismatched,
-            "pending_ranks": sorted(set(rows.filter(pl.col("state") != "completed")["rank"].to_list())),
-            "evidence": evidence,
-            "arrived": arrived,
-            "last_seq": seqs.get(gkey, {}),
-            "last_completed": {str(r): last_done.get(r) for r in grp["members"]},
-            "first_divergent_seq": _first_divergence(gdf) if steps_known else None,
+        out.append(Hang(
+            group=grp["group_id"] if grp["group_id"] is not None else gkey,
+            group_key=gkey, group_ranks=grp["members"], seq=int(seq),
+            op=ref["op"], size_bytes=ref["size_bytes"], dtype=ref["dtype"], step=ref["step"],
+            missing=missing, mismatched=mismatched,
+            pending_ranks=sorted(set(rows.filter(pl.col("state") != "completed")["rank"].to_list())),
+            evidence=evidence, arrived=arrived, last_seq=seqs.get(gkey, {}),
+            last_completed={str(r): last_done.get(r) for r in grp["members"]},
+            first_divergent_seq=_first_divergence(gdf) if steps_known else None,
             # A stuck point whose missing ranks all wait in another stuck point is a consequence.
             # A rank with no input at all is not known to wait nowhere: it cannot be the root by absence.
-            "root_cause": bool(mismatched) or any(r not in waiting and r in present for r in missing),
-            "started_ns": t, "first": False, "source": source,
-            "missing_input": [r for r in grp["members"] if r not in present],
-        })
+            root_cause=bool(mismatched) or any(r not in waiting and r in present for r in missing),
+            started_ns=t, first=False, source=source,
+            missing_input=[r for r in grp["members"] if r not in present]))
     # Roots first, then program order: the earliest step (a rank that finished its step early already
     # waits in the next one before the stuck collective of the previous step starts), then start time.
-    out.sort(key=lambda h: (not h["root_cause"], h["step"] if h["step"] is not None else 1 << 62,
-                            h["started_ns"] if h["started_ns"] is not None else 1 << 62, h["seq"]))
+    out.sort(key=lambda h: (not h.root_cause, h.step if h.step is not None else 1 << 62,
+                            h.started_ns if h.started_ns is not None else 1 << 62, h.seq))
     if out:
-        out[0]["first"] = True
+        out[0] = replace(out[0], first=True)
     return out
 
 
@@ -271,3 +272,8 @@ def _first_divergence(g: pl.DataFrame) -> int | None:
     per = g.filter(pl.col("step").is_not_null()).group_by("seq").agg(pl.col("step").n_unique().alias("n"))
     bad = per.filter(pl.col("n") > 1)
     return int(bad["seq"].min()) if bad.height else None
+
+
+def hang_section(model: JobModel) -> list[Hang]:
+    """The report's hangs: the stuck collectives of the job model's completed records."""
+    return stuck_collectives(model.frames)

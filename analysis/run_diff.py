@@ -14,11 +14,10 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.kernels.alignment import alignment_findings
-from rankscope.analysis.kernels.regressions import RegressionConfig, regression_section
+from rankscope.analysis.kernels.regressions import RegressionConfig, kernel_regressions
 from rankscope.analysis.kernels.throughput import class_throughput
-from rankscope.analysis.model.job_model import build_job_model
-from rankscope.analysis.report.diagnosis import jsonable
-from rankscope.analysis.strategy.whitebox import infer_whitebox
+from rankscope.analysis.model.job_model import JobModel
+from rankscope.analysis.report.codec import plain, to_json
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
 
@@ -57,21 +56,20 @@ class RunDiff:
         return [r for r in self.rows if r["change"] == "regression"]
 
     def to_dict(self) -> dict:
-        return jsonable({"baseline_job": self.baseline_job, "job": self.job, "threshold": self.threshold,
+        return plain({"baseline_job": self.baseline_job, "job": self.job, "threshold": self.threshold,
                          "num_regressions": len(self.regressions), "rows": self.rows,
                          "kernel_findings": self.kernel_findings})
 
 
-def diff_runs(baseline: JobFrames, current: JobFrames, config: DiffConfig | None = None) -> RunDiff:
-    """Compare run B (``current``) with run A (``baseline``).
+def diff_runs(ma: JobModel, mb: JobModel, config: DiffConfig | None = None) -> RunDiff:
+    """Compare run B (model ``mb``) with run A (model ``ma``), both through the one job model: the same
+    steps analyze reports, the labels it filled, the strategy it inferred.
 
-    Needs any of: step_mark (``rank, step, start_ns, end_ns``; else steps are read from the ops' ``step``),
+    Reads any of: step_mark (``rank, step, start_ns, end_ns``; else steps are read from the ops' ``step``),
     compute_op (``rank, name, category, start_ns, end_ns, step`` and GEMM ``m, n, k, dtype``), comm_op
     (``rank, op, group_ranks, peer, size_bytes, start_ns, end_ns, state, step``). Returns a RunDiff.
     """
     cfg = config or DiffConfig()
-    # both runs through the one job model: the same steps analyze reports, labels filled where records lack them
-    ma, mb = build_job_model(baseline), build_job_model(current)
     baseline, current = ma.frames, mb.frames
     rows: list[dict] = []
     rows += _step_rows(_step_frame(ma.steps), _step_frame(mb.steps))
@@ -79,13 +77,13 @@ def diff_runs(baseline: JobFrames, current: JobFrames, config: DiffConfig | None
     rows += _class_rows(baseline, current)
     rows += _alignment_rows(baseline, current, cfg)
     rows += _comm_rows(baseline, current)
-    rows += _strategy_rows(baseline, current)
+    rows += _strategy_rows(ma, mb)
     for r in rows:
         r.setdefault("change", _change(r["ratio"], cfg.threshold))
     order = {"regression": 0, "new": 1, "changed": 1, "gone": 2, "improvement": 3, "same": 4}
     rows.sort(key=lambda r: (order.get(r["change"], 5), r["ratio"] if r["ratio"] is not None else 1.0))
-    kernel = regression_section(current, baseline, cfg.regressions)
-    return RunDiff(baseline.job, current.job, cfg.threshold, rows, kernel)
+    kernel = kernel_regressions(current, baseline, cfg.regressions)
+    return RunDiff(baseline.job, current.job, cfg.threshold, rows, [to_json(r) for r in kernel])
 
 
 def _change(ratio: float | None, thr: float) -> str:
@@ -106,12 +104,12 @@ def _row(aspect, item, a, b, unit, higher_is_better, evidence="") -> dict:
             "evidence": evidence}
 
 
-def step_durations(frames: JobFrames) -> pl.DataFrame:
+def step_durations(model: JobModel) -> pl.DataFrame:
     """The job's steps by the one step definition (:mod:`rankscope.analysis.model.steps`), as analyze reports them.
 
     Returns ``step, start_ns, end_ns, dur_ns, warmup`` (dur_ns: the step time; warmup: left out of the median).
     """
-    return _step_frame(build_job_model(frames).steps)
+    return _step_frame(model.steps)
 
 
 def _step_frame(steps: pl.DataFrame) -> pl.DataFrame:
@@ -223,11 +221,11 @@ def _comm_rows(a: JobFrames, b: JobFrames) -> list[dict]:
             for r in j.iter_rows(named=True)]
 
 
-def _strategy_rows(a: JobFrames, b: JobFrames) -> list[dict]:
+def _strategy_rows(a: JobModel, b: JobModel) -> list[dict]:
     """World size and parallel degrees from the collectives' groups; a change is reported as ``changed``."""
-    if a.comm_op.height == 0 or b.comm_op.height == 0:
+    if a.whitebox is None or b.whitebox is None:
         return []
-    sa, sb = (infer_whitebox(f.comm_op, timing=not f.relative_time) for f in (a, b))
+    sa, sb = a.whitebox, b.whitebox
     out = []
     for name in ("world_size", "dp", "pp", "tp", "ep"):
         va, vb = getattr(sa, name), getattr(sb, name)

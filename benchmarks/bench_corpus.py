@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rankscope.analysis.fabric.recognise import job_flows, recognise_jobs  # noqa: E402
 from rankscope.analysis.model.clocks import apply_exporter_offsets, exporter_clock_offsets  # noqa: E402
+from rankscope.analysis.report.codec import to_json  # noqa: E402
 from rankscope.analysis.strategy.flows.infer import infer_flows  # noqa: E402
 from rankscope.analysis.strategy.whitebox import infer_whitebox  # noqa: E402
 from rankscope.datasets.sim.corpus import corpus_fabrics  # noqa: E402
@@ -90,7 +91,7 @@ def same_cycles(a, b) -> bool:
 
 def evidence_class(s) -> str:
     """The kind of evidence behind a flow strategy's confidence (the report's own label when it has one)."""
-    x = s.extra or {}
+    x = to_json(s)
     if x.get("confidence_evidence"):
         return x["confidence_evidence"]
     if not x.get("grid_valid", False):
@@ -139,7 +140,7 @@ def score_fabric(fab) -> list[dict]:
         groups_ok = bool(s and (s.dp, s.pp) == (deg["dp"], deg["pp"])
                          and same_sets(s.dp_groups, t["dp_groups_by_address"])
                          and same_pipelines_any_direction(s.pp_groups, t["pp_groups_by_address"]))
-        x = (s.extra or {}) if s else {}
+        x = to_json(s) if s else {}
         # a standing tie names its other labellings (dp, pp and up to four DP groups each): the truth among
         # them is an ambiguous answer, not a wrong one
         true_sets = {tuple(sorted(g)) for g in unique_groups(t["dp_groups_by_address"])}

@@ -34,7 +34,8 @@ import numpy as np
 import plotly.graph_objects as go
 import polars as pl
 
-from rankscope.analysis.report.diagnosis import Diagnosis, Steps, Stragglers, Strategy
+from rankscope.analysis.report import Diagnosis, Heatmap, Steps, Stragglers, Strategy  # noqa: E402
+from rankscope.analysis.report.stragglers import FlowWorker, ReplayDetail  # noqa: E402
 from rankscope.dashboard.figures import all_figures
 from rankscope.dashboard.report_html import render_report
 
@@ -63,9 +64,12 @@ def job(world: int, steps: int, pp: int = 8, seed: int = 0) -> tuple[Diagnosis, 
                   steps=Steps(count=steps, median_ns=1e8, boundaries_ns=[i * 100_000_000 for i in range(steps)]),
                   stragglers=Stragglers(slowdown=1.4, verdict="worker", by_cause={"worker": 0.9},
                                         by_optype={"forward": 1.3, "backward": 1.2},
-                                        top_workers=[{"endpoint": 17, "slowdown": 1.4}],
-                                        extra={"heatmap": {"workers": list(range(world)), "steps": list(range(steps)),
-                                                           "slowdown": heat.tolist()}}))
+                                        top_workers=[FlowWorker(endpoint="17", slowdown=1.4, kind="slow_worker")],
+                                        replay=ReplayDetail(by_dp_rank={}, by_stage={}, stage_fix_share={},
+                                                            per_step={}, launch_delay={}, graph={},
+                                                            heatmap=Heatmap(workers=list(range(world)),
+                                                                            steps=list(range(steps)),
+                                                                            slowdown=heat.tolist()))))
     return d, {"timeline": tl}
 
 

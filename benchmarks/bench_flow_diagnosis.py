@@ -10,7 +10,7 @@ store, and the job is analysed the way ``rankscope analyze`` analyses a
 capture (job plan, then the flows-only analysis). Scored:
 
 - step time: within 1 % of the simulator's median step time, reported
-  uncertain (``steps.extra.ambiguous`` or not evaluated), or wrong (more than
+  uncertain (``steps.ambiguous`` or not evaluated), or wrong (more than
   1 % off without a flag; a whole multiple of the step counts as wrong unless
   the report names the multiple);
 - slow link: verdict ``communication`` naming the slowed rank's address;
@@ -44,6 +44,7 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rankscope.analysis.diagnose import analyze_job  # noqa: E402
+from rankscope.analysis.report.codec import to_json  # noqa: E402
 from rankscope.analysis.runner.plan import load_planned, plan_jobs  # noqa: E402
 from rankscope.collectors.store import Store  # noqa: E402
 from rankscope.datasets.sim.corpus import corpus_fabrics  # noqa: E402
@@ -66,16 +67,16 @@ def _variants(cfg, rng: np.random.Generator) -> list[tuple[str, tuple, int | Non
 
 def step_outcome(steps, truth_ns: float) -> str:
     """ok / uncertain / wrong / multiple-unflagged for one job's flows-only step time."""
-    if not steps.count or not steps.median_ns or steps.extra.get("evaluated") is False:
+    if not steps.count or not steps.median_ns or to_json(steps).get("evaluated") is False:
         return "uncertain"
     err = abs(steps.median_ns - truth_ns) / truth_ns
     if err <= STEP_TOLERANCE:
         return "ok"
-    if steps.extra.get("ambiguous"):
+    if to_json(steps).get("ambiguous"):
         return "uncertain"
     ratio = steps.median_ns / truth_ns
     if ratio > 1.5 and abs(ratio - round(ratio)) < 0.05:
-        return "multiple-named" if steps.extra.get("period_multiple", 1) > 1 else "multiple-unflagged"
+        return "multiple-named" if to_json(steps).get("period_multiple", 1) > 1 else "multiple-unflagged"
     return "wrong"
 
 
@@ -104,21 +105,21 @@ def score_job(cfg, realism, variant: str, faults: tuple, rank: int | None, tmp: 
     row["step_ms"] = truth_step / 1e6
     if match is None:
         return row
-    frames, _dq = load_planned(store, match)
+    frames = load_planned(store, match)
     d, _tables = analyze_job(frames, None)
     row["step"] = step_outcome(d.steps, truth_step)
-    row["not_evaluated"] = str((d.stragglers.extra or {}).get("not_evaluated", ""))
-    row["below"] = str((d.stragglers.extra or {}).get("below_threshold", ""))
+    row["not_evaluated"] = str(to_json(d.stragglers).get("not_evaluated", ""))
+    row["below"] = str(to_json(d.stragglers).get("below_threshold", ""))
     s = d.stragglers
-    culprit = str(s.top_workers[0]["endpoint"]) if s.top_workers and s.verdict not in ("none", "") else ""
+    culprit = str(s.top_workers[0].endpoint) if s.top_workers and s.verdict not in ("none", "") else ""
     # a finding listed under verdict none still shows its address to the reader
-    below = [x for x in (s.extra or {}).get("below_threshold") or [] if x.get("culprit")]
+    below = [x for x in to_json(s).get("below_threshold") or [] if x.get("culprit")]
     listed = {str(w["endpoint"]) for w in s.top_workers or []}
     # a cause without an address names the group it is in: the slowed rank must be among them
-    group = [str(x) for c in ((s.extra or {}).get("culprits") or {}).values() for x in c.get("ranks") or []]
+    group = [str(x) for c in (to_json(s).get("culprits") or {}).values() for x in c.get("ranks") or []]
     # a section that found nothing says it is not evaluated: "none" with an S is an all-clear
-    row.update(verdict=s.verdict or "", evaluated=bool((s.extra or {}).get("evaluated", True)), culprit=culprit,
-               late=str((s.extra or {}).get("late_dp_links", "")),
+    row.update(verdict=s.verdict or "", evaluated=bool(to_json(s).get("evaluated", True)), culprit=culprit,
+               late=str(to_json(s).get("late_dp_links", "")),
                listed_wrong=bool(listed - ({t["endpoints"][str(rank)]} if rank is not None else set())),
                in_group=rank is not None and t["endpoints"][str(rank)] in group,
                below_right=rank is not None and any(str(x["culprit"]) == t["endpoints"][str(rank)] for x in below),

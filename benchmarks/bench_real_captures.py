@@ -32,9 +32,10 @@ import polars as pl  # noqa: E402
 
 from rankscope.analysis.diagnose import DiagnoseConfig, analyze_job  # noqa: E402
 from rankscope.analysis.fabric.config import FlowConfig  # noqa: E402
+from rankscope.analysis.report.codec import to_json  # noqa: E402
 from rankscope.analysis.runner.plan import load_planned, plan_jobs  # noqa: E402
 from rankscope.collectors.importers import contract as formats  # noqa: E402
-from rankscope.collectors.ingest.ingest_files import ingest  # noqa: E402
+from rankscope.collectors.ingest.files import ingest  # noqa: E402
 from rankscope.collectors.schema import conform  # noqa: E402
 from rankscope.collectors.store import Store  # noqa: E402
 
@@ -58,7 +59,7 @@ def diagnose(name: str, truth: dict):
         plans = [p for p in plan_jobs(store, None, None, flow) if p.kind == "capture"]
         if not plans:
             return None
-        frames, _ = load_planned(store, plans[0])
+        frames = load_planned(store, plans[0])
         d, _ = analyze_job(frames, cfg)
     return d
 
@@ -66,7 +67,7 @@ def diagnose(name: str, truth: dict):
 def score_strategy(s, truth: dict) -> str:
     dp_true = sorted(sorted(g) for g in truth["dp_groups"])
     pipes_true = sorted(map(list, truth["pipelines_first_stage_first"]))
-    x = s.extra or {}
+    x = to_json(s)
     links = sorted(sorted(p) for g in s.pp_groups for p in zip(g, g[1:]))
     links_true = sorted(sorted(p) for g in pipes_true for p in zip(g, g[1:]))
     exact = sorted(sorted(g) for g in s.dp_groups) == dp_true and links == links_true
@@ -84,10 +85,10 @@ def score_verdict(st, truth: dict) -> str:
     slow = (truth.get("slow_nic") or "").split(":")[0] or None
     if "slow_rank" in truth:
         slow = truth["slow_rank"].split("(")[1].split(")")[0]
-    named = [w["endpoint"] for w in st.top_workers or []]
-    ring = ((st.extra or {}).get("culprits") or {}).get("communication", {}).get("ranks") or []
+    named = [w.endpoint for w in st.top_workers or []]
+    ring = (to_json(st).get("culprits") or {}).get("communication", {}).get("ranks") or []
     # no step time, or nothing found in the flows: no S and no verdict (stragglers.from_flows), an unknown
-    unread = (st.extra or {}).get("evaluated") is False
+    unread = to_json(st).get("evaluated") is False
     if slow is None:
         if unread:
             return "unknown (not evaluated)"
@@ -116,10 +117,10 @@ def main() -> int:
         s, steps = d.strategy, d.steps
         score = score_strategy(s, truth)
         tally[score] = tally.get(score, 0) + 1
-        x = steps.extra or {}
+        x = to_json(steps)
         step = ("unknown" if not x.get("evaluated", True) else
                 f"{(steps.median_ns or 0) / 1e6:,.0f} ms {'flagged' if x.get('ambiguous') else 'claimed'}")
-        strat = f"dp{s.dp} pp{s.pp} tp{s.tp} {s.confidence:.2f} {(s.extra or {}).get('confidence_evidence', '')}"
+        strat = f"dp{s.dp} pp{s.pp} tp{s.tp} {s.confidence:.2f} {to_json(s).get('confidence_evidence', '')}"
         print(f"{name:<28}{exporter:<10}{strat[:33]:<34}{score:<18}{step:<26}{score_verdict(d.stragglers, truth)}")
     print(f"\n{len(truths)} captures in {time.perf_counter() - t0:.1f} s: "
           + ", ".join(f"{k} {v}" for k, v in sorted(tally.items())))

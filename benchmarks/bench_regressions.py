@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.hangs import hang_section
-from rankscope.analysis.kernels.regressions import regression_section
+from rankscope.analysis.hangs import stuck_collectives
+from rankscope.analysis.kernels.regressions import kernel_regressions
 from rankscope.collectors.job_frames import JobFrames
 from rankscope.datasets.sim.job_config import Fault, SimConfig
 from rankscope.datasets.simulator import simulate
@@ -76,7 +76,7 @@ def one_job(i: int, rng: np.random.Generator) -> dict:
         faults = (Fault("seq-skew", {}),)
     cur = frames(SimConfig(**base, faults=faults))
     t = time.perf_counter()
-    regs = regression_section(cur)
+    regs = kernel_regressions(cur)
     secs = time.perf_counter() - t
     out = {"kind": kind, "factor": factor, "secs": secs, "ranks": world}
     for row in ("misaligned_gemm", "kernel_regression"):
@@ -133,7 +133,7 @@ def hta_table() -> None:
         print(f"\nHTA reference traces: not found at {hta} (skipped)")
         return
     from rankscope.collectors.importers.contract import ImportOptions
-    from rankscope.collectors.ingest.ingest_files import ingest
+    from rankscope.collectors.ingest.files import ingest
     from rankscope.collectors.job_frames import load_job
     from rankscope.collectors.store import Store
 
@@ -144,8 +144,8 @@ def hta_table() -> None:
         for job, files in jobs.items():
             ingest(st, [hta / f for f in files], opts=ImportOptions(job=job))
             jf = load_job(st, job)
-            print(f"{job:<34}{jf.compute_op['rank'].n_unique():>7}{len(regression_section(jf)):>13}"
-                  f"{len(hang_section(jf)):>7}")
+            print(f"{job:<34}{jf.compute_op['rank'].n_unique():>7}{len(kernel_regressions(jf)):>13}"
+                  f"{len(stuck_collectives(jf)):>7}")
     print("target: 0 hangs, at most 10 regressions (before the noise floor and rules: 214 and 1)")
 
 
@@ -158,7 +158,7 @@ def hang_job(i: int, rng: np.random.Generator, dp: int, pp: int, tp: int) -> dic
     truth = res.truth["faults"][0]["params"]
     frames_ = JobFrames.from_frames(f"h{i}", comm_op=pl.from_arrow(res.tables["comm_op"]))
     t = time.perf_counter()
-    hangs = hang_section(frames_)
+    hangs = stuck_collectives(frames_)
     secs = time.perf_counter() - t
     first = hangs[0] if hangs else {}
     ok = (first.get("group_ranks") == sorted(truth["group_ranks"]) and first.get("seq") == truth["seq"]

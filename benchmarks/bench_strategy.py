@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rankscope.analysis.fabric.recognise import job_flows, recognise_jobs  # noqa: E402
 from rankscope.analysis.model.clocks import apply_exporter_offsets, exporter_clock_offsets  # noqa: E402
+from rankscope.analysis.report.codec import to_json  # noqa: E402
 from rankscope.analysis.strategy.flows.infer import infer_flows  # noqa: E402
 from rankscope.analysis.strategy.whitebox import infer_whitebox  # noqa: E402
 from rankscope.datasets.simulator import Fault, SimConfig, simulate_fabric  # noqa: E402
@@ -87,7 +88,7 @@ def score_fabric(fab) -> list[dict]:
         st = inf.steps if inf else None
         err = abs(st.median_ns - truth_step) / truth_step if st and st.count else float("nan")
         rows.append({"world": t["world_size"], "ok": ok, "shape_ok": shape, "tp_null": bool(s and s.tp is None), "conf": float(s.confidence) if s else 0.0, "recognised": inf is not None, "wb_ok": wb_ok,
-                     "step_err": err, "ambiguous": bool(st and st.extra.get("ambiguous")),
+                     "step_err": err, "ambiguous": bool(st and to_json(st).get("ambiguous")),
                      "cfg": f"dp{deg['dp']} pp{deg['pp']} tp{deg['tp']} {res.config.schedule} "
                             f"{res.config.rank_order} s{res.config.sampling} a{res.config.active_timeout_s} "
                             f"i{res.config.idle_timeout_s} {res.config.algorithm} {res.config.dp_sync}"})

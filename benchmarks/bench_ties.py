@@ -34,6 +34,7 @@ from bench_corpus import CORPUS_SEED, same_pipelines_any_direction, same_sets, w
 
 from rankscope.analysis.fabric.recognise import job_flows, recognise_jobs  # noqa: E402
 from rankscope.analysis.model.clocks import apply_exporter_offsets, exporter_clock_offsets  # noqa: E402
+from rankscope.analysis.report.codec import to_json  # noqa: E402
 from rankscope.analysis.strategy.flows.infer import infer_flows  # noqa: E402
 from rankscope.datasets.sim.corpus import corpus_fabrics  # noqa: E402
 from rankscope.datasets.simulator import simulate_fabric  # noqa: E402
@@ -80,7 +81,7 @@ def score(fab, cfg) -> dict | None:
     if rec is None:
         return None
     s = infer_flows(job_flows(flow, rec.endpoints), one_job=True).strategy
-    x = s.extra or {}
+    x = to_json(s)
     deg = t["degrees"]
     # what the grid's confidence covers: the groups, and tp (or tp null); the direction has its own
     groups_ok = bool((s.dp, s.pp) == (deg["dp"], deg["pp"]) and same_sets(s.dp_groups, t["dp_groups_by_address"])

@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rankscope.analysis.diagnose import DiagnoseConfig, analyze_job  # noqa: E402
-from rankscope.analysis.runner.plan import load_planned, plan_jobs  # noqa: E402
+from rankscope.analysis.diagnose import DiagnoseConfig  # noqa: E402
+from rankscope.analysis.runner.plan import analyse_planned, plan_jobs  # noqa: E402
 from rankscope.collectors.importers import contract as formats  # noqa: E402
-from rankscope.collectors.ingest.ingest_files import ingest  # noqa: E402
+from rankscope.collectors.ingest.files import ingest  # noqa: E402
 from rankscope.collectors.store import Store  # noqa: E402
 
 VALIDATION = (ROOT / ".." / "shared" / "validation").resolve()
@@ -55,9 +55,7 @@ def reports_of(capture: Path) -> tuple[list[dict], float]:
         cfg = DiagnoseConfig()
         reps = []
         for planned in plan_jobs(store, None, None, cfg.flow):
-            frames, dq = load_planned(store, planned)
-            d, _ = analyze_job(frames, cfg)
-            d.data_quality.update(dq)
+            d, _ = analyse_planned(store, planned, cfg)
             reps.append(json.loads(d.to_json()))
     return reps, time.perf_counter() - t
 

@@ -38,8 +38,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.stragglers.attribution import analyze_stragglers
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.analysis.model.job_model import build_job_model  # noqa: E402
+from rankscope.analysis.report.codec import to_json  # noqa: E402
+from rankscope.analysis.stragglers.section import analyze_stragglers
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.job_frames import JobFrames, load_job
 from rankscope.collectors.store import Store
 
@@ -68,14 +70,14 @@ def reference() -> dict[str, JobFrames]:
         frames = load_job(store, name)
         out[name] = frames
         t, c = time.perf_counter(), time.process_time()
-        s, _ = analyze_stragglers(frames)
+        s, _ = analyze_stragglers(build_job_model(frames))
         sec, cpu = time.perf_counter() - t, time.process_time() - c
         mw = json.loads((OSDI / f"mw-{name}.json").read_text())["Mw"]
         ms = json.loads((OSDI / f"ms-{name}.json").read_text())["Ms"]
         auth_s = json.loads((OSDI / f"result-{name}.json").read_text())["blocking_slowdown"]
         print(f"{name:6} {s.slowdown:7.4f} {auth_s:8.4f} {s.slowdown / auth_s - 1:+7.1e} "
               f"{s.by_cause['worker']:7.3f} {mw:6.3f} {s.by_cause['stage_imbalance']:7.3f} {ms:6.3f} "
-              f"{s.verdict:>19} {s.top_workers[0]['endpoint']:>4} {cpu:8.2f} {sec:8.2f}")
+              f"{s.verdict:>19} {s.top_workers[0].endpoint:>4} {cpu:8.2f} {sec:8.2f}")
     return out
 
 
@@ -104,7 +106,7 @@ def whole_process() -> None:
     jobs = {"floor": ([sys.executable, "-c", "import gc; gc.disable(); import numpy, polars, pyarrow.parquet"],
                       {"env": base}),
             # everything this command imports, and no work: what the one-process path pays before reading a file
-            "imports": ([sys.executable, "-c", "import click, yaml, rankscope.cli.cmd_analyze as c; c._load(True); "
+            "imports": ([sys.executable, "-c", "import click, yaml, rankscope.cli.commands.analyze as c; c._load(True); "
                          "import rankscope.collectors.importers.osdi_whatif"], {"env": base})}
     for name in ("ST", "AR", "SE"):
         trace, meta = OSDI / f"trace-{name}.parquet", OSDI / f"meta-{name}.yaml"
@@ -172,10 +174,10 @@ def big(ar: JobFrames) -> None:
     f = tiled(ar, 16)
     n = f.compute_op.height + f.comm_op.height
     t, c = time.perf_counter(), time.process_time()
-    s, _ = analyze_stragglers(f)
+    s, _ = analyze_stragglers(build_job_model(f))
     sec, cpu = time.perf_counter() - t, time.process_time() - c
     print(f"\nAR tiled 16x along DP: 1,024 workers (256 trace ranks x tp 4), {n:,} ops: "
-          f"{cpu:.2f} s cpu, {sec:.2f} s wall (target: seconds); S={s.slowdown:.3f} verdict={s.verdict} top={s.top_workers[0]['endpoint']}")
+          f"{cpu:.2f} s cpu, {sec:.2f} s wall (target: seconds); S={s.slowdown:.3f} verdict={s.verdict} top={s.top_workers[0].endpoint}")
 
 
 def sim_cases(n: int) -> list:
@@ -206,11 +208,11 @@ def sim_cases(n: int) -> list:
 
 def recovered(kind: str, params: dict, s) -> tuple[float | None, float | None]:
     """(injected, recovered) factor for the fault kind, from the report's evidence."""
-    ev = s.extra["evidence"]
-    top = s.top_workers[0] if s.top_workers else {}
+    ev = to_json(s)["evidence"]
+    top = to_json(s.top_workers[0]) if s.top_workers else {}
     if kind == "slow-worker":
-        w = [x for x in s.top_workers if x["endpoint"] == params["rank"]]
-        return params["factor"], (w[0]["compute_vs_stage_peers"] if w else None)
+        w = [x for x in s.top_workers if x.endpoint == params["rank"]]
+        return params["factor"], (w[0].compute_vs_stage_peers if w else None)
     if kind == "stage-imbalance":
         return params["factor"], ev["stage_imbalance"].get("stage_vs_others", {}).get(str(params["stage"]))
     if kind == "slow-link":
@@ -236,7 +238,7 @@ def simulated(n: int) -> None:
         frames = JobFrames.from_frames("j", **{k: v for k, v in tabs.items() if k in
                                               ("comm_op", "compute_op", "step_mark", "batch_meta")})
         t = time.perf_counter()
-        s, _ = analyze_stragglers(frames)
+        s, _ = analyze_stragglers(build_job_model(frames))
         t_an += time.perf_counter() - t
         truth = res.truth["faults"]
         want = truth[0]["kind"] if truth else "none"
@@ -288,9 +290,8 @@ def _fault_params(kind: str, rng, world: int, pp: int) -> dict:
 
 def findings_target(n: int) -> None:
     """Issue 12: verdict kind + culprit from analyze alone where the fault costs >= 5%; a finding otherwise."""
-    from rankscope.analysis.report.findings import build_findings
-    from rankscope.analysis.stragglers.attribution import straggler_section
-    from rankscope.analysis.strategy.whitebox import infer_whitebox
+    from rankscope.analysis.stragglers.findings import findings_of
+    from rankscope.analysis.stragglers.section import straggler_section
     from rankscope.datasets.simulator import Fault, SimConfig, simulate
 
     rng = np.random.default_rng(12)
@@ -309,8 +310,8 @@ def findings_target(n: int) -> None:
         tabs = {k: (v if isinstance(v, pl.DataFrame) else pl.from_arrow(v)) for k, v in res.tables.items()}
         frames = JobFrames.from_frames("j", **{k: v for k, v in tabs.items() if k in
                                               ("comm_op", "compute_op", "step_mark", "batch_meta")})
-        s, _ = analyze_stragglers(frames)
-        found = build_findings(s)
+        s, _ = analyze_stragglers(build_job_model(frames))
+        found = [to_json(f) for f in findings_of(s)]
         truth = res.truth["faults"][0]
         params = truth["params"]
         top_ok = bool(found) and _culprit_ok(kind, params, found[0])
@@ -321,8 +322,8 @@ def findings_target(n: int) -> None:
         # the same job seen through hooks alone (comm_op + step_mark): arrival-skew basis, placement from
         # the strategy inferred from those records
         hooks = JobFrames.from_frames("j", comm_op=frames.comm_op, step_mark=frames.step_mark)
-        hs = straggler_section(hooks, infer_whitebox(hooks.comm_op))
-        hf = build_findings(hs)
+        hs = straggler_section(build_job_model(hooks))
+        hf = [to_json(f) for f in findings_of(hs)]
         hooks_ok = bool(hf) and _culprit_ok(kind, params, hf[0]) and hs.verdict in (truth["kind"], "none")
         rows.append({"kind": kind, "cost": cost, "costly": cost >= 0.05, "verdict": verdict_ok, "found": first_ok,
                      "listed": listed, "S": s.slowdown, "got": f"{s.verdict}:{found[0]['kind'] if found else '-'}",

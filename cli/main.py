@@ -1,6 +1,6 @@
 """The ``rankscope`` command group.
 
-Each subcommand lives in its own ``cmd_*`` module and is registered below.
+Each subcommand lives in its own module of ``cli/commands/`` and is registered below.
 Exit codes (shared/design.md): 0 done, 1 the work could not be done, 2 usage
 error (click's own usage errors are 2 already; our UsageError maps to 2 too).
 """
@@ -16,21 +16,21 @@ from rankscope.collectors.errors import RankscopeError, UsageError
 
 COMMANDS = {
     # command name -> ("module:attribute", the one-line help `rankscope --help` prints)
-    "analyze": ("rankscope.cli.cmd_analyze:analyze",
+    "analyze": ("rankscope.cli.commands.analyze:analyze",
                 "Diagnose every job of a store: strategy, steps, stragglers, regressions, hangs."),
-    "attach": ("rankscope.cli.cmd_attach:attach", "Run COMMAND with rankscope's hook in every rank process."),
-    "collect": ("rankscope.cli.cmd_collect:collect", "Run a live collector that writes into a trace store."),
-    "dashboard": ("rankscope.cli.cmd_dashboard:dashboard",
+    "attach": ("rankscope.cli.commands.attach:attach", "Run COMMAND with rankscope's hook in every rank process."),
+    "collect": ("rankscope.cli.commands.collect:collect", "Run a live collector that writes into a trace store."),
+    "dashboard": ("rankscope.cli.commands.dashboard:dashboard",
                   "Serve the rankscope dashboard: strategy, timelines, stragglers, regressions."),
-    "diff": ("rankscope.cli.cmd_diff:diff", "Compare two runs: step time, phases, GEMM throughput, bandwidth."),
-    "export": ("rankscope.cli.cmd_export:export", "Export a job's timelines for other tools."),
-    "info": ("rankscope.cli.cmd_info:info", "Summarise a trace store: jobs, record kinds, counts, time range."),
-    "ingest": ("rankscope.cli.cmd_ingest:ingest", "Import trace files (and directories of them) into a trace store."),
-    "metrics": ("rankscope.cli.cmd_metrics:metrics",
+    "diff": ("rankscope.cli.commands.diff:diff", "Compare two runs: step time, phases, GEMM throughput, bandwidth."),
+    "export": ("rankscope.cli.commands.export:export", "Export a job's timelines for other tools."),
+    "info": ("rankscope.cli.commands.info:info", "Summarise a trace store: jobs, record kinds, counts, time range."),
+    "ingest": ("rankscope.cli.commands.ingest:ingest", "Import trace files (and directories of them) into a trace store."),
+    "metrics": ("rankscope.cli.commands.metrics:metrics",
                 "Prometheus metrics: step time, slowdown S, straggler scores, bytes, collector counts."),
-    "simulate": ("rankscope.cli.cmd_simulate:simulate",
+    "simulate": ("rankscope.cli.commands.simulate:simulate",
                  "Simulate a training job (or several on one fabric) with ground truth."),
-    "sql": ("rankscope.cli.cmd_sql:sql", "Run DuckDB SQL over views named after the record kinds."),
+    "sql": ("rankscope.cli.commands.sql:sql", "Run DuckDB SQL over views named after the record kinds."),
 }
 
 

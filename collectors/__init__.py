@@ -1,5 +1,1 @@
-"""rankscope.collectors: record schemas, the trace store, live hooks, flow decoders and importers.
-
-The ground floor: imports no other rankscope package, and importing it pulls in
-neither torch nor dash nor ray (a test keeps it so).
-"""
+"""The ground floor: record schemas, the store, hooks, flow decoders and importers; imports no other rankscope package, and loads neither torch, dash nor ray (a test keeps it so)."""

@@ -27,7 +27,7 @@ class FreshRows:
 
     @classmethod
     def from_summary(cls, summary) -> FreshRows:
-        """From an :class:`~rankscope.collectors.ingest.ingest_files.IngestSummary` run with ``keep_rows``; the rows move
+        """From an :class:`~rankscope.collectors.ingest.files.IngestSummary` run with ``keep_rows``; the rows move
         here (the summary's references are dropped, so :meth:`frames` can free them)."""
         kept = []
         for f in summary.files:

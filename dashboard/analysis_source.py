@@ -22,8 +22,9 @@ from rankscope.collectors.store import MANIFEST_DIR, Store
 from rankscope.dashboard.security import public_error
 
 if TYPE_CHECKING:
-    from rankscope.analysis.report.diagnosis import Diagnosis
-    from rankscope.analysis.runner.plan import PlannedJob
+    from rankscope.analysis.model import JobModel
+    from rankscope.analysis.report import Diagnosis
+    from rankscope.analysis.runner import PlannedJob
 
 CACHE_SIZE = 8
 """analyses kept in memory (one per store version, job and baseline): a 2,048-rank job is a few tens of MB."""
@@ -73,28 +74,28 @@ def store_problem(store_dir: str | None) -> str | None:
 
 def job_plan(store: Store) -> dict[str, PlannedJob]:
     """Job name -> how to load it: the one job plan of ``rankscope analyze`` (analysis.jobs.plan_jobs)."""
-    from rankscope.analysis.runner.plan import plan_jobs
+    from rankscope.analysis.runner import plan_jobs
 
     return {p.name: p for p in plan_jobs(store)}
 
 
 def load_planned(store: Store, name: str, how: PlannedJob) -> JobFrames:
-    """The frames of one planned job (analysis.jobs.load_planned), named ``name``."""
-    from rankscope.analysis.runner.plan import load_planned as load
+    """The frames of one planned job (analysis.runner.plan.load_planned), named ``name``."""
+    from rankscope.analysis.runner import load_planned as load
 
-    frames = load(store, how)[0]
+    frames = load(store, how)
     frames.job = name
     return frames
 
 
-def analysis_tables(frames: JobFrames, tables: dict, baseline: JobFrames | None = None) -> dict:
-    """The figures' tables: those analysis.diagnose.analyze_job returned, plus the run diff with a baseline."""
+def analysis_tables(model: JobModel, tables: dict, baseline: JobModel | None = None) -> dict:
+    """The figures' tables: those analysis.diagnose.analyze_model returned, plus the run diff with a baseline."""
     from rankscope.analysis.run_diff import diff_runs
 
     tables = dict(tables)
     if baseline is not None:
         try:
-            tables["diff"] = diff_runs(baseline, frames).rows
+            tables["diff"] = diff_runs(baseline, model).rows
         except RankscopeError as e:
             tables.setdefault("errors", {})["diff"] = public_error("run diff failed", e)
     return tables
@@ -138,23 +139,20 @@ def _analysed(store: Store, job: str, how: PlannedJob,
     """Run the analysis. Without a baseline it goes through the store's result cache
     (analysis.result_cache), with the very computation ``rankscope analyze`` caches, so one entry serves
     both; the records are loaded only on a miss."""
-    from rankscope.analysis.diagnose import analyze_job
-    from rankscope.analysis.runner.plan import load_planned as load
+    from rankscope.analysis.diagnose import analyze_model, model_of
+    from rankscope.analysis.runner import analyse_planned, with_capture
 
     if baseline is not None:
-        frames = load_planned(store, job, how)
+        model = model_of(load_planned(store, job, how))
         base = load_planned(*baseline)
-        diag, tables = analyze_job(frames, baseline=base)
-        return diag, analysis_tables(frames, tables, base)
+        diag, tables = analyze_model(model, baseline=base)
+        return with_capture(diag, how), analysis_tables(model, tables, model_of(base))
 
     def compute():
-        # as cli/cmd_analyze.py computes it (load-time data quality included): one cache entry, one answer
-        frames, dq = load(store, how)
-        d, tables = analyze_job(frames, None)
-        d.data_quality.update(dq)
-        return d, tables
+        # as cli/commands/analyze.py computes it (load-time data quality included): one cache entry, one answer
+        return analyse_planned(store, how, None)
 
-    from rankscope.analysis.runner.cache import cached_analysis as stored_analysis
+    from rankscope.analysis.runner import cached_analysis as stored_analysis
 
     diag, tables, _hit = stored_analysis(store, how, None, compute)
     return diag, dict(tables)
@@ -188,7 +186,7 @@ class JobViews:
         return plan
 
     def _located(self, store_dir: str, job: str) -> tuple[Store, PlannedJob, tuple]:
-        from rankscope.analysis.runner.plan import PlannedJob
+        from rankscope.analysis.runner import PlannedJob
 
         how = self.plan(store_dir).get(job) or PlannedJob(job, "job", job)
         store = Store(store_dir)

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rankscope.analysis.report import to_json
 from rankscope.collectors.store import Store
 from rankscope.dashboard.analysis_source import JobViews, load_planned, store_problem
 from rankscope.dashboard.data_tables import data_table, findings_rows
@@ -32,7 +33,7 @@ from rankscope.dashboard.summary_band import summary_band
 from rankscope.dashboard.table_figures import empty_figure
 
 if TYPE_CHECKING:
-    from rankscope.analysis.report.diagnosis import Diagnosis
+    from rankscope.analysis.report import Diagnosis
 
 __all__ = ["GRAPHS", "TABLES", "JobViews", "create_app", "load_planned", "page_content", "serve", "strategy_summary"]
 
@@ -191,8 +192,8 @@ def no_job_message(store: str | None) -> str:
     if problem:
         return problem
     try:
-        from rankscope.analysis.fabric.config import FlowConfig
-        from rankscope.analysis.runner.plan import why_no_jobs
+        from rankscope.analysis.fabric import FlowConfig
+        from rankscope.analysis.runner import why_no_jobs
 
         why = why_no_jobs(Store(store), FlowConfig())
     except Exception:  # noqa: BLE001 - a store mid-write: the plain message still holds
@@ -203,8 +204,9 @@ def no_job_message(store: str | None) -> str:
 
 def _tables(d: Diagnosis | None, tables: dict | None) -> dict:
     tables = tables or {}
-    rows = {"findings": findings_rows(d.extra.get("findings") or []) if d else [],
-            "regressions": d.regressions if d else [], "hangs": d.hangs if d else [],
+    rows = {"findings": findings_rows(d.findings) if d else [],
+            "regressions": [to_json(r) for r in d.regressions] if d else [],
+            "hangs": [to_json(h) for h in d.hangs] if d else [],
             "diff": tables.get("diff") or []}
     out = {}
     for t, (title, empty, first) in TABLES.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rankscope.analysis.report import Finding, describe
 from rankscope.dashboard.table_figures import as_frame, fmt_value
 
 CELL_CHARS = 60
@@ -111,9 +112,7 @@ def data_table(table_id: str, rows: Any, title: str, empty_text: str, first: tup
         style_data_conditional=tint)]
 
 
-def findings_rows(findings: list[dict]) -> list[dict]:
-    """Findings as table rows: the finding in words first (analysis.findings.describe), then its parts."""
-    from rankscope.analysis.report.findings import describe
-
-    return [{"finding": describe(f), "kind": f.get("kind"), "factor": f.get("factor"), "steps": f.get("steps"),
-             "evidence": f.get("evidence")} for f in findings]
+def findings_rows(findings: list[Finding]) -> list[dict]:
+    """Findings as table rows: the finding in words first (analysis.report.findings.describe), then its parts."""
+    return [{"finding": describe(f), "kind": f.kind, "factor": f.factor, "steps": f.steps, "evidence": f.evidence}
+            for f in findings]

@@ -13,11 +13,11 @@ Tables accepted (polars or pandas DataFrames, or lists of dicts):
   ``exposed_comm_ns``, ``idle_ns``: they add up to the step, so they stack) or
   as ``compute_ns``, ``comm_ns``, ``wait_ns``; or one row per phase span:
   ``phase``, ``start_ns``, ``end_ns``. Without ``step`` (per-rank totals such
-  as ``steps.extra["phases_by_rank"]``) the totals are drawn as one step.
+  as ``steps.phases_by_rank``) the totals are drawn as one step.
 - heatmap: worker x step slowdown, long (``worker``/``rank``/``endpoint``,
   ``step``, ``slowdown``) or wide as a dict ``{"workers": [...], "steps":
   [...], "slowdown": [[...]]}`` (one row per worker; ``values`` also read), as
-  ``stragglers.extra["heatmap"]`` holds it.
+  ``stragglers.replay.heatmap`` holds it.
 - regressions, hangs, diff: rows of any columns, drawn as tables (see
   :mod:`rankscope.dashboard.table_figures`).
 """
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import plotly.graph_objects as go
 import polars as pl
 
+from rankscope.analysis.report import to_json
 from rankscope.dashboard.grid_figures import (  # noqa: F401  (re-exported: the figures' one front door)
     heatmap_figure,
     heatmap_matrix,
@@ -45,7 +46,7 @@ from rankscope.dashboard.table_figures import (
 )
 
 if TYPE_CHECKING:  # annotations only: the figures read attributes, and the page starts faster without it
-    from rankscope.analysis.report.diagnosis import Diagnosis, Stragglers
+    from rankscope.analysis.report import Diagnosis, Stragglers
 
 PHASES = (("compute_ns", "compute", "#4C78A8"), ("comm_ns", "exposed communication", "#F58518"),
           ("wait_ns", "idle (waiting)", "#E45756"))
@@ -147,13 +148,13 @@ def timeline_figure(timeline: Any, max_ranks: int = 48, max_steps: int = 12) -> 
 
 
 def step_durations(diagnosis: Diagnosis, tables: dict | None = None) -> pl.DataFrame | None:
-    """Per-step duration (columns step, duration_ns) from, in order: a ``steps`` table, ``steps.extra
-    ["durations_ns"]``, the step boundaries, or the timeline table (slowest rank of each step)."""
+    """Per-step duration (columns step, duration_ns) from, in order: a ``steps`` table, the steps section's
+    ``durations_ns``, the step boundaries, or the timeline table (slowest rank of each step)."""
     tables = tables or {}
     st = as_frame(tables.get("steps"))
     if st is not None and {"step", "duration_ns"} <= set(st.columns):
         return st.select(pl.col("step").cast(pl.Int64), pl.col("duration_ns").cast(pl.Float64)).sort("step")
-    durs = diagnosis.steps.extra.get("durations_ns")
+    durs = diagnosis.steps.durations_ns
     if durs:
         return pl.DataFrame({"step": list(range(len(durs))), "duration_ns": [float(d) for d in durs]})
     b = diagnosis.steps.boundaries_ns
@@ -177,9 +178,10 @@ def step_series_figure(diagnosis: Diagnosis, tables: dict | None = None) -> go.F
                                name="step time", hovertemplate="step %{x}: %{y:.3f} ms<extra></extra>"))
     med = diagnosis.steps.median_ns or float(d["duration_ns"].median())
     fig.add_hline(y=med / 1e6, line_dash="dot", annotation_text=f"median {med / 1e6:.3f} ms")
-    ex = diagnosis.stragglers.extra
-    if ex.get("steps") and ex.get("step_slowdown") and len(ex["steps"]) == len(ex["step_slowdown"]):
-        fig.add_trace(go.Scatter(x=list(ex["steps"]), y=list(ex["step_slowdown"]), yaxis="y2", mode="lines",
+    st = diagnosis.stragglers
+    per_step = st.whatif.step_slowdown if st.whatif is not None else None
+    if st.steps and per_step and len(st.steps) == len(per_step):
+        fig.add_trace(go.Scatter(x=list(st.steps), y=list(per_step), yaxis="y2", mode="lines",
                                  name="what-if S", line=dict(dash="dash", color="#E45756"),
                                  hovertemplate="step %{x}: S %{y:.3f}<extra></extra>"))
         fig.update_layout(yaxis2=dict(title="what-if slowdown S (step time / time with no straggler)",
@@ -216,11 +218,11 @@ def cause_figure(stragglers: Stragglers) -> go.Figure:
     The verdict's bars (``verdict_shares``) are the numbers the verdict was chosen from; OSDI'25's
     M_W and M_S (``by_cause``) keep their own labelled bars, since M_S fixes the last stage only.
     """
-    x = stragglers.extra
-    vs = x.get("verdict_shares") or {}
+    w = stragglers.whatif
+    vs = (w.verdict_shares if w is not None else None) or {}
     title = f"What-if by cause (verdict: {stragglers.verdict}"
-    if stragglers.verdict == "stage_imbalance" and x.get("verdict_stage") is not None:
-        title += f", stage {x['verdict_stage']}"
+    if stragglers.verdict == "stage_imbalance" and w is not None and w.verdict_stage is not None:
+        title += f", stage {w.verdict_stage}"
     title += ")"
     if not vs:
         return _bars(stragglers.by_cause, title, "share of the slowdown removed by fixing the cause", None,
@@ -229,7 +231,7 @@ def cause_figure(stragglers: Stragglers) -> go.Figure:
     fig = go.Figure(go.Bar(name="share the verdict used", x=causes, y=[float(vs[c]) for c in causes],
                            marker_color=["#E45756" if c == stragglers.verdict else "#4C78A8" for c in causes],
                            text=[f"{float(vs[c]):.3f}" for c in causes], textposition="outside"))
-    if x.get("basis", "compute") == "compute":
+    if (stragglers.basis or "compute") == "compute":
         paper = {"M_W (OSDI'25, top 3% workers)": stragglers.by_cause.get("worker"),
                  "M_S (OSDI'25, last stage)": stragglers.by_cause.get("stage_imbalance")}
         paper = {k: v for k, v in paper.items() if v is not None}
@@ -246,11 +248,11 @@ def all_figures(diagnosis: Diagnosis, tables: dict | None = None) -> dict[str, g
     tables = tables or {}
     st = diagnosis.stragglers
     heat = tables.get("heatmap")
-    if heat is None:
-        heat = st.extra.get("heatmap")
+    if heat is None and st.replay is not None:
+        heat = st.replay.heatmap
     timeline = tables.get("timeline")
-    if as_frame(timeline) is None:
-        timeline = diagnosis.steps.extra.get("phases_by_rank")
+    if as_frame(timeline) is None and diagnosis.steps.phases_by_rank:
+        timeline = [to_json(p) for p in diagnosis.steps.phases_by_rank]
     figs = {
         "strategy": strategy_figure(diagnosis.strategy, heat),
         "step_series": step_series_figure(diagnosis, tables),
@@ -258,8 +260,8 @@ def all_figures(diagnosis: Diagnosis, tables: dict | None = None) -> dict[str, g
         "heatmap": heatmap_figure(heat, diagnosis.strategy),
         "optype": optype_figure(st),
         "cause": cause_figure(st),
-        "regressions": regressions_figure(diagnosis.regressions),
-        "hangs": hangs_figure(diagnosis.hangs),
+        "regressions": regressions_figure([to_json(r) for r in diagnosis.regressions]),
+        "hangs": hangs_figure([to_json(h) for h in diagnosis.hangs]),
     }
     if "diff" in tables:
         figs["diff"] = diff_figure(tables["diff"])

@@ -18,10 +18,11 @@ import numpy as np
 import plotly.graph_objects as go
 import polars as pl
 
+from rankscope.analysis.report import Heatmap
 from rankscope.dashboard.table_figures import LAYOUT, as_frame, empty_figure
 
 if TYPE_CHECKING:
-    from rankscope.analysis.report.diagnosis import Strategy
+    from rankscope.analysis.report import Strategy
 
 RANK_COLUMNS = ("rank", "endpoint", "worker")
 DIVERGING = "RdBu_r"
@@ -57,14 +58,11 @@ def strategy_layout(strategy: Strategy) -> pl.DataFrame:
 
 
 def heatmap_matrix(heat: Any) -> tuple[list, list, list] | None:
-    """(workers, steps, rows of slowdown) from a long table or a wide dict; None when absent."""
-    if isinstance(heat, dict) and ("values" in heat or "slowdown" in heat):
-        vals = heat.get("values", heat.get("slowdown")) or []
-        if not vals:
+    """(workers, steps, rows of slowdown) from the report's Heatmap or a long table; None when absent."""
+    if isinstance(heat, Heatmap):
+        if not heat.slowdown:
             return None
-        workers = [str(w) for w in heat.get("workers", range(len(vals)))]
-        steps = list(heat.get("steps", range(len(vals[0]))))
-        return workers, steps, [list(r) for r in vals]
+        return [str(w) for w in heat.workers], list(heat.steps), [list(r) for r in heat.slowdown]
     df = as_frame(heat)
     if df is None or "step" not in df.columns or _rank_col(df) is None:
         return None

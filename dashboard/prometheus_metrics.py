@@ -27,7 +27,7 @@ from pathlib import Path
 
 import polars as pl
 
-from rankscope.analysis.report.diagnosis import Diagnosis
+from rankscope.analysis.report import Diagnosis
 
 SIZE_BUCKETS_BYTES = (1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28)
 """upper bounds of the comm size buckets (label ``size_bucket``: ``le_1KiB`` ... ``gt_256MiB``)."""
@@ -65,7 +65,7 @@ FAMILIES = {f.name: f for f in (
            ("job", "rank", "stage", "dp_rank", "host", "score")),
     Family("rankscope_comm_bytes_total", "counter", "bytes moved by collectives and p2p, by op and size bucket",
            ("job", "op", "size_bucket")),
-    Family("rankscope_traffic_bytes_total", "counter", "flow bytes by traffic class (training, storage, control, ...)",
+    Family("rankscope_traffic_bytes_total", "counter", "flow bytes by traffic class (control: rendezvous and control ports)",
            ("job", "traffic_class")),
     Family("rankscope_records_total", "counter", "records stored, by record kind", ("store_job", "kind")),
     Family("rankscope_rejected_records_total", "counter", "records rejected at ingest or collection, by reason",
@@ -162,25 +162,25 @@ def job_samples(d: Diagnosis, tables: dict[str, pl.DataFrame], comm_op: pl.DataF
     """
     out = Samples()
     job = d.job
-    ev_steps = d.steps.extra.get("evaluated", True) and d.steps.count > 0
+    ev_steps = d.steps.evaluated and d.steps.count > 0
     if ev_steps:
         out.add("rankscope_step_time_seconds", d.steps.median_ns / 1e9, job=job)
         out.add("rankscope_steps", d.steps.count, job=job)
     st = d.stragglers
-    evaluated = st.extra.get("evaluated", False)
+    evaluated = st.evaluated
     out.add("rankscope_slowdown_ratio", st.slowdown if evaluated else math.nan, job=job)
     out.add("rankscope_waste_ratio", max(0.0, 1 - 1 / st.slowdown) if evaluated and st.slowdown > 0 else math.nan,
             job=job)
     out.add("rankscope_verdict_info", 1, job=job, verdict=st.verdict if evaluated else "not_evaluated",
-            basis=st.extra.get("basis", ""))
+            basis=st.basis or "")
     kinds: dict[str, int] = {}
-    for f in d.extra.get("findings", []) or []:
-        kinds[f.get("kind", "?")] = kinds.get(f.get("kind", "?"), 0) + 1
+    for f in d.findings:
+        kinds[f.kind] = kinds.get(f.kind, 0) + 1
     for kind, n in sorted(kinds.items()):
         out.add("rankscope_findings", n, job=job, kind=kind)
     out.add("rankscope_regressions", len(d.regressions), job=job)
     out.add("rankscope_hangs", len(d.hangs), job=job)
-    out.add("rankscope_missing_ranks", len(d.data_quality.get("missing_ranks", []) or []), job=job)
+    out.add("rankscope_missing_ranks", len(d.data_quality.missing_ranks), job=job)
     place = _place(tables.get("layout"), endpoint_map)
     scores = rank_scores(tables.get("timeline", pl.DataFrame()), tables.get("steps"))
     for r in scores.iter_rows(named=True):
@@ -197,9 +197,10 @@ def job_samples(d: Diagnosis, tables: dict[str, pl.DataFrame], comm_op: pl.DataF
               .group_by("op", "b").agg(pl.col("size_bytes").sum()).sort("op", "b"))
         for op, b, n in by.iter_rows():
             out.add("rankscope_comm_bytes_total", n, job=job, op=op, size_bucket=b)
-    flows = d.data_quality.get("flows") or {}
-    for cls, n in sorted((flows.get("bytes_by_class") or {}).items()):
-        out.add("rankscope_traffic_bytes_total", n, job=job, traffic_class=cls)
+    flows = d.data_quality.flows
+    if flows is not None and "control_bytes" in flows:
+        # the bytes set apart from the training links (rendezvous and control ports)
+        out.add("rankscope_traffic_bytes_total", flows["control_bytes"], job=job, traffic_class="control")
     out.add("rankscope_analysis_timestamp_seconds", analysed_at if analysed_at is not None else time.time(), job=job)
     return out
 
@@ -299,8 +300,13 @@ class StoreCollector:
 
     def _analyse(self, store) -> list[Sample]:
         from rankscope.analysis.diagnose import analyze_job
-        from rankscope.analysis.runner.cache import ResultCache, cached_analysis
-        from rankscope.analysis.runner.plan import load_planned, plan_jobs
+        from rankscope.analysis.runner import (
+            ResultCache,
+            cached_analysis,
+            load_planned,
+            plan_jobs,
+            with_capture,
+        )
 
         samples: list[Sample] = []
         cache = ResultCache(store)
@@ -308,11 +314,10 @@ class StoreCollector:
             loaded = {}
 
             def compute(planned=planned, loaded=loaded):
-                frames, quality = load_planned(store, planned)
+                frames = load_planned(store, planned)
                 d, tables = analyze_job(frames, self.config)
-                d.data_quality.update(quality)
                 loaded["frames"] = frames
-                return d, tables
+                return with_capture(d, planned), tables
 
             # the one computation `analyze` also caches: a store analysed there is not analysed again here
             d, tables, _hit = cached_analysis(store, planned, self.config, compute, cache)

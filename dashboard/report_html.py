@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import plotly.io as pio
 
+from rankscope.analysis.report import to_json
 from rankscope.dashboard.figures import all_figures
 from rankscope.dashboard.report_text import tied_labellings
 from rankscope.dashboard.table_figures import fmt_value
 
 if TYPE_CHECKING:
-    from rankscope.analysis.report.diagnosis import Diagnosis
+    from rankscope.analysis.report import Diagnosis
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;background:#f6f7f9;color:#222}
@@ -46,7 +47,7 @@ def _num(v: Any, fmt: str = "{:.3f}") -> str:
 def key_numbers(d: Diagnosis) -> list[tuple[str, str, str]]:
     """(label, value, css class) of the report's headline figures, straight from the Diagnosis."""
     s, st, sg = d.strategy, d.steps, d.stragglers
-    evaluated = sg.extra.get("evaluated", True)
+    evaluated = sg.evaluated
     verdict_cls = "ok" if sg.verdict == "none" else "bad"
     cards = [
         ("world size", str(s.world_size), ""),
@@ -59,7 +60,7 @@ def key_numbers(d: Diagnosis) -> list[tuple[str, str, str]]:
         ("verdict", sg.verdict if evaluated else "not evaluated", verdict_cls if evaluated else ""),
         ("regressions", str(len(d.regressions)), "bad" if d.regressions else "ok"),
         ("hangs", str(len(d.hangs)), "bad" if d.hangs else "ok"),
-        ("rejected records", str(d.data_quality.get("num_rejected", 0)), ""),
+        ("rejected records", str(d.data_quality.num_rejected), ""),
     ]
     tied = tied_labellings(s)
     if tied:
@@ -81,10 +82,10 @@ def _top_workers_html(d: Diagnosis, limit: int = 10) -> str:
     if not tw:
         return ""
 
-    def evidence(w: dict) -> str:
-        return html.escape(fmt_value({k: v for k, v in w.items() if k not in ("endpoint", "slowdown")})[:400])
+    def evidence(w) -> str:
+        return html.escape(fmt_value({k: v for k, v in to_json(w).items() if k not in ("endpoint", "slowdown")})[:400])
 
-    rows = "".join(f"<tr><td>{html.escape(str(w.get('endpoint')))}</td><td>{_num(w.get('slowdown'))}</td>"
+    rows = "".join(f"<tr><td>{html.escape(str(w.endpoint))}</td><td>{_num(w.slowdown)}</td>"
                    f"<td>{evidence(w)}</td></tr>" for w in tw)
     return ('<section><h3>Top workers by S_w</h3><table class="kv"><tr><td><b>endpoint</b></td>'
             f"<td><b>S_w</b></td><td><b>evidence</b></td></tr>{rows}</table></section>")
@@ -106,7 +107,7 @@ def render_report(diagnosis: Diagnosis, tables: dict | None = None) -> str:
                      + "</section>" for name, fig in figs.items())
     sources = ", ".join(d.sources) or "none"
     quality = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(fmt_value(v)[:600])}</td></tr>"
-                      for k, v in d.data_quality.items())
+                      for k, v in to_json(d.data_quality).items())
     title = f"rankscope report: {d.job}"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

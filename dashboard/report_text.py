@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from rankscope.analysis.report.diagnosis import Diagnosis
-from rankscope.analysis.report.findings import describe, summary_text
+from rankscope.analysis.report import Diagnosis, describe, summary_text
 
 MAX_ROWS = 8
 """rows per list section; the JSON report holds them all."""
@@ -18,15 +17,12 @@ def _groups(groups: list, n: int = 4, sep: str = ", ") -> str:
 def tied_labellings(strategy) -> str:
     """The other labellings of a standing tie as ``dp=1 pp=2; ...``, or '' when the strategy is not one: the flows
     fit them as well as the one reported, which is listed first only by the order candidates are tried."""
-    x = strategy.extra or {}
-    if not x.get("ambiguous"):  # fabric.grid.fit_grid: alternatives left standing, never a broken tie
-        return ""
     out = []
-    for a in x.get("alternatives") or []:
-        text = f"dp={a.get('dp')} pp={a.get('pp')}"
-        if (a.get("dp"), a.get("pp")) == (strategy.dp, strategy.pp) and a.get("dp_groups"):
+    for a in strategy.tied_labellings:  # alternatives left standing, never a broken tie
+        text = f"dp={a.dp} pp={a.pp}"
+        if (a.dp, a.pp) == (strategy.dp, strategy.pp) and a.dp_groups:
             # the same degrees, other members (a 2 x 2 grid's DP/PP swap): the groups are the difference
-            text += f" with DP groups {_groups(a['dp_groups'], n=2)}"
+            text += f" with DP groups {_groups(a.dp_groups, n=2)}"
         out.append(text)
     return "; ".join(out)
 
@@ -35,46 +31,45 @@ def render_text(d: Diagnosis) -> str:
     """Strategy, steps, straggler verdict with its evidence, findings, regressions, hangs, data quality."""
     lines = [f"== {d.job}  (sources: {', '.join(d.sources) or 'none'})"]
     s = d.strategy
-    if s.extra.get("evaluated", True):
+    if s.evaluated:
         lines.append(f"strategy     dp={s.dp} pp={s.pp} tp={s.tp} on {s.world_size} endpoints, "
                      f"confidence {s.confidence:.2f}")
         tied = tied_labellings(s)
         if tied:
-            lines.append(f"  ambiguous  the flows fit as well: {tied} (see strategy.extra.alternatives)")
-        if s.pp > 1:
-            known = s.extra.get("stage_order_known", True)
+            lines.append(f"  ambiguous  the flows fit as well: {tied} (see strategy.alternatives)")
+        if (s.pp or 1) > 1:
+            known = s.stage_order_known
             lines.append(f"  pipelines  {_groups(s.pp_groups, sep=' > ' if known else ' - ')}"
                          + ("" if known else "  (stage order unknown: direction not reported)"))
-        if s.dp > 1:
+        if (s.dp or 1) > 1:
             lines.append(f"  DP groups  {_groups(s.dp_groups)}")
+        lines += [f"  undecided  {u.field}: {u.why}" for u in s.undecided]
     else:
-        lines.append(f"strategy     not evaluated: {s.extra.get('why', '?')}")
+        lines.append(f"strategy     not evaluated: {s.why or '?'}")
     st = d.steps
     if st.count:
-        warm = st.extra.get("warmup") or []
+        warm = st.warmup
         lines.append(f"steps        {st.count}, median {st.median_ns / 1e6:,.1f} ms"
-                     + (f"; warm-up left out: {', '.join(str(w.get('step')) for w in warm)}" if warm else "")
-                     + (" (ambiguous: may be a multiple of the step)" if st.extra.get("ambiguous") else ""))
+                     + (f"; warm-up left out: {', '.join(str(w.step) for w in warm)}" if warm else "")
+                     + (" (ambiguous: may be a multiple of the step)" if st.ambiguous else ""))
     else:
-        lines.append(f"steps        unknown: {st.extra.get('why', 'no step boundaries')}")
+        lines.append(f"steps        unknown: {st.why or 'no step boundaries'}")
     sg = d.stragglers
     lines.append(f"stragglers   {summary_text(d)}")
-    if sg.extra.get("evaluated", False):
-        shares = sg.extra.get("verdict_shares") or sg.by_cause
+    if sg.evaluated:
+        shares = (sg.whatif.verdict_shares if sg.whatif is not None else None) or sg.by_cause
         lines.append("  shares     " + ", ".join(f"{k} {v:.2f}" for k, v in shares.items())
                      + f"  (waste {sg.waste_fraction:.1%}; M_W {sg.by_cause.get('worker', 0):.3f}, "
                        f"M_S {sg.by_cause.get('stage_imbalance', 0):.3f})")
-    findings = d.extra.get("findings") or []
-    lines.append(f"findings     {len(findings)}")
-    lines += [f"  {f['kind']:<18} {describe(f)}" for f in findings[:MAX_ROWS]]
+    lines.append(f"findings     {len(d.findings)}")
+    lines += [f"  {f.kind:<18} {describe(f)}" for f in d.findings[:MAX_ROWS]]
     lines.append(f"regressions  {len(d.regressions)}")
-    lines += [f"  {r.get('kernel')} {r.get('shape')} ratio {r.get('ratio', float('nan')):.2f}: {r.get('reason')}"
+    lines += [f"  {r.check.kernel} {r.check.shape} ratio {r.check.ratio:.2f}: {r.check.reason}"
               for r in d.regressions[:MAX_ROWS]]
     lines.append(f"hangs        {len(d.hangs)}")
-    lines += [f"  group {h.get('group')} seq {h.get('seq')} {h.get('op')}: missing {h.get('missing')}"
-              for h in d.hangs[:MAX_ROWS]]
+    lines += [f"  group {h.group} seq {h.seq} {h.op}: missing {h.missing}" for h in d.hangs[:MAX_ROWS]]
     dq = d.data_quality
-    missing = dq.get("missing_ranks") or []
-    lines.append(f"data quality {dq.get('num_rejected', 0):,} records rejected"
+    missing = dq.missing_ranks
+    lines.append(f"data quality {dq.num_rejected:,} records rejected"
                  + (f"; missing ranks {missing[:16]}{' ...' if len(missing) > 16 else ''}" if missing else ""))
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """The band at the top of the page: the verdict, the culprit by name, and what the slowdown costs.
 
-The words come from analysis/findings.py (summary_text, describe), the numbers
+The words come from analysis/report/summary.py and findings.py (summary_text, describe), the numbers
 straight from the Diagnosis; the only arithmetic here is turning the waste
 fraction into GPU-hours per day (every GPU of the job waits that share of each
 step, around the clock).
@@ -11,16 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rankscope.analysis.report.diagnosis import Diagnosis
+    from rankscope.analysis.report import Diagnosis
 
 HOURS_PER_DAY = 24.0
-
-
-def _findings(d: Diagnosis) -> list[dict]:
-    from rankscope.analysis.report.findings import build_findings
-
-    found = d.extra.get("findings")
-    return list(found) if found is not None else build_findings(d.stragglers, d.regressions)
 
 
 def _endpoints_are_gpus(d: Diagnosis) -> bool:
@@ -32,20 +25,20 @@ def _endpoints_are_gpus(d: Diagnosis) -> bool:
 def summary_facts(d: Diagnosis) -> dict:
     """The band's content as plain values: job, evaluated, why, headline, verdict, culprit, factor, slowdown,
     waste_pct, step_ms, lost_ms_per_step, hours_per_day, hours_unit, other_findings."""
-    from rankscope.analysis.report.findings import describe, summary_text
+    from rankscope.analysis.report import describe, summary_text
 
     st = d.stragglers
-    evaluated = bool(st.extra.get("evaluated", True))
-    found = _findings(d)
+    evaluated = st.evaluated
+    found = d.findings
     lead = found[0] if found else None
     step_ms = d.steps.median_ns / 1e6 if d.steps.median_ns else None
     waste = st.waste_fraction if evaluated else None
     facts = {
-        "job": d.job, "evaluated": evaluated, "why": st.extra.get("why"),
+        "job": d.job, "evaluated": evaluated, "why": st.why,
         "headline": summary_text(d), "verdict": st.verdict if evaluated else "not evaluated",
         "culprit": describe(lead) if lead else None,
-        "culprit_kind": lead["kind"] if lead else None,
-        "factor": lead.get("factor") if lead else None,
+        "culprit_kind": lead.kind if lead else None,
+        "factor": lead.factor if lead else None,
         "slowdown": st.slowdown if evaluated else None,
         "waste_pct": 100.0 * waste if waste is not None else None,
         "step_ms": step_ms,

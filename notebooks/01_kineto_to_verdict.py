@@ -27,7 +27,8 @@ import tempfile
 from pathlib import Path
 
 from rankscope.analysis.diagnose import analyze_job
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.analysis.report import describe
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.job_frames import load_job
 from rankscope.collectors.store import Store
 from rankscope.dashboard.figures import timeline_figure
@@ -59,9 +60,9 @@ s = d.strategy
 print(f"strategy: dp={s.dp} pp={s.pp}; pipelines {s.pp_groups}; DP groups {s.dp_groups}")
 print(f"steps: {d.steps.count}, median {d.steps.median_ns / 1e6:.1f} ms")
 st = d.stragglers
-print(f"verdict {st.verdict}, S {st.slowdown:.2f}, basis {st.extra.get('basis', 'compute')}")
-for f in (d.to_dict().get("findings") or [])[:3]:
-    print("finding:", f["kind"], "culprit", f["culprit"], f"factor {f['factor']:.2f}")
+print(f"verdict {st.verdict}, S {st.slowdown:.2f}, basis {st.basis}")
+for f in d.findings[:3]:
+    print("finding:", describe(f))
 
 # %% [markdown]
 # Every rank's time per step, split into compute, exposed communication and idle waiting.

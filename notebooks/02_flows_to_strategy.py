@@ -30,7 +30,7 @@ import polars as pl
 
 from rankscope.analysis.diagnose import analyze_job
 from rankscope.analysis.runner.plan import load_planned, plan_jobs
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.importers.contract import ImportOptions
 from rankscope.collectors.store import Store
 
@@ -52,7 +52,7 @@ plan = plan_jobs(store)
 print([p.name for p in plan])
 
 # %%
-frames, quality = load_planned(store, plan[0])
+frames = load_planned(store, plan[0])
 d, tables = analyze_job(frames)
 s = d.strategy
 print(f"inferred dp={s.dp} pp={s.pp} tp={s.tp} confidence={s.confidence:.2f}")

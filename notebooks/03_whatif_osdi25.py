@@ -28,7 +28,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from rankscope.analysis.diagnose import analyze_job
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.job_frames import load_job
 from rankscope.collectors.store import Store
 
@@ -83,5 +83,5 @@ fig
 # %%
 d, _ = diagnoses["AR"]
 top = d.stragglers.top_workers
-go.Figure(go.Bar(x=[f"rank {w['endpoint']}" for w in top], y=[w["slowdown"] for w in top])).update_layout(
+go.Figure(go.Bar(x=[f"rank {w.endpoint}" for w in top], y=[w.slowdown for w in top])).update_layout(
     yaxis_title="S_w of the worker", title="AR: workers by what-if slowdown")

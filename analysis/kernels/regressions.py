@@ -37,6 +37,8 @@ from rankscope.analysis.kernels.throughput import (
     name_throughput,
     rank_throughput,
 )
+from rankscope.analysis.model.job_model import JobModel
+from rankscope.analysis.report.kernels import AlignmentCheck, Regression, ThroughputCheck
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
 
@@ -70,8 +72,15 @@ class RegressionConfig:
             raise ConfigError(f"tp must be >= 1, got {self.tp}")
 
 
-def regression_section(frames: JobFrames, baseline: JobFrames | None = None,
-                       config: RegressionConfig | None = None) -> list[dict]:
+def regression_section(model: JobModel, baseline: JobFrames | None = None,
+                       config: RegressionConfig | None = None) -> list[Regression]:
+    """The report's regressions: :func:`kernel_regressions` of the job model's compute records, against the
+    baseline run's when given."""
+    return kernel_regressions(model.frames, baseline, config)
+
+
+def kernel_regressions(frames: JobFrames, baseline: JobFrames | None = None,
+                       config: RegressionConfig | None = None) -> list[Regression]:
     """Kernel regressions of one job, optionally against a baseline run.
 
     Needs compute_op columns ``rank, name, category, start_ns, end_ns, m, n, k, dtype`` (``flops, batch,
@@ -95,13 +104,13 @@ def regression_section(frames: JobFrames, baseline: JobFrames | None = None,
         base_names = name_throughput(baseline.compute_op, cfg.throughput)
         found.append(baseline_findings(tp, base_tp, cfg.throughput, align, names, base_names))
     thr = pl.concat(found, how="vertical_relaxed")
-    out = [_throughput_dict(r) for r in thr.iter_rows(named=True)]
+    out: list[ThroughputCheck | AlignmentCheck] = [_throughput_check(r) for r in thr.iter_rows(named=True)]
     explained = thr.filter(pl.col("reason").str.contains("misaligned dim")).select(KEY).unique()
-    out += [d for d in _alignment_dicts(align, tp, explained)
-            if d["ratio_basis"] == "none" or d["ratio"] < cfg.alignment_cost]
+    out += [d for d in _alignment_checks(align, tp, explained)
+            if d.ratio_basis == "none" or d.ratio < cfg.alignment_cost]
     steps = _steps_by_key(frames.compute_op)
-    out = [_as_finding(d, steps) for d in out]
-    return sorted(out, key=lambda d: (d["ratio"], d["check"] != "throughput"))
+    found = [_as_finding(d, steps) for d in out]
+    return sorted(found, key=lambda r: (r.check.ratio, r.check.check != "throughput"))
 
 
 def _steps_by_key(compute_op: pl.DataFrame) -> dict[tuple, list[int]]:
@@ -112,21 +121,19 @@ def _steps_by_key(compute_op: pl.DataFrame) -> dict[tuple, list[int]]:
     return {tuple(r[c] for c in KEY): [int(x) for x in r["step"]] for r in per.iter_rows(named=True)}
 
 
-def _as_finding(d: dict, steps: dict[tuple, list[int]]) -> dict:
-    """Add the findings keys (kind, culprit, factor, steps, evidence) to a regression dict."""
-    misaligned = d["check"] == "alignment" or "misaligned dim" in d["reason"]
-    by_rank = d["check"] == "throughput" and d["comparison"] == "ranks"
+def _as_finding(d: ThroughputCheck | AlignmentCheck, steps: dict[tuple, list[int]]) -> Regression:
+    """The check with the findings keys (kind, culprit, factor, steps, evidence)."""
+    misaligned = d.check == "alignment" or "misaligned dim" in d.reason
+    by_rank = d.check == "throughput" and d.comparison == "ranks"
     # Ranks slow on (nearly) every shape are the culprit themselves (a throttled GPU, a slow stage).
-    several = by_rank and len(d["ranks"]) > 1 and d["reason"].startswith("rank slow on")
-    key = (d["kernel_class"], *_mnk(d["shape"]), d["dtype"])
-    evidence = {k: d[k] for k in ("kernel", "kernel_class", "shape", "dtype", "ranks", "ratio", "ratio_basis",
-                                  "reason", "comparison") if k in d}
-    evidence.update({k: d[k] for k in ("tflops", "reference_tflops", "dims", "severity") if k in d})
-    return {**d, "kind": "misaligned_gemm" if misaligned else "kernel_regression",
-            "culprit": d["ranks"][0] if by_rank and len(d["ranks"]) == 1 else list(d["ranks"]) if several
-            else d["kernel"],
-            "factor": 1.0 / d["ratio"] if d["ratio"] > 0 else None,
-            "steps": steps.get(key, []), "evidence": evidence}
+    several = by_rank and len(d.ranks) > 1 and d.reason.startswith("rank slow on")
+    key = (d.kernel_class, *_mnk(d.shape), d.dtype)
+    evidence = {k: getattr(d, k) for k in ("kernel", "kernel_class", "shape", "dtype", "ranks", "ratio",
+                                           "ratio_basis", "reason", "comparison")}
+    evidence.update({k: getattr(d, k) for k in ("tflops", "reference_tflops", "dims", "severity") if hasattr(d, k)})
+    return Regression(check=d, kind="misaligned_gemm" if misaligned else "kernel_regression",
+                      culprit=d.ranks[0] if by_rank and len(d.ranks) == 1 else list(d.ranks) if several else d.kernel,
+                      factor=1.0 / d.ratio if d.ratio > 0 else None, steps=steps.get(key, []), evidence=evidence)
 
 
 def _mnk(shape: list[int]) -> tuple[int, int, int, int]:
@@ -148,17 +155,16 @@ def _kernel_alignment_note(kernel: str, dtype: str) -> str:
     return f"; {kernel} is built for {m.group(1)}-element alignment, below the 16-byte minimum"
 
 
-def _throughput_dict(r: dict) -> dict:
-    r = {**r, "reason": r["reason"] + _kernel_alignment_note(r["kernel"], r["dtype"])}
-    return {"check": "throughput", "kernel": r["kernel"], "kernels": list(r["kernels"]),
-            "kernel_class": r["kernel_class"], "shape": _shape(r),
-            "dtype": r["dtype"], "layout": r["layout"], "ranks": list(r["ranks"]), "ratio": float(r["ratio"]),
-            "ratio_basis": "baseline" if r["comparison"] == "baseline" else "other ranks",
-            "tflops": r["tflops"], "reference_tflops": r["reference_tflops"], "reason": r["reason"],
-            "severity": "regression", "comparison": r["comparison"]}
+def _throughput_check(r: dict) -> ThroughputCheck:
+    return ThroughputCheck(
+        check="throughput", kernel=r["kernel"], kernels=list(r["kernels"]), kernel_class=r["kernel_class"],
+        shape=_shape(r), dtype=r["dtype"], layout=r["layout"], ranks=list(r["ranks"]), ratio=float(r["ratio"]),
+        ratio_basis="baseline" if r["comparison"] == "baseline" else "other ranks", tflops=r["tflops"],
+        reference_tflops=r["reference_tflops"], reason=r["reason"] + _kernel_alignment_note(r["kernel"], r["dtype"]),
+        severity="regression", comparison=r["comparison"])
 
 
-def _alignment_dicts(align: pl.DataFrame, tp: pl.DataFrame, explained: pl.DataFrame) -> list[dict]:
+def _alignment_checks(align: pl.DataFrame, tp: pl.DataFrame, explained: pl.DataFrame) -> list[AlignmentCheck]:
     if align.height == 0:
         return []
     mis = align.group_by([*KEY, "kernel"]).agg(
@@ -170,11 +176,11 @@ def _alignment_dicts(align: pl.DataFrame, tp: pl.DataFrame, explained: pl.DataFr
     out = []
     for r in mis.join(ratios, on=KEY, how="left").iter_rows(named=True):
         basis = r["_basis"] if r["_ratio"] is not None else "none"
-        out.append({"check": "alignment", "kernel": r["kernel"], "kernel_class": r["kernel_class"],
-                    "shape": _shape(r), "dtype": r["dtype"], "layout": r["layout"], "ranks": list(r["ranks"]),
-                    "ratio": float(r["_ratio"]) if r["_ratio"] is not None else 1.0, "ratio_basis": basis,
-                    "reason": "misaligned dim: " + r["reason"], "severity": r["severity"],
-                    "dims": list(r["dim"]), "comparison": "rules"})
+        out.append(AlignmentCheck(
+            check="alignment", kernel=r["kernel"], kernel_class=r["kernel_class"], shape=_shape(r), dtype=r["dtype"],
+            layout=r["layout"], ranks=list(r["ranks"]), ratio=float(r["_ratio"]) if r["_ratio"] is not None else 1.0,
+            ratio_basis=basis, reason="misaligned dim: " + r["reason"], severity=r["severity"], dims=list(r["dim"]),
+            comparison="rules"))
     return out
 
 

@@ -1,57 +1,44 @@
-"""Which ranks the sources declare but no record covers (``data_quality.missing_ranks``).
-
-A rank is declared by a source's world size (Kineto ``distributedInfo``,
-the OSDI'25 meta; see :attr:`JobFrames.declared`) and by being named as a
-member or peer of a recorded collective or transfer (the process groups of
-a flight recorder's ``pg_config`` or of Kineto's ``distributedInfo.pg_config``
-reach comm_op as ``group_ranks``). A rank is present when any comm_op,
-compute_op, step_mark or batch_meta record is its own. What a missing rank
-did is unknown; nothing may be concluded from its silence alone.
-"""
+"""The report's data quality of one job model: records read and rejected, missing ranks, layout, clock fixes."""
 
 from __future__ import annotations
 
 import polars as pl
 
-from rankscope.collectors.job_frames import JobFrames
+from rankscope.analysis.model.job_model import JobModel
+from rankscope.analysis.report.data_quality import (
+    ClockQuality,
+    DataQuality,
+    ExporterClock,
+    LayoutQuality,
+)
 
-_OWN = ("comm_op", "compute_op", "step_mark", "batch_meta")
+RELATIVE_CLOCK_NOTE = "relative-time records: each step keeps its own origin, clocks not fitted"
 
 
-def _ints(s: pl.Series) -> set[int]:
-    return {int(x) for x in s.drop_nulls().unique().to_list()} if s.len() else set()
+def clock_quality(offsets: pl.DataFrame, relative_time: bool) -> ClockQuality:
+    """The rank clock corrections as the report states them."""
+    note = RELATIVE_CLOCK_NOTE if relative_time else None
+    if offsets.is_empty():
+        return ClockQuality(domains=0, max_abs_offset_ns=0.0, max_abs_drift=0.0, note=note)
+    return ClockQuality(domains=int(offsets["domain"].n_unique()),
+                        max_abs_offset_ns=float(offsets["offset_ns"].abs().max()),
+                        max_abs_drift=float(offsets["drift"].abs().max()), note=note)
 
 
-def rank_coverage(frames: JobFrames) -> dict:
-    """``{missing_ranks, ranks}``: the sorted missing ranks and how they were found.
-
-    Needs the ``rank`` column of comm_op/compute_op/step_mark/batch_meta,
-    comm_op ``group_ranks`` and ``peer`` where present, and ``frames.declared``.
-    """
-    present: set[int] = set()
-    for k in _OWN:
-        df = getattr(frames, k)
-        if not df.is_empty() and "rank" in df.columns:
-            present |= _ints(df["rank"])
-    named: set[int] = set()
-    cm = frames.comm_op
-    if not cm.is_empty():
-        if "group_ranks" in cm.columns:
-            # distinct lists first: every op's member list exploded is ~100 M values on 4,096 GPUs
-            named |= _ints(cm["group_ranks"].drop_nulls().unique().explode())
-        if "peer" in cm.columns:
-            named |= _ints(cm["peer"])
-    sizes = [d["world_size"] for d in frames.declared]
-    world = max(sizes) if sizes else None
-    declared = set(range(world)) if world else set()
-    missing = sorted((declared | named) - present)
-    info = {"present": len(present), "declared_world_size": world,
-            "declared_by": sorted({f"{d['format']} world_size {d['world_size']}" for d in frames.declared}),
-            "named_in_comm_groups": len(named), "missing": len(missing)}
-    tps = {d.get("tp_size") for d in frames.declared if d.get("tp_size")}
-    if missing and world and tps and len(present) * max(tps) == world:
-        info["note"] = (f"the trace keeps one rank per tensor-parallel group (tp_size {max(tps)}); "
-                        "the other ranks of each group are absent by the trace's design")
-    elif missing:
-        info["note"] = "no records from these ranks: their traces were not supplied or not written"
-    return {"missing_ranks": missing, "ranks": info}
+def data_quality(model: JobModel) -> DataQuality:
+    """What the report of one job rests on: records, rejects, missing ranks, layout, clock fixes."""
+    frames = model.frames
+    lay = model.layout
+    flows = model.flows if not model.per_rank else None  # a job with comm_op reports its own clocks
+    exp = flows.exporter_offsets if flows is not None else None
+    return DataQuality(
+        records=dict(model.records), rejected=dict(frames.rejects),
+        num_rejected=int(sum(frames.rejects.values())), relative_time=frames.relative_time,
+        missing_ranks=model.coverage.missing_ranks, ranks=model.coverage.ranks,
+        layout=LayoutQuality(source=lay["source"][0] if lay.height else "unknown", filled=model.filled,
+                             notes=model.notes),
+        clock=clock_quality(model.rank_offsets, frames.relative_time) if model.per_rank else None,
+        flows=flows.inference.quality if flows is not None else None,
+        exporter_clock=ExporterClock(exporters=int(exp.height),
+                                     max_abs_offset_ns=float(exp["offset_ns"].abs().max()) if exp.height else 0.0)
+        if exp is not None else None)

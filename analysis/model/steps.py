@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.report.diagnosis import Steps
+from rankscope.analysis.report.steps import Steps, StepTable, Warmup
 
 WARMUP_FACTOR = 1.5
 """a leading step slower than this times the steady median is warm-up (start-up cost, not the job's pace)."""
@@ -120,18 +120,16 @@ def steps_section(table: pl.DataFrame, source: str) -> Steps:
     if "warmup" not in table.columns:
         table = job_steps(table)
     if table.is_empty():
-        return Steps(extra={"evaluated": False, "why": "no step boundaries found", "source": source})
+        return Steps(evaluated=False, why="no step boundaries found", source=source)
     steady = table.filter(~pl.col("warmup"))
     med = float(steady["duration_ns"].median()) if steady.height else float(table["duration_ns"].median())
-    warm = [{"step": int(r["step"]), "why": r["why"]} for r in table.filter(pl.col("warmup")).iter_rows(named=True)]
+    warm = [Warmup(step=int(r["step"]), why=r["why"]) for r in table.filter(pl.col("warmup")).iter_rows(named=True)]
     bases = sorted(set(table["basis"].to_list()))
+    detail = StepTable(step_ids=[int(x) for x in table["step"]], spans_ns=[int(x) for x in table["span_ns"]],
+                       basis=bases[0] if len(bases) == 1 else ", ".join(bases), warmup=warm,
+                       num_in_median=int(steady.height))
     return Steps(count=int(table.height), median_ns=med, boundaries_ns=[int(x) for x in table["start_ns"]],
-                 extra={"source": source, "evaluated": True,
-                        "step_ids": [int(x) for x in table["step"]],
-                        "durations_ns": [int(x) for x in table["duration_ns"]],
-                        "spans_ns": [int(x) for x in table["span_ns"]],
-                        "basis": bases[0] if len(bases) == 1 else ", ".join(bases),
-                        "warmup": warm, "num_in_median": int(steady.height)})
+                 source=source, durations_ns=[int(x) for x in table["duration_ns"]], table=detail)
 
 
 def steps_frame(table: pl.DataFrame) -> pl.DataFrame:
@@ -158,3 +156,17 @@ def startup_steps(steps: pl.DataFrame | None) -> dict:
     out = steps.filter(pl.col("warmup") & (pl.col("duration_ns") > WARMUP_FACTOR * pace))
     return {int(r["step"]): f"warm-up, {r['duration_ns'] / pace:.2f}x the steady median step (> {WARMUP_FACTOR}x)"
             for r in out.iter_rows(named=True)}
+
+
+def flow_step_table(section: Steps) -> pl.DataFrame:
+    """The step table (``STEP_SCHEMA``) of a flows-only job: one row per period the flows' steps span,
+    each the flows' one period long (flows give one step time for all steps)."""
+    durs = section.durations_ns or []
+    if not section.evaluated or not durs:
+        return pl.DataFrame(schema=STEP_SCHEMA)
+    starts = list(section.boundaries_ns)[:len(durs)]
+    n = len(starts)
+    return pl.DataFrame({"step": list(range(n)), "start_ns": starts,
+                         "end_ns": [s + d for s, d in zip(starts, durs)], "span_ns": durs[:n],
+                         "duration_ns": durs[:n], "basis": ["flow_period"] * n, "warmup": [False] * n,
+                         "why": [None] * n}, schema=STEP_SCHEMA)

@@ -1,22 +1,15 @@
-"""Step boundaries and per-rank, per-step phases on the aligned clock.
+"""Per-rank, per-step phases on the aligned clock.
 
-Step boundaries come, in order of preference, from step_mark records, from
-the ``step`` column of comm_op/compute_op records, or (flows only) from the
-period of data-parallel bursts (see :func:`burst_steps`). Phases per rank and
-step are interval unions, computed column-wise: compute (union of compute
-spans), communication (union of comm spans), exposed communication (comm not
-hidden under compute) and idle (neither): exposed communication plus idle is
-the time the rank waited.
+Phases per rank and step are interval unions, computed column-wise: compute (union of compute spans),
+communication (union of comm spans), exposed communication (comm not hidden under compute) and idle
+(neither): exposed communication plus idle is the time the rank waited. Steps are the one step definition
+(:mod:`rankscope.analysis.model.steps`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import polars as pl
-
-from rankscope.analysis.model.steps import rank_step_windows, steps_section  # noqa: F401  (the one step definition)
-
-step_table = rank_step_windows
 
 TIMELINE_COLUMNS = ("rank", "step", "start_ns", "end_ns", "duration_ns", "compute_ns", "comm_ns",
                     "exposed_comm_ns", "idle_ns", "exposed_wait_ns")
@@ -90,7 +83,7 @@ def _spans(df: pl.DataFrame) -> pl.DataFrame:
 def rank_timelines(steps: pl.DataFrame, comm_op: pl.DataFrame, compute_op: pl.DataFrame) -> pl.DataFrame:
     """Per-rank, per-step phases.
 
-    Needs steps (from :func:`step_table`), comm_op and compute_op rank,
+    Needs steps (each rank's step windows, :func:`rankscope.analysis.model.steps.rank_step_windows`), comm_op and compute_op rank,
     start_ns, end_ns and step where known (all on the aligned clock; pending comm ops run to the step end).
     Returns the columns in ``TIMELINE_COLUMNS``, one row per (rank, step).
     """
@@ -114,48 +107,3 @@ def rank_timelines(steps: pl.DataFrame, comm_op: pl.DataFrame, compute_op: pl.Da
     return out.select(*TIMELINE_COLUMNS).sort(k)
 
 
-def step_period(keys: np.ndarray, times_ns: np.ndarray, max_candidates: int = 40,
-                max_divisor: int = 24) -> float | None:
-    """The step period from the start times of periodic traffic, or None.
-
-    ``keys``: which pair each time belongs to; ``times_ns``: record starts
-    (aligned). Exporters start a record at the first packet after the last
-    record closed, so record starts sit on traffic bursts but may skip some
-    (when the active timeout is longer than a step) or add some inside a long
-    burst. Consecutive starts of one pair are then close to whole multiples of
-    the step, ``k * P``: the period is the longest candidate on which the
-    differences are phase-coherent (mean cos(2 pi d / P) near its maximum;
-    P/2, P/3 are coherent too, 2P is not), refined as the median of d / k.
-    """
-    if len(times_ns) < 3:
-        return None
-    order = np.lexsort((times_ns, keys))
-    k, t = keys[order], times_ns[order].astype(np.int64)
-    same = k[1:] == k[:-1]
-    d = (t[1:] - t[:-1])[same].astype(np.float64)
-    d = d[d > 0]
-    if len(d) < 2:
-        return None
-    if len(d) > 5000:
-        d = np.random.default_rng(0).choice(d, 5000, replace=False)
-    # candidates: the most frequent distinct diffs (to 0.5 %) and their whole fractions, since a
-    # pair whose records outlast several steps only ever shows multiples of the period
-    q = np.round(np.log(d) / 0.005)
-    vals, inv, cnt = np.unique(q, return_inverse=True, return_counts=True)
-    top = np.argsort(-cnt)[:max_candidates]
-    base = np.array([np.median(d[inv == j]) for j in top])
-    cand = (base[:, None] / np.arange(1, max_divisor + 1)[None, :]).ravel()
-    coh = np.cos(2 * np.pi * d[None, :] / cand[:, None]).mean(axis=1)
-    best = coh.max()
-    if best < 0.5:
-        return None
-    p0 = cand[coh >= best - 0.05 * (1 + best)].max()
-    kk = np.round(d / p0)
-    ok = (kk >= 1) & (np.abs(d / np.maximum(kk, 1) - p0) < 0.05 * p0)
-    return float(np.median(d[ok] / kk[ok])) if ok.any() else float(p0)
-
-
-def period_steps(t_first_ns: int, t_last_ns: int, period_ns: float) -> list[int]:
-    """Step starts every ``period_ns`` from the first periodic record to the last one."""
-    n = int(np.floor((t_last_ns - t_first_ns) / period_ns + 0.5)) + 1
-    return [int(round(t_first_ns + i * period_ns)) for i in range(max(n, 0))]

@@ -1,1 +1,15 @@
 """The report's types and vocabulary: what a diagnosis says. Imports nothing else from rankscope.analysis."""
+
+from rankscope.analysis.report.codec import to_json
+from rankscope.analysis.report.data_quality import DataQuality
+from rankscope.analysis.report.diagnosis import Diagnosis
+from rankscope.analysis.report.findings import Finding, describe
+from rankscope.analysis.report.hangs import Hang
+from rankscope.analysis.report.kernels import Regression
+from rankscope.analysis.report.steps import Steps
+from rankscope.analysis.report.stragglers import Heatmap, Stragglers
+from rankscope.analysis.report.strategy import Strategy, Undecided
+from rankscope.analysis.report.summary import summary_text
+
+__all__ = ["DataQuality", "Diagnosis", "Finding", "Hang", "Heatmap", "Regression", "Steps", "Strategy", "Stragglers",
+           "Undecided", "describe", "summary_text", "to_json"]

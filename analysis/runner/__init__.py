@@ -1,1 +1,15 @@
 """Many jobs of a store: the job plan, the result cache, Ray. The only analysis code that does I/O."""
+
+from rankscope.analysis.runner.cache import ResultCache, cached_analysis, result_key, store_version
+from rankscope.analysis.runner.on_ray import analyse_with_ray
+from rankscope.analysis.runner.plan import (
+    PlannedJob,
+    analyse_planned,
+    load_planned,
+    plan_jobs,
+    why_no_jobs,
+    with_capture,
+)
+
+__all__ = ["PlannedJob", "ResultCache", "analyse_planned", "analyse_with_ray", "cached_analysis", "load_planned",
+           "plan_jobs", "result_key", "store_version", "why_no_jobs", "with_capture"]

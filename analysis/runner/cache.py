@@ -26,14 +26,13 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import polars as pl
 
 from rankscope.analysis.diagnose import DiagnoseConfig
-from rankscope.analysis.report.diagnosis import Diagnosis, Steps, Stragglers, Strategy
+from rankscope.analysis.report.diagnosis import Diagnosis
 from rankscope.collectors.schema import SCHEMAS
 
 if TYPE_CHECKING:
@@ -166,7 +165,7 @@ class ResultCache:
         if e is None:
             return None
         try:
-            d = diagnosis_from_dict(json.loads((e / "diagnosis.json").read_text()))
+            d = Diagnosis.decoded(json.loads((e / "diagnosis.json").read_text()))
             tables = {p.stem: pl.read_ipc(p) for p in sorted((e / "tables").glob("*.arrow"))}
         except (OSError, ValueError, TypeError, KeyError, pl.exceptions.PolarsError):
             return None
@@ -174,7 +173,7 @@ class ResultCache:
 
     def put_analysis(self, key: str, d: Diagnosis, tables: dict[str, pl.DataFrame]) -> None:
         def fill(tmp: Path) -> None:
-            (tmp / "diagnosis.json").write_text(json.dumps(asdict(d), default=_plain))
+            (tmp / "diagnosis.json").write_text(json.dumps(d.encoded(), default=_plain))
             (tmp / "tables").mkdir()
             for name, frame in tables.items():
                 frame.write_ipc(tmp / "tables" / f"{name}.arrow")
@@ -189,15 +188,6 @@ def _plain(x):
     if isinstance(x, (set, frozenset)):
         return sorted(x)
     raise TypeError(f"cannot cache a {type(x).__name__}")
-
-
-def diagnosis_from_dict(x: dict) -> Diagnosis:
-    """The inverse of ``dataclasses.asdict(Diagnosis)`` (JSON keeps NaN as NaN)."""
-    x = dict(x)
-    x["strategy"] = Strategy(**x["strategy"])
-    x["steps"] = Steps(**x["steps"])
-    x["stragglers"] = Stragglers(**x["stragglers"])
-    return Diagnosis(**x)
 
 
 def cached_analysis(store: Store, planned, config,
@@ -216,5 +206,5 @@ def cached_analysis(store: Store, planned, config,
     return d, tables, False
 
 
-__all__ = ["CACHE_DIR", "ResultCache", "cached_analysis", "code_version", "diagnosis_from_dict", "result_key",
+__all__ = ["CACHE_DIR", "ResultCache", "cached_analysis", "code_version", "result_key",
            "store_version"]

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from rankscope.analysis.diagnose import analyze_job
-from rankscope.analysis.runner.plan import PlannedJob, load_planned
+from rankscope.analysis.runner.plan import PlannedJob, analyse_planned
 from rankscope.collectors.errors import RankscopeError
 from rankscope.collectors.store import Store
 
@@ -27,10 +26,7 @@ class RayEngineError(RankscopeError):
 
 
 def _analyse_one(store_root: str, planned: PlannedJob, config):
-    frames, dq = load_planned(Store(store_root), planned)
-    d, tables = analyze_job(frames, config)
-    d.data_quality.update(dq)
-    return d, tables
+    return analyse_planned(Store(store_root), planned, config)
 
 
 def analyse_with_ray(store_root: str, plan: list[PlannedJob], config=None, address: str | None = None,

@@ -13,10 +13,12 @@ planning needs job recognition, which lives here and not in collectors.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
+from rankscope.analysis.diagnose import analyze_job
 from rankscope.analysis.fabric.config import FlowConfig
 from rankscope.analysis.fabric.recognise import FabricJobs, RecognisedJob, job_flows, recognise_jobs
+from rankscope.analysis.report.diagnosis import Diagnosis
 from rankscope.analysis.runner.cache import ResultCache, result_key, store_version
 from rankscope.collectors.job_frames import JobFrames, load_job
 from rankscope.collectors.store import Store
@@ -118,8 +120,8 @@ def recognised_jobs(store: Store, capture: str, flow: FlowConfig) -> FabricJobs:
     return found
 
 
-def load_planned(store: Store, planned: PlannedJob, fresh=None) -> tuple[JobFrames, dict]:
-    """The frames of one planned job (named ``planned.name``) and what to add to its data_quality.
+def load_planned(store: Store, planned: PlannedJob, fresh=None) -> JobFrames:
+    """The frames of one planned job (named ``planned.name``).
 
     A capture's job gets only the flows among its endpoints; a training job
     compared with a capture that holds other jobs too keeps only its own addresses. ``fresh``
@@ -131,10 +133,23 @@ def load_planned(store: Store, planned: PlannedJob, fresh=None) -> tuple[JobFram
         if planned.flow_job and not frames.endpoint_map.is_empty():
             frames.flow = job_flows(frames.flow, frames.endpoint_map["address"].to_list())
         frames.job = planned.name
-        return frames, {}
+        return frames
     cap = planned.source
-    extra = {"endpoint_map": store.read("endpoint_map", cap)} if store.count("endpoint_map", cap) else {}
+    maps = {"endpoint_map": store.read("endpoint_map", cap)} if store.count("endpoint_map", cap) else {}
     frames = JobFrames.from_frames(planned.name, flow=job_flows(store.read("flow", cap), list(planned.endpoints)),
-                                   **extra)
+                                   **maps)
     frames.job_endpoints = tuple(planned.endpoints)
-    return frames, {"capture": cap, "fabric": planned.quality}
+    return frames
+
+
+def with_capture(d: Diagnosis, planned: PlannedJob) -> Diagnosis:
+    """The report of a job recognised in a flow capture names the capture and what recognition counted."""
+    if planned.kind != "capture":
+        return d
+    return replace(d, data_quality=replace(d.data_quality, capture=planned.source, fabric=planned.quality))
+
+
+def analyse_planned(store: Store, planned: PlannedJob, config, fresh=None) -> tuple[Diagnosis, dict]:
+    """(Diagnosis, tables) of one planned job, read from the store."""
+    d, tables = analyze_job(load_planned(store, planned, fresh), config)
+    return with_capture(d, planned), tables

@@ -21,7 +21,9 @@ from __future__ import annotations
 import polars as pl
 
 from rankscope.analysis.fabric.pair_traffic import on_pairs
-from rankscope.analysis.report.diagnosis import Steps, Stragglers, Strategy
+from rankscope.analysis.report.steps import Steps
+from rankscope.analysis.report.stragglers import FlowsChecks, FlowWorker, RingOrWorker, Stragglers
+from rankscope.analysis.report.strategy import Strategy
 from rankscope.analysis.stragglers.late_arrivals import late_senders, late_stage
 from rankscope.analysis.stragglers.link_rates import (
     MIN_PACKETS,
@@ -31,6 +33,10 @@ from rankscope.analysis.stragglers.link_rates import (
     slow_group,
     slow_links,
 )
+
+NO_STEP_TIME = "no step time from flows: link rates and lateness need one"
+NOTHING_FOUND = ("no slow link, NIC or late endpoint found in the flows: with no such finding they give no S (no "
+                 "ideal step time), and finding none does not show that every rank is healthy")
 
 
 def _dp_links(flow: pl.DataFrame, strategy: Strategy, pairs: frozenset = frozenset()) -> pl.DataFrame:
@@ -49,10 +55,8 @@ def _dp_links(flow: pl.DataFrame, strategy: Strategy, pairs: frozenset = frozens
 def _slow_group_if_tied(flow: pl.DataFrame, strategy: Strategy, steps: Steps, resolution_ns: int) -> dict | None:
     """slow_group under the labellings as good as the reported one (a 2 x 2 grid over TCP), or None: a real
     gloo DP2 x PP2 job with a slow NIC on stage 1 was reported with the DP/PP swap first."""
-    if not (strategy.extra or {}).get("ambiguous"):
-        return None
-    for k, alt in enumerate((strategy.extra or {}).get("alternatives") or []):
-        other = Strategy(dp=alt.get("dp", 1), pp=alt.get("pp", 1), dp_groups=alt.get("dp_groups") or [])
+    for k, alt in enumerate(strategy.tied_labellings):
+        other = Strategy(dp=alt.dp, pp=alt.pp, dp_groups=alt.dp_groups or [])
         if not other.dp_groups:
             continue
         x = slow_group(link_rates(flow, other, float(steps.median_ns), resolution_ns), other, steps.count)
@@ -113,16 +117,119 @@ def _nothing_found(base: dict) -> Stragglers:
     evidence of health: on the flow-diagnosis corpus (dev seeds 1-7), 188 of 259 jobs slowed 5 % or more
     by one slow rank or link showed nothing these checks read, against 165 of 167 clean jobs. A "none"
     there, with S 1.00, was a wrong "no straggler" more often than a right one."""
-    rates = base["link_rates"]
+    checks: FlowsChecks = base["flows"]
+    rates = checks.link_rates
     checked = {"link_rates": f"{rates['trusted']} of {rates['links']} links' rates compared",
-               "late_dp_links": base["late_dp_links"]}
-    why = ("no slow link, NIC or late endpoint found in the flows: with no such finding they give no S (no "
-           "ideal step time), and finding none does not show that every rank is healthy")
-    return Stragglers(extra={**base, "evaluated": False, "why": why, "checked": checked, "findings_flows": []})
+               "late_dp_links": checks.late_dp_links}
+    return Stragglers(**base, evaluated=False, why=NOTHING_FOUND, checked=checked, findings_flows=[])
 
 
 def _slowdown(x: dict, step: float) -> float:
     return round(step / (step - min(x["extra_ns"], 0.9 * step)), 4)
+
+
+def _late_dp_links(flow, strategy: Strategy, steps: Steps, step: float, resolution_ns: int, dp_pairs) -> tuple:
+    """(the lateness found on DP links or None, what the check says).
+
+    In a tree all-reduce a member sends up only once its children's data arrived, so its sends are late
+    by design; and lateness needs the steps where they are. A period that may be a whole multiple of the
+    step (the exporter hid some steps) still groups whole steps: a late member's links open late in each
+    of them against its group's, so only a period that does not repeat clearly keeps lateness out."""
+    kinds = strategy.flows.dp_group_kinds if strategy.flows is not None else None
+    # (a pure pipeline's one-member groups hold no DP link to be late on)
+    multi = set(kinds or {}) - {"single"}
+    rings = kinds is None or multi <= {"ring", "pair"}
+    weak = bool(steps.period is not None and steps.period.period_weak)
+    readable = rings and (kinds is None or bool(multi)) and not weak
+    dp = _dp_links(flow, strategy, dp_pairs)
+    late = late_senders(dp, step, resolution_ns, strategy.pp_groups) if readable else None
+    said = ("not evaluated: no data-parallel group has two members" if kinds is not None and not multi
+            else "not evaluated: in a tree all-reduce members send up only once their children's data arrived"
+            if not rings else "not evaluated: the traffic does not repeat clearly at the step time found" if weak
+            else "no DP link opens consistently late" if late is None else late["kind"])
+    return late, said
+
+
+def _checks(flow: pl.DataFrame, strategy: Strategy, steps: Steps, step: float, resolution_ns: int, dp_pairs,
+            clocks) -> tuple[dict, pl.DataFrame, list[dict], list[dict]]:
+    """Every flows check of the section: (the section's fields so far, the link rates, what names a
+    culprit, what names only a group)."""
+    links = link_rates(flow, strategy, step, resolution_ns)
+    rates = {"links": int(links.height), "trusted": int(links["trusted"].sum()) if links.height else 0,
+             "dp_links": int((links["g"] >= 0).sum()) if links.height else 0,
+             "min_packets": MIN_PACKETS, "slow_factor": SLOW_FACTOR}
+    if links.height and not links["trusted"].any():
+        rates["why"] = f"every link holds fewer than {MIN_PACKETS} sampled packets"
+    late, said = _late_dp_links(flow, strategy, steps, step, resolution_ns, dp_pairs)
+    if late is None or not late.get("culprit"):
+        late = late_stage(flow, strategy, step, resolution_ns, clocks) or late
+    # what the flows could not check, so that a verdict "none" is not read as "no straggler"
+    unread = {}
+    if late is None and said.startswith("not evaluated"):
+        unread["worker"] = said.removeprefix("not evaluated: ")
+    if "why" in rates or not links.height:
+        unread["communication"] = rates.get("why", "no link between the job's endpoints has a rate")
+    ring0, link = slow_group(links, strategy, steps.count), slow_links(links, steps.count)
+    ring, late, crossing = _ring_and_late_stage(ring0, late)
+    cands = [link, ring, late]
+    if not (link or ring0):
+        cands.append(_slow_group_if_tied(flow, strategy, steps, resolution_ns))
+    found = [x for x in cands if x and x.get("culprit")]
+    ambiguous = [x for x in cands if x and not x.get("culprit")]
+    base = {"basis": "flows", "flows": FlowsChecks(link_rates=rates, late_dp_links=said),
+            "not_evaluated": unread or None, "ambiguous": RingOrWorker(**crossing) if crossing else None,
+            "ambiguous_flows": [{k: v for k, v in x.items() if k != "links"} for x in ambiguous] or None}
+    return base, links, found, ambiguous
+
+
+def _group_section(x: dict, step: float, none_below: float, base: dict) -> Stragglers:
+    """Evidence that a ring or a TP group's pipelines are slow, but not who: the cause is reported, nobody
+    is named."""
+    s = _slowdown(x, step)
+    if s < none_below:
+        return Stragglers(**base, slowdown=s, verdict="none", findings_flows=[], below_threshold=[_brief(x)])
+    if x["kind"] == "slow_group":
+        cause, who = "communication", {"group_id": x["group"], "ranks": x["members"], "transfer_ratio": x["factor"],
+                                       **({"labelling": x["labelling"]} if "labelling" in x else {})}
+    else:
+        cause, who = "worker", {"ranks": x["members"], "ambiguous": x["ambiguous"],
+                                **({"factor": x["factor"], "stage": x["stage"], "factor_vs": x["factor_vs"]}
+                                   if x["kind"] == "late_pipelines" else
+                                   {"late_ns": x["late_ns"], "factor": s,
+                                    "factor_vs": "the step without the group's lateness on its DP links"})}
+    return Stragglers(**base, slowdown=s, verdict=cause, by_cause={cause: 1.0}, top_workers=[],
+                      waste_fraction=round(1 - 1 / s, 4), findings_flows=[], steps=[], culprits={cause: who})
+
+
+def _named_section(found: list[dict], step: float, none_below: float, base: dict, links: pl.DataFrame) -> Stragglers:
+    """Evidence that names addresses: the costliest is the verdict's culprit."""
+    best = max(found, key=lambda x: x["extra_ns"])
+    s = _slowdown(best, step)
+    cause = "communication" if best["kind"] in ("slow_nic", "slow_link") else "worker"
+    if s < none_below:
+        # too small to matter: listed as evidence, nobody named (a clean job's member that opens its
+        # ring link 2 ms late in a 3.4 s step is no culprit)
+        return Stragglers(**base, slowdown=s, verdict="none", findings_flows=[],
+                          below_threshold=[_brief(x) for x in found])
+    top = [FlowWorker(endpoint=x["culprit"], slowdown=_slowdown(x, step), kind=x["kind"])
+           for x in sorted(found, key=lambda x: -x["extra_ns"])]
+    # the evidence in the shape the findings read (culprits are addresses: flows know no ranks)
+    ev: dict = {"slow_links": [], "slow_ranks": []}
+    culprits: dict = {}
+    for x in found:
+        f = _slowdown(x, step)
+        if x["kind"] == "slow_worker":
+            ev["slow_ranks"].append({"rank": x["culprit"], "factor": f, "steps": []})
+            culprits.setdefault("worker", {"rank": x["culprit"], "factor": f,
+                                           "factor_vs": x.get("factor_vs", "its DP group's senders")})
+        else:
+            ev["slow_links"].append({"rank": x["culprit"], "factor": x["factor"], "steps": [],
+                                     "slow_transfers": len(x["links"]), "transfers": int(links.height)})
+            culprits.setdefault("communication", {"rank": x["culprit"], "transfer_ratio": x["factor"],
+                                                  **({"labelling": x["labelling"]} if "labelling" in x else {})})
+    return Stragglers(**base, slowdown=s, verdict=cause, by_cause={cause: 1.0}, top_workers=top,
+                      waste_fraction=round(1 - 1 / s, 4), findings_flows=found, evidence=ev, culprits=culprits,
+                      steps=[])
 
 
 def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps, resolution_ns: int = 1,
@@ -140,102 +247,10 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
         flow = flow.with_columns(est_bytes=(pl.col("size_bytes") * rate).cast(pl.Float64))
     step = float(steps.median_ns or 0.0)
     if flow.is_empty() or not step:
-        return Stragglers(extra={"basis": "flows", "evaluated": False,
-                                 "why": "no step time from flows: link rates and lateness need one"})
-    links = link_rates(flow, strategy, step, resolution_ns)
-    base = {"basis": "flows", "evaluated": True,
-            "link_rates": {"links": int(links.height), "trusted": int(links["trusted"].sum()) if links.height else 0,
-                           "dp_links": int((links["g"] >= 0).sum()) if links.height else 0,
-                           "min_packets": MIN_PACKETS, "slow_factor": SLOW_FACTOR}}
-    if links.height and not links["trusted"].any():
-        base["link_rates"]["why"] = f"every link holds fewer than {MIN_PACKETS} sampled packets"
-    dp = _dp_links(flow, strategy, dp_pairs)
-    # late ring sends: in a tree all-reduce a member sends up only once its children's data arrived, so
-    # its sends are late by design; and lateness needs the steps where they are. A period that may be a
-    # whole multiple of the step (the exporter hid some steps) still groups whole steps: a late member's
-    # links open late in each of them against its group's, so only a period that does not repeat
-    # clearly keeps lateness out
-    kinds = (strategy.extra or {}).get("dp_group_kinds")
-    # (a pure pipeline's one-member groups hold no DP link to be late on)
-    multi = set(kinds or {}) - {"single"}
-    rings = kinds is None or multi <= {"ring", "pair"}
-    weak = bool(steps.extra.get("period_weak"))
-    readable = rings and (kinds is None or bool(multi)) and not weak
-    late = late_senders(dp, step, resolution_ns, strategy.pp_groups) if readable else None
-    base["late_dp_links"] = (
-        "not evaluated: no data-parallel group has two members" if kinds is not None and not multi
-        else "not evaluated: in a tree all-reduce members send up only once their children's data arrived"
-        if not rings else "not evaluated: the traffic does not repeat clearly at the step time found" if weak
-        else "no DP link opens consistently late" if late is None else late["kind"])
-    if late is None or not late.get("culprit"):
-        late = late_stage(flow, strategy, step, resolution_ns, clocks) or late
-    # what the flows could not check, so that a verdict "none" is not read as "no straggler"
-    unread = {}
-    if late is None and base["late_dp_links"].startswith("not evaluated"):
-        unread["worker"] = base["late_dp_links"].removeprefix("not evaluated: ")
-    if "why" in base["link_rates"] or not links.height:
-        unread["communication"] = base["link_rates"].get("why", "no link between the job's endpoints has a rate")
-    if unread:
-        base["not_evaluated"] = unread
-    ring0, link = slow_group(links, strategy, steps.count), slow_links(links, steps.count)
-    ring, late, crossing = _ring_and_late_stage(ring0, late)
-    if crossing:
-        base["ambiguous"] = crossing
-    cands = [link, ring, late]
-    if not (link or ring0):
-        cands.append(_slow_group_if_tied(flow, strategy, steps, resolution_ns))
-    found = [x for x in cands if x and x.get("culprit")]
-    ambiguous = [x for x in cands if x and not x.get("culprit")]
-    if ambiguous:
-        base["ambiguous_flows"] = [{k: v for k, v in x.items() if k != "links"} for x in ambiguous]
-    if not found:
-        # evidence that a ring or a TP group's pipelines are slow but not who: the cause is reported,
-        # nobody is named
-        slow = [x for x in ambiguous if x["kind"] in ("slow_group", "late_pipelines", "late_tp_group")]
-        x = max(slow, key=lambda y: y["extra_ns"], default=None)
-        if x is None:
-            return _nothing_found(base)
-        if _slowdown(x, step) < none_below:
-            return Stragglers(slowdown=_slowdown(x, step), verdict="none",
-                              extra={**base, "findings_flows": [], "below_threshold": [_brief(x)]})
-        s = _slowdown(x, step)
-        if x["kind"] == "slow_group":
-            cause, who = "communication", {"group_id": x["group"], "ranks": x["members"], "transfer_ratio": x["factor"],
-                                           **({"labelling": x["labelling"]} if "labelling" in x else {})}
-        else:
-            cause, who = "worker", {"ranks": x["members"], "ambiguous": x["ambiguous"],
-                                    **({"factor": x["factor"], "stage": x["stage"], "factor_vs": x["factor_vs"]}
-                                       if x["kind"] == "late_pipelines" else
-                                       {"late_ns": x["late_ns"], "factor": s,
-                                        "factor_vs": "the step without the group's lateness on its DP links"})}
-        return Stragglers(slowdown=s, verdict=cause, by_cause={cause: 1.0}, top_workers=[],
-                          waste_fraction=round(1 - 1 / s, 4),
-                          extra={**base, "findings_flows": [], "steps": [], "culprits": {cause: who}})
-    best = max(found, key=lambda x: x["extra_ns"])
-    s = _slowdown(best, step)
-    cause = "communication" if best["kind"] in ("slow_nic", "slow_link") else "worker"
-    if s < none_below:
-        # too small to matter: listed as evidence, nobody named (a clean job's member that opens its
-        # ring link 2 ms late in a 3.4 s step is no culprit)
-        return Stragglers(slowdown=s, verdict="none",
-                          extra={**base, "findings_flows": [], "below_threshold": [_brief(x) for x in found]})
-    verdict = cause
-    top = [{"endpoint": x["culprit"], "slowdown": _slowdown(x, step), "kind": x["kind"]}
-           for x in sorted(found, key=lambda x: -x["extra_ns"])]
-    # the evidence in the shape the findings read (culprits are addresses: flows know no ranks)
-    ev: dict = {"slow_links": [], "slow_ranks": []}
-    culprits: dict = {}
-    for x in found:
-        f = _slowdown(x, step)
-        if x["kind"] == "slow_worker":
-            ev["slow_ranks"].append({"rank": x["culprit"], "factor": f, "steps": []})
-            culprits.setdefault("worker", {"rank": x["culprit"], "factor": f,
-                                           "factor_vs": x.get("factor_vs", "its DP group's senders")})
-        else:
-            ev["slow_links"].append({"rank": x["culprit"], "factor": x["factor"], "steps": [],
-                                     "slow_transfers": len(x["links"]), "transfers": int(links.height)})
-            culprits.setdefault("communication", {"rank": x["culprit"], "transfer_ratio": x["factor"],
-                                                  **({"labelling": x["labelling"]} if "labelling" in x else {})})
-    return Stragglers(slowdown=s, verdict=verdict, by_cause={cause: 1.0}, top_workers=top,
-                      waste_fraction=round(1 - 1 / s, 4),
-                      extra={**base, "findings_flows": found, "evidence": ev, "culprits": culprits, "steps": []})
+        return Stragglers(basis="flows", evaluated=False, why=NO_STEP_TIME)
+    base, links, found, ambiguous = _checks(flow, strategy, steps, step, resolution_ns, dp_pairs, clocks)
+    if found:
+        return _named_section(found, step, none_below, base, links)
+    slow = [x for x in ambiguous if x["kind"] in ("slow_group", "late_pipelines", "late_tp_group")]
+    x = max(slow, key=lambda y: y["extra_ns"], default=None)
+    return _nothing_found(base) if x is None else _group_section(x, step, none_below, base)

@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.fabric.link_models import TWO_WAY
-from rankscope.analysis.report.diagnosis import Strategy
+from rankscope.analysis.report.strategy import Strategy
 from rankscope.analysis.stragglers.link_rates import OUTLIER_MADS, robust
 from rankscope.analysis.strategy.flows.ranks_per_address import ROCE_PORT
 
@@ -172,7 +172,7 @@ def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     """
     pipes = [p for p in strategy.pp_groups or [] if len(p) > 1]
     # the pipelines of one DP replica on several rails are its TP copies: they keep time with each other
-    if (strategy.dp or 1) < 2 or len(pipes) < 3 or not step_ns or not (strategy.extra or {}).get("stage_order_known", False):
+    if (strategy.dp or 1) < 2 or len(pipes) < 3 or not step_ns or not (strategy.flows is not None and strategy.flows.stage_order_known):
         return None
     pos = {(p[k], p[k + 1]): (i, k) for i, p in enumerate(pipes) for k in range(len(p) - 1)}
     # the last stage sends no activations: its first gradient back, after its forward and backward of

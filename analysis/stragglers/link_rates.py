@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.model.timelines import union_ns
-from rankscope.analysis.report.diagnosis import Strategy
+from rankscope.analysis.report.strategy import Strategy
 
 OUTLIER_MADS = 6.0
 """a rate (or a lateness) is an outlier when it lies this many robust standard deviations from the median."""

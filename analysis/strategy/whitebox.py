@@ -29,7 +29,7 @@ from collections import defaultdict
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.report.diagnosis import Strategy
+from rankscope.analysis.report.strategy import Strategy, WhiteboxDetail
 from rankscope.analysis.strategy.groups_from_timing import label_groups_by_timing
 
 P2P_OPS = ("send", "recv")
@@ -290,8 +290,7 @@ def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True) -> Strategy:
     that drops when the groups do not tile the ranks as a grid.
     """
     if comm_op.is_empty():
-        return Strategy(confidence=0.0, extra={"method": "comm_op", "evaluated": False,
-                                               "why": "no comm_op records"})
+        return Strategy(confidence=0.0, method="comm_op", evaluated=False, why="no comm_op records")
     ranks = set(comm_op["rank"].drop_nulls().cast(pl.Int64).to_list())
     ranks.update(comm_op["peer"].drop_nulls().cast(pl.Int64).to_list())
     gr = comm_op["group_ranks"].drop_nulls()
@@ -399,10 +398,8 @@ def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True) -> Strategy:
     if len(pp_sizes) > 1:
         conf *= 0.7
     unknown = [d for d, f in (("dp", dp_f), ("tp", tp_f)) if f is None and timed.get("undecided")]
-    extra = {"method": "comm_op", "evaluated": True, "notes": notes, "interleaved": interleaved,
-             "groups_unknown": unknown,
-             "ep_groups": ep_f[0]["groups"] if ep_f else None,
-             "cp_groups": rings or None}
+    detail = WhiteboxDetail(interleaved=interleaved, groups_unknown=unknown,
+                            ep_groups=ep_f[0]["groups"] if ep_f else None, cp_groups=rings or None)
     return Strategy(world_size=world, dp=dp, pp=pp, tp=tp, dp_groups=dp_groups,
                     pp_groups=sorted(pipelines, key=lambda p: p[0]), confidence=conf,
-                    ep=ep, cp=cp, tp_groups=tp_groups, extra=extra)
+                    ep=ep, cp=cp, tp_groups=tp_groups, method="comm_op", notes=notes, whitebox=detail)

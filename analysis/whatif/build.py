@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from rankscope.analysis.model.job_model import JobModel
 from rankscope.analysis.whatif.generic import generic_graph
 from rankscope.analysis.whatif.graph import BWD, FWD, WhatIfGraph, WhatIfInputError
 from rankscope.analysis.whatif.osdi import osdi_graph, osdi_ops
@@ -26,3 +27,8 @@ def build_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> WhatIf
         return osdi_graph(osdi_ops(comp, comm))
 
     return generic_graph(frames, layout)
+
+
+def model_graph(model: JobModel) -> WhatIfGraph:
+    """The what-if graph of a job model: its completed records, placed by its layout."""
+    return build_graph(model.frames, model.layout_columns())

@@ -52,30 +52,19 @@ def _compute(frames: JobFrames) -> pl.DataFrame:
         pl.lit(None, dtype=pl.Int64).alias("size_bytes"))
 
 
-def _layout(frames: JobFrames, layout: pl.DataFrame | None = None) -> tuple[dict, dict]:
-    """rank -> stage and rank -> dp rank: the job model's layout where given, else guessed from the
-    records (stage from compute_op, dp rank = index in its dp group)."""
-    if layout is not None and layout.height:
-        stage = {int(r): int(s) for r, s in layout.select("rank", "stage").iter_rows() if s is not None}
-        dp = {int(r): int(d) for r, d in layout.select("rank", "dp_rank").iter_rows() if d is not None}
-        if stage or dp:
-            return stage, dp
-    st = frames.compute_op.filter(pl.col("stage").is_not_null()).group_by("rank").agg(pl.col("stage").min())
-    stage = dict(st.iter_rows())
-    dp_rank: dict[int, int] = {}
-    cm = frames.comm_op
-    if cm.height and "group_ranks" in cm.columns:
-        dpg = cm.filter((pl.col("stream") == "dp") & pl.col("group_ranks").is_not_null()).select(
-            "group_ranks").unique()
-        for (members,) in dpg.iter_rows():
-            for i, r in enumerate(sorted(members)):
-                dp_rank.setdefault(int(r), i)
-    return stage, dp_rank
+def _placement(layout: pl.DataFrame | None) -> tuple[dict, dict]:
+    """rank -> stage and rank -> dp rank from the job model's layout (the one layout derivation)."""
+    if layout is None or not layout.height:
+        return {}, {}
+    stage = {int(r): int(s) for r, s in layout.select("rank", "stage").iter_rows() if s is not None}
+    dp = {int(r): int(d) for r, d in layout.select("rank", "dp_rank").iter_rows() if d is not None}
+    return stage, dp
 
 
 def generic_graph(frames: JobFrames, layout: pl.DataFrame | None = None) -> WhatIfGraph:
-    """Dependency model of hook/Kineto/simulator records (see module docstring); ``layout`` as build_graph's."""
-    stage_of, dp_of = _layout(frames, layout)
+    """Dependency model of hook/Kineto/simulator records (see module docstring); ``layout``: the job model's
+    (rank, stage, dp_rank, ...); ranks it does not place are stage 0, dp rank 0."""
+    stage_of, dp_of = _placement(layout)
     comp = _compute(frames)
     cm = frames.comm_op.select(
         "rank", "step", "microbatch", "peer", "op", "stream", "start_ns", "end_ns", "group_id", "seq",

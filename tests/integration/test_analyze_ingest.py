@@ -14,7 +14,7 @@ import pytest
 
 from rankscope.cli.main import main
 from rankscope.collectors.fresh_rows import FreshRows
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.job_frames import KINDS_FOR_ANALYSIS
 from rankscope.collectors.store import Store
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rankscope.collectors.importers.contract import ImportOptions
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.ingest.registry import detect
 from rankscope.collectors.store import Store
 

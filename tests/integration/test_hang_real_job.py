@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.analysis.hangs import hang_section
+from rankscope.analysis.hangs import stuck_collectives
 from rankscope.collectors.job_frames import load_job
 from rankscope.collectors.store import Store
 
@@ -52,16 +52,16 @@ def _issued_all_reduces(result: dict) -> tuple[list[int], int]:
 def test_hook_watchdog_names_missing_rank_group_and_seq(hung_job):
     frames, results = hung_job
     group, n_done = _issued_all_reduces(results[SKIP_RANK])
-    hangs = [h for h in hang_section(frames) if h["source"] == "hook"]
+    hangs = [h for h in stuck_collectives(frames) if h.source == "hook"]
     assert hangs, "the hook's watchdog dump shows no stuck op"
     first = hangs[0]
-    assert first["first"] and first["op"] == "all_reduce"
-    assert first["group_ranks"] == group and first["missing"] == [SKIP_RANK]
+    assert first.first and first.op == "all_reduce"
+    assert first.group_ranks == group and first.missing == [SKIP_RANK]
     # The hook numbers each group's calls from 0: the stuck one is the first the skipper never issued.
-    assert first["seq"] == n_done
+    assert first.seq == n_done
     peer = [r for r in group if r != SKIP_RANK]
-    assert first["pending_ranks"] == peer
-    assert first["last_seq"][str(SKIP_RANK)] == n_done - 1
+    assert first.pending_ranks == peer
+    assert first.last_seq[str(SKIP_RANK)] == n_done - 1
 
 
 def test_flight_recorder_dump_names_the_same_collective(hung_job):
@@ -69,8 +69,8 @@ def test_flight_recorder_dump_names_the_same_collective(hung_job):
     if "flight_recorder" not in frames.sources:
         pytest.skip("this torch wrote no flight recorder dump")
     group, n_done = _issued_all_reduces(results[SKIP_RANK])
-    fr = [h for h in hang_section(frames) if h["source"] == "flight_recorder"]
+    fr = [h for h in stuck_collectives(frames) if h.source == "flight_recorder"]
     assert fr, "the flight recorder dump shows no stuck collective"
-    assert fr[0]["first"] and fr[0]["missing"] == [SKIP_RANK] and fr[0]["group_ranks"] == group
+    assert fr[0].first and fr[0].missing == [SKIP_RANK] and fr[0].group_ranks == group
     # collective_seq_id counts from 1.
-    assert fr[0]["seq"] == n_done + 1
+    assert fr[0].seq == n_done + 1

@@ -44,18 +44,18 @@ def test_slow_nic_is_reported_as_communication(slow_nic):
     flow = FlowConfig.with_rendezvous(res.master_port)
     config = DiagnoseConfig(flow=flow)
     (planned,) = [p for p in plan_jobs(store, None, None, flow) if p.kind == "capture"]
-    frames, _ = load_planned(store, planned)
+    frames = load_planned(store, planned)
     d, _ = analyze_job(frames, config)
     slow = list(res.address_ranks)[SLOW]
     st = d.stragglers
     print("strategy", d.strategy.dp_groups, d.strategy.pp_groups, "steps", d.steps.count, d.steps.median_ns,
-          "verdict", st.verdict, st.top_workers, st.extra.get("culprits"), st.extra.get("ambiguous_flows"))
+          "verdict", st.verdict, st.top_workers, st.culprits, st.ambiguous_flows)
     # the step may be flagged uncertain (the slow ring's records cover half the period in some runs); it
     # is still the scale the ring's extra time is set against
     assert d.steps.count >= 4 and d.steps.median_ns
-    assert st.verdict == "communication", st.extra
+    assert st.verdict == "communication", st
     if st.top_workers:
-        assert [w["endpoint"] for w in st.top_workers] == [slow], st.top_workers
+        assert [w.endpoint for w in st.top_workers] == [slow], st.top_workers
     else:
-        assert slow in st.extra["culprits"]["communication"]["ranks"], st.extra
-        assert st.extra["culprits"]["communication"]["transfer_ratio"] >= 3.0, st.extra
+        assert slow in st.culprits["communication"]["ranks"], st
+        assert st.culprits["communication"]["transfer_ratio"] >= 3.0, st

@@ -102,19 +102,19 @@ def test_pure_pipeline_reads_as_pp4(pp4):
     s, _ = _infer(pp4)
     dp_truth, pipes_truth = _truth(pp4)
     (truth,) = pipes_truth
-    print("pp4:", s.dp, s.pp, s.tp, s.pp_groups, "truth", truth, s.extra["notes"])
+    print("pp4:", s.dp, s.pp, s.tp, s.pp_groups, "truth", truth, s.notes)
     assert (s.dp, s.pp, s.world_size) == (1, 4, 4)
-    assert s.tp == 1 and s.extra["ranks_per_address"]["ranks"] == 1
+    assert s.tp == 1 and s.flows.ranks_per_address["ranks"] == 1
     assert sorted(map(sorted, s.dp_groups)) == dp_truth
     (pipe,) = s.pp_groups
     links = {frozenset(p) for p in zip(pipe, pipe[1:])}
     assert links == {frozenset(p) for p in zip(truth, truth[1:])}
-    if s.extra["stage_order_known"]:
+    if s.flows.stage_order_known:
         assert list(pipe) == list(truth)
     else:
-        assert any("stage order unknown" in n for n in s.extra["notes"])
+        assert any("stage order unknown" in n for n in s.notes)
         # the direction is not claimed: the confidence covers the groups, the direction is a coin flip
-        assert s.extra["stage_order_confidence"] == 0.5
+        assert s.flows.stage_order_confidence == 0.5
 
 
 def test_a_pipeline_whose_teardown_stands_apart_is_ordered_by_its_last_gradients(pp4_linger):
@@ -136,17 +136,17 @@ def test_a_pipeline_whose_teardown_stands_apart_is_ordered_by_its_last_gradients
     payload = on_links.filter(pl.col("size_bytes") > 128 * pl.col("num_packets"))
     fin = (pl.col("tcp_flags") & 1) > 0
     apart = bool(payload.height and not payload.filter(fin).height and on_links.filter(fin).height)
-    print("pp4_linger:", s.pp_groups, "truth", truth, s.extra["notes"], "FINs apart", apart)
+    print("pp4_linger:", s.pp_groups, "truth", truth, s.notes, "FINs apart", apart)
     assert flows["tcp_flags"].is_not_null().any(), "the exporter sent no TCP flags"
     assert (s.dp, s.pp) == (1, 4)
     (pipe,) = s.pp_groups
     assert {frozenset(p) for p in zip(pipe, pipe[1:])} == links
     if apart:
-        assert s.extra["stage_order_known"], s.extra["notes"]
-    if s.extra["stage_order_known"]:
+        assert s.flows.stage_order_known, s.notes
+    if s.flows.stage_order_known:
         # (a link or two whose FINs stood apart may be enough: their chronology orders the rest)
         assert list(pipe) == list(truth)
-        assert any("in a record of its own" in n for n in s.extra["notes"]), s.extra["notes"]
+        assert any("in a record of its own" in n for n in s.notes), s.notes
 
 
 def test_two_ranks_per_address_give_exact_groups_and_tp2(dp2pp2tp2):
@@ -154,19 +154,19 @@ def test_two_ranks_per_address_give_exact_groups_and_tp2(dp2pp2tp2):
     assert all(r["tp"] == 2 and len(r["tp_groups"]) == 4 for r in res.ranks.values())
     s, flows = _infer(res)
     dp_truth, pipes_truth = _truth(res)
-    rpa = s.extra["ranks_per_address"]
+    rpa = s.flows.ranks_per_address
     print("dp2pp2tp2:", s.dp, s.pp, s.tp, s.dp_groups, s.pp_groups, "truth", dp_truth, pipes_truth, rpa)
     assert (s.dp, s.pp) == (2, 2)
     assert s.tp == 2 and s.world_size == 8
     assert rpa["ranks"] == 2 and set(rpa["pair_counts"].values()) == {2}
     assert sorted(map(sorted, s.dp_groups)) == dp_truth
     assert sorted(map(sorted, s.pp_groups)) == sorted(map(sorted, pipes_truth))
-    if s.extra["stage_order_known"]:
+    if s.flows.stage_order_known:
         assert sorted(map(tuple, s.pp_groups)) == pipes_truth
     # all links two-way over TCP, no lag: swapping DP and PP explains the traffic as well, and it says so
-    if s.extra["ambiguous"]:
+    if s.flows.ambiguous:
         assert s.confidence <= 0.5
-        assert all(sorted(map(sorted, a["dp_groups"])) != dp_truth for a in s.extra["alternatives"])
+        assert all(sorted(map(sorted, a["dp_groups"])) != dp_truth for a in s.flows.alternatives)
     # the TP pairs' own all-reduces stay inside their namespace: no flow between two ranks of one address
     assert flows.filter(pl.col("src_addr") == pl.col("dst_addr")).height == 0
 
@@ -181,9 +181,9 @@ def test_pure_pipeline_reads_as_pp4_from_other_exporters(tmp_path_factory, expor
     s, flows = _infer(res)
     (truth,) = _truth(res)[1]
     print(f"pp4 via {exporter}:", flows.height, "records", s.dp, s.pp, s.tp, s.pp_groups, "truth", truth,
-          s.extra["notes"])
+          s.notes)
     assert (s.dp, s.pp, s.world_size) == (1, 4, 4)
     (pipe,) = s.pp_groups
     assert {frozenset(p) for p in zip(pipe, pipe[1:])} == {frozenset(p) for p in zip(truth, truth[1:])}
-    if s.extra["stage_order_known"]:
+    if s.flows.stage_order_known:
         assert list(pipe) == list(truth)

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from rankscope.analysis.stragglers.attribution import analyze_stragglers
+from rankscope.analysis.model.job_model import build_job_model
+from rankscope.analysis.stragglers.section import analyze_stragglers
 from rankscope.cli.main import main
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.job_frames import load_job
 from rankscope.collectors.store import Store
 
@@ -40,7 +41,7 @@ def osdi_store(reference_dir, tmp_path_factory):
 @pytest.mark.parametrize("name", ["AR", "ST", "SE"])
 def test_matches_the_authors(osdi_store, name):
     store, d = osdi_store
-    s, _ = analyze_stragglers(load_job(store, name))
+    s, _ = analyze_stragglers(build_job_model(load_job(store, name)))
     authors = json.loads((d / f"result-{name}.json").read_text())
     mw = json.loads((d / f"mw-{name}.json").read_text())["Mw"]
     ms = json.loads((d / f"ms-{name}.json").read_text())["Ms"]
@@ -51,17 +52,17 @@ def test_matches_the_authors(osdi_store, name):
         assert s.by_optype[optype] == pytest.approx(value, rel=REL_S)
     assert s.verdict == EXPECTED[name]
     # replaying with the recorded launch delays gives back the recorded steps, and their cost as the authors'
-    assert s.extra["launch_delay"]["replay_vs_recorded_max_rel_err"] < 1e-6
-    assert s.extra["launch_delay"]["slowdown"] == pytest.approx(authors["launch_slowdown"], rel=REL_S)
+    assert s.replay.launch_delay["replay_vs_recorded_max_rel_err"] < 1e-6
+    assert s.replay.launch_delay["slowdown"] == pytest.approx(authors["launch_slowdown"], rel=REL_S)
     # the verdict's own numbers are the chart's and name what they blame (issue 12)
-    assert s.extra["basis"] == "compute" and s.extra["noise"] is False
-    assert s.extra["verdict_shares"][s.verdict] == max(s.extra["verdict_shares"].values())
+    assert s.basis == "compute" and s.noise is False
+    assert s.whatif.verdict_shares[s.verdict] == max(s.whatif.verdict_shares.values())
     if s.verdict == "stage_imbalance":
-        assert s.extra["verdict_stage"] is not None
+        assert s.whatif.verdict_stage is not None
     if name == "AR":
         # the artificially slowed worker: dp rank 0 (every dp rank-0 stage-0 op is slow)
-        assert s.top_workers[0]["dp_rank"] == 0
-        assert s.top_workers[0]["slowdown"] == pytest.approx(authors["blocking_decompose_by_dp_rank"]["0"], rel=REL_S)
+        assert s.top_workers[0].dp_rank == 0
+        assert s.top_workers[0].slowdown == pytest.approx(authors["blocking_decompose_by_dp_rank"]["0"], rel=REL_S)
 
 
 def test_perfetto_export_has_real_and_ideal_timelines(osdi_store, tmp_path):
@@ -128,10 +129,10 @@ def test_step_time_is_each_steps_own_span(osdi_store, name):
     span = raw.group_by("step").agg((pl.col("start_ts") + pl.col("duration")).max() - pl.col("start_ts").min())
     med_raw = float(span.sort("step").slice(1)[span.columns[1]].median()) * 1e9
     rep, tables = analyze_job(load_job(store, name))
-    assert rep.steps.extra["basis"] == "span"
+    assert rep.steps.table.basis == "span"
     assert rep.steps.median_ns == pytest.approx(med_raw, rel=1e-3)  # float32 times in the trace
     assert rep.steps.median_ns / 1e9 == pytest.approx(SPAN_S[name], rel=0.05)
-    assert [w["step"] for w in rep.steps.extra["warmup"]] == [int(span["step"].min())]
+    assert [w.step for w in rep.steps.warmup] == [int(span["step"].min())]
     # the per-rank timeline of a step covers that step's ops, not one 46 s idle bar
     tl = tables["timeline"]
     assert (tl["compute_ns"] > 0).all() and float((tl["idle_ns"] / tl["duration_ns"]).max()) < 0.9

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rankscope.cli.main import main
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.store import Store
 
 REPO = Path(__file__).resolve().parents[2]

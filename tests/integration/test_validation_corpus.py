@@ -100,7 +100,7 @@ def test_stage_order_comes_from_traffic_not_from_address_order(tmp_path):
     terms too (the generator numbers hosts in stage order, which a sort by address would copy)."""
     import polars as pl
 
-    from rankscope.collectors.ingest.ingest_files import ingest
+    from rankscope.collectors.ingest.files import ingest
     from rankscope.collectors.store import Store
 
     src = VALIDATION / "flows" / "V1-128-pp4-dp4"

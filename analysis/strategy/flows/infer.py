@@ -21,10 +21,10 @@ from rankscope.analysis.fabric.pair_graph import address_key, components
 from rankscope.analysis.fabric.pair_traffic import on_pairs, pair_traffic, undirected_edges
 from rankscope.analysis.fabric.rails import merge_components
 from rankscope.analysis.fabric.tie_evidence import wrap_by_bytes
-from rankscope.analysis.model.timelines import period_steps, step_period
-from rankscope.analysis.report.diagnosis import Steps, Strategy
+from rankscope.analysis.report.steps import FlowPeriod, FlowPeriodMiss, Steps
+from rankscope.analysis.report.strategy import FlowsDetail, Labelling, Strategy
 from rankscope.analysis.strategy.flows.link_dating import connection_dated, ends_dated
-from rankscope.analysis.strategy.flows.period import whole_step
+from rankscope.analysis.strategy.flows.period import period_steps, step_period, whole_step
 from rankscope.analysis.strategy.flows.ranks_per_address import (
     degrees_with_hidden_ranks,
     ranks_per_address,
@@ -161,7 +161,7 @@ def grid_confidence(valid: bool, alternatives: int, pp: int, order_share: float,
     than-PP degrees showing through, not the traffic), so a k-way tie gets 1 / k of it. Stage order:
     claimed only when a link voted on it (``stage_order_known``), and then its own chance multiplies in;
     with no vote the report does not claim a direction (as tp null claims no tp), and
-    ``extra.stage_order_confidence`` says 0.5. A tie that evidence outside the link models broke
+    ``stage_order_confidence`` says 0.5. A tie that evidence outside the link models broke
     (``tie_kind``, fabric.tie_evidence) gets that evidence's dev-measured chance instead of 1 / k."""
     if valid and alternatives and tie_kind in TIE_BROKEN_CONFIDENCE:
         conf = TIE_BROKEN_CONFIDENCE[tie_kind]
@@ -180,7 +180,7 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     """
     f = on_pairs(flows, dp_pairs) if dp_pairs else flows
     if f.height < 3:
-        return Steps(extra={"evaluated": False, "why": "too few flow records to find steps", "source": "flows"})
+        return Steps(evaluated=False, why="too few flow records to find steps", source="flows")
     key = pl.concat_str(["src_addr", "dst_addr", "src_port", "dst_port"], separator="|", ignore_nulls=True)
     f = f.with_columns(key=key.cast(pl.Categorical).to_physical()).sort(["key", "start_ns"])
     # a burst starts after an idle gap; records that follow their predecessor closely are the same
@@ -204,16 +204,15 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
                    f"{per_flow:.1f} burst starts and {share:.0%} of the records continue their flow's previous "
                    "one: the exporter's timeouts, not the job's steps, set where records start, so the step "
                    "time cannot be read from them")
-        return Steps(extra={"evaluated": False, "why": why, "source": "flows", "continued_records": round(share, 3),
-                            "median_record_ns": med, "burst_starts_per_flow": round(per_flow, 2)})
+        return Steps(evaluated=False, why=why, source="flows", period_miss=FlowPeriodMiss(
+            continued_records=round(share, 3), median_record_ns=med, burst_starts_per_flow=round(per_flow, 2)))
     if period < 2 * res:
         # sFlow samples timed by their datagrams: a real agent's 240 samples of a 4-stage pipeline (steps of
         # 40 ms) "repeated" every 14.5 ms, the cadence of its datagrams, not of the job
-        return Steps(extra={"evaluated": False, "source": "flows", "period_seen_ns": int(round(period)),
-                            "timestamp_resolution_ns": int(res),
-                            "why": f"the traffic seems to repeat every {period / 1e6:.1f} ms, under two ticks of the "
-                                   f"records' time resolution ({res / 1e6:.1f} ms): no step time can be read at "
-                                   "that resolution"})
+        return Steps(evaluated=False, source="flows", period_miss=FlowPeriodMiss(
+            period_seen_ns=int(round(period)), timestamp_resolution_ns=int(res)),
+            why=f"the traffic seems to repeat every {period / 1e6:.1f} ms, under two ticks of the records' time "
+                f"resolution ({res / 1e6:.1f} ms): no step time can be read at that resolution")
     spacing = _burst_spacing(bursts, period)
     if spacing and abs(spacing - period) > 0.01 * period:
         # most links' consecutive bursts lie a whole number of steps apart: the period the phase
@@ -231,44 +230,47 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     # span several steps: then only a multiple of the step is observable
     dur = (f["end_ns"] - f["start_ns"]).to_numpy().astype(float)
     cover = float(np.median(dur) / period) if period > 0 else 0.0
-    extra = {"source": "flows: period of data-parallel traffic", "evaluated": True,
-             "durations_ns": [int(round(period))] * len(bounds), "record_cover": round(cover, 3),
-             "note": "flows give one period for all steps; boundaries are spaced by it"}
-    if period_seen:
-        extra["period_from_phase_coherence_ns"] = int(round(period_seen))
-        extra["period_note"] = "replaced by the median spacing of consecutive bursts over whole periods"
-    if whole:
-        extra["period_multiple"] = whole["multiple"]
-        extra["autocorrelation_by_multiple"] = {str(k): v for k, v in whole["corr"].items()}
     # The longest records show the exporter's active timeout; once it reaches half the period, a
     # record can hold two steps and the period seen may be a multiple of the real one.
     long_frac = float(np.quantile(dur, 0.95) / period) if period > 0 and len(dur) else 0.0
-    extra["longest_record_cover"] = round(long_frac, 3)
-    if whole and whole["weak"]:
-        extra["ambiguous"] = True
-        extra["period_weak"] = True
-        extra["why"] = "the job's traffic does not repeat clearly at this period: the step time is uncertain"
-        if whole.get("short"):
-            extra["why"] = ("the capture holds this period fewer than twice: nothing confirms it, and it may "
-                            "be a whole multiple or fraction of the step")
-    if whole and whole.get("fraction"):
-        extra["ambiguous"] = True
-        extra["autocorrelation_by_fraction"] = {str(m): v for m, v in whole["fraction_corr"].items()}
-        extra["why"] = (f"the job's traffic repeats as well at 1/{whole['fraction']} of this period: the step time "
-                        "may be a whole fraction of it")
     hidden = _hidden_bursts(f, bursts, dur, res)
-    extra["record_coverage_between_bursts"] = round(hidden["coverage"], 3)
+    why = _period_doubt(whole, hidden, cover, long_frac)
+    found = FlowPeriod(
+        record_cover=round(cover, 3), note="flows give one period for all steps; boundaries are spaced by it",
+        longest_record_cover=round(long_frac, 3), record_coverage_between_bursts=round(hidden["coverage"], 3),
+        period_from_phase_coherence_ns=int(round(period_seen)) if period_seen else None,
+        period_note="replaced by the median spacing of consecutive bursts over whole periods" if period_seen
+        else None,
+        period_multiple=whole["multiple"] if whole else None,
+        autocorrelation_by_multiple={str(k): v for k, v in whole["corr"].items()} if whole else None,
+        period_weak=True if whole and whole["weak"] else None,
+        autocorrelation_by_fraction=({str(m): v for m, v in whole["fraction_corr"].items()}
+                                     if whole and whole.get("fraction") else None))
+    return Steps(count=len(bounds), median_ns=period, boundaries_ns=bounds,
+                 source="flows: period of data-parallel traffic", durations_ns=[int(round(period))] * len(bounds),
+                 ambiguous=True if why else None, why=why, period=found)
+
+
+def _period_doubt(whole: dict | None, hidden: dict, cover: float, long_frac: float) -> str | None:
+    """Why the period found may not be the step (the last reason that holds wins), or None."""
+    why = None
+    if whole and whole["weak"]:
+        why = "the job's traffic does not repeat clearly at this period: the step time is uncertain"
+        if whole.get("short"):
+            why = ("the capture holds this period fewer than twice: nothing confirms it, and it may "
+                   "be a whole multiple or fraction of the step")
+    if whole and whole.get("fraction"):
+        why = (f"the job's traffic repeats as well at 1/{whole['fraction']} of this period: the step time "
+               "may be a whole fraction of it")
     if hidden["timer_cut"] and hidden["coverage"] >= 0.5:
-        extra["ambiguous"] = True
-        extra["why"] = (f"{hidden['timer_share']:.0%} of the flow records were closed by the exporter's active timeout "
-                        f"(~{hidden['timer_ns'] / 1e6:.0f} ms) and they cover {hidden['coverage']:.0%} of the time "
-                        "between the bursts seen: bursts that start inside a record are not seen, so the step "
-                        "time may be a whole fraction of this")
+        why = (f"{hidden['timer_share']:.0%} of the flow records were closed by the exporter's active timeout "
+               f"(~{hidden['timer_ns'] / 1e6:.0f} ms) and they cover {hidden['coverage']:.0%} of the time "
+               "between the bursts seen: bursts that start inside a record are not seen, so the step "
+               "time may be a whole fraction of this")
     if cover > 0.5 or long_frac >= 0.5:
-        extra["ambiguous"] = True
-        extra["why"] = (f"flow records last up to {max(cover, long_frac):.0%} of the period: the exporter's "
-                        "active timeout may hide steps, so the step time may be a whole fraction of this")
-    return Steps(count=len(bounds), median_ns=period, boundaries_ns=bounds, extra=extra)
+        why = (f"flow records last up to {max(cover, long_frac):.0%} of the period: the exporter's "
+               "active timeout may hide steps, so the step time may be a whole fraction of this")
+    return why
 
 
 def _burst_spacing(bursts: pl.DataFrame, period: float) -> float | None:
@@ -335,8 +337,8 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     pt = pair_traffic(flow, cfg)
     quality = dict(pt.quality)
     if pt.pairs.is_empty():
-        return FlowInference(Strategy(extra={"method": "flows", "evaluated": False, "why": "no training flows"}),
-                             Steps(extra={"evaluated": False, "why": "no training flows"}), quality)
+        return FlowInference(Strategy(method="flows", evaluated=False, why="no training flows"),
+                             Steps(evaluated=False, why="no training flows"), quality)
     edges = undirected_edges(pt.pairs)
     heavy = heavy_edges(edges, cfg)
     nodes_all = sorted(set(heavy["a"].to_list()) | set(heavy["b"].to_list()), key=address_key)
@@ -426,18 +428,16 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
         notes.append(f"{len(fit.alternatives) + 1} labellings fit the traffic (almost) equally well and no "
                      "evidence prefers the one reported: the confidence is split between them")
     steps = flow_steps(pt.training_flows.filter(pl.col("src_addr").is_in(nodes)), dp_pairs)
+    detail = FlowsDetail(
+        grid_valid=fit.valid, stage_order_agreement=round(order_share, 4), model_fit=round(fit.fit, 4),
+        dp_group_kinds=fit.group_kinds, ambiguous=fit.ambiguous,
+        alternatives=[Labelling(**a) for a in fit.alternatives], tie_broken=fit.tie_broken,
+        tie_evidence=fit.tie_evidence or None, stage_order_known=bool(pp == 1 or order_share > 0),
+        wrap_unknown=wrap_unknown, stage_order_confidence=stage_order_confidence(pp, order_share),
+        confidence_evidence=evidence,
+        stage_order_dp_votes={f"{i}>{j}": list(v) for (i, j), v in stage_votes.items() if i < j},
+        ranks_per_address=rpa.as_dict())
     strat = Strategy(world_size=world, dp=dp, pp=pp, tp=tp, dp_groups=fit.dp_groups, pp_groups=pipes,
-                     confidence=float(round(conf, 4)), ep=None, cp=None, tp_groups=tp_groups,
-                     extra={"method": "flows", "evaluated": True, "grid_valid": fit.valid,
-                            "stage_order_agreement": round(order_share, 4), "notes": notes,
-                            "model_fit": round(fit.fit, 4), "dp_group_kinds": fit.group_kinds,
-                            "ambiguous": fit.ambiguous, "alternatives": fit.alternatives,
-                            "tie_broken": fit.tie_broken, "tie_evidence": fit.tie_evidence or None,
-                            "stage_order_known": bool(pp == 1 or order_share > 0),
-                            "wrap_unknown": wrap_unknown,
-                            "stage_order_confidence": stage_order_confidence(pp, order_share),
-                            "confidence_evidence": evidence,
-                            "stage_order_dp_votes": {f"{i}>{j}": list(v) for (i, j), v in stage_votes.items()
-                                                     if i < j},
-                            "ranks_per_address": rpa.as_dict()})
+                     confidence=float(round(conf, 4)), ep=None, cp=None, tp_groups=tp_groups, method="flows",
+                     notes=notes, flows=detail)
     return FlowInference(strat, steps, quality, inside, frozenset(dp_pairs))

@@ -91,3 +91,50 @@ def _peak(lags: np.ndarray, r: np.ndarray, i: int) -> float:
         if den < 0:
             return float(lags[i] + 0.5 * (r[i - 1] - r[i + 1]) / den)
     return float(lags[i])
+
+
+def step_period(keys: np.ndarray, times_ns: np.ndarray, max_candidates: int = 40,
+                max_divisor: int = 24) -> float | None:
+    """The step period from the start times of periodic traffic, or None.
+
+    ``keys``: which pair each time belongs to; ``times_ns``: record starts
+    (aligned). Exporters start a record at the first packet after the last
+    record closed, so record starts sit on traffic bursts but may skip some
+    (when the active timeout is longer than a step) or add some inside a long
+    burst. Consecutive starts of one pair are then close to whole multiples of
+    the step, ``k * P``: the period is the longest candidate on which the
+    differences are phase-coherent (mean cos(2 pi d / P) near its maximum;
+    P/2, P/3 are coherent too, 2P is not), refined as the median of d / k.
+    """
+    if len(times_ns) < 3:
+        return None
+    order = np.lexsort((times_ns, keys))
+    k, t = keys[order], times_ns[order].astype(np.int64)
+    same = k[1:] == k[:-1]
+    d = (t[1:] - t[:-1])[same].astype(np.float64)
+    d = d[d > 0]
+    if len(d) < 2:
+        return None
+    if len(d) > 5000:
+        d = np.random.default_rng(0).choice(d, 5000, replace=False)
+    # candidates: the most frequent distinct diffs (to 0.5 %) and their whole fractions, since a
+    # pair whose records outlast several steps only ever shows multiples of the period
+    q = np.round(np.log(d) / 0.005)
+    vals, inv, cnt = np.unique(q, return_inverse=True, return_counts=True)
+    top = np.argsort(-cnt)[:max_candidates]
+    base = np.array([np.median(d[inv == j]) for j in top])
+    cand = (base[:, None] / np.arange(1, max_divisor + 1)[None, :]).ravel()
+    coh = np.cos(2 * np.pi * d[None, :] / cand[:, None]).mean(axis=1)
+    best = coh.max()
+    if best < 0.5:
+        return None
+    p0 = cand[coh >= best - 0.05 * (1 + best)].max()
+    kk = np.round(d / p0)
+    ok = (kk >= 1) & (np.abs(d / np.maximum(kk, 1) - p0) < 0.05 * p0)
+    return float(np.median(d[ok] / kk[ok])) if ok.any() else float(p0)
+
+
+def period_steps(t_first_ns: int, t_last_ns: int, period_ns: float) -> list[int]:
+    """Step starts every ``period_ns`` from the first periodic record to the last one."""
+    n = int(np.floor((t_last_ns - t_first_ns) / period_ns + 0.5)) + 1
+    return [int(round(t_first_ns + i * period_ns)) for i in range(max(n, 0))]

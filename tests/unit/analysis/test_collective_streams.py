@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.model.job_model import one_source_per_rank
+from rankscope.analysis.model.sources import one_source_per_rank
 from rankscope.analysis.strategy.groups_from_streams import label_groups, memberships_from
 from rankscope.analysis.strategy.whitebox import infer_whitebox
 from rankscope.analysis.whatif.graph import BWD, FWD

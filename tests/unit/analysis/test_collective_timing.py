@@ -68,7 +68,7 @@ def test_tp_and_dp_groups_from_end_times_alone():
     s = infer_whitebox(_jittered())
     assert (s.dp, s.pp, s.tp) == (2, 2, 2)
     assert sorted(s.tp_groups) == TP and sorted(s.dp_groups) == DP and sorted(s.pp_groups) == PIPES
-    assert 0 < s.confidence < 1 and any("end times alone" in n for n in s.extra["notes"])
+    assert 0 < s.confidence < 1 and any("end times alone" in n for n in s.notes)
 
 
 def test_host_clock_offsets_and_epoch_nanoseconds_change_nothing():
@@ -108,7 +108,7 @@ def test_one_group_that_swallows_a_clear_group_is_undecided():
     assert notes["undecided"] == 16 and all("clearer group" in v for v in notes["undecided_keys"].values())
     assert _groups(comm, True) == set(map(tuple, TP)) and _groups(comm, False) == {None}
     s = infer_whitebox(df)
-    assert s.confidence <= 0.6 and any("left without a group" in n for n in s.extra["notes"])
+    assert s.confidence <= 0.6 and any("left without a group" in n for n in s.notes)
 
 
 def test_groups_in_lockstep_on_one_host_are_not_one_group():
@@ -138,7 +138,7 @@ def test_simulated_kineto_records_give_exact_groups(kw):
     assert comm["group_ranks"].null_count() == comm.height  # the layout really is stripped
     s = infer_whitebox(comm)
     deg = t["degrees"]
-    assert (s.dp, s.pp, s.tp) == (deg["dp"], deg["pp"], deg["tp"]), s.extra["notes"]
+    assert (s.dp, s.pp, s.tp) == (deg["dp"], deg["pp"], deg["tp"]), s.notes
     assert sorted(map(sorted, s.dp_groups)) == sorted(map(sorted, t["dp_groups"]))
     assert sorted(map(sorted, s.tp_groups)) == sorted(map(sorted, t["tp_groups"]))
     assert sorted(s.pp_groups) == sorted(t["pp_groups"])
@@ -195,8 +195,8 @@ def test_clocks_that_restart_every_step_give_no_timing_evidence():
     comm, notes = label_groups_by_timing(df)
     assert notes["labelled"] == 0 and set(notes["undecided_keys"].values()) == {"calls of one stream overlap in time"}
     s = infer_whitebox(df)
-    assert any("not usable" in n for n in s.extra["notes"])
-    assert infer_whitebox(df, timing=False).extra["notes"] == [n for n in s.extra["notes"] if "not usable" not in n]
+    assert any("not usable" in n for n in s.notes)
+    assert infer_whitebox(df, timing=False).notes == [n for n in s.notes if "not usable" not in n]
 
 
 @pytest.mark.parametrize("kw", [
@@ -218,6 +218,6 @@ def test_member_noise_that_hides_the_groups_gives_unknown_not_a_wrong_grid(kw, n
     exact = ((s.dp, s.pp, s.tp) == (deg["dp"], deg["pp"], deg["tp"])
              and sorted(map(sorted, s.dp_groups)) == sorted(map(sorted, t["dp_groups"]))
              and sorted(map(sorted, s.tp_groups or [])) == sorted(map(sorted, t["tp_groups"])))
-    assert exact or s.confidence < 0.5, (s.dp, s.tp, s.confidence, s.extra["notes"])
+    assert exact or s.confidence < 0.5, (s.dp, s.tp, s.confidence, s.notes)
     if not exact:
-        assert s.extra["groups_unknown"]
+        assert s.whitebox.groups_unknown

@@ -16,7 +16,7 @@ def test_white_box_job_with_skewed_clocks():
     d, tables = analyze_job(JobFrames.from_frames("j", comm_op=comm, compute_op=comp))
     assert (d.strategy.dp, d.strategy.pp) == (4, 1)
     assert d.steps.count == 5 and abs(d.steps.median_ns - 80e6) / 80e6 < 0.003
-    assert d.data_quality["clock"]["max_abs_offset_ns"] > 2_000_000
+    assert d.data_quality.clock.max_abs_offset_ns > 2_000_000
     tl = tables["timeline"]
     assert tl.height == 4 * 5
     busy = tl["compute_ns"] + tl["exposed_comm_ns"] + tl["idle_ns"]
@@ -44,7 +44,7 @@ def test_simulated_job_steps_match_truth():
 
 def test_no_records_is_reported_not_raised():
     d = diagnose(JobFrames.from_frames("empty"))
-    assert d.strategy.extra["evaluated"] is False and d.steps.count == 0
+    assert d.strategy.evaluated is False and d.steps.count == 0
     assert d.to_dict()["job"] == "empty"
 
 

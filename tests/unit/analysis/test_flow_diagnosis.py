@@ -3,7 +3,9 @@
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.report.diagnosis import Steps, Strategy
+from rankscope.analysis.report import Steps, Strategy
+from rankscope.analysis.report.steps import FlowPeriod
+from rankscope.analysis.report.strategy import FlowsDetail
 from rankscope.analysis.stragglers.from_flows import flow_straggler_section
 from rankscope.analysis.stragglers.late_arrivals import late_senders
 from rankscope.analysis.stragglers.link_rates import link_rates, slow_group
@@ -50,8 +52,8 @@ def test_records_the_timer_cut_that_cover_the_gaps_leave_the_step_open():
     st = flow_steps(_timer_records(770_000_000, 500_000_000, STEP, 9), set())
     assert st.median_ns
     if abs(st.median_ns - 770_000_000) > 0.01 * 770_000_000:
-        assert st.extra.get("ambiguous"), st.extra
-    assert st.extra["record_coverage_between_bursts"] >= 0.5
+        assert st.ambiguous, st
+    assert st.period.record_coverage_between_bursts >= 0.5
     # records that close at every burst's end (timer shorter than the burst) show every step
     st = flow_steps(_timer_records(770_000_000, 300_000_000, 100_000_000, 9), set())
     assert abs(st.median_ns - 770_000_000) <= 0.01 * 770_000_000
@@ -84,25 +86,25 @@ def _grid_records(slow=None, pp_links=True, n_dp=4, pp=3, steps=6, merged_ring=N
                         dur = 50_000_000 * (3.0 if slow in (src, dst) else 1.0) * (1 + rng.normal(0, 0.01))
                         t = s * STEP + 100_000_000 + k * 60_000_000
                         rows.append((src, dst, t, int(t + dur), 1e9, True))
-    strat = Strategy(dp=n_dp, pp=pp, dp_groups=groups, pp_groups=addr, extra={"stage_order_known": True})
+    strat = Strategy(dp=n_dp, pp=pp, dp_groups=groups, pp_groups=addr, flows=FlowsDetail())
     return frame(rows), strat
 
 
 def test_a_slow_ring_is_named_by_its_member_whose_pipeline_links_are_slow_too():
     f, strat = _grid_records(slow="10.1.2.1")
     st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1)
-    assert st.verdict == "communication" and st.top_workers[0]["endpoint"] == "10.1.2.1"
+    assert st.verdict == "communication" and st.top_workers[0].endpoint == "10.1.2.1"
     # without pipeline links the ring is slow but nobody in it can be named: cause, no address
     f, strat = _grid_records(slow="10.1.2.1", pp_links=False)
     st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1)
     assert st.verdict == "communication" and not st.top_workers
-    amb = st.extra["ambiguous_flows"][0]
+    amb = st.ambiguous_flows[0]
     assert amb["kind"] == "slow_group" and "10.1.2.1" in amb["members"] and amb["factor"] > 2.5
     # healthy: nothing found, and so no S and no verdict (flows give no ideal step time)
     f, strat = _grid_records()
     st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1)
-    assert st.extra["evaluated"] is False and not st.top_workers
-    assert st.extra["checked"]["late_dp_links"] == "no DP link opens consistently late"
+    assert st.evaluated is False and not st.top_workers
+    assert st.checked["late_dp_links"] == "no DP link opens consistently late"
 
 
 def test_a_ring_whose_records_hold_two_collectives_is_not_compared():
@@ -126,8 +128,8 @@ def test_a_slow_ring_whose_transfers_the_exporter_cut_in_two_is_still_compared()
                                       est_bytes=pl.col("est_bytes") * 0.05)
     f = pl.concat([f.filter(~cut), head, tail]).sort("start_ns")
     st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1)
-    assert st.verdict == "communication", st.extra
-    assert "10.1.2.1" in st.extra["culprits"]["communication"]["ranks"]
+    assert st.verdict == "communication", st
+    assert "10.1.2.1" in st.culprits["communication"]["ranks"]
 
 
 def test_a_slow_ring_whose_transfers_the_exporter_cut_into_more_records_is_still_compared():
@@ -177,16 +179,16 @@ def test_a_late_ring_member_is_named_even_when_the_period_found_is_a_multiple_of
     # the exporter hid steps and the period found is 3 steps: each period still holds whole steps in
     # which the late member's links open late against its ring's
     assert late_senders(dp, 3 * STEP, 1)["culprit"] == "h3"
-    st = flow_straggler_section(f, strat, Steps(count=3, median_ns=3 * STEP, extra={"ambiguous": True}), 1)
-    assert st.verdict == "worker" and st.top_workers[0]["endpoint"] == "h3", st.extra["late_dp_links"]
+    st = flow_straggler_section(f, strat, Steps(count=3, median_ns=3 * STEP, ambiguous=True), 1)
+    assert st.verdict == "worker" and st.top_workers[0].endpoint == "h3", st.flows.late_dp_links
     # a period that does not repeat clearly is no grid to measure lateness on
     st = flow_straggler_section(f, strat, Steps(count=3, median_ns=3 * STEP,
-                                                extra={"ambiguous": True, "period_weak": True}), 1)
-    assert st.extra["evaluated"] is False and st.extra["late_dp_links"].startswith("not evaluated")
+                                                ambiguous=True, period=FlowPeriod(0.0, "", 0.0, 0.0, period_weak=True)), 1)
+    assert st.evaluated is False and st.flows.late_dp_links.startswith("not evaluated")
     # and the summary says what was not checked
-    assert "does not repeat clearly" in st.extra["not_evaluated"]["worker"]
+    assert "does not repeat clearly" in st.not_evaluated["worker"]
     from rankscope.analysis.report.diagnosis import Diagnosis
-    from rankscope.analysis.report.findings import summary_text
+    from rankscope.analysis.report.summary import summary_text
 
     d = Diagnosis(job="j", stragglers=st)
     text = summary_text(d)
@@ -259,10 +261,10 @@ def test_a_finding_too_small_to_matter_names_nobody():
     # 20 ms late each step in a 1 s step: S 1.02, under the report's 1.05 bar
     f, strat = _late_ring_records(late_ns=20_000_000)
     st = flow_straggler_section(f, strat, Steps(count=9, median_ns=STEP), 1)
-    assert st.verdict == "none" and not st.top_workers and not st.extra.get("culprits")
-    assert st.extra["below_threshold"][0]["culprit"] == "h3"
+    assert st.verdict == "none" and not st.top_workers and not st.culprits
+    assert st.below_threshold[0]["culprit"] == "h3"
     # the ring waits for the late member, so its lateness is the whole cost, not a lower bound
-    assert "cost" not in st.extra["below_threshold"][0]
+    assert "cost" not in st.below_threshold[0]
 
 
 def test_the_period_follows_most_links_burst_spacing():
@@ -284,14 +286,14 @@ def test_a_late_tp_group_across_rails_is_named_as_a_group():
     rings = [[f"h{i}" for i in range(6)], [f"r{i}" for i in range(6)]]
     strat = Strategy(dp=6, pp=1, dp_groups=rings, pp_groups=[[a] for r in rings for a in r])
     st = flow_straggler_section(f, strat, Steps(count=9, median_ns=STEP), 1)
-    assert st.verdict == "worker" and not st.top_workers, st.extra
-    who = st.extra["culprits"]["worker"]
+    assert st.verdict == "worker" and not st.top_workers, st
+    who = st.culprits["worker"]
     assert who["ranks"] == ["h3", "r3"] and who["factor"] > 1.2 and "tensor-parallel" in who["ambiguous"]
     # two members late by different times are no one group's footprint: nobody named, no group either
     late_b = _late_ring_records(late_ns=60_000_000)[0].with_columns(pl.col("src_addr").str.replace("h", "r"),
                                                                    pl.col("dst_addr").str.replace("h", "r"))
     st = flow_straggler_section(pl.concat([fa, late_b]), strat, Steps(count=9, median_ns=STEP), 1)
-    assert st.verdict == "none" or "culprits" not in st.extra or "worker" not in st.extra["culprits"], st.extra
+    assert st.verdict == "none" or st.culprits is None or "worker" not in st.culprits, st
 
 
 def test_over_roce_a_late_link_whose_other_side_is_on_time_is_no_late_arrival():

@@ -1,10 +1,14 @@
 """Flows-only slow pipeline stage on hand-built records: which stage a pipeline falls behind from, its TP
 group's pipelines late alike, clocks that cannot be compared, and readings no slow stage makes."""
 
+from dataclasses import replace
+
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.report.diagnosis import Steps, Strategy
+from rankscope.analysis.report import Steps, Strategy
+from rankscope.analysis.report.strategy import FlowsDetail
+from rankscope.analysis.stragglers.findings import findings_of
 from rankscope.analysis.stragglers.from_flows import flow_straggler_section
 from rankscope.analysis.stragglers.late_arrivals import late_stage
 from tests.unit.analysis.flow_records import STEP, frame
@@ -33,7 +37,7 @@ def _pipeline_records(slow_pipe=None, slow_stage=None, late_start=None, n_pipes=
             if backward:
                 t += 80_000_000 + 2 * extra.get((p, pp - 1), 0)
                 rows.append((addrs[-1], addrs[-2], t, t + 5_000_000, 1e8, True))
-    strat = Strategy(dp=n_pipes, pp=pp, pp_groups=pipes, extra={"stage_order_known": True},
+    strat = Strategy(dp=n_pipes, pp=pp, pp_groups=pipes, flows=FlowsDetail(),
                      dp_groups=[[pipes[p][k] for p in range(n_pipes)] for k in range(pp)])
     return frame(rows), strat
 
@@ -48,7 +52,7 @@ def test_a_slow_stage_is_the_first_from_which_its_pipeline_stays_late():
     assert late_stage(f, strat, STEP, 1) is None
     # stage order unknown: the direction of the pipeline is a guess, nobody is named
     f, strat = _pipeline_records(slow_pipe=2, slow_stage=1)
-    strat.extra["stage_order_known"] = False
+    strat = replace(strat, flows=replace(strat.flows, stage_order_known=False))
     assert late_stage(f, strat, STEP, 1) is None
 
 
@@ -115,12 +119,12 @@ def test_pipelines_as_late_from_one_stage_name_nobody_even_when_only_one_clears_
     assert x["members"] == ["10.1.1.1", "10.1.2.1"] and x["stage"] == 1
     # the report: a worker straggler on one of them, nobody named
     st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 5_000_000)
-    assert st.verdict == "worker" and not st.top_workers, st.extra
-    assert st.extra["culprits"]["worker"]["ranks"] == ["10.1.1.1", "10.1.2.1"] and st.slowdown > 1.5
+    assert st.verdict == "worker" and not st.top_workers, st
+    assert st.culprits["worker"]["ranks"] == ["10.1.1.1", "10.1.2.1"] and st.slowdown > 1.5
     from rankscope.analysis.report.diagnosis import Diagnosis
-    from rankscope.analysis.report.findings import summary_text
+    from rankscope.analysis.report.summary import summary_text
 
-    text = summary_text(Diagnosis(job="j", stragglers=st))
+    text = summary_text(Diagnosis(job="j", stragglers=st, findings=findings_of(st)))
     assert text.startswith("verdict worker: one of 10.1.1.1, 10.1.2.1 (stage 1) computes"), text
     assert "the the" not in text and "the same stage's forward time in the other pipelines" in text, text
     # the mate far less late: the one pipeline is still named
@@ -132,14 +136,14 @@ def test_a_late_two_stage_pipeline_group_under_the_bar_is_said_with_its_cost_a_l
     # two pipelines of one TP group 30 ms late from stage 0 of two: no later stage gives the forward time,
     # so the cost is the lateness alone (S 1.03, under the bar) and the summary says it is a lower bound
     from rankscope.analysis.report.diagnosis import Diagnosis
-    from rankscope.analysis.report.findings import summary_text
+    from rankscope.analysis.report.summary import summary_text
 
     f, strat = _pipeline_records(extra={(1, 0): 30_000_000, (2, 0): 30_000_000}, n_pipes=8, pp=2)
     st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1)
     assert st.verdict == "none" and not st.top_workers
-    (under,) = st.extra["below_threshold"]
+    (under,) = st.below_threshold
     assert under["kind"] == "late_pipelines" and under["members"] == ["10.0.1.1", "10.0.2.1"] and under["cost"]
-    text = summary_text(Diagnosis(job="j", stragglers=st))
+    text = summary_text(Diagnosis(job="j", stragglers=st, findings=findings_of(st)))
     assert "under the bar: late_pipelines one of 10.0.1.1, 10.0.2.1, 30 ms late a step (a lower bound)" in text, text
 
 
@@ -195,7 +199,7 @@ def test_sends_on_exporters_that_share_no_flow_are_not_compared():
 def test_the_pipelines_of_one_replica_are_not_compared():
     # DP1: the pipelines are the replica's TP copies on several rails, which keep time with each other
     f, strat = _pipeline_records(slow_pipe=1, slow_stage=2, n_pipes=2)
-    strat.dp = 1
+    strat = replace(strat, dp=1)
     assert late_stage(f, strat, STEP, 1) is None
 
 

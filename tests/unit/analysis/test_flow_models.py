@@ -156,30 +156,30 @@ def _ring_records(n=6, steps=6, step=1_000_000_000, late=None, slow=None, res=1_
 
 
 def test_flow_stragglers_name_a_slow_nic_and_a_late_sender():
-    from rankscope.analysis.report.diagnosis import Steps, Strategy
+    from rankscope.analysis.report import Steps, Strategy
     from rankscope.analysis.stragglers.from_flows import flow_straggler_section
 
     strat = Strategy(dp=6, dp_groups=[[f"10.0.{i}.1" for i in range(6)]])
     steps = Steps(count=6, median_ns=1e9)
     nic = flow_straggler_section(_ring_records(slow="10.0.3.1"), strat, steps, 1_000_000)
-    assert nic.verdict == "communication" and nic.top_workers[0]["endpoint"] == "10.0.3.1"
+    assert nic.verdict == "communication" and nic.top_workers[0].endpoint == "10.0.3.1"
     late = flow_straggler_section(_ring_records(late="10.0.4.1"), strat, steps, 1_000_000)
-    assert late.verdict == "worker" and late.top_workers[0]["endpoint"] == "10.0.4.1"
+    assert late.verdict == "worker" and late.top_workers[0].endpoint == "10.0.4.1"
     calm = flow_straggler_section(_ring_records(), strat, steps, 1_000_000)
-    assert calm.extra["evaluated"] is False and not calm.top_workers
+    assert calm.evaluated is False and not calm.top_workers
 
 
 def test_over_roce_the_late_member_is_the_one_on_both_late_links():
     """Its predecessor's link into it opens late as well (RDMA writes wait for its posted buffers):
     two senders are late, and the one that also receives late is named, not its predecessor."""
-    from rankscope.analysis.report.diagnosis import Steps, Strategy
+    from rankscope.analysis.report import Steps, Strategy
     from rankscope.analysis.stragglers.from_flows import flow_straggler_section
 
     strat = Strategy(dp=6, dp_groups=[[f"10.0.{i}.1" for i in range(6)]])
     late = flow_straggler_section(_ring_records(late="10.0.4.1", roce=True), strat, Steps(count=6, median_ns=1e9),
                                   1_000_000)
-    assert late.verdict == "worker" and [w["endpoint"] for w in late.top_workers] == ["10.0.4.1"]
-    links = sorted(map(tuple, late.extra["findings_flows"][0]["late_links"]))
+    assert late.verdict == "worker" and [w.endpoint for w in late.top_workers] == ["10.0.4.1"]
+    links = sorted(map(tuple, late.findings_flows[0]["late_links"]))
     assert links == [("10.0.3.1", "10.0.4.1"), ("10.0.4.1", "10.0.5.1")]
 
 

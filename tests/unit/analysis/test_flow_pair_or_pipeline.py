@@ -36,9 +36,9 @@ def tcp_link(bursts: list[tuple[int, int]], bytes_per_burst: float = 4e8) -> pl.
 ], ids=["short-bursts", "long-bursts"])
 def test_busy_share_does_not_tell_a_pair_from_a_pipeline(bursts):
     s = infer_flows(tcp_link(bursts)).strategy
-    assert s.extra["ambiguous"]
-    alt = s.extra["alternatives"]
-    assert len(alt) == 1 and {(s.dp, s.pp), (alt[0]["dp"], alt[0]["pp"])} == {(2, 1), (1, 2)}
+    assert s.flows.ambiguous
+    alt = s.flows.alternatives
+    assert len(alt) == 1 and {(s.dp, s.pp), (alt[0].dp, alt[0].pp)} == {(2, 1), (1, 2)}
     assert s.confidence < 0.5
 
 
@@ -46,9 +46,9 @@ def test_no_timing_evidence_is_reported_ambiguous():
     # the exporter keeps one record per direction for the whole capture: nothing tells the two apart
     flows = tcp_link([(3, 2399)])
     s = infer_flows(flows).strategy
-    assert s.extra["ambiguous"]
-    alt = s.extra["alternatives"]
-    assert len(alt) == 1 and {(s.dp, s.pp), (alt[0]["dp"], alt[0]["pp"])} == {(2, 1), (1, 2)}
+    assert s.flows.ambiguous
+    alt = s.flows.alternatives
+    assert len(alt) == 1 and {(s.dp, s.pp), (alt[0].dp, alt[0].pp)} == {(2, 1), (1, 2)}
     assert s.confidence < 0.5
 
 
@@ -95,9 +95,9 @@ def test_two_stage_order_from_when_each_stage_reduces_its_gradients():
     # the last stage finishes its backward first, so its DP all-reduce starts and ends 25 ms before the
     # first stage's, every step (millisecond clocks: closer than 20 ticks would not vote)
     s = infer_flows(_dp3_pp2([(212, 272)])).strategy
-    assert (s.dp, s.pp) == (3, 2) and not s.extra["ambiguous"]
+    assert (s.dp, s.pp) == (3, 2) and not s.flows.ambiguous
     assert sorted(s.pp_groups) == [["10.0.0.4", "10.0.0.1"], ["10.0.0.5", "10.0.0.2"], ["10.0.0.6", "10.0.0.3"]]
-    assert s.extra["stage_order_known"] and s.confidence >= 0.9
+    assert s.flows.stage_order_known and s.confidence >= 0.9
 
 
 def test_a_slow_ring_ending_late_is_no_stage_order():
@@ -105,8 +105,8 @@ def test_a_slow_ring_ending_late_is_no_stage_order():
     # as a real gloo DP2 x PP2 job's slow stage-1 ring did (1.2-1.5 s later): that is its speed, not its
     # place in the pipeline, and the order is not claimed
     s = infer_flows(_dp3_pp2([(237, 337)])).strategy
-    assert (s.dp, s.pp) == (3, 2) and not s.extra["ambiguous"]
-    assert not s.extra["stage_order_known"]
+    assert (s.dp, s.pp) == (3, 2) and not s.flows.ambiguous
+    assert not s.flows.stage_order_known
 
 
 def test_dp_end_votes_need_ends_clearly_apart():
@@ -175,10 +175,10 @@ def test_a_collectives_directions_a_fraction_of_a_millisecond_apart_are_no_pipel
     # each direction's first transfer leaves when its queues let it: a DP pair's two directions start
     # up to a millisecond apart (0.16-0.25 ms read a DP2 x TP4 job as 2-stage pipelines at 0.99)
     s = infer_flows(roce_link(250_000)).strategy
-    assert s.extra["ambiguous"] and s.confidence < 0.5
+    assert s.flows.ambiguous and s.confidence < 0.5
 
 
 def test_gradients_a_micro_batch_after_the_activations_read_as_a_pipeline():
     s = infer_flows(roce_link(20 * MS + 3_217, busy_ms=5)).strategy
-    assert (s.dp, s.pp) == (1, 2) and not s.extra["ambiguous"] and s.confidence >= 0.9
-    assert s.pp_groups == [["10.0.0.1", "10.0.0.2"]] and s.extra["stage_order_known"]
+    assert (s.dp, s.pp) == (1, 2) and not s.flows.ambiguous and s.confidence >= 0.9
+    assert s.pp_groups == [["10.0.0.1", "10.0.0.2"]] and s.flows.stage_order_known

@@ -139,10 +139,10 @@ def test_infer_flows_reports_tp_from_ranks_per_address():
     f = pl.DataFrame(out, schema_overrides={"src_port": pl.Int32, "dst_port": pl.Int32, "protocol": pl.Int32})
     s = infer_flows(f).strategy
     assert (s.dp, s.pp, s.tp, s.world_size) == (2, 2, 2, 8)
-    assert s.extra["ranks_per_address"]["ranks"] == 2
+    assert s.flows.ranks_per_address["ranks"] == 2
     assert sorted(map(sorted, s.dp_groups)) == [[A, B], [C, D]]
     # no lag and two-way links: the DP/PP swap explains the traffic as well, and the report says so
-    assert s.extra["ambiguous"] and s.confidence <= 0.5
+    assert s.flows.ambiguous and s.confidence <= 0.5
 
 
 def test_roce_odd_queue_pair_count_is_one_rank_even_count_lists_candidates():

@@ -133,7 +133,7 @@ def test_simulated_tcp_interleaved_pipeline_is_resolved_to_the_pipeline():
     flow, truth = _tcp_job()
     s = infer_flows(flow).strategy
     assert (s.dp, s.pp) == (1, 8)
-    assert s.extra["tie_broken"] and s.extra["confidence_evidence"] == "tie broken by a short wrap link"
+    assert s.flows.tie_broken and s.flows.confidence_evidence == "tie broken by a short wrap link"
     assert _same_path_any_direction(s.pp_groups[0], truth["pp_groups_by_address"][0])
     assert s.confidence > 1 / 2 * VALID_GRID_CONFIDENCE
 
@@ -141,14 +141,14 @@ def test_simulated_tcp_interleaved_pipeline_is_resolved_to_the_pipeline():
 def test_simulated_tcp_data_parallel_ring_stays_a_ring():
     flow, truth = _tcp_job(dp=8, pp=1, schedule="1f1b", microbatches=2, algorithm="ring")
     s = infer_flows(flow).strategy
-    assert (s.dp, s.pp) == (8, 1) and not s.extra["tie_broken"] and not s.extra["ambiguous"]
+    assert (s.dp, s.pp) == (8, 1) and not s.flows.tie_broken and not s.flows.ambiguous
 
 
 def test_simulated_plain_1f1b_pipeline_over_tcp_has_no_wrap_to_find():
     # a plain 1F1B (not interleaved) pipeline is a path: no cycle, nothing to break, no short link claimed
     flow, truth = _tcp_job(schedule="1f1b")
     s = infer_flows(flow).strategy
-    assert not s.extra["tie_broken"]
+    assert not s.flows.tie_broken
     assert (s.dp, s.pp) == (1, 8)
 
 
@@ -164,6 +164,6 @@ def test_simulated_tree_all_reduce_tie_stays_data_parallel_by_its_bytes():
                                     transport="tcp"))
     res = simulate(cfg)
     s = infer_flows(pl.from_arrow(res.tables["flow"])).strategy
-    assert (s.dp, s.pp) == (4, 2) and s.extra["alternatives"] and not s.extra["ambiguous"]
-    assert s.extra["confidence_evidence"] == "tie broken: no pipeline fits the bytes"
+    assert (s.dp, s.pp) == (4, 2) and s.flows.alternatives and not s.flows.ambiguous
+    assert s.flows.confidence_evidence == "tie broken: no pipeline fits the bytes"
     assert sorted(map(sorted, s.dp_groups)) == sorted(map(sorted, res.truth["dp_groups_by_address"]))

@@ -1,7 +1,8 @@
 import jsonschema
 import polars as pl
 
-from rankscope.analysis.hangs import hang_section
+from rankscope.analysis.hangs import stuck_collectives
+from rankscope.analysis.report.codec import to_json
 from rankscope.collectors.job_frames import JobFrames
 from rankscope.collectors.schema import polars_schema
 
@@ -29,15 +30,15 @@ def test_skipped_collective_names_missing_rank_group_and_seq(report_schema):
     rows = [_ar(0, s, st) for s, st in enumerate((0, 0, 1, 1, 2))]
     rows += [_ar(1, s, st) for s, st in enumerate((0, 0, 1, 2, 2))]
     rows.append(_ar(0, 5, 2, state="pending", start_ns=99_000))
-    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    hangs = stuck_collectives(JobFrames.from_frames("j", comm_op=_comm(rows)))
     assert len(hangs) == 1
     h = hangs[0]
-    assert (h["group_ranks"], h["seq"], h["missing"], h["pending_ranks"]) == ([0, 1], 5, [1], [0])
-    assert h["first"] and h["op"] == "all_reduce" and h["group"] == "1"
-    assert h["first_divergent_seq"] == 3
-    assert h["last_seq"] == {"0": 5, "1": 4}
-    assert h["last_completed"]["1"]["seq"] == 4 and h["last_completed"]["0"]["seq"] == 4
-    jsonschema.validate(hangs, report_schema["properties"]["hangs"])
+    assert (h.group_ranks, h.seq, h.missing, h.pending_ranks) == ([0, 1], 5, [1], [0])
+    assert h.first and h.op == "all_reduce" and h.group == "1"
+    assert h.first_divergent_seq == 3
+    assert h.last_seq == {"0": 5, "1": 4}
+    assert h.last_completed["1"]["seq"] == 4 and h.last_completed["0"]["seq"] == 4
+    jsonschema.validate([to_json(h) for h in hangs], report_schema["properties"]["hangs"])
 
 
 def test_mismatched_size_and_first_stuck_ordering():
@@ -47,29 +48,29 @@ def test_mismatched_size_and_first_stuck_ordering():
              _ar(2, 1, 0, g, state="pending", start_ns=50_020, size_bytes=2048)]
     # A later stuck op in another group must come second.
     rows += [_ar(3, 0, 0, (3, 4), state="pending", start_ns=70_000)]
-    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
-    assert [h["group_ranks"] for h in hangs] == [[0, 1, 2], [3, 4]]
-    assert hangs[0]["first"] and not hangs[1]["first"]
-    assert hangs[0]["missing"] == [] and hangs[0]["mismatched"][0]["rank"] == 2
-    assert hangs[0]["mismatched"][0]["differs_in"] == ["size_bytes"]
-    assert hangs[1]["missing"] == [4]
+    hangs = stuck_collectives(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    assert [h.group_ranks for h in hangs] == [[0, 1, 2], [3, 4]]
+    assert hangs[0].first and not hangs[1].first
+    assert hangs[0].missing == [] and hangs[0].mismatched[0]["rank"] == 2
+    assert hangs[0].mismatched[0]["differs_in"] == ["size_bytes"]
+    assert hangs[1].missing == [4]
 
 
 def test_sources_are_analysed_apart_and_p2p():
     rows = [_ar(0, 1, 0, source="flight_recorder", state="pending", start_ns=0),
             _ar(1, 0, 0, source="flight_recorder", start_ns=0),
             {"rank": 2, "op": "send", "peer": 3, "group_ranks": [2, 3], "seq": 0, "step": 0, "state": "pending"}]
-    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
-    by_src = {h["source"]: h for h in hangs}
-    assert by_src["flight_recorder"]["missing"] == [1] and by_src["flight_recorder"]["seq"] == 1
-    assert by_src["hook"]["group_key"] == "p2p 2->3" and by_src["hook"]["missing"] == [3]
-    assert hangs[0]["source"] == "hook"
+    hangs = stuck_collectives(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    by_src = {h.source: h for h in hangs}
+    assert by_src["flight_recorder"].missing == [1] and by_src["flight_recorder"].seq == 1
+    assert by_src["hook"].group_key == "p2p 2->3" and by_src["hook"].missing == [3]
+    assert hangs[0].source == "hook"
 
 
 def test_no_pending_no_hang():
     rows = [_ar(r, s, 0) for r in (0, 1) for s in range(3)]
-    assert hang_section(JobFrames.from_frames("j", comm_op=_comm(rows))) == []
-    assert hang_section(JobFrames.from_frames("j")) == []
+    assert stuck_collectives(JobFrames.from_frames("j", comm_op=_comm(rows))) == []
+    assert stuck_collectives(JobFrames.from_frames("j")) == []
 
 
 def test_failed_op_counts_as_stuck_and_lagging_members_found():
@@ -77,11 +78,11 @@ def test_failed_op_counts_as_stuck_and_lagging_members_found():
     rows = [_ar(0, 0, 0), _ar(1, 0, 0), _ar(0, 1, 1, state="failed", end_ns=9_000_000, start_ns=5_000)]
     rows += [_ar(r, s, 0, source="flight_recorder", group_ranks=None) for r, n in ((0, 3), (1, 2))
              for s in range(1, n + 1)]
-    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
-    by_src = {h["source"]: h for h in hangs}
-    assert (by_src["hook"]["seq"], by_src["hook"]["missing"], by_src["hook"]["evidence"]) == (1, [1], "pending")
+    hangs = stuck_collectives(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    by_src = {h.source: h for h in hangs}
+    assert (by_src["hook"].seq, by_src["hook"].missing, by_src["hook"].evidence) == (1, [1], "pending")
     fr = by_src["flight_recorder"]
-    assert (fr["seq"], fr["missing"], fr["group_ranks"], fr["evidence"]) == (3, [1], [0, 1], "lagging")
+    assert (fr.seq, fr.missing, fr.group_ranks, fr.evidence) == (3, [1], [0, 1], "lagging")
 
 
 def test_root_cause_comes_before_earlier_started_consequences():
@@ -95,27 +96,27 @@ def test_root_cause_comes_before_earlier_started_consequences():
              "start_ns": 45_000},
             # rank 1's dump exists (it stopped, its trace is not absent): its last send completed.
             {"rank": 1, "op": "send", "peer": 3, "group_ranks": [1, 3], "seq": 2, "step": 0}]
-    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
-    assert hangs[0]["op"] == "all_reduce" and hangs[0]["first"] and hangs[0]["missing"] == [1]
-    by_key = {h["group_key"]: h for h in hangs}
-    assert not by_key["p2p 0->2"]["root_cause"] and by_key["p2p 1->3"]["root_cause"]
+    hangs = stuck_collectives(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    assert hangs[0].op == "all_reduce" and hangs[0].first and hangs[0].missing == [1]
+    by_key = {h.group_key: h for h in hangs}
+    assert not by_key["p2p 0->2"].root_cause and by_key["p2p 1->3"].root_cause
 
 
 def test_member_without_any_input_is_missing_input_not_a_hang():
     # 1 of 2 ranks supplied (HTA sample): rank 1 has no record at all, so nothing says it stopped.
     rows = [_ar(0, s, 0) for s in range(1, 4)]
-    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    hangs = stuck_collectives(JobFrames.from_frames("j", comm_op=_comm(rows)))
     assert hangs == []
 
 
 def test_member_with_records_elsewhere_still_lags():
     # Rank 1 has records (in another group) but never joined this one: that is evidence.
     rows = [_ar(0, s, 0) for s in range(1, 4)] + [_ar(1, 0, 0, ranks=(1, 2)), _ar(2, 0, 0, ranks=(1, 2))]
-    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
-    assert [(h["group_ranks"], h["missing"], h["missing_input"]) for h in hangs] == [([0, 1], [1], [])]
+    hangs = stuck_collectives(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    assert [(h.group_ranks, h.missing, h.missing_input) for h in hangs] == [([0, 1], [1], [])]
 
 
 def test_pending_op_with_absent_member_keeps_the_hang_but_names_missing_input():
     rows = [_ar(0, 0, 0), _ar(0, 1, 0, state="pending", start_ns=50_000)]
-    hangs = hang_section(JobFrames.from_frames("j", comm_op=_comm(rows)))
-    assert len(hangs) == 1 and hangs[0]["missing_input"] == [1] and not hangs[0]["root_cause"]
+    hangs = stuck_collectives(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    assert len(hangs) == 1 and hangs[0].missing_input == [1] and not hangs[0].root_cause

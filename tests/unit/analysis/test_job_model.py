@@ -4,8 +4,9 @@ import polars as pl
 import pytest
 
 from rankscope.analysis import diagnose as diagnose_mod
-from rankscope.analysis.model.job_model import build_job_model, rank_layout
-from rankscope.analysis.report.diagnosis import Stragglers
+from rankscope.analysis.model.job_model import build_job_model
+from rankscope.analysis.model.layout import rank_layout
+from rankscope.analysis.report.stragglers import Stragglers
 from rankscope.collectors.job_frames import JobFrames
 
 sim = pytest.importorskip("rankscope.datasets.simulator")
@@ -81,23 +82,15 @@ def test_stragglers_get_the_completed_frames_and_the_layout(monkeypatch):
     t = _sim_tables(dp=2, pp=2, microbatches=2, layers=4, gemm_records=False)
     seen = {}
 
-    def fake(frames, strategy, config=None, layout=None):
-        seen["stage_nulls"] = frames.compute_op["stage"].null_count()
-        seen["layout"] = layout
+    def fake(model, config=None):
+        seen["stage_nulls"] = model.frames.compute_op["stage"].null_count()
+        seen["layout"] = model.layout_columns()
         return Stragglers()
 
     monkeypatch.setattr(diagnose_mod, "straggler_section", fake)
     diagnose_mod.analyze_job(_stripped(t))
     assert seen["stage_nulls"] == 0
     assert seen["layout"].columns == ["rank", "stage", "dp_rank", "tp_rank", "pipeline"]
-
-    def old(frames, strategy, config=None):
-        seen["old"] = True
-        return Stragglers()
-
-    monkeypatch.setattr(diagnose_mod, "straggler_section", old)
-    diagnose_mod.analyze_job(_stripped(t))
-    assert seen["old"]
 
 
 @pytest.mark.parametrize("fault,verdict", [("stage-imbalance:stage=1,factor=2.0", "stage_imbalance"),
@@ -112,7 +105,7 @@ def test_records_without_labels_get_the_labelled_diagnosis(fault, verdict):
     bare, _ = diagnose_mod.analyze_job(_stripped(t))
     assert full.stragglers.verdict == bare.stragglers.verdict == verdict
     assert bare.stragglers.slowdown == pytest.approx(full.stragglers.slowdown, rel=1e-9)
-    top = lambda d: {k: d.stragglers.top_workers[0][k] for k in ("endpoint", "stage", "dp_rank")}  # noqa: E731
+    top = lambda d: {k: getattr(d.stragglers.top_workers[0], k) for k in ("endpoint", "stage", "dp_rank")}  # noqa: E731
     assert top(bare) == top(full)
 
 
@@ -128,16 +121,18 @@ def test_interleaved_schedule_leaves_stage_and_microbatch_unknown(pp):
     assert m.layout["stage"].null_count() == 0  # the rank's pipeline position is still known
 
 
-def test_hang_section_gets_the_missing_ranks_where_it_takes_them(monkeypatch):
+def test_hangs_read_the_model_and_a_missing_rank_is_no_hang(monkeypatch):
     t = _sim_tables(dp=2, pp=2, microbatches=2, layers=4, gemm_records=False)
     frames = JobFrames.from_frames("j", **t)
     frames.declared = [{"format": "kineto", "world_size": 6, "source": "x"}]
     seen = {}
+    real = diagnose_mod.hang_section
 
-    def fake(frames, missing_ranks=()):
-        seen["missing"] = list(missing_ranks)
-        return []
+    def spy(model):
+        seen["missing"] = list(model.coverage.missing_ranks)
+        return real(model)
 
-    monkeypatch.setattr(diagnose_mod, "hang_section", fake)
+    monkeypatch.setattr(diagnose_mod, "hang_section", spy)
     d, _ = diagnose_mod.analyze_job(frames)
-    assert seen["missing"] == [4, 5] == d.data_quality["missing_ranks"]
+    assert seen["missing"] == [4, 5] == d.data_quality.missing_ranks
+    assert d.hangs == []  # ranks 4 and 5 have no records at all: absent traces, not a hang

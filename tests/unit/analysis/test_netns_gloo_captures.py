@@ -48,7 +48,7 @@ def _diagnose(name, tmp_path):
     store.write("flow", conform(_flows(name).with_columns(source=pl.lit("ipfix")), "flow"), job="fabric")
     config = DiagnoseConfig(flow=_config(name))
     (planned,) = [p for p in plan_jobs(store, None, None, config.flow) if p.kind == "capture"]
-    frames, _ = load_planned(store, planned)
+    frames = load_planned(store, planned)
     d, _ = analyze_job(frames, config)
     return d
 
@@ -61,18 +61,18 @@ def test_real_capture_groups_and_stage_order_never_wrong(name):
     s = infer_flows(_flows(name), _config(name)).strategy
     assert (s.dp, s.pp) == (2, 2)
     if "tp2" in name:  # two ranks per address: two connections per pair, never read as one rank
-        assert s.tp in (2, None), s.extra["ranks_per_address"]
+        assert s.tp in (2, None), s.flows.ranks_per_address
     groups = sorted(map(sorted, s.dp_groups))
     pipes = sorted(map(sorted, s.pp_groups))
     # a 2 x 2 grid over TCP: the DP/PP swap may be reported as the equal alternative, never as certain
     if groups != sorted(map(sorted, t["dp_groups"])):
-        assert s.extra["ambiguous"] and s.confidence < 0.6, (groups, s.extra)
+        assert s.flows.ambiguous and s.confidence < 0.6, (groups, s)
         return
     assert pipes == sorted(map(sorted, t["pipelines_first_stage_first"]))
-    if s.extra["stage_order_known"]:
+    if s.flows.stage_order_known:
         # slow-rank capture: both stages' reductions start together and end -6, -32, +20, +14, +3 ms
         # apart; the one step past the clock's blur ordered the pipelines backwards, "voted clearly"
-        assert sorted(s.pp_groups) == sorted(t["pipelines_first_stage_first"]), s.extra
+        assert sorted(s.pp_groups) == sorted(t["pipelines_first_stage_first"]), s
 
 
 def test_real_pipeline_whose_records_span_the_job_claims_no_stage_order_from_their_ends():
@@ -88,7 +88,7 @@ def test_real_pipeline_whose_records_span_the_job_claims_no_stage_order_from_the
     assert (s.dp, s.pp, s.tp) == (1, 4, 1)
     (pipe,) = s.pp_groups
     assert {frozenset(x) for x in zip(pipe, pipe[1:])} == {frozenset(x) for x in zip(truth, truth[1:])}
-    assert not s.extra["stage_order_known"] and s.extra["stage_order_confidence"] == 0.5
+    assert not s.flows.stage_order_known and s.flows.stage_order_confidence == 0.5
 
 
 @pytest.mark.parametrize("name", ["pp4_nfpcapd", "pp4_sflow_pmacct"])
@@ -102,10 +102,10 @@ def test_real_pipeline_from_other_exporters_reads_as_pp4(name):
     t = TRUTH[name]
     s = infer_flows(_flows(name), _config(name)).strategy
     (truth,) = t["pipelines_first_stage_first"]
-    assert (s.dp, s.pp, s.tp) == (1, 4, 1), s.extra
+    assert (s.dp, s.pp, s.tp) == (1, 4, 1), s
     (pipe,) = s.pp_groups
     assert {frozenset(x) for x in zip(pipe, pipe[1:])} == {frozenset(x) for x in zip(truth, truth[1:])}
-    if s.extra["stage_order_known"]:
+    if s.flows.stage_order_known:
         assert list(pipe) == truth
 
 
@@ -121,15 +121,15 @@ def test_real_pipeline_whose_connections_close_apart_is_ordered_by_its_last_grad
     assert ((flows["tcp_flags"] & 1) > 0).any() and flows["tcp_flags"].is_not_null().any()
     s = infer_flows(flows, _config(name)).strategy
     (truth,) = TRUTH[name]["pipelines_first_stage_first"]
-    assert (s.dp, s.pp, s.tp) == (1, 4, 1), s.extra
-    assert s.extra["stage_order_known"] and s.pp_groups == [truth], (s.pp_groups, s.extra["notes"])
-    assert any("in a record of its own" in n for n in s.extra["notes"]), s.extra["notes"]
+    assert (s.dp, s.pp, s.tp) == (1, 4, 1), s
+    assert s.flows.stage_order_known and s.pp_groups == [truth], (s.pp_groups, s.notes)
+    assert any("in a record of its own" in n for n in s.notes), s.notes
     # without the flags the payload records' ends date nothing (they might be the teardown's)
     blind = infer_flows(flows.with_columns(tcp_flags=pl.lit(None, pl.Int32)), _config(name)).strategy
-    assert not blind.extra["stage_order_known"]
+    assert not blind.stage_order_known
     # with -e 2,1 nfpcapd kept the FIN in each payload record (flags 0x1b): the ends are the teardown's
     fin_inside = infer_flows(_flows("pp4_nfpcapd"), _config("pp4_nfpcapd")).strategy
-    assert not fin_inside.extra["stage_order_known"]
+    assert not fin_inside.stage_order_known
 
 
 @pytest.mark.parametrize("name", ["dp2pp2tp2_sflow_pmacct", "pp4_sflow_pmacct"])
@@ -142,7 +142,7 @@ def test_sflow_batches_time_their_samples_too_coarsely_to_order_stages(name):
 
     inf = infer_flows(_flows(name), _config(name))
     assert inf.quality["timestamp_resolution_ns"] >= 50_000_000
-    assert not inf.strategy.extra["stage_order_known"]
+    assert not inf.strategy.flows.stage_order_known
 
 
 @pytest.mark.parametrize("name", ["dp2pp2_slow_nic", "dp2pp2_slow_nic_stage1", "dp2pp2tp2_slow_nic"])
@@ -154,26 +154,26 @@ def test_real_slow_nic_is_reported_as_communication_on_its_ring(name, tmp_path):
     # stage 0: its ring moved 2.2 MB a step in ~1.2 s, the other stage's 2.5 MB in ~0.14 s. Stage 1: the
     # swapped labelling was listed first, and the ring is found in the alternative (the old code said none).
     # TP2: the stages' rings moved 1.1 and 1.38 MB a connection a step, no peers at 1.25x (said none)
-    assert st.verdict == "communication", st.extra
+    assert st.verdict == "communication", st
     # the pipeline links run at the compute's pace (their records hold the micro-batches' gaps) and
     # cannot tell the ring's two members apart: nobody else may be named
     if st.top_workers:
-        assert [w["endpoint"] for w in st.top_workers] == [slow], st.top_workers
+        assert [w.endpoint for w in st.top_workers] == [slow], st.top_workers
     else:
-        culprit = st.extra["culprits"]["communication"]
+        culprit = st.culprits["communication"]
         assert sorted(culprit["ranks"]) == sorted(ring), culprit
 
 
 def test_real_clean_job_names_nobody(tmp_path, report_schema):
     import jsonschema
 
-    from rankscope.analysis.report.findings import summary_text
+    from rankscope.analysis.report.summary import summary_text
 
     d = _diagnose("dp2pp2_clean", tmp_path)
     st = d.stragglers
-    assert st.verdict == "none" and not st.top_workers, st.extra
+    assert st.verdict == "none" and not st.top_workers, st
     # nothing found is no all-clear: flows give no S without a finding, so the section is not evaluated
-    assert st.extra["evaluated"] is False and st.extra["checked"]["link_rates"].endswith("links' rates compared")
+    assert st.evaluated is False and st.checked["link_rates"].endswith("links' rates compared")
     assert summary_text(d).startswith("stragglers not evaluated: no slow link, NIC or late endpoint"), summary_text(d)
     rep = json.loads(d.to_json())
     jsonschema.validate(rep, report_schema)
@@ -182,14 +182,14 @@ def test_real_clean_job_names_nobody(tmp_path, report_schema):
 
 def test_a_standing_tie_is_shown_in_the_text_report_and_the_summary_line(tmp_path):
     # a 2 x 2 grid over TCP: the DP/PP swap fits the flows as well, and the terminal output must say so, not
-    # only the JSON's strategy.extra.alternatives
-    from rankscope.cli.cmd_analyze import _summary
+    # only the JSON's strategy.alternatives
+    from rankscope.cli.commands.analyze import _summary
     from rankscope.dashboard.app import strategy_summary
     from rankscope.dashboard.report_html import key_numbers
     from rankscope.dashboard.report_text import render_text
 
     d = _diagnose("dp2pp2_clean", tmp_path)
-    assert d.strategy.extra["ambiguous"] and d.strategy.confidence < 0.5
+    assert d.strategy.flows.ambiguous and d.strategy.confidence < 0.5
     # the swap has the same degrees: its DP groups are what differs, and are named
     swap = "dp=2 pp=2 with DP groups 10.213.221.1, 10.213.221.3; 10.213.221.2, 10.213.221.4"
     assert f"  ambiguous  the flows fit as well: {swap}" in render_text(d)
@@ -203,7 +203,7 @@ def test_other_exporters_give_no_step_time_without_saying_it_is_uncertain(name, 
     # the jobs' steps took 30-500 ms after seconds of start-up. Under sFlow the PP4 job's samples "repeated"
     # every 14.5 ms, the cadence of the agent's datagrams: 208 steps were reported, with no flag
     st = _diagnose(name, tmp_path).steps
-    assert not st.extra.get("evaluated", True) or st.extra.get("ambiguous"), st.extra
+    assert not st.evaluated or st.ambiguous, st
 
 
 @pytest.mark.parametrize("name", ["pp4_sflow512_pmacct", "pp4_sflow128_pmacct"])
@@ -218,7 +218,7 @@ def test_a_few_samples_claim_no_grid_with_confidence(name):
     (truth,) = t["pipelines_first_stage_first"]
     exact = (s.dp, s.pp) == (1, 4) and {frozenset(x) for g in s.pp_groups for x in zip(g, g[1:])} == {
         frozenset(x) for x in zip(truth, truth[1:])}
-    assert exact or s.confidence < 0.5, (s.dp, s.pp, s.pp_groups, s.confidence, s.extra["notes"])
+    assert exact or s.confidence < 0.5, (s.dp, s.pp, s.pp_groups, s.confidence, s.notes)
 
 
 def test_sflow_captures_say_their_samples_are_timed_by_datagrams():
@@ -226,7 +226,7 @@ def test_sflow_captures_say_their_samples_are_timed_by_datagrams():
 
     def noted(name):
         s = infer_flows(_flows(name), _config(name), one_job=True).strategy
-        return any("timed by the datagrams" in n for n in (s.extra or {}).get("notes", []))
+        return any("timed by the datagrams" in n for n in (s.notes or []))
 
     assert all(noted(n) for n in TRUTH if "sflow" in n)
     assert not any(noted(n) for n in TRUTH if TRUTH[n].get("exporter", "softflowd").startswith("softflowd"))

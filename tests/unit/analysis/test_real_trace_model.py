@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.model.steps import startup_steps
-from rankscope.analysis.stragglers.attribution import StragglerConfig, evidenced_verdict
+from rankscope.analysis.stragglers.config import StragglerConfig, evidenced_verdict
 from rankscope.analysis.whatif.evidence import persistent_links
 from rankscope.analysis.whatif.generic import generic_graph
 from rankscope.analysis.whatif.graph import BWD, FWD

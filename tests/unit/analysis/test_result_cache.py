@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from rankscope.analysis.report.diagnosis import Diagnosis, Stragglers
+from rankscope.analysis.report.diagnosis import Diagnosis
+from rankscope.analysis.report.stragglers import Stragglers
 from rankscope.analysis.runner import cache as rc
 from rankscope.cli.main import main
 from rankscope.collectors.store import Store
@@ -41,9 +42,11 @@ def _count_calls(monkeypatch, n: dict, key: str, module, name: str) -> None:
 def calls(monkeypatch):
     """Counts real analyses (cache misses) made by the CLI commands."""
     import rankscope.analysis.diagnose as diagnose_mod
+    import rankscope.analysis.runner.plan as plan_mod
 
     n = {}
     _count_calls(monkeypatch, n, "analyze_job", diagnose_mod, "analyze_job")
+    _count_calls(monkeypatch, n, "analyze_job", plan_mod, "analyze_job")
     return n
 
 
@@ -107,9 +110,25 @@ def test_corrupt_entry_is_a_miss(store_dir, tmp_path, calls):
 
 
 def test_diagnosis_round_trips_with_nan():
-    d = Diagnosis(job="j", stragglers=Stragglers(slowdown=math.nan, extra={"evaluated": False}))
-    back = rc.diagnosis_from_dict(json.loads(json.dumps(__import__("dataclasses").asdict(d))))
+    d = Diagnosis(job="j", stragglers=Stragglers(slowdown=math.nan, evaluated=False))
+    back = Diagnosis.decoded(json.loads(json.dumps(d.encoded())))
     assert math.isnan(back.stragglers.slowdown) and back.to_json() == d.to_json()
+
+
+def test_every_report_type_round_trips_through_the_cache_form(tmp_path):
+    """Unions (top workers, culprits), groups and nested types come back as the same values."""
+    from rankscope.analysis.diagnose import diagnose
+    from rankscope.collectors.job_frames import load_job
+
+    res = sim.simulate(sim.SimConfig(job="llama", dp=2, pp=2, gpus_per_host=1, steps=3, microbatches=2, flows=False,
+                                     faults=(sim.Fault("slow-worker", {"rank": 1, "factor": 1.6}),)))
+    sim.write_store(res, tmp_path / "st")
+    d = diagnose(load_job(Store(tmp_path / "st"), "llama"))
+    back = Diagnosis.decoded(json.loads(json.dumps(d.encoded())))
+    assert back.to_dict() == d.to_dict()
+    assert type(back.stragglers.top_workers[0]) is type(d.stragglers.top_workers[0])
+    assert back.stragglers.replay == d.stragglers.replay and back.steps == d.steps and back.strategy == d.strategy
+    assert back.findings and type(back.findings[0].culprit) is type(d.findings[0].culprit)
 
 
 def test_store_version_follows_the_jobs_parts(store_dir):

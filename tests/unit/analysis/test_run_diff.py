@@ -1,6 +1,7 @@
 import polars as pl
 import pytest
 
+from rankscope.analysis.model.job_model import build_job_model
 from rankscope.analysis.run_diff import DiffConfig, comm_bandwidth, diff_runs, step_durations
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
@@ -32,7 +33,7 @@ def test_resized_run_regressions_first_with_evidence():
     # B: misaligned N, GEMMs 1.5x slower per FLOP, all_reduce half the bandwidth, steps 20% longer.
     b = JobFrames.from_frames("b", compute_op=gemm_frame(shapes=(S1, BAD), ranks=2, dur_ns=1500),
                               comm_op=_comm(2000, "b"), step_mark=_steps(6_000_000))
-    d = diff_runs(a, b)
+    d = diff_runs(build_job_model(a), build_job_model(b))
     changes = [r["change"] for r in d.rows]
     assert changes.index("regression") == 0 and "regression" not in changes[len(d.regressions):]
     items = {(r["aspect"], r["item"]): r for r in d.rows}
@@ -49,12 +50,12 @@ def test_resized_run_regressions_first_with_evidence():
 
 def test_same_run_has_no_regressions():
     a = JobFrames.from_frames("a", compute_op=gemm_frame(ranks=2), comm_op=_comm(1000, "a"))
-    d = diff_runs(a, a)
+    d = diff_runs(build_job_model(a), build_job_model(a))
     assert d.regressions == [] and all(r["change"] == "same" for r in d.rows)
 
 
 def test_helpers_and_config():
-    assert step_durations(JobFrames.from_frames("x")).height == 0
+    assert step_durations(build_job_model(JobFrames.from_frames("x"))).height == 0
     bw = comm_bandwidth(_comm(1000, "a"))
     assert bw["bucket"].to_list() == ["1-16MiB"] and bw["gbps"][0] == pytest.approx((8 << 20) * 8 / 1000)
     with pytest.raises(ConfigError):

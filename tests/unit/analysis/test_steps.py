@@ -28,8 +28,8 @@ def test_first_step_is_warmup_and_left_out_of_the_median():
     rows = [(r, 0, 0, 3000 * MS) for r in range(2)] + [(r, 1, 3000 * MS, 3900 * MS) for r in range(2)]
     sec = steps_section(job_steps(_windows(rows)), "step_mark")
     assert sec.count == 2 and sec.median_ns == 900 * MS
-    assert [w["step"] for w in sec.extra["warmup"]] == [0] and "first step" in sec.extra["warmup"][0]["why"]
-    assert sec.extra["num_in_median"] == 1
+    assert [w.step for w in sec.warmup] == [0] and "first step" in sec.warmup[0].why
+    assert sec.table.num_in_median == 1
 
 
 def test_leading_slow_steps_are_warmup_later_slow_steps_are_not():

@@ -36,7 +36,7 @@ def check(inf, truth, tp_known=True):
 def test_dp_groups_and_pipeline_order_both_rank_orders(order, schedule):
     inf, truth = run(dp=4, pp=2, gpus_per_host=1, rank_order=order, schedule=schedule)
     check(inf, truth)
-    assert inf.strategy.extra["grid_valid"] and inf.strategy.confidence > 0.5
+    assert inf.strategy.flows.grid_valid and inf.strategy.confidence > 0.5
 
 
 def test_interleaved_pipeline_is_opened_at_its_wrap_link():
@@ -55,7 +55,7 @@ def test_sampling_timeouts_and_tree_do_not_change_the_answer():
                      algorithm="tree", qps=2)
     # two queue pairs per rank pair: one rank with two channels or two ranks: tp null, never a guess
     check(inf, truth, tp_known=False)
-    assert inf.strategy.extra["ranks_per_address"]["candidates"] == [1, 2]
+    assert inf.strategy.flows.ranks_per_address["candidates"] == [1, 2]
 
 
 def test_zero_reduce_scatter_all_gather():
@@ -79,7 +79,7 @@ def test_degree_one_gives_singletons():
 def test_no_flows_is_not_evaluated():
     inf, _ = run(dp=2, pp=1, gpus_per_host=1, steps=1)
     empty = infer_flows(pl.DataFrame(schema={c: pl.Utf8 for c in ("src_addr", "dst_addr", "exporter")}).head(0))
-    assert empty.strategy.extra["evaluated"] is False
+    assert empty.strategy.evaluated is False
 
 
 def test_flow_config_is_validated():
@@ -97,7 +97,7 @@ def test_step_period_flagged_when_active_timeout_can_hide_steps(active_s, ambigu
     truth_step = float(np.median(res.truth["step_times_ns"]))
     assert truth_step < 1e9  # a step shorter than the 1 s active timeout
     inf = infer_flows(pl.from_arrow(res.tables["flow"]))
-    assert bool(inf.steps.extra.get("ambiguous", False)) is ambiguous
+    assert bool(inf.steps.ambiguous) is ambiguous
     if not ambiguous:
         assert inf.steps.median_ns == pytest.approx(truth_step, rel=0.01)
 
@@ -108,7 +108,7 @@ def test_stage_order_from_link_chronology_when_ack_flows_open_both_directions_to
     # first records say nothing; the order comes from link times along each pipeline
     realism = sim.Realism(transport=transport, reverse=True, ack_every=1)
     inf, truth = run(dp=2, pp=4, gpus_per_host=1, schedule="1f1b", realism=realism, seed=3)
-    assert inf.strategy.extra["stage_order_agreement"] > 0.9
+    assert inf.strategy.flows.stage_order_agreement > 0.9
     assert sorted(inf.strategy.pp_groups) == sorted(truth["pp_groups_by_address"])
 
 
@@ -329,11 +329,11 @@ def test_a_whole_job_tcp_pipeline_is_ordered_by_its_last_data_only_when_the_tear
               idle_timeout_s=idle_timeout_s, active_timeout_s=60.0)
     res = simulate(SimConfig(**kw, realism=Realism(transport="tcp", close_lag_s=close_lag_s)))
     s = infer_flows(pl.from_arrow(res.tables["flow"]), one_job=True).strategy
-    assert s.pp == 4 and s.extra["stage_order_known"] is known, s.extra
+    assert s.pp == 4 and s.flows.stage_order_known is known, s
     truth = res.truth["pp_groups_by_address"]
     if known:
         assert s.pp_groups == truth and s.confidence >= 0.9
-        assert any("in a record of its own" in n for n in s.extra["notes"]), s.extra["notes"]
+        assert any("in a record of its own" in n for n in s.notes), s.notes
     else:
         assert sorted(map(sorted, s.pp_groups)) == sorted(map(sorted, truth))
 

@@ -81,4 +81,4 @@ def test_group_families_counts_calls_per_member():
 def test_empty_input_is_not_evaluated():
     comm, _, _ = build_job(dp=2, pp=1, steps=1)
     s = infer_whitebox(comm.head(0))
-    assert s.extra["evaluated"] is False and s.confidence == 0.0
+    assert s.evaluated is False and s.confidence == 0.0

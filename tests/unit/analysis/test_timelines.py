@@ -1,14 +1,9 @@
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.model.timelines import (
-    TIMELINE_COLUMNS,
-    period_steps,
-    rank_timelines,
-    step_period,
-    step_table,
-    steps_section,
-)
+from rankscope.analysis.model.steps import rank_step_windows, steps_section
+from rankscope.analysis.model.timelines import TIMELINE_COLUMNS, rank_timelines
+from rankscope.analysis.strategy.flows.period import period_steps, step_period
 
 from .wb_frames import build_job
 
@@ -21,7 +16,7 @@ def test_phases_are_interval_unions_that_add_up_to_the_step():
     marks = _spans([(0, 0, 0, 100), (0, 1, 100, 200)])
     comp = _spans([(0, 0, 0, 30), (0, 0, 20, 50), (0, 1, 100, 150)])
     comm = _spans([(0, 0, 40, 70), (0, 1, 190, 230)])  # the last one runs past the step end: clipped
-    tl = rank_timelines(step_table(marks, comm.head(0), comp.head(0)), comm, comp)
+    tl = rank_timelines(rank_step_windows(marks, comm.head(0), comp.head(0)), comm, comp)
     assert tl.columns == list(TIMELINE_COLUMNS)
     s0, s1 = tl.row(0, named=True), tl.row(1, named=True)
     assert (s0["compute_ns"], s0["comm_ns"], s0["exposed_comm_ns"], s0["idle_ns"]) == (50, 30, 20, 30)
@@ -33,7 +28,7 @@ def test_phases_are_interval_unions_that_add_up_to_the_step():
 
 def test_steps_from_the_step_column_when_there_are_no_marks():
     comm, comp, _ = build_job(dp=2, pp=2, steps=4, step_ms=50.0)
-    st = step_table(comm.head(0).select("rank", "step", "start_ns", "end_ns").clear(), comm, comp)
+    st = rank_step_windows(comm.head(0).select("rank", "step", "start_ns", "end_ns").clear(), comm, comp)
     sec = steps_section(st, "step column")
     assert sec.count == 4
     assert abs(sec.median_ns - 50e6) / 50e6 < 0.003
@@ -63,4 +58,4 @@ def test_step_period_needs_periodic_starts():
 def test_empty_steps_are_not_evaluated():
     sec = steps_section(pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64,
                                              "end_ns": pl.Int64}), "x")
-    assert sec.count == 0 and sec.extra["evaluated"] is False
+    assert sec.count == 0 and sec.evaluated is False

@@ -6,13 +6,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from rankscope.analysis.stragglers.attribution import (
-    StragglerConfig,
-    analyze_stragglers,
-    straggler_section,
-    verdict,
-)
-from rankscope.analysis.whatif.build import build_graph
+from rankscope.analysis.model.job_model import build_job_model
+from rankscope.analysis.stragglers.config import StragglerConfig, verdict
+from rankscope.analysis.stragglers.section import analyze_stragglers as model_stragglers
+from rankscope.analysis.stragglers.section import straggler_section as model_section
+from rankscope.analysis.whatif.build import build_graph, model_graph
 from rankscope.analysis.whatif.graph import WhatIfInputError
 from rankscope.analysis.whatif.scenarios import Scenarios, step_times
 from rankscope.analysis.whatif.sequence import _fit_cols, fwd_bwd_pearson
@@ -20,6 +18,19 @@ from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
 
 sim = pytest.importorskip("rankscope.datasets.simulator")
+
+
+def analyze_stragglers(frames: JobFrames, config: StragglerConfig | None = None):
+    """The straggler what-if of raw frames, through the one job model (completed frames, its layout)."""
+    return model_stragglers(build_job_model(frames), config)
+
+
+def straggler_section(frames: JobFrames, config: StragglerConfig | None = None):
+    return model_section(build_job_model(frames), config)
+
+
+def graph_of(frames: JobFrames):
+    return model_graph(build_job_model(frames))
 
 
 def sim_frames(*faults, dp=4, pp=2, seed=0) -> tuple[JobFrames, dict]:
@@ -32,7 +43,7 @@ def sim_frames(*faults, dp=4, pp=2, seed=0) -> tuple[JobFrames, dict]:
 
 def test_replay_of_actual_reproduces_recorded_steps():
     frames, truth = sim_frames()
-    g = build_graph(frames)
+    g = graph_of(frames)
     assert g.model == "generic"
     replayed = g.step_times(g.actual)
     # the simulator's launch gaps are not in the replay, so it may only be a little shorter
@@ -50,7 +61,7 @@ def test_replay_of_actual_reproduces_recorded_steps():
 
 def test_clean_job_has_no_straggler():
     frames, _ = sim_frames(seed=3)
-    s = straggler_section(frames, None)
+    s = straggler_section(frames)
     assert s.slowdown < 1.03 and s.verdict == "none"
     assert s.waste_fraction == pytest.approx(1 - 1 / s.slowdown)
 
@@ -59,37 +70,37 @@ def test_slow_worker_is_found_and_its_factor_recovered():
     frames, _ = sim_frames(sim.Fault("slow-worker", {"rank": 5, "factor": 1.6}))
     s, _ = analyze_stragglers(frames)
     assert s.verdict == "worker"
-    assert s.top_workers[0]["endpoint"] == 5
-    assert s.top_workers[0]["compute_vs_stage_peers"] == pytest.approx(1.6, rel=0.05)
+    assert s.top_workers[0].endpoint == 5
+    assert s.top_workers[0].compute_vs_stage_peers == pytest.approx(1.6, rel=0.05)
     assert s.by_cause["worker"] > 0.5 and s.slowdown > 1.05
-    heat = s.extra["heatmap"]
-    assert len(heat["workers"]) == 8 and len(heat["slowdown"][0]) == len(heat["steps"]) == 4
+    heat = s.replay.heatmap
+    assert len(heat.workers) == 8 and len(heat.slowdown[0]) == len(heat.steps) == 4
 
 
 def test_stage_imbalance_and_slow_link_verdicts():
     s, _ = analyze_stragglers(sim_frames(sim.Fault("stage-imbalance", {"stage": 0, "factor": 1.8}))[0])
     assert s.verdict == "stage_imbalance"
-    assert s.extra["evidence"]["stage_imbalance"]["stage_vs_others"]["0"] == pytest.approx(1.8, rel=0.05)
+    assert s.evidence["stage_imbalance"]["stage_vs_others"]["0"] == pytest.approx(1.8, rel=0.05)
     s, _ = analyze_stragglers(sim_frames(sim.Fault("slow-link", {"rank": 2, "factor": 5.0}), dp=4, pp=4)[0])
     assert s.verdict == "communication"
-    assert s.extra["evidence"]["communication"]["factor"] == pytest.approx(5.0, rel=0.05)
+    assert s.evidence["communication"]["factor"] == pytest.approx(5.0, rel=0.05)
 
 
 def test_sequence_skew_with_lengths():
     frames, _ = sim_frames(sim.Fault("seq-skew", {"sigma": 0.5}))
     s, _ = analyze_stragglers(frames)
-    seq = s.extra["evidence"]["sequence_imbalance"]
+    seq = s.evidence["sequence_imbalance"]
     assert seq["method"] == "lengths" and seq["detected"]
     assert s.verdict == "sequence_imbalance"
     # without lengths it is still seen, from forward/backward correlation
     s2, _ = analyze_stragglers(JobFrames.from_frames("j", comm_op=frames.comm_op, compute_op=frames.compute_op))
-    assert s2.extra["evidence"]["sequence_imbalance"]["method"] == "correlation"
-    assert s2.extra["evidence"]["sequence_imbalance"]["pearson"] >= 0.9
+    assert s2.evidence["sequence_imbalance"]["method"] == "correlation"
+    assert s2.evidence["sequence_imbalance"]["pearson"] >= 0.9
 
 
 def test_batch_replay_matches_one_replay_per_scenario():
     frames, _ = sim_frames(sim.Fault("slow-worker", {"rank": 1, "factor": 1.3}))
-    g = build_graph(frames)
+    g = graph_of(frames)
     actual = g.actual
     ideal = actual * 0.5
     labels = g.ops["rank"].to_numpy().astype(np.int64)
@@ -128,8 +139,8 @@ def test_nothing_to_replay_is_an_unevaluated_section():
     empty = JobFrames.from_frames("j")
     with pytest.raises(WhatIfInputError):
         build_graph(empty)
-    s = straggler_section(empty, None)
-    assert s.extra["evaluated"] is False and "nothing to replay" in s.extra["why"]
+    s = straggler_section(empty)
+    assert s.evaluated is False and "nothing to replay" in s.why
 
 
 def test_slow_member_of_a_tp_group_is_the_top_worker():
@@ -140,5 +151,5 @@ def test_slow_member_of_a_tp_group_is_the_top_worker():
     tabs = {k: pl.from_arrow(v) if not isinstance(v, pl.DataFrame) else v for k, v in res.tables.items()}
     frames = JobFrames.from_frames("j", **{k: tabs[k] for k in ("comm_op", "compute_op", "step_mark")})
     s, _ = analyze_stragglers(frames)
-    assert s.top_workers[0]["endpoint"] == 5
+    assert s.top_workers[0].endpoint == 5
     assert s.verdict == "worker" and s.by_cause["worker"] > 0.5

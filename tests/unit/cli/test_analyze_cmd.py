@@ -127,7 +127,7 @@ def test_dashboard_and_analyze_share_one_job_plan(job_store, fabric_store, tmp_p
         dash = JobViews().plan(str(d))
         assert reports == sorted(p.name for p in plan) == sorted(dash)
         for p in plan:
-            frames, _ = load_planned(Store(d), p)
+            frames = load_planned(Store(d), p)
             other = dash_load(Store(d), p.name, dash[p.name])
             assert frames.job == other.job == p.name
             for kind in ("flow", "comm_op", "compute_op"):

@@ -10,9 +10,9 @@ import sys
 import click
 import pytest
 
-from rankscope.analysis.report.diagnosis import Stragglers
-from rankscope.analysis.report.findings import build_findings, describe
-from rankscope.cli.cmd_info import duration_text, time_text
+from rankscope.analysis.report.findings import describe, kernel_findings
+from rankscope.analysis.report.kernels import Regression, ThroughputCheck
+from rankscope.cli.commands.info import duration_text, time_text
 from rankscope.cli.main import COMMANDS
 from rankscope.datasets.simulator import Fault, SimConfig, simulate, write_store
 
@@ -74,14 +74,17 @@ def test_analyze_format_text_prints_the_sections_and_names_the_culprit(store, tm
 
 
 def test_one_kernel_finding_per_throttled_rank():
-    regs = [{"kind": "kernel_regression", "culprit": 5, "factor": 1.4 + i / 100, "steps": [i], "kernel": f"k{i}",
-             "shape": [i], "ratio": 0.7, "reason": "slow"} for i in range(8)]
-    regs.append({"kind": "misaligned_gemm", "culprit": "gemm.fc1.fwd", "factor": 1.8, "steps": [0],
-                 "kernel": "gemm.fc1.fwd", "ratio": 0.55, "reason": "dim 8190"})
-    found = build_findings(Stragglers(extra={"evaluated": True}), regs)
-    kernel = [f for f in found if f["kind"] == "kernel_regression"]
-    assert len(kernel) == 1 and len(kernel[0]["evidence"]["kernels"]) == 8
-    assert kernel[0]["factor"] == pytest.approx(1.47) and kernel[0]["steps"] == list(range(8))
+    def reg(kind, culprit, factor, step, kernel, reason):
+        check = ThroughputCheck("throughput", kernel, [kernel], "gemm_other", [step], "bfloat16", "tn", [5],
+                                1 / factor, "other ranks", 1.0, 1.5, reason, "regression", "ranks")
+        return Regression(check=check, kind=kind, culprit=culprit, factor=factor, steps=[step], evidence={})
+
+    regs = [reg("kernel_regression", 5, 1.4 + i / 100, i, f"k{i}", "slow") for i in range(8)]
+    regs.append(reg("misaligned_gemm", "gemm.fc1.fwd", 1.8, 0, "gemm.fc1.fwd", "dim 8190"))
+    found = kernel_findings(regs)
+    kernel = [f for f in found if f.kind == "kernel_regression"]
+    assert len(kernel) == 1 and len(kernel[0].evidence["kernels"]) == 8
+    assert kernel[0].factor == pytest.approx(1.47) and kernel[0].steps == list(range(8))
     assert describe(kernel[0]) == "rank 5: 8 GEMM shapes 1.47x slower than elsewhere in the run"
-    mis = [f for f in found if f["kind"] == "misaligned_gemm"]
+    mis = [f for f in found if f.kind == "misaligned_gemm"]
     assert describe(mis[0]) == "gemm.fc1.fwd 1.80x slower: misaligned for tensor cores"

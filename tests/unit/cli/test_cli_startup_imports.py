@@ -32,7 +32,7 @@ def test_top_level_help_loads_no_data_library():
 @pytest.mark.parametrize("command", COMMANDS)
 def test_each_command_module_loads_no_data_library(command):
     # Listing commands imports every command module; each must defer its library imports to run time.
-    assert _heavy_after(f"import rankscope.cli.cmd_{command}") == []
+    assert _heavy_after(f"import rankscope.cli.commands.{command}") == []
 
 
 def test_ingest_help_still_names_the_expansion_limits():

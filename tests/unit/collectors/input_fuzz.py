@@ -28,7 +28,7 @@ from pathlib import Path
 import polars as pl
 
 from rankscope.collectors.importers.contract import Limits
-from rankscope.collectors.ingest.ingest_files import ingest_file
+from rankscope.collectors.ingest.files import ingest_file
 from rankscope.collectors.store import Store
 
 HUGE = [2**64, 2**63, -(2**63) - 1, 10**30, 1e308, -1e308, 1.7976931348623157e308, 2**53 + 1, -1, 0]

@@ -12,7 +12,7 @@ from rankscope.collectors.errors import InputFormatError, UnsafePickleError
 from rankscope.collectors.importers import safe_pickle
 from rankscope.collectors.importers.contract import ImportOptions
 from rankscope.collectors.importers.flight_recorder import read_dump
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.ingest.registry import detect
 from rankscope.collectors.store import Store
 

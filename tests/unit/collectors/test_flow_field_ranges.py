@@ -15,7 +15,7 @@ import pytest
 
 from rankscope.collectors.flows import ipfix_elements as ie
 from rankscope.collectors.flows.flow_decoder import FlowDecoder
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.schema import validate
 from rankscope.collectors.store import Store
 from tests.unit.collectors.flow_builders import (

@@ -12,7 +12,7 @@ import pytest
 from rankscope.collectors.flows.flow_files import tcp_flags_value
 from rankscope.collectors.importers import contract
 from rankscope.collectors.ingest import registry
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.store import Store
 
 FIXTURES = Path(__file__).parent / "fixtures"

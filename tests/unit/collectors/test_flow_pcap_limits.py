@@ -10,7 +10,7 @@ import dpkt
 
 from rankscope.collectors.flows.flow_decoder import FlowDecoder
 from rankscope.collectors.flows.flow_files import capture_datagrams
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.store import Store
 from tests.unit.collectors.flow_builders import ethernet_ipv4_udp, nf5_packet
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.store import Store
 
 DATA = Path(__file__).parents[2] / "data" / "goflow2"

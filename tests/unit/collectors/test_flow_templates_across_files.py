@@ -18,7 +18,7 @@ import pytest
 
 from rankscope.collectors.flows import template_state
 from rankscope.collectors.flows.flow_decoder import FlowDecoder, held_cost
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.store import Store
 from tests.unit.collectors.flow_builders import (
     data_set,

@@ -16,7 +16,7 @@ PROBE = ("import json, sys; print(json.dumps({'finder': any(type(f).__name__ == 
 
 
 def boot_dir() -> str:
-    from rankscope.cli.cmd_attach import bootstrap_dir
+    from rankscope.cli.commands.attach import bootstrap_dir
 
     return str(bootstrap_dir())
 

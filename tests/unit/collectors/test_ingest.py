@@ -4,7 +4,7 @@ import csv
 import gzip
 
 from rankscope.collectors.importers.contract import ImportOptions
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.store import Store
 
 T0 = 1_764_000_000_000_000_000

@@ -16,7 +16,7 @@ MAX_RSS_BYTES = 1 << 30
 PROBE = """
 import resource, sys
 from pathlib import Path
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.store import Store
 s = ingest(Store(sys.argv[1]), [Path(sys.argv[2])])
 f = s.files[0]

@@ -19,7 +19,7 @@ from rankscope.collectors.importers.kineto import (
 from rankscope.collectors.importers.kineto import (
     event_chunks as kineto_stream,
 )
-from rankscope.collectors.ingest.ingest_files import ingest_file
+from rankscope.collectors.ingest.files import ingest_file
 from rankscope.collectors.store import Store
 from tests.unit.collectors.flow_builders import data_set, ipfix_message, template_set, u, v4
 from tests.unit.collectors.test_kineto_import import ev, gloo_trace
@@ -90,7 +90,7 @@ def _traced_peak(code: str) -> int:
         import sys, tracemalloc, pyarrow as pa
         from pathlib import Path
         from rankscope.collectors.importers.kineto import chrome_trace as kineto_reader
-        from rankscope.collectors.ingest.ingest_files import ingest_file
+        from rankscope.collectors.ingest.files import ingest_file
         from rankscope.collectors.store import Store
         import rankscope.collectors.flows.flow_importers
         tracemalloc.start()

@@ -11,7 +11,7 @@ from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.importers.contract import ImportOptions
 from rankscope.collectors.importers.kineto.compute_rows import gemm_shape
 from rankscope.collectors.importers.kineto.importer import read_trace
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.ingest.registry import detect
 from rankscope.collectors.store import Store
 

@@ -8,10 +8,18 @@ from collections import Counter
 
 import pytest
 
+from rankscope.analysis.kernels.regressions import kernel_regressions as typed_regressions
+from rankscope.analysis.report.codec import to_json
 from rankscope.collectors.importers.contract import ImportOptions
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.ingest.registry import detect
 from rankscope.collectors.store import Store
+
+
+def kernel_regressions(*args, **kwargs) -> list[dict]:
+    """The kernel regressions as the report writes them."""
+    return [to_json(r) for r in typed_regressions(*args, **kwargs)]
+
 
 FILES = ("nccl_data.json.gz", "sampled_rank-0.json.gz", "sampled_rank-1.json.gz")
 BYTES = {"Float": 4, "Half": 2, "BFloat16": 2, "Int": 4, "Long": 8, "Byte": 1, "Char": 1, "Double": 8}
@@ -103,8 +111,7 @@ def test_sampled_ranks_give_no_hang_and_few_real_regressions(reference_dir, tmp_
     # 2 of 128 ranks (and 1 of 2 for nccl_data): absent traces are missing input, not hangs; GEMM spans
     # on a microsecond timer between two ranks are below the noise floor, and fp32 / GEMV-like shapes
     # have no tensor-core alignment rule. Before the floor and the rules: 214 regressions and 1 hang.
-    from rankscope.analysis.hangs import hang_section
-    from rankscope.analysis.kernels.regressions import regression_section
+    from rankscope.analysis.hangs import stuck_collectives
     from rankscope.collectors.job_frames import load_job
 
     st = Store(tmp_path / "store")
@@ -113,7 +120,7 @@ def test_sampled_ranks_give_no_hang_and_few_real_regressions(reference_dir, tmp_
     ingest(st, [hta / "nccl_data.json.gz"], opts=ImportOptions(job="nccl"))
     for job in ("sampled", "nccl"):
         frames = load_job(st, job)
-        assert hang_section(frames) == []
-        regs = regression_section(frames)
+        assert stuck_collectives(frames) == []
+        regs = kernel_regressions(frames)
         assert len(regs) <= 10
         assert all(r["kind"] in ("kernel_regression", "misaligned_gemm") and r["factor"] > 1 for r in regs)

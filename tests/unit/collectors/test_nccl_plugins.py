@@ -11,7 +11,7 @@ from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.importers.contract import ImportOptions
 from rankscope.collectors.importers.nccl_inspector import read_inspector
 from rankscope.collectors.importers.nccl_profiler import read_profile
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.ingest.registry import detect
 from rankscope.collectors.store import Store
 

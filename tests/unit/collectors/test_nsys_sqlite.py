@@ -10,7 +10,7 @@ import pytest
 from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.importers.contract import ImportOptions
 from rankscope.collectors.importers.nsys_sqlite import read_nsys
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.ingest.registry import detect
 from rankscope.collectors.store import Store
 

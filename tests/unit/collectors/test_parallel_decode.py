@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 
 from rankscope.collectors.ingest import parallel_decode
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.store import Store
 from tests.unit.collectors.test_kineto_import import gloo_trace
 
@@ -25,7 +25,7 @@ _INGEST = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     from rankscope.collectors.ingest import parallel_decode
-    from rankscope.collectors.ingest.ingest_files import ingest
+    from rankscope.collectors.ingest.files import ingest
     from rankscope.collectors.store import Store
     made = []
     init = parallel_decode.Ahead.__init__
@@ -104,7 +104,7 @@ _HUNG = textwrap.dedent("""
     import json, sys
     import polars as pl
     from rankscope.collectors.ingest import parallel_decode
-    from rankscope.collectors.ingest.ingest_files import ingest
+    from rankscope.collectors.ingest.files import ingest
     from rankscope.collectors.importers.kineto.importer import KINETO
     from rankscope.collectors.store import Store
     pl.DataFrame({"a": [1, 2, 3]}).filter(pl.col("a") > 1)  # polars' pool runs: a forked child hangs in it

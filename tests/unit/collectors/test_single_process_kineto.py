@@ -11,7 +11,7 @@ import pytest
 
 from rankscope.collectors.importers.contract import ImportOptions
 from rankscope.collectors.importers.kineto.chrome_trace import SINGLE_PROCESS_NOTE
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.store import Store
 
 HTA = Path(__file__).resolve().parents[2] / "data" / "hta"

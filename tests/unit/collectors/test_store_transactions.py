@@ -11,12 +11,12 @@ import pytest
 
 from rankscope.collectors.errors import UsageError
 from rankscope.collectors.importers.contract import ImportOptions
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.store import Store, check_job_name
 from tests.unit.collectors.test_flight_recorder import nccl_dump
 from tests.unit.collectors.test_ingest import write_comm_csv
 
-INGEST = "from rankscope.collectors.ingest.ingest_files import ingest; from rankscope.collectors.store import Store; " \
+INGEST = "from rankscope.collectors.ingest.files import ingest; from rankscope.collectors.store import Store; " \
          "import sys; s = ingest(Store(sys.argv[1]), [sys.argv[2]]); print(s.files[0].status)"
 
 

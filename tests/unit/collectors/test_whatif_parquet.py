@@ -9,7 +9,7 @@ from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.importers import contract
 from rankscope.collectors.importers.osdi_whatif import WHATIF_PARQUET, read_layout
 from rankscope.collectors.ingest import registry
-from rankscope.collectors.ingest.ingest_files import ingest
+from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.store import Store
 
 META = "trial_name: TINY\nrun_id: 0\ndp_size: 1\ndsp_size: 1\npp_size: 2\ntp_size: 1\nvpp_size: 1\nworld_size: 2\n"

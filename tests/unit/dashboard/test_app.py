@@ -112,9 +112,11 @@ def test_analysis_is_cached_per_store_version(tmp_path, monkeypatch):
 
     root = tmp_path / "live"
     write_hand_store(root, steps=2)
+    from rankscope.analysis.runner import plan
+
     calls = []
     real = diagnose.analyze_job
-    monkeypatch.setattr(diagnose, "analyze_job", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(plan, "analyze_job", lambda *a, **k: calls.append(1) or real(*a, **k))
     analysis_source.clear_cache()
     views = JobViews()
     v1 = views.get(str(root), "handjob").version
@@ -140,7 +142,7 @@ def test_layout_has_every_graph_and_a_refresh_interval(hand_store):
 
 
 def test_strategy_summary_truncates_many_groups():
-    from rankscope.analysis.report.diagnosis import Diagnosis, Strategy
+    from rankscope.analysis.report import Diagnosis, Strategy
 
     s = Strategy(world_size=64, dp=64, dp_groups=[list(range(64))], pp_groups=[[r] for r in range(64)])
     text = strategy_summary(Diagnosis(job="j", strategy=s))
@@ -174,15 +176,15 @@ def test_flow_only_capture_lists_recognised_jobs_with_address_endpoints(tmp_path
 def test_band_names_a_finding_under_the_verdict_threshold():
     from dash import html
 
-    from rankscope.analysis.report.diagnosis import Diagnosis, Stragglers, Strategy
+    from rankscope.analysis.report import Diagnosis, Finding, Stragglers, Strategy
+    from rankscope.analysis.report.findings import Worker
     from rankscope.dashboard.summary_band import summary_band, summary_facts
 
-    finding = {"kind": "slow_worker", "culprit": {"rank": 1000, "stage": 1, "dp_rank": 61}, "factor": 1.5,
-               "steps": [0, 1], "evidence": {"basis": "compute"}}
+    finding = Finding(kind="slow_worker", culprit=Worker(1000, 1, 61), factor=1.5, steps=[0, 1],
+                      evidence={"basis": "compute"})
     d = Diagnosis(job="big", strategy=Strategy(world_size=4096, dp=512, pp=8),
-                  stragglers=Stragglers(slowdown=1.04, verdict="none", waste_fraction=1 - 1 / 1.04,
-                                        extra={"evaluated": True}),
-                  extra={"findings": [finding]})
+                  stragglers=Stragglers(slowdown=1.04, verdict="none", waste_fraction=1 - 1 / 1.04),
+                  findings=[finding])
     f = summary_facts(d)
     assert f["verdict"] == "none" and f["culprit"].startswith("rank 1000 (stage 1, dp 61) computes 1.50x")
     assert f["hours_per_day"] == pytest.approx(4096 * 24 * (1 - 1 / 1.04))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rankscope.analysis.report.findings import Finding, Worker
 from rankscope.dashboard.data_tables import cell_text, data_table, findings_rows, table_rows
 
 
@@ -33,7 +34,6 @@ def test_table_headers_wrap_and_have_help():
 
 
 def test_findings_rows_use_the_analysis_words():
-    f = {"kind": "slow_worker", "culprit": {"rank": 5, "stage": 1, "dp_rank": 2}, "factor": 1.6, "steps": [0, 1],
-         "evidence": {"basis": "compute"}}
+    f = Finding(kind="slow_worker", culprit=Worker(5, 1, 2), factor=1.6, steps=[0, 1], evidence={"basis": "compute"})
     (row,) = findings_rows([f])
     assert row["finding"].startswith("rank 5 (stage 1, dp 2) computes 1.60x")

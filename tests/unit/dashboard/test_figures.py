@@ -6,7 +6,10 @@ import plotly.graph_objects as go
 import polars as pl
 import pytest
 
-from rankscope.analysis.report.diagnosis import Diagnosis, Steps, Stragglers, Strategy
+from rankscope.analysis.report.diagnosis import Diagnosis
+from rankscope.analysis.report.steps import RankPhases, Steps
+from rankscope.analysis.report.stragglers import Heatmap, ReplayDetail, Stragglers, WhatIf
+from rankscope.analysis.report.strategy import Strategy
 from rankscope.dashboard import figures, table_figures
 
 
@@ -88,14 +91,14 @@ def test_step_series_from_boundaries():
 
 def test_step_series_prefers_reported_durations():
     d = Diagnosis(job="j", steps=Steps(count=2, median_ns=5e6, boundaries_ns=[0, 1],
-                                       extra={"durations_ns": [4_000_000, 6_000_000]}))
+                                       durations_ns=[4_000_000, 6_000_000]))
     assert list(figures.step_series_figure(d).data[0].y) == [4.0, 6.0]
 
 
-def test_heatmap_long_and_wide_forms_agree():
+def test_heatmap_long_and_report_forms_agree():
     long = [dict(worker=w, step=s, slowdown=1 + w / 10 + s / 100) for w in range(3) for s in range(2)]
-    wide = {"workers": [0, 1, 2], "steps": [0, 1], "values": [[1 + w / 10 + s / 100 for s in range(2)]
-                                                                 for w in range(3)]}
+    wide = Heatmap(workers=[0, 1, 2], steps=[0, 1], slowdown=[[1 + w / 10 + s / 100 for s in range(2)]
+                                                               for w in range(3)])
     a, b = figures.heatmap_matrix(long), figures.heatmap_matrix(wide)
     assert a[0] == b[0] == ["0", "1", "2"]
     assert [[round(x, 9) for x in r] for r in a[2]] == [[round(x, 9) for x in r] for r in b[2]]
@@ -120,9 +123,11 @@ def test_tables_show_rows_and_say_when_empty():
 
 def test_all_figures_reads_heatmap_and_timeline_from_the_diagnosis():
     d = Diagnosis(job="j", strategy=_strategy_2x2(),
-                  stragglers=Stragglers(extra={"heatmap": [dict(worker=0, step=0, slowdown=1.2)]}),
-                  steps=Steps(extra={"phases_by_rank": [dict(rank=0, compute_ns=5, exposed_comm_ns=1,
-                                                                 idle_ns=0)]}))
+                  stragglers=Stragglers(replay=ReplayDetail(
+                      by_dp_rank={}, by_stage={}, stage_fix_share={}, per_step={},
+                      heatmap=Heatmap(workers=[0], steps=[0], slowdown=[[1.2]]), launch_delay={}, graph={})),
+                  steps=Steps(phases_by_rank=[RankPhases(rank=0, compute_ns=5, comm_ns=1, exposed_comm_ns=1,
+                                                         idle_ns=0, exposed_wait_ns=1)]))
     figs = figures.all_figures(d)
     assert set(figs) >= {"strategy", "step_series", "timeline", "heatmap", "optype", "cause", "regressions",
                          "hangs"}
@@ -131,14 +136,16 @@ def test_all_figures_reads_heatmap_and_timeline_from_the_diagnosis():
 
 
 def test_heatmap_as_the_straggler_section_writes_it():
-    heat = {"workers": [0, 1], "steps": [5, 6], "slowdown": [[1.0, 1.1], [1.4, 1.5]]}
+    heat = Heatmap(workers=[0, 1], steps=[5, 6], slowdown=[[1.0, 1.1], [1.4, 1.5]])
     fig = figures.heatmap_figure(heat)
     assert [list(r) for r in fig.data[0].z] == [[1.0, 1.1], [1.4, 1.5]] and list(fig.data[0].x) == ["5", "6"]
 
 
 def test_step_series_overlays_per_step_slowdown():
     d = Diagnosis(job="j", steps=Steps(count=2, boundaries_ns=[0, 1_000_000, 2_000_000]),
-                  stragglers=Stragglers(extra={"steps": [0, 1], "step_slowdown": [1.2, 1.3]}))
+                  stragglers=Stragglers(steps=[0, 1], whatif=WhatIf(model="generic", verdict_shares={},
+                                                                    verdict_stage=None, T_ns=1.0, T_ideal_ns=1.0,
+                                                                    step_slowdown=[1.2, 1.3])))
     fig = figures.step_series_figure(d)
     assert list(fig.data[1].y) == [1.2, 1.3] and fig.data[1].yaxis == "y2"
 

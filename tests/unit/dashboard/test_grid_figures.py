@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from rankscope.analysis.report.diagnosis import Strategy
+from rankscope.analysis.report.stragglers import Heatmap
+from rankscope.analysis.report.strategy import Strategy
 from rankscope.dashboard import grid_figures
 
 
@@ -15,12 +16,12 @@ def _piped(dp: int, pp: int) -> Strategy:
     return Strategy(world_size=dp * pp, dp=dp, pp=pp, tp=1, dp_groups=dpg, pp_groups=pipes, confidence=1.0)
 
 
-def _heat(world: int, steps: int, slow: dict[int, float], seed: int = 0) -> dict:
+def _heat(world: int, steps: int, slow: dict[int, float], seed: int = 0) -> Heatmap:
     rng = np.random.default_rng(seed)
     z = 1.06 + np.abs(rng.normal(0, 0.002, (world, steps)))
     for r, extra in slow.items():
         z[r] += extra
-    return {"workers": list(range(world)), "steps": list(range(steps)), "slowdown": z.tolist()}
+    return Heatmap(workers=list(range(world)), steps=list(range(steps)), slowdown=z.tolist())
 
 
 def test_small_grid_rows_are_replicas_columns_stages_with_rank_labels():

@@ -7,7 +7,10 @@ import re
 import pytest
 from plotly.offline import get_plotlyjs
 
-from rankscope.analysis.report.diagnosis import Diagnosis, Steps, Stragglers, Strategy
+from rankscope.analysis.report import Diagnosis, Hang, Regression, Steps, Stragglers, Strategy
+from rankscope.analysis.report.data_quality import DataQuality, LayoutQuality, RankCoverage
+from rankscope.analysis.report.kernels import AlignmentCheck
+from rankscope.analysis.report.stragglers import ArrivalWorker
 from rankscope.dashboard.report_html import key_numbers, render_report
 
 
@@ -20,10 +23,21 @@ def diagnosis() -> Diagnosis:
         steps=Steps(count=3, median_ns=1.25e8, boundaries_ns=[0, 120_000_000, 245_000_000, 370_000_000]),
         stragglers=Stragglers(slowdown=1.371, verdict="worker", waste_fraction=0.2706,
                               by_cause={"worker": 1.3, "stage_imbalance": 1.01}, by_optype={"forward": 1.2},
-                              top_workers=[{"endpoint": 3, "slowdown": 1.33, "evidence": "forward 1.5x"}]),
-        regressions=[{"kernel": "sm90_gemm_bf16", "ratio": 0.35, "reason": "misaligned k=4095"}],
-        hangs=[{"group": "dp1", "seq": 12, "missing": [3]}],
-        data_quality={"num_rejected": 7})
+                              top_workers=[ArrivalWorker(endpoint=3, slowdown=1.33, dp_rank=1, stage=1,
+                                                         compute_vs_stage_peers=1.5, own_work_ns=3.0e7,
+                                                         last_arrival_share=0.9)]),
+        regressions=[Regression(check=AlignmentCheck("alignment", "sm90_gemm_bf16", "gemm_other", [4096, 4096, 4095],
+                                                     "bfloat16", "tn", [0], 0.35, "aligned GEMMs of this job",
+                                                     "misaligned k=4095", "min", ["k"], "rules"),
+                                kind="misaligned_gemm", culprit="sm90_gemm_bf16", factor=1 / 0.35, steps=[0],
+                                evidence={})],
+        hangs=[Hang(group="dp1", group_key="ranks 1,3", group_ranks=[1, 3], seq=12, op="all_reduce", size_bytes=8,
+                    dtype="float32", step=3, missing=[3], mismatched=[], pending_ranks=[1], evidence="pending",
+                    arrived=[1], last_seq={"1": 12, "3": 11}, last_completed={}, first_divergent_seq=None,
+                    root_cause=True, started_ns=0, first=True, source="hook", missing_input=[])],
+        data_quality=DataQuality(records={"comm_op": 10}, rejected={"bad time": 7}, num_rejected=7,
+                                 relative_time=False, missing_ranks=[], ranks=RankCoverage(4, None, [], 4, 0),
+                                 layout=LayoutQuality("records: stage", {}, [])))
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +63,11 @@ def test_key_numbers_and_job_name_are_shown_escaped(page):
     assert "27.1 %" in page         # waste
     assert "2 x 2 x 1" in page      # DP x PP x TP
     assert "125.000 ms" in page     # median step
-    assert "sm90_gemm_bf16" in page and "forward 1.5x" in page
+    assert "sm90_gemm_bf16" in page and "last_arrival_share" in page
 
 
 def test_unevaluated_sections_say_so():
-    d = Diagnosis(job="empty", stragglers=Stragglers(extra={"evaluated": False}))
+    d = Diagnosis(job="empty", stragglers=Stragglers(evaluated=False))
     cards = {k: v for k, v, _ in key_numbers(d)}
     assert cards["slowdown S"] == "not evaluated" and cards["verdict"] == "not evaluated"
     page = render_report(d)

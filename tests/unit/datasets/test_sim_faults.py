@@ -6,9 +6,17 @@ import numpy as np
 import polars as pl
 import pytest
 
+from rankscope.analysis.kernels.regressions import kernel_regressions as typed_regressions
+from rankscope.analysis.report.codec import to_json
 from rankscope.datasets.simulator import Fault, SimConfig, simulate
 
 from .conftest import frames
+
+
+def kernel_regressions(*args, **kwargs) -> list[dict]:
+    """The kernel regressions as the report writes them."""
+    return [to_json(r) for r in typed_regressions(*args, **kwargs)]
+
 
 SMALL = dict(steps=3, microbatches=4, layers=8, flows=False, gemm_records=False, seed=5)
 
@@ -93,18 +101,17 @@ def test_misaligned_gemm_slowdown_depends_on_the_split():
 
 
 def test_analyze_alone_flags_the_misaligned_gemm_without_a_baseline():
-    from rankscope.analysis.kernels.regressions import regression_section
     from rankscope.collectors.job_frames import JobFrames
 
     cfg = SimConfig(dp=2, pp=2, tp=2, gemm_records=True, **{k: v for k, v in SMALL.items() if k != "gemm_records"},
                     faults=(Fault("misaligned-gemm", {"kernel": "fc1"}),))
     f = frames(simulate(cfg))
-    regs = regression_section(JobFrames.from_frames("j", compute_op=f["compute_op"]))
+    regs = kernel_regressions(JobFrames.from_frames("j", compute_op=f["compute_op"]))
     assert regs and all(r["kind"] == "misaligned_gemm" and ".fc1." in r["culprit"] for r in regs)
     assert regs[0]["factor"] == pytest.approx(1.8, rel=0.02) and regs[0]["steps"] == [0, 1, 2]
     # A misalignment that costs only 5% is still listed (below the 0.9 throughput threshold's reach).
     cheap = SimConfig(**{**cfg.__dict__, "faults": (Fault("misaligned-gemm", {"kernel": "qkv", "factor": 1.05}),)})
-    regs = regression_section(JobFrames.from_frames("j", compute_op=frames(simulate(cheap))["compute_op"]))
+    regs = kernel_regressions(JobFrames.from_frames("j", compute_op=frames(simulate(cheap))["compute_op"]))
     assert regs and all(r["kind"] == "misaligned_gemm" and ".qkv." in r["culprit"] for r in regs)
     assert regs[0]["factor"] == pytest.approx(1.05, rel=0.01)
 

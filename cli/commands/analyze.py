@@ -14,17 +14,16 @@ from rankscope.collectors.errors import StoreError, UsageError
 def _summary(d) -> str:
     s = d.strategy
     order = ""
-    if s.pp > 1 and s.pp_groups:
-        known = (s.extra or {}).get("stage_order_known", True)
+    if (s.pp or 1) > 1 and s.pp_groups:
+        known = s.stage_order_known
         order = f", pipeline {(' > ' if known else ' - ').join(map(str, s.pp_groups[0]))}"
         order += "" if known else " (direction unknown)"
     step = f"{d.steps.median_ns / 1e6:,.1f} ms x {d.steps.count} steps" if d.steps.count else "steps unknown"
-    warm = d.steps.extra.get("warmup") or []
-    if warm:
-        step += f" ({len(warm)} warm-up left out of the median)"
-    if d.steps.extra.get("ambiguous"):
+    if d.steps.warmup:
+        step += f" ({len(d.steps.warmup)} warm-up left out of the median)"
+    if d.steps.ambiguous:
         step += " (ambiguous: may be a multiple of the step)"
-    from rankscope.analysis.report.findings import summary_text
+    from rankscope.analysis.report import summary_text
     from rankscope.dashboard.report_text import tied_labellings
 
     tied = tied_labellings(s)
@@ -38,21 +37,16 @@ def _results(store, plan, config, engine: str, address: str | None, fresh=None):
 
     ``fresh``: the rows ``--ingest`` just wrote, analysed from memory instead of re-read (embedded engine)."""
     if engine == "ray":
-        from rankscope.analysis.runner.on_ray import analyse_with_ray
+        from rankscope.analysis.runner import analyse_with_ray
 
         yield from analyse_with_ray(str(store.root), plan, config, address)
         return
-    from rankscope.analysis.diagnose import analyze_job
-    from rankscope.analysis.runner.cache import ResultCache, cached_analysis
-    from rankscope.analysis.runner.plan import load_planned
+    from rankscope.analysis.runner import ResultCache, analyse_planned, cached_analysis
 
     cache = ResultCache(store)
     for planned in plan:
         def compute(planned=planned):
-            frames, dq = load_planned(store, planned, fresh)
-            d, tables = analyze_job(frames, config)
-            d.data_quality.update(dq)
-            return d, tables
+            return analyse_planned(store, planned, config, fresh)
 
         # an unchanged store (same parts, options and code) is answered from the cache
         d, tables, _hit = cached_analysis(store, planned, config, compute, cache)
@@ -68,7 +62,7 @@ def _load(with_ingest: bool, inputs=()) -> None:
     blas_without_threads()
     lean_allocators(inputs)
     modules = ["polars", "numpy", "pyarrow.parquet", "rankscope.analysis.diagnose", "rankscope.analysis.runner.plan",
-               "rankscope.analysis.report.findings", "rankscope.dashboard.report_text"]
+               "rankscope.analysis.report.summary", "rankscope.dashboard.report_text"]
     if with_ingest:
         if "pyarrow" not in sys.modules:
             # Arrow buffers on this path are conversion copies freed within each file's ingest. Arrow's own
@@ -76,15 +70,15 @@ def _load(with_ingest: bool, inputs=()) -> None:
             # for the rest of the analysis: ~40 MB more peak RSS on the OSDI AR trace (1.1 MB of Parquet);
             # malloc hands them back, at no CPU cost measured. A user's own choice of pool is kept.
             os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
-        modules += ["rankscope.collectors.ingest.ingest_files", "rankscope.collectors.fresh_rows", "rankscope.cli.cmd_ingest"]
+        modules += ["rankscope.collectors.ingest.files", "rankscope.collectors.fresh_rows", "rankscope.cli.commands.ingest"]
     import_frozen(*modules)
 
 
 def _ingest_first(store_dir, paths):
     """``rankscope ingest PATHS --store`` in this process; the rows written, kept for the analysis."""
-    from rankscope.cli.cmd_ingest import echo_summary
+    from rankscope.cli.commands.ingest import echo_summary
     from rankscope.collectors.fresh_rows import FreshRows
-    from rankscope.collectors.ingest.ingest_files import ingest
+    from rankscope.collectors.ingest.files import ingest
     from rankscope.collectors.store import Store
 
     store = Store(output_dir(store_dir, "--store"))
@@ -149,22 +143,21 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
         raise StoreError(f"--store {store_dir}: expected a trace store with records, found none")
     if flow_job is not None and flow_job not in store.jobs("flow"):
         raise UsageError(f"--flow-job {flow_job!r}: expected a flow capture, one of {store.jobs('flow')}")
-    from rankscope.analysis.fabric.config import FlowConfig
-    from rankscope.analysis.kernels.regressions import RegressionConfig
-    from rankscope.analysis.kernels.throughput import ThroughputConfig
-    from rankscope.analysis.stragglers.attribution import StragglerConfig
+    from rankscope.analysis.fabric import FlowConfig
+    from rankscope.analysis.kernels import RegressionConfig, ThroughputConfig
+    from rankscope.analysis.stragglers import StragglerConfig
 
     config = DiagnoseConfig(
         stragglers=StragglerConfig(none_below=none_below),
         regressions=RegressionConfig(throughput=ThroughputConfig(threshold=regression_threshold)),
         flow=FlowConfig.with_rendezvous(*control_ports))
-    from rankscope.analysis.runner.plan import plan_jobs
+    from rankscope.analysis.runner import plan_jobs
 
     plan = plan_jobs(store, job, flow_job, config.flow)
     if not plan:
         if job:
             raise UsageError(f"--job {job!r}: no such job (training jobs and captures: {store.jobs()})")
-        from rankscope.analysis.runner.plan import why_no_jobs
+        from rankscope.analysis.runner import why_no_jobs
 
         why = why_no_jobs(store, config.flow)
         raise UsageError(f"--store {store_dir}: no training job or flow capture with a job in it"

@@ -68,10 +68,10 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
     from rankscope.cli.progress import bar
     from rankscope.cli.startup import import_frozen
 
-    import_frozen("polars", "numpy", "pyarrow.parquet", "rankscope.collectors.ingest.ingest_files")
+    import_frozen("polars", "numpy", "pyarrow.parquet", "rankscope.collectors.ingest.files")
     from rankscope.collectors.importers import contract
     from rankscope.collectors.ingest import registry
-    from rankscope.collectors.ingest.ingest_files import ingest as run_ingest
+    from rankscope.collectors.ingest.files import ingest as run_ingest
     from rankscope.collectors.store import Store, check_job_name
 
     if fmt != "auto" and fmt not in registry.names():

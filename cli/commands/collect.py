@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from rankscope.cli.cmd_ingest import echo_rejects
+from rankscope.cli.commands.ingest import echo_rejects
 from rankscope.cli.paths import output_dir
 from rankscope.collectors.errors import UsageError
 

@@ -33,11 +33,9 @@ def perfetto(store_dir: str, job: str, out: str):
 
     One process per rank and timeline (``rank N`` and ``rank N (ideal)``), one track per stream.
     """
-    from rankscope.analysis.model.job_model import build_job_model
-    from rankscope.analysis.runner.cache import ResultCache, result_key, store_version
-    from rankscope.analysis.whatif.build import build_graph
-    from rankscope.analysis.whatif.metrics import ideal_durations
-    from rankscope.analysis.whatif.perfetto import metadata_events, perfetto_events
+    from rankscope.analysis.model import build_job_model
+    from rankscope.analysis.runner import ResultCache, result_key, store_version
+    from rankscope.analysis.whatif import ideal_durations, metadata_events, model_graph, perfetto_events
     from rankscope.collectors.job_frames import load_job
     from rankscope.collectors.store import Store
 
@@ -50,8 +48,8 @@ def perfetto(store_dir: str, job: str, out: str):
     key = result_key("perfetto", [store_version(store, [job])], job)
     data, info = cache.get_bytes(key), cache.get_json(key + "-info")
     if data is None or info is None:
-        # the job model's completed frames: stage, step and microbatch filled where the records lack them
-        graph = build_graph(build_job_model(load_job(store, job)).frames)
+        # the job model's completed frames and layout: what the straggler section replays
+        graph = model_graph(build_job_model(load_job(store, job)))
         events = perfetto_events(graph, ideal_durations(graph))
         buf = io.BytesIO()
         events.write_json(buf)

@@ -58,10 +58,10 @@ def diff(baseline_dir, store_dir, job, baseline_job, json_out, threshold):
     Example:
       rankscope diff --baseline st-aligned --store st-resized --json diff.json
     """
-    from rankscope.analysis.kernels.regressions import RegressionConfig
-    from rankscope.analysis.kernels.throughput import ThroughputConfig
+    from rankscope.analysis.kernels import RegressionConfig, ThroughputConfig
+    from rankscope.analysis.model import build_job_model
     from rankscope.analysis.run_diff import DiffConfig, diff_runs
-    from rankscope.analysis.runner.cache import ResultCache, result_key, store_version
+    from rankscope.analysis.runner import ResultCache, result_key, store_version
     from rankscope.collectors.job_frames import load_job
     from rankscope.collectors.store import Store
 
@@ -82,7 +82,7 @@ def diff(baseline_dir, store_dir, job, baseline_job, json_out, threshold):
         if all(getattr(f, k).height == 0 for f in (a, b) for k in ("compute_op", "comm_op", "step_mark")):
             raise RankscopeError(f"nothing to compare: jobs {ja!r} and {jb!r} hold no compute_op, comm_op or "
                                  "step_mark records")
-        d = diff_runs(a, b, cfg)
+        d = diff_runs(build_job_model(a), build_job_model(b), cfg)
         got = {"lines": render(d), "report": d.to_dict()}
         cache.put_json(key, got)
     for line in got["lines"]:

@@ -1,0 +1,103 @@
+"""The report's ``steps`` section: how many steps, how long, where they start, and which were warm-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rankscope.analysis.report.codec import doc
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """A step left out of the median."""
+
+    step: int = doc("the step id.")
+    why: str = doc("why it is warm-up.")
+
+
+@dataclass(frozen=True)
+class RankPhases:
+    """One rank's time over all steps, by phase (nanoseconds)."""
+
+    rank: int = doc("the rank.")
+    compute_ns: int = doc("union of its compute spans.")
+    comm_ns: int = doc("union of its communication spans.")
+    exposed_comm_ns: int = doc("communication not hidden under compute.")
+    idle_ns: int = doc("neither compute nor communication.")
+    exposed_wait_ns: int = doc("exposed communication plus idle: the time it waited.")
+
+
+@dataclass(frozen=True)
+class StepTable:
+    """Steps from per-rank records (step marks or step labels), by the one step definition."""
+
+    step_ids: list[int] = doc("each step's id.")
+    spans_ns: list[int] = doc("each step's job-wide span, earliest rank start to latest rank end.")
+    basis: str = doc("how durations were measured: rank_period (each rank's start to next start, median "
+                     "over ranks) or span (relative-time traces).")
+    warmup: list[Warmup] = doc("steps left out of the median, and why.")
+    num_in_median: int = doc("how many steps the median is taken over.")
+
+
+@dataclass(frozen=True)
+class FlowPeriod:
+    """Steps from the period of the flows' data-parallel bursts."""
+
+    record_cover: float = doc("median record length over the period.")
+    note: str = doc("how the boundaries were placed.")
+    longest_record_cover: float = doc("95th-percentile record length over the period: at half or more, a "
+                                      "record may hold two steps.")
+    record_coverage_between_bursts: float = doc("median share of time between a link's bursts that its "
+                                                "records cover.")
+    period_from_phase_coherence_ns: int | None = doc("the period the phase coherence chose, when the "
+                                                     "bursts' median spacing replaced it.", None, omit="none")
+    period_note: str | None = doc("why the period was replaced.", None, omit="none")
+    period_multiple: int | None = doc("how many link periods make one step of the whole traffic.", None,
+                                      omit="none")
+    autocorrelation_by_multiple: dict[str, float] | None = doc("the traffic's autocorrelation at each multiple "
+                                                               "of the link period.", None, omit="none")
+    period_weak: bool | None = doc("the traffic does not repeat clearly at the period.", None, omit="none")
+    autocorrelation_by_fraction: dict[str, float] | None = doc("the autocorrelation at whole fractions of the "
+                                                               "period, when one repeats as well.", None,
+                                                               omit="none")
+
+
+@dataclass(frozen=True)
+class FlowPeriodMiss:
+    """Why the flows gave no step time: what their records show."""
+
+    continued_records: float | None = doc("share of records that continue their flow's previous one.", None,
+                                          omit="none")
+    median_record_ns: float | None = doc("median record length.", None, omit="none")
+    burst_starts_per_flow: float | None = doc("burst starts per flow.", None, omit="none")
+    period_seen_ns: int | None = doc("the period seen, when under two ticks of the time resolution.", None,
+                                     omit="none")
+    timestamp_resolution_ns: int | None = doc("the records' time resolution.", None, omit="none")
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The job's steps by the one step definition that analyze, diff, export and the dashboard share."""
+
+    count: int = doc("number of steps.", 0)
+    median_ns: float = doc("median step time of the steps that are not warm-up.", 0.0)
+    boundaries_ns: list[int] = doc("start of each step on the aligned clock.", factory=list)
+    source: str | None = doc("where the boundaries come from: step_mark, step column, or the flows' period.",
+                             None, omit="none")
+    evaluated: bool = doc("steps were found; false with ``why`` otherwise.", True)
+    why: str | None = doc("why the steps are unknown or uncertain.", None, omit="none")
+    ambiguous: bool | None = doc("the step time may be a whole multiple or fraction of the one reported.",
+                                 None, omit="none")
+    durations_ns: list[int] | None = doc("each step's duration (the step time).", None, omit="none")
+    table: StepTable | None = doc("steps from per-rank records.", None, flatten=True)
+    period: FlowPeriod | None = doc("steps from the flows' period.", None, flatten=True)
+    period_miss: FlowPeriodMiss | None = doc("what the flows showed when they gave no step time.", None,
+                                             flatten=True)
+    phases_by_rank: list[RankPhases] | None = doc("each rank's compute, communication and wait over all steps.",
+                                                  None, omit="none")
+
+    @property
+    def warmup(self) -> list[Warmup]:
+        return list(self.table.warmup) if self.table is not None else []
+
+

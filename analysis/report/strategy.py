@@ -1,0 +1,129 @@
+"""The report's ``strategy`` section: the job's parallel groups, from its collectives or its flows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rankscope.analysis.report.codec import doc
+
+METHODS = ("comm_op", "flows")
+
+
+@dataclass(frozen=True)
+class Undecided:
+    """A strategy field the input leaves open."""
+
+    field: str = doc("the field: dp, pp, tp, ep, stage_order, dp_groups, pp_groups or tp_groups.")
+    why: str = doc("what the input lacks to decide it.")
+    candidates: list = doc("the values that fit the input equally well, where they are known.", factory=list,
+                           omit="empty")
+
+
+@dataclass(frozen=True)
+class Labelling:
+    """Another DP x PP labelling of the flows that fits the traffic (almost) as well as the one reported."""
+
+    dp: int = doc("its data-parallel degree.")
+    pp: int = doc("its pipeline degree.")
+    fit: float = doc("its mean per-link fit to the traffic models (0..1).")
+    dp_groups: list[list] = doc("its first DP groups (at most four).")
+
+
+@dataclass(frozen=True)
+class WhiteboxDetail:
+    """What the collective records alone tell (``method`` ``comm_op``)."""
+
+    interleaved: bool = doc("the send/recv graph closes into cycles: an interleaved pipeline schedule.")
+    groups_unknown: list[str] = doc("the degrees (dp, tp) whose groups collective streams without a group "
+                                    "may hide.")
+    ep_groups: list[list] | None = doc("each expert-parallel (all-to-all) group's members; null without EP.")
+    cp_groups: list[list] | None = doc("each context-parallel ring's members; null without CP.")
+
+
+@dataclass(frozen=True)
+class FlowsDetail:
+    """What the flow records tell about their own reading (``method`` ``flows``)."""
+
+    grid_valid: bool = doc("the heavy links split into DP groups that each fit a collective and pipelines "
+                           "that carry payload both ways.", True)
+    stage_order_agreement: float = doc("how much the links' votes on the stage order agree (0: no vote).", 0.0)
+    model_fit: float = doc("the mean per-link fit to the traffic models of the labelling (0..1).", 0.0)
+    dp_group_kinds: dict[str, int] | None = doc("collective kind (ring, tree, pair, all_to_all, single) -> number "
+                                         "of DP groups that fit it; null when unknown.", None)
+    ambiguous: bool = doc("other labellings fit as well and no evidence broke the tie.", False)
+    alternatives: list[Labelling] = doc("the other labellings that fit (almost) as well.", factory=list)
+    tie_broken: bool = doc("a tie between labellings was broken by the bytes per link.", False)
+    tie_evidence: str | None = doc("what broke the tie, or why nothing did.", None)
+    stage_order_known: bool = doc("a link voted on the pipelines' direction; without a vote the pipelines "
+                                  "are listed in one direction that may be last stage to first.", True)
+    wrap_unknown: bool = doc("interleaved pipelines close into cycles and nothing shows where they wrap.", False)
+    stage_order_confidence: float | None = doc("chance that the pipelines' direction is right; null without "
+                                               "pipelines.", None)
+    confidence_evidence: str = doc("what the confidence rests on (unique grid, a k-way tie, a tie broken, "
+                                   "an invalid grid, few samples).", "")
+    stage_order_dp_votes: dict[str, list] = doc("'i>j' -> the steps' votes of the gradient reductions on which "
+                                                "of two stages came first.", factory=dict)
+    ranks_per_address: dict[str, Any] = doc("how many ranks share each address, counted from the connections "
+                                            "of the heavy pairs, and why.", factory=dict)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The strategy from the collectives against the one from the flows, through the endpoint_map."""
+
+    evaluated: bool = doc("both strategies existed and an endpoint_map related addresses to ranks.")
+    why: str | None = doc("why not, when not evaluated.", None, omit="none")
+    degrees: dict[str, dict] | None = doc("per degree (dp, pp, tp): white (collectives) and black (flows).",
+                                          None, omit="none")
+    dp_groups_only_comm_op: list[list] | None = doc("DP groups only the collectives show (as ranks).", None,
+                                                    omit="none")
+    dp_groups_only_flows: list[list] | None = doc("DP groups only the flows show (as ranks).", None, omit="none")
+    pipelines_only_comm_op: list[list] | None = doc("pipelines only the collectives show.", None, omit="none")
+    pipelines_only_flows: list[list] | None = doc("pipelines only the flows show.", None, omit="none")
+    unmapped_addresses: list[str] | None = doc("flow endpoints the endpoint_map does not name.", None,
+                                               omit="none")
+    agree: bool | None = doc("degrees (but tp) and groups agree.", None, omit="none")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Which endpoints form data-parallel groups and pipelines (in stage order), and the other degrees."""
+
+    world_size: int = doc("number of endpoints (ranks or NIC addresses) seen.", 0)
+    dp: int | None = doc("data-parallel degree; null when the input cannot decide it (``undecided`` says why).",
+                         1)
+    pp: int | None = doc("pipeline degree; null when the input cannot decide it.", 1)
+    tp: int | None = doc("tensor-parallel degree; null when it cannot be inferred.", None)
+    dp_groups: list[list] = doc("each data-parallel group's members (singletons for a degree of 1).",
+                                factory=list)
+    pp_groups: list[list] = doc("each pipeline's members, first stage to last.", factory=list)
+    confidence: float = doc("chance that every field claimed is right (0..1).", 0.0)
+    ep: int | None = doc("expert-parallel degree; null without EP or when it cannot be inferred.", None)
+    cp: int | None = doc("context-parallel degree; null without CP.", None)
+    tp_groups: list[list] | None = doc("each tensor-parallel group's members; null when unknown.", None)
+    method: str | None = doc("what the strategy was read from: comm_op or flows.", None, omit="none")
+    evaluated: bool = doc("a strategy was inferred; false with ``why`` when the input holds none.", True)
+    why: str | None = doc("why the strategy was not evaluated.", None, omit="none")
+    notes: list[str] | None = doc("what the inference noticed on the way, in words.", None, omit="none")
+    whitebox: WhiteboxDetail | None = doc("from the collectives: interleaving, unknown groups, EP and CP "
+                                          "groups.", None, flatten=True)
+    flows: FlowsDetail | None = doc("from the flows: grid validity, ties, stage-order votes.", None,
+                                    flatten=True)
+    comparison: Comparison | None = doc("collectives against flows, when the job has both.", None, omit="none")
+    undecided: list[Undecided] = doc("every field the input leaves open, with why and what fits.",
+                                     factory=list, omit="empty")
+
+    @property
+    def stage_order_known(self) -> bool:
+        """Whether the pipelines are claimed first stage to last (collectives always order them)."""
+        return self.flows.stage_order_known if self.flows is not None else True
+
+    @property
+    def interleaved(self) -> bool:
+        return bool(self.whitebox and self.whitebox.interleaved)
+
+    @property
+    def tied_labellings(self) -> list[Labelling]:
+        """The other labellings of a standing tie (none when a tie was broken or there was none)."""
+        return list(self.flows.alternatives) if self.flows is not None and self.flows.ambiguous else []

@@ -1,0 +1,1 @@
+"""One module per rankscope command: parse the options, build a config, call the library."""
