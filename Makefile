@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO := demo-out
 
-.PHONY: setup sysdeps demo test lint bench clean
+.PHONY: setup sysdeps demo test lint bench docs clean
 
 # Debian packages the tests use (flow exporters: softflowd, nfdump's nfpcapd, pmacct's sFlow probe;
 # nfdump; headless browser; ip netns);
@@ -43,6 +43,12 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q tests
+
+# docs/report.md and docs/report.schema.json are generated from the report's types (a test checks them)
+docs: setup
+	$(BIN)/python -c "from rankscope.analysis.report.schema import markdown; print(markdown())" > docs/report.md
+	$(BIN)/python -c "import json; from rankscope.analysis.report.schema import json_schema; \
+	  print(json.dumps(json_schema(), indent=1))" > docs/report.schema.json
 
 lint: setup
 	$(BIN)/ruff check .

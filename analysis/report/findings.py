@@ -86,7 +86,8 @@ class Finding:
                     "misaligned_gemm.")
     culprit: Culprit = doc("who or what is anomalous: a rank, an address, a stage, a group, the batches, or "
                            "a kernel (a rank, ranks, or a kernel name).")
-    factor: float | None = doc("how many times slower than its peers or its expectation.")
+    factor: float = doc("how many times slower than its peers or its expectation (for the verdict's culprit "
+                        "without a measured ratio, the job's S: ``evidence.factor_is`` says so).")
     steps: list[int] = doc("the steps it was slow in.")
     evidence: dict[str, Any] = doc("the numbers behind it, and the basis they were measured on.")
     factor_vs: str | None = doc("what the factor is against, when not the culprit's peers.", None, omit="none")
@@ -111,21 +112,19 @@ def kernel_findings(regressions: Iterable[Regression]) -> list[Finding]:
     return list(grouped.values())
 
 
-def order_findings(first: Finding | None, found: Iterable[Finding], verdict: str, slowdown: float) -> list[Finding]:
-    """All findings of one job: the verdict's (``first``) first, then the rest by kind and factor.
+def measured(factor) -> bool:
+    """Whether a factor is a number (the report contract wants one; a finding that measured none is none)."""
+    return isinstance(factor, (int, float)) and not isinstance(factor, bool)
 
-    The report contract wants a number: a finding that measured none is no finding, except the verdict's,
-    whose culprit then carries the cost it was blamed for, the job's S."""
-    rest = [f for f in found if f is not first and isinstance(f.factor, (int, float))]
-    rest.sort(key=lambda f: (KIND_ORDER.get(f.kind, 6), -(f.factor or 0.0)))
+
+def order_findings(first: Finding | None, found: Iterable[Finding], verdict: str) -> list[Finding]:
+    """All findings of one job: the verdict's (``first``) first, then the rest by kind (compute before
+    transfers) and factor, largest first."""
+    rest = [f for f in found if f is not first and measured(f.factor)]
+    rest.sort(key=lambda f: (KIND_ORDER.get(f.kind, 6), -f.factor))
     if first is None:
         return rest
-    evidence = {**first.evidence, "verdict": verdict}
-    factor = first.factor
-    if not isinstance(factor, (int, float)):
-        factor = float(slowdown)
-        evidence["factor_is"] = "the job's slowdown S: this basis measured no ratio for the culprit"
-    return [replace(first, factor=factor, evidence=evidence), *rest]
+    return [replace(first, evidence={**first.evidence, "verdict": verdict}), *rest]
 
 
 def where(c: Culprit) -> str:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from rankscope.analysis.report.codec import doc
 from rankscope.analysis.report.steps import Warmup
 
 BASES = ("compute", "arrival_skew", "flows")
 """what S can be computed from: compute records (a replay), collective arrival skew, or flow records."""
-VERDICTS = ("none", "worker", "stage_imbalance", "sequence_imbalance", "communication", "mixed")
+Verdict = Literal["none", "worker", "stage_imbalance", "sequence_imbalance", "communication", "mixed"]
+VERDICTS = typing.get_args(Verdict)
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,7 @@ class ReplayWorker:
     stage: int | None = doc("its pipeline stage.")
     S_dp_rank: float = doc("S of its whole DP rank.")
     S_stage: float = doc("S of its whole stage.")
-    compute_vs_stage_peers: float = doc("its compute time over its stage peers'.")
+    compute_vs_stage_peers: float | None = doc("its compute time over its stage peers' (null when it has none).")
     stall_ns_per_step: float = doc("its stall ops (gc, data loading) per step.")
     stall_ns_mean: float = doc("the mean length of one stall op.")
 
@@ -125,7 +127,7 @@ class Stragglers:
     """What-if attribution: S = T / T_ideal, the share of it each cause explains, and the verdict."""
 
     slowdown: float = doc("S = T / T_ideal (what-if): 1.0 means no straggling.", 1.0)
-    verdict: str = doc("none below the bar; else the cause with the largest share, mixed when none explains "
+    verdict: Verdict = doc("none below the bar; else the cause with the largest share, mixed when none explains "
                        "half of the slowdown.", "none")
     by_cause: dict[str, float] = doc("share of the slowdown that fixing each cause alone removes: worker "
                                      "(M_W), stage_imbalance (M_S), sequence_imbalance, communication.",

@@ -13,6 +13,7 @@ Findings under the verdict's bar that the flows measured are listed too (evidenc
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from rankscope.analysis.report.causes import FINDING_OF
 from rankscope.analysis.report.findings import (
@@ -25,6 +26,7 @@ from rankscope.analysis.report.findings import (
     Stage,
     Worker,
     kernel_findings,
+    measured,
     order_findings,
 )
 from rankscope.analysis.report.kernels import Regression
@@ -133,7 +135,17 @@ def _stage_verdict(st: Stragglers, found: list[Finding]) -> Finding:
 
 def verdict_finding(st: Stragglers, found: list[Finding]) -> Finding | None:
     """The finding that names the verdict's culprit, made from the section's culprits if no threshold
-    listed it; None for verdicts without one (none, mixed)."""
+    listed it; None for verdicts without one (none, mixed). Where its basis measured no ratio for the
+    culprit (arrival skew of a collective, a stage the replay blamed), its factor is the cost it was blamed
+    for, the job's S, and the evidence says so."""
+    f = _verdict_finding(st, found)
+    if f is None or measured(f.factor):
+        return f
+    return replace(f, factor=float(st.slowdown), evidence={
+        **f.evidence, "factor_is": "the job's slowdown S: this basis measured no ratio for the culprit"})
+
+
+def _verdict_finding(st: Stragglers, found: list[Finding]) -> Finding | None:
     kind = FINDING_OF.get(st.verdict)
     if kind is None:
         return None
@@ -163,4 +175,4 @@ def findings_of(st: Stragglers, regressions: Iterable[Regression] = ()) -> list[
     """A job's one list of findings: the straggler section's (the verdict's first) and the kernel
     section's, in the report's order."""
     first, found = straggler_findings(st)
-    return order_findings(first, [*found, *kernel_findings(regressions)], st.verdict, st.slowdown)
+    return order_findings(first, [*found, *kernel_findings(regressions)], st.verdict)

@@ -62,11 +62,20 @@ def test_kernel_findings_group_the_shapes_of_one_culprit():
     found = kernel_findings([reg("fc1", [8, 8, 8], 0.5), reg("fc2", [16, 16, 16], 0.6)])
     assert [(f.kind, f.culprit) for f in found] == [("kernel_regression", 3)]
     assert found[0].factor == pytest.approx(2.0) and len(found[0].evidence["kernels"]) == 2
-    ordered = order_findings(None, [*found, Finding("slow_link", 1, 1.7, [0], {})], "none", 1.0)
+    ordered = order_findings(None, [*found, Finding("slow_link", 1, 1.7, [0], {})], "none")
     assert [f.kind for f in ordered] == ["kernel_regression", "slow_link"]
     unmeasured = Finding("slow_worker", Worker(1, 0, 0), None, [0], {})
-    assert order_findings(None, [unmeasured], "none", 1.0) == []
-    assert order_findings(unmeasured, [unmeasured], "worker", 1.4)[0].factor == 1.4
+    assert order_findings(None, [unmeasured], "none") == []
+
+
+def test_a_verdict_culprit_without_a_measured_ratio_carries_the_jobs_s():
+    from rankscope.analysis.report.stragglers import WhatIf
+    from rankscope.analysis.stragglers.findings import verdict_finding
+
+    st = Stragglers(slowdown=1.4, verdict="stage_imbalance", basis="arrival_skew", steps=[0, 1], evidence={},
+                    whatif=WhatIf("arrival_skew", {"stage_imbalance": 0.9}, 2, 1.4, 1.0, [1.4, 1.4]))
+    f = verdict_finding(st, [])
+    assert f.culprit.stage == 2 and f.factor == 1.4 and "slowdown S" in f.evidence["factor_is"]
 
 
 def test_hook_records_alone_give_an_arrival_skew_verdict():
