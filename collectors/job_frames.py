@@ -77,9 +77,12 @@ def declared_world(fmt: str, notes: dict) -> dict | None:
     if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
         return None
     out = {"format": fmt, "world_size": ws}
-    tp = layout.get("tp_size")
-    if isinstance(tp, int) and tp > 1:
-        out["tp_size"] = tp
+    if layout:
+        out["layout"] = True  # the source declares the job's layout, not only its size (the OSDI'25 meta)
+    for key in ("tp_size", "dsp_size"):
+        v = layout.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+            out[key] = v
     groups = notes.get("pg_ranks")
     if isinstance(groups, list) and groups:
         out["groups"] = groups  # process-group memberships the source declares (Kineto pg_config)

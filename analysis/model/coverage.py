@@ -60,10 +60,10 @@ def rank_coverage(frames: JobFrames) -> Coverage:
     world = max(sizes) if sizes else None
     declared = set(range(world)) if world else set()
     missing = sorted((declared | named) - present)
-    tps = {d.get("tp_size") for d in frames.declared if d.get("tp_size")}
     note = None
-    if missing and world and tps and len(present) * max(tps) == world:
-        note = (f"the trace keeps one rank per tensor-parallel group (tp_size {max(tps)}); "
+    kept = _one_per_group(frames.declared)
+    if missing and world and kept > 1 and len(present) * kept == world:
+        note = (f"the trace keeps one rank per {_group_words(frames.declared)}; "
                 "the other ranks of each group are absent by the trace's design")
     elif missing:
         note = "no records from these ranks: their traces were not supplied or not written"
@@ -71,3 +71,18 @@ def rank_coverage(frames: JobFrames) -> Coverage:
                         declared_by=sorted({f"{d['format']} world_size {d['world_size']}" for d in frames.declared}),
                         named_in_comm_groups=len(named), missing=len(missing), note=note)
     return Coverage(missing_ranks=missing, ranks=info)
+
+
+def _one_per_group(declared: list[dict]) -> int:
+    """How many ranks of a declared layout each recorded rank stands for (tensor x data-sequence parallel)."""
+    tp = max((d.get("tp_size", 1) for d in declared), default=1)
+    dsp = max((d.get("dsp_size", 1) for d in declared), default=1)
+    return tp * dsp
+
+
+def _group_words(declared: list[dict]) -> str:
+    tp = max((d.get("tp_size", 1) for d in declared), default=1)
+    dsp = max((d.get("dsp_size", 1) for d in declared), default=1)
+    parts = ([f"tensor-parallel group (tp_size {tp})"] if tp > 1 else []) + (
+        [f"data-sequence-parallel group (dsp_size {dsp})"] if dsp > 1 else [])
+    return " and ".join(parts)

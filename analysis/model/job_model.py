@@ -147,7 +147,29 @@ def flow_view(frames: JobFrames, config: FlowConfig | None = None) -> FlowView |
     return FlowView(flow=flow, exporter_offsets=offsets, clocks=exporter_clocks(offsets), inference=inference)
 
 
-def _strategy(white: Strategy | None, flows: FlowView | None, endpoint_map: pl.DataFrame) -> Strategy:
+def declared_layout(white: Strategy, declared: list[dict]) -> Strategy:
+    """The white-box strategy with the job's world size and tp from a source that declares its layout.
+
+    Traces that keep one rank per tensor-parallel (or data-sequence-parallel) group, as the OSDI'25 what-if
+    traces do, show only those ranks: their collectives tell DP and PP, but tp and the world size are the
+    declared layout's. The tp groups' other members are absent, so the groups are not listed."""
+    layouts = [d for d in declared if d.get("layout")]
+    if not layouts:
+        return white
+    world = max(d["world_size"] for d in layouts)
+    tp = max(d.get("tp_size", 1) for d in layouts)
+    if world <= white.world_size and tp == (white.tp or 1):
+        return white
+    note = (f"world size {world} and tp {tp} from the layout the source declares ({layouts[0]['format']}); the "
+            f"records hold {white.world_size} of its ranks")
+    return replace(white, world_size=max(world, white.world_size), tp=tp,
+                   tp_groups=white.tp_groups if tp == (white.tp or 1) else None, notes=[*(white.notes or []), note])
+
+
+def _strategy(white: Strategy | None, flows: FlowView | None, endpoint_map: pl.DataFrame,
+              declared: list[dict]) -> Strategy:
+    if white is not None:
+        white = declared_layout(white, declared)
     if white is not None and flows is not None:
         return replace(white, comparison=compare_strategies(white, flows.inference.strategy, endpoint_map))
     if white is not None:
@@ -202,7 +224,8 @@ def build_job_model(frames: JobFrames, clock: ClockConfig | None = None, flow: F
         table = flow_step_table(section)
     return JobModel(frames=done, aligned_comm=with_labels(comm_a, comm), aligned_compute=with_labels(comp_a, comp),
                     aligned_step_mark=mark, rank_offsets=offsets,
-                    strategy=_strategy(white, flows, frames.endpoint_map), whitebox=white, flows=flows,
+                    strategy=_strategy(white, flows, frames.endpoint_map, frames.declared), whitebox=white,
+                    flows=flows,
                     layout=layout, rank_steps=windows, steps=table, steps_section=section,
                     records=records, coverage=coverage, filled=filled, notes=notes)
 

@@ -38,6 +38,8 @@ def test_nothing_missing_when_all_declared_ranks_have_records():
 def test_declared_world_from_manifest_notes():
     assert declared_world("kineto", {"world_size": 128, "rank": 0}) == {"format": "kineto", "world_size": 128}
     osdi = declared_world("whatif_parquet", {"layout": {"world_size": 64, "tp_size": 4}})
-    assert osdi == {"format": "whatif_parquet", "world_size": 64, "tp_size": 4}
+    assert osdi == {"format": "whatif_parquet", "world_size": 64, "layout": True, "tp_size": 4}
+    se = declared_world("whatif_parquet", {"layout": {"world_size": 128, "tp_size": 1, "dsp_size": 2}})
+    assert se == {"format": "whatif_parquet", "world_size": 128, "layout": True, "dsp_size": 2}
     assert declared_world("kineto", {"world_size": None}) is None
     assert declared_world("csv", {}) is None
