@@ -70,7 +70,7 @@ def slow_ranks(graph: WhatIfGraph, actual: np.ndarray, at_least: float) -> list[
     out = [{"rank": int(r), "dp_rank": int(place[r][0]), "stage": int(place[r][1]), "factor": float(speed[r]),
             "sigmas_above_median": (float((speed[r] - np.median(list(speed.values()))) / sigma) if sigma > 0 else None),
             "steps": [int(s) for s in steps.get(r, [])], "by_optype": types.get(r, {})} for r in slow]
-    return sorted(out + stalled, key=lambda x: -x["factor"])
+    return sorted(out + stalled, key=lambda x: (-x["factor"], x["rank"]))  # ties in rank order, run after run
 
 
 def _robust_sigma(values: dict) -> float:
@@ -229,7 +229,8 @@ def link_evidence(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, at_
         pl.col("x").filter(pl.col("x") >= at_least).median().alias("factor"),
         (pl.col("x") >= at_least).sum().alias("n_slow"), pl.len().alias("n"),
         pl.col("step").filter(pl.col("x") >= at_least).unique().sort().alias("steps")).filter(pl.col("n_slow") > 0)
-    per = per.sort(["n_slow", "factor"], descending=True)
+    # ties (equal counts and ratios) in rank order: the report lists them the same way on every run
+    per = per.sort(["n_slow", "factor", "rank"], descending=[True, True, False])
     return [{"rank": int(r["rank"]), "factor": float(r["factor"]), "slow_transfers": int(r["n_slow"]),
              "transfers": int(r["n"]), "steps": [int(s) for s in r["steps"]]} for r in per.head(8).to_dicts()]
 
