@@ -162,6 +162,9 @@ def describe(f: Finding) -> str:
     x = f"{fac:.2f}x" if isinstance(fac, (int, float)) and fac == fac else "?x"
     kind, who, ev = f.kind, where(f.culprit), f.evidence
     stall = ev.get("stall_ns_per_step")
+    if kind == "slow_worker" and ev.get("late_ns") is not None:
+        # flows: a late sender, measured by its lateness, not its compute
+        return f"{who} sends {ev['late_ns'] / 1e6:.0f} ms late a step (the step takes {x} its time without that)"
     if kind == "slow_worker" and ev.get("own_time_with_stalls_vs_stage_peers") is not None:
         return f"{who} takes {x} its stage peers' compute time, with stalls (gc, data) of {stall / 1e6:.0f} ms per step"
     if kind == "slow_worker" and (f.factor_vs or "stage peers") != "stage peers":

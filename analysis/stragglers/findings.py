@@ -7,7 +7,8 @@ culprit first (made from the section's culprits when no finding threshold listed
 - ``slow_link``: a rank whose transfers run >= 1.5x their op type's typical (from flows: an address whose
   links run slow against their peers');
 - ``sequence_imbalance``: microbatches of unequal work (what balancing saves).
-Findings under the verdict's bar that the flows measured are listed too (evidence ``below_threshold``).
+Findings under the verdict's bar that the flows measured are listed too (evidence ``below_threshold``):
+a slow NIC that costs 2 % of the step gets no verdict, but it is named.
 """
 
 from __future__ import annotations
@@ -75,6 +76,25 @@ def _link(link: dict, basis: str) -> Finding:
                                               "hosts is slower than one inside a host by design: check the topology"})
 
 
+def _below_the_bar(x: dict) -> Finding:
+    """A flows finding whose cost is under the verdict's bar: no verdict names it, the findings do."""
+    kind = FLOW_KINDS.get(x["kind"], "slow_worker")
+    who = x.get("culprit")
+    if who is not None:
+        culprit = Endpoint(who)
+    elif kind == "slow_link":
+        culprit = Group(None, x.get("members"))
+    else:
+        culprit = OneOf(x.get("members"), x.get("stage"))
+    evidence = {"basis": "flows", "below_threshold": True, "found": x["kind"], "slowdown": x["slowdown"],
+                **{k: x[k] for k in ("late_ns", "extra_ns", "cost", "ambiguous") if k in x}}
+    factor = x.get("factor")
+    if not measured(factor):
+        factor = x["slowdown"]
+        evidence["factor_is"] = "the step's slowdown this costs (under the verdict's bar)"
+    return Finding(kind=kind, culprit=culprit, factor=factor, steps=[], evidence=evidence)
+
+
 def measured_findings(st: Stragglers) -> list[Finding]:
     """Findings read off one straggler section's evidence (no verdict ordering yet)."""
     if not st.evaluated:
@@ -99,7 +119,7 @@ def measured_findings(st: Stragglers) -> list[Finding]:
         for f in out:
             if f.kind in ("slow_worker", "slow_stage"):
                 f.evidence["ambiguous"] = st.ambiguous.why
-    return out
+    return out + [_below_the_bar(x) for x in st.below_threshold or []]
 
 
 def _worker_verdict(st: Stragglers, found: list[Finding], c: dict | None) -> Finding | None:

@@ -99,11 +99,13 @@ def _ring_and_late_stage(ring: dict | None, late: dict | None) -> tuple[dict | N
     return {**ring, "kind": "slow_group_or_late_stage"}, late, amb
 
 
-def _brief(x: dict) -> dict:
-    """A finding under the report's bar, as evidence: who (or which group), how late or slow, and whether
-    its cost is only a lower bound (no forward time to set a late send against: a two-stage pipeline)."""
+def _brief(x: dict, step: float) -> dict:
+    """A finding under the report's bar, as evidence: who (or which group), how late or slow, the step's
+    slowdown it costs, and whether that cost is only a lower bound (no forward time to set a late send
+    against: a two-stage pipeline)."""
     keep = ("kind", "culprit", "members", "stage", "factor", "late_ns", "extra_ns", "ambiguous")
     out = {k: x[k] for k in keep if k in x}
+    out["slowdown"] = _slowdown(x, step)
     # (a late ring arrival is the whole cost: the ring waits for it; only a late forward send is a part)
     if "stage" in x and x.get("factor") is None:
         out["cost"] = "a lower bound: the lateness of the first send, with no forward time to set it against"
@@ -187,7 +189,7 @@ def _group_section(x: dict, step: float, none_below: float, base: dict) -> Strag
     is named."""
     s = _slowdown(x, step)
     if s < none_below:
-        return Stragglers(**base, slowdown=s, verdict="none", findings_flows=[], below_threshold=[_brief(x)])
+        return Stragglers(**base, slowdown=s, verdict="none", findings_flows=[], below_threshold=[_brief(x, step)])
     if x["kind"] == "slow_group":
         cause, who = "communication", {"group_id": x["group"], "ranks": x["members"], "transfer_ratio": x["factor"],
                                        **({"labelling": x["labelling"]} if "labelling" in x else {})}
@@ -210,7 +212,7 @@ def _named_section(found: list[dict], step: float, none_below: float, base: dict
         # too small to matter: listed as evidence, nobody named (a clean job's member that opens its
         # ring link 2 ms late in a 3.4 s step is no culprit)
         return Stragglers(**base, slowdown=s, verdict="none", findings_flows=[],
-                          below_threshold=[_brief(x) for x in found])
+                          below_threshold=[_brief(x, step) for x in found])
     top = [FlowWorker(endpoint=x["culprit"], slowdown=_slowdown(x, step), kind=x["kind"])
            for x in sorted(found, key=lambda x: -x["extra_ns"])]
     # the evidence in the shape the findings read (culprits are addresses: flows know no ranks)

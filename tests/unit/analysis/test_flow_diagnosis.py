@@ -6,11 +6,12 @@ import polars as pl
 from rankscope.analysis.report import Steps, Strategy
 from rankscope.analysis.report.steps import FlowPeriod
 from rankscope.analysis.report.strategy import FlowsDetail
+from rankscope.analysis.stragglers.findings import findings_of
 from rankscope.analysis.stragglers.from_flows import flow_straggler_section
 from rankscope.analysis.stragglers.late_arrivals import late_senders
 from rankscope.analysis.stragglers.link_rates import link_rates, slow_group
-from rankscope.analysis.strategy.flows.infer import flow_steps
 from rankscope.analysis.strategy.flows.period import whole_step
+from rankscope.analysis.strategy.flows.steps import flow_steps
 from tests.unit.analysis.flow_records import STEP, frame
 
 
@@ -265,16 +266,20 @@ def test_a_finding_too_small_to_matter_names_nobody():
     assert st.below_threshold[0]["culprit"] == "h3"
     # the ring waits for the late member, so its lateness is the whole cost, not a lower bound
     assert "cost" not in st.below_threshold[0]
+    # no verdict names it, but the report's findings do (a tool that reads the contract sees it)
+    (f,) = findings_of(st)
+    assert f.kind == "slow_worker" and f.culprit.endpoint == "h3" and f.evidence["below_threshold"]
+    assert f.factor == st.below_threshold[0]["slowdown"] < 1.05 and "under the verdict's bar" in f.evidence["factor_is"]
 
 
 def test_the_period_follows_most_links_burst_spacing():
-    from rankscope.analysis.strategy.flows.infer import _burst_spacing
+    from rankscope.analysis.strategy.flows.steps import burst_spacing
 
     # bursts every 1.5 s on most links, every second step on some (the exporter hid one); a period
     # guess 5 % long is pulled back to what the spacings say
     rows = [(f"k{i}", int(s * 1.5e9)) for i in range(6) for s in range(0, 8, 2 if i == 5 else 1)]
     b = pl.DataFrame(rows, schema=["key", "start_ns"], orient="row").sort("key", "start_ns")
-    assert abs(_burst_spacing(b, 1.58e9) - 1.5e9) < 1e6
+    assert abs(burst_spacing(b, 1.58e9) - 1.5e9) < 1e6
 
 
 def test_a_late_tp_group_across_rails_is_named_as_a_group():

@@ -145,6 +145,8 @@ def test_a_late_two_stage_pipeline_group_under_the_bar_is_said_with_its_cost_a_l
     assert under["kind"] == "late_pipelines" and under["members"] == ["10.0.1.1", "10.0.2.1"] and under["cost"]
     text = summary_text(Diagnosis(job="j", stragglers=st, findings=findings_of(st)))
     assert "under the bar: late_pipelines one of 10.0.1.1, 10.0.2.1, 30 ms late a step (a lower bound)" in text, text
+    (f,) = findings_of(st)
+    assert f.kind == "slow_worker" and f.culprit.one_of == ["10.0.1.1", "10.0.2.1"] and f.evidence["cost"]
 
 
 def test_two_pipelines_alone_name_nobody():
