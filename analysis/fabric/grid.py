@@ -148,8 +148,11 @@ def byte_rank_candidates(n: int, ai: np.ndarray, bi: np.ndarray, bytes_: np.ndar
     return out
 
 
-def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, like: np.ndarray,
-         modes: np.ndarray, data_sym: np.ndarray, link_t: np.ndarray | None = None) -> GridFit:
+def _pipeline_faults(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, modes: np.ndarray,
+                     data_sym: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """The pipelines the links labelled ``is_pp`` form (a component label per node) and why they are no
+    set of pipelines (empty when they are): each must be a simple path or cycle, all of one length,
+    its links of one byte mode, carrying payload both ways and about as much each way."""
     n = len(nodes)
     notes: list[str] = []
     pa, pb = ai[is_pp], bi[is_pp]
@@ -160,79 +163,96 @@ def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, li
     # a path, or a cycle of more than two stages (interleaved schedules send the last stage's
     # output back to the first stage's next model chunk)
     shape_ok = (pedges == psize - 1) | ((pedges == psize) & (psize > 2))
-    valid = bool((deg <= 2).all() and shape_ok.all())
-    if not valid:
+    if not bool((deg <= 2).all() and shape_ok.all()):
         notes.append("pipeline edges do not form simple paths or cycles")
     if len(set(psize.tolist())) > 1:
-        valid = False
         notes.append(f"pipelines of unequal length {sorted(set(psize.tolist()))}")
     # every stage boundary passes the same activations: a pipeline's links are of one byte mode
     if len(pa) and pl.DataFrame({"c": pl_lab[pa], "m": modes[is_pp]}).group_by("c").agg(
             k=pl.col("m").n_unique())["k"].max() > 1:
-        valid = False
         notes.append("a pipeline's links carry different byte volumes")
     # activations go downstream and gradients upstream: a pipeline link carries payload both ways
     if is_pp.any() and (data_sym[is_pp] >= TWO_WAY).mean() < 0.5:
-        valid = False
         notes.append("pipeline links carry payload one way only")
     # and as much each way: an activation's gradient has the activation's shape
     elif is_pp.any() and (data_sym[is_pp] >= BALANCED).mean() < 0.5:
-        valid = False
         notes.append("pipeline links carry far more payload one way than the other")
-    dmask = ~is_pp
-    da, db = ai[dmask], bi[dmask]
-    dp_lab = components(nodes, da, db)
-    dsize = np.bincount(dp_lab)
-    if len(set(dsize.tolist())) > 1:
-        valid = False
-        notes.append(f"data-parallel groups of unequal size {sorted(set(dsize.tolist()))}")
-    # every DP group must be a collective's link pattern (ring, tree, all-to-all), not any set of links
+    return pl_lab, notes
+
+
+def _dp_group_kinds(n: int, da: np.ndarray, db: np.ndarray, dp_lab: np.ndarray, dsym: np.ndarray,
+                    dt: np.ndarray | None) -> dict[int, str | None]:
+    """The collective (fabric.link_models.group_kind) each DP group's links fit, None for none.
+
+    ``da``, ``db``: the DP links of ``n`` nodes; ``dp_lab``: DP group per node; ``dsym``: the links'
+    data symmetry; ``dt``: their first payload times, if known: a ring or tree of two-way links whose
+    first payload walks round it stage by stage is a pipeline, so it fits no collective."""
     adj = adjacency(n, da, db)
-    two = data_sym[dmask] >= TWO_WAY
-    balanced = data_sym[dmask] >= BALANCED
+    two = dsym >= TWO_WAY
+    balanced = dsym >= BALANCED
     members: dict[int, list[int]] = defaultdict(list)
     for i, c in enumerate(dp_lab.tolist()):
         members[c].append(i)
     link_group = dp_lab[da]
     kinds: dict[int, str | None] = {}
-    dt = link_t[dmask] if link_t is not None else None
     for c, m in members.items():
         sel = link_group == c
         kinds[c] = group_kind(m, da[sel], db[sel], two[sel], adj, balanced[sel])
-        # a cycle of two-way links whose first payload walks round it stage by stage is a pipeline
         if kinds[c] in ("tree", "ring") and dt is not None and two[sel].all() \
                 and staggered_cycle(m, da[sel], db[sel], dt[sel]):
             kinds[c] = None
+    return kinds
+
+
+def _mixed_modes(link_group: np.ndarray, dmodes: np.ndarray) -> int:
+    """How many byte modes beyond one the DP groups' links fall into, summed over the groups
+    (``link_group``: DP group of each DP link, ``dmodes``: its byte mode)."""
+    if not len(link_group):
+        return 0
+    dm = pl.DataFrame({"c": link_group, "m": dmodes}).group_by("c").agg(k=pl.col("m").n_unique())
+    return int((dm["k"] - 1).sum())
+
+
+def _fit(nodes: list[str], ai: np.ndarray, bi: np.ndarray, is_pp: np.ndarray, like: np.ndarray,
+         modes: np.ndarray, data_sym: np.ndarray, link_t: np.ndarray | None = None) -> GridFit:
+    """One labelling ``is_pp`` (per link ai-bi: pipeline, else DP) judged: its DP groups and pipelines,
+    whether they form a dp x pp grid of collectives (notes say why not), and its score: the links' fit
+    to their traffic models, + 1e6 when valid, - 1e3 per byte mode a DP group has beyond one."""
+    n = len(nodes)
+    pl_lab, notes = _pipeline_faults(nodes, ai, bi, is_pp, modes, data_sym)
+    dmask = ~is_pp
+    da, db = ai[dmask], bi[dmask]
+    dp_lab = components(nodes, da, db)
+    dsize = np.bincount(dp_lab)
+    if len(set(dsize.tolist())) > 1:
+        notes.append(f"data-parallel groups of unequal size {sorted(set(dsize.tolist()))}")
+    # every DP group must be a collective's link pattern (ring, tree, all-to-all), not any set of links
+    kinds = _dp_group_kinds(n, da, db, dp_lab, data_sym[dmask], link_t[dmask] if link_t is not None else None)
     bad = [c for c, k in kinds.items() if k is None]
     if bad:
-        valid = False
         notes.append(f"{len(bad)} data-parallel group(s) fit no collective (ring, tree, all-to-all)")
-    mixed = 0
-    if len(da):
-        dm = pl.DataFrame({"c": link_group, "m": modes[dmask]}).group_by("c").agg(k=pl.col("m").n_unique())
-        mixed = int((dm["k"] - 1).sum())
+    link_group = dp_lab[da]
     # one collective moves the same bytes over every link of its group: a DP group whose links fall
     # into several byte modes is two kinds of traffic lumped together
+    mixed = _mixed_modes(link_group, modes[dmask])
     if mixed:
-        valid = False
         notes.append("a data-parallel group's links carry different byte volumes")
     # grid: no DP group holds two members of one pipeline
     pairs = set(zip(dp_lab.tolist(), pl_lab.tolist()))
     if len(pairs) < n:
-        valid = False
         notes.append("a data-parallel group holds two stages of one pipeline")
+    valid = not notes  # every fault above leaves a note
     kind_of_link: list[str | None] = [None] * len(is_pp)
     for j, e in enumerate(np.flatnonzero(dmask).tolist()):
         kind_of_link[e] = kinds[int(link_group[j])]
     fit = link_fit(is_pp, kind_of_link, data_sym, like)
     mean_fit = float(fit.mean()) if len(fit) else 0.0
     score = float(fit.sum()) + (1e6 if valid else 0.0) - 1e3 * mixed
-    dp_groups = _groups(nodes, dp_lab)
-    pipes = _groups(nodes, pl_lab)
     counts: dict[str, int] = defaultdict(int)
     for k in kinds.values():
         counts[str(k)] += 1
-    return GridFit(dp_groups, pipes, is_pp, valid, score, notes, fit=mean_fit, group_kinds=dict(counts))
+    return GridFit(_groups(nodes, dp_lab), _groups(nodes, pl_lab), is_pp, valid, score, notes, fit=mean_fit,
+                   group_kinds=dict(counts))
 
 
 def _groups(nodes: list[str], lab: np.ndarray) -> list[list[str]]:

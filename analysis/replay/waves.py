@@ -125,43 +125,48 @@ def _idx(a: np.ndarray, n: int) -> np.ndarray:
     return a.astype(np.int32 if n < 2**31 - 1 else np.int64, copy=False)
 
 
-def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray | None = None,
-                block: np.ndarray | None = None) -> ReplayPlan:
-    """Waves of a graph of ``n`` ops with edges ``src -> dst`` and sync groups (-1: alone), as ``replay``.
+def _index_arrays(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, type]:
+    """``src``, ``dst`` as integer arrays, and the working index type of a plan of ``n`` ops.
 
-    ``block`` (optional, per op, e.g. the step): independent components, replayed one after another
-    for memory locality; ignored when an edge or a sync group joins two blocks.
-    """
-    # integer indices as given (an int32 edge list stays int32: no int64 copy of 16 M edges)
+    Integer indices stay as given (an int32 edge list stays int32: no int64 copy of 16 M edges); the
+    working indices are int32 where they fit: the plan of a big job (4,096 GPUs: 9 M ops, 16 M edges)
+    is built from a dozen edge-sized arrays, and their width sets the analysis' peak memory."""
     src, dst = np.asarray(src), np.asarray(dst)
     if src.dtype.kind not in "iu" or dst.dtype.kind not in "iu":
         src, dst = src.astype(np.int64), dst.astype(np.int64)
-    # int32 working indices where they fit: the plan of a big job (4,096 GPUs: 9 M ops, 16 M edges)
-    # is built from a dozen edge-sized arrays, and their width sets the analysis' peak memory
-    it = np.int32 if max(n, src.size) < 2**31 - 1 else np.int64
-    if sync_group is None:
-        node = np.arange(n, dtype=it)
-    else:
-        node = _super_nodes(np.asarray(sync_group, dtype=np.int64)).astype(it)
-    n_super = int(node.max()) + 1 if n else 0
+    return src, dst, np.int32 if max(n, src.size) < 2**31 - 1 else np.int64
+
+
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    """CSR offsets (int64, one more than ``counts``) of segments of ``counts`` entries each."""
+    offsets = np.zeros(counts.size + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(counts)
+    return offsets
+
+
+def _super_edge_csr(node: np.ndarray, src: np.ndarray, dst: np.ndarray, n_super: int, it: type
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The edges between super-nodes (``node``: per op) grouped by source super-node (CSR).
+
+    Returns (in-degree per super-node, offsets per source super-node, target op of each edge in CSR
+    order, as ``it``). Raises CycleError for an edge inside one sync group (a self-wait)."""
     ssrc, sdst = node[src], node[dst]
     if np.any(ssrc == sdst):
         raise CycleError(f"{int(np.sum(ssrc == sdst))} dependency edges lie inside one sync group")
     indeg = np.bincount(sdst, minlength=n_super)
     del sdst
-    offsets = np.zeros(n_super + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum(np.bincount(ssrc, minlength=n_super))
-    # edges grouped by source super-node (CSR); the source of edge e is implied by offsets
+    offsets = _offsets(np.bincount(ssrc, minlength=n_super))
+    # the source of edge e is implied by offsets
     e_dst_op = dst[np.argsort(ssrc, kind="stable")].astype(it)
-    del ssrc
-    e_dst = node[e_dst_op]
-    has_pred = np.zeros(n, dtype=bool)
-    has_pred[dst] = True
-    members = np.argsort(node, kind="stable").astype(it)
-    m_off = np.zeros(n_super + 1, dtype=np.int64)
-    m_off[1:] = np.cumsum(np.bincount(node, minlength=n_super))
+    return indeg, offsets, e_dst_op
 
-    # first pass: the wave of every super-node
+
+def _wave_numbers(offsets: np.ndarray, e_dst: np.ndarray, indeg: np.ndarray) -> tuple[np.ndarray, int]:
+    """The wave of every super-node (Kahn's algorithm, one numpy step per wave) and the number of waves.
+
+    ``offsets``/``e_dst``: the CSR of super-node edges; ``indeg`` (per super-node) is used up. Raises
+    CycleError when some super-nodes are on a cycle."""
+    n_super = indeg.size
     wave_of = np.empty(n_super, dtype=np.int64)
     frontier = np.flatnonzero(indeg == 0)
     stamp = np.empty(n_super, dtype=np.int64)
@@ -179,60 +184,127 @@ def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray
         pos = np.arange(cand.size)
         stamp[cand] = pos
         frontier = cand[stamp[cand] == pos]
-    del e_dst, stamp, indeg
+    del stamp
     if processed != n_super:
         raise CycleError(f"{n_super - processed} of {n_super} op groups are on a dependency cycle")
+    return wave_of, wave_no
 
-    # renumber super-nodes by (block, wave) and ops with them: each block's waves touch one small,
-    # contiguous, cache-resident range instead of the whole job's arrays
+
+def _super_blocks(block: np.ndarray | None, node: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                  n_super: int) -> np.ndarray:
+    """The block of every super-node; all 0 without ``block`` (per op) or when blocks share a sync
+    group or an edge (then they are no independent components)."""
     s_block = np.zeros(n_super, dtype=np.int64)
     if block is not None:
         b = np.asarray(block, dtype=np.int64)
         s_block[node] = b
         if np.any(s_block[node] != b) or _crosses(b, src, dst):
-            s_block[:] = 0  # blocks that share groups or edges are no independent components
-    m_count = m_off[1:] - m_off[:-1]
-    # one stable sort of a combined key: the same order as lexsort((m_count, wave_of, s_block)), at a third
-    # of its cost
-    top_m, top_w = int(m_count.max()) + 1 if n_super else 1, wave_no + 1
+            s_block[:] = 0
+    return s_block
+
+
+def _wave_major_order(s_block: np.ndarray, wave_of: np.ndarray, m_count: np.ndarray, n_waves: int) -> np.ndarray:
+    """Super-nodes ordered by (block, wave, member count), as ``lexsort((m_count, wave_of, s_block))``.
+
+    One stable sort of a combined key where it fits in 62 bits: the same order at a third of the cost."""
+    n_super = s_block.size
+    top_m, top_w = int(m_count.max()) + 1 if n_super else 1, n_waves + 1
     if (int(s_block.max()) + 1 if n_super else 1) * top_w * top_m < 2**62:
-        super_order = np.argsort((s_block * top_w + wave_of) * top_m + m_count, kind="stable")
-    else:
-        super_order = np.lexsort((m_count, wave_of, s_block))
-    new_super = np.empty(n_super, dtype=it)
-    new_super[super_order] = np.arange(n_super, dtype=it)
-    op_order = members[csr_gather(m_off, super_order)] if n_super else np.zeros(0, it)
-    del members, m_off
-    # the plan's op-side maps, before the wave loop, so their inputs are freed before it runs
-    super_of_op = _idx(new_super[node], n)
-    del new_super, node
-    new_op = np.empty(n, dtype=it)
-    new_op[op_order] = np.arange(n, dtype=it)
-    roots = _idx(new_op[np.flatnonzero(~has_pred)], n)
-    del has_pred
-    m_counts = m_count[super_order]
-    del m_count
-    op_start = np.r_[0, np.cumsum(m_counts)] if n_super else np.zeros(1, np.int64)
-    key = s_block[super_order] * (wave_no + 1) + wave_of[super_order]
-    cuts = np.r_[np.flatnonzero(np.r_[True, key[1:] != key[:-1]]), n_super] if n_super else np.zeros(1, np.int64)
-    del key, wave_of, s_block
+        return np.argsort((s_block * top_w + wave_of) * top_m + m_count, kind="stable")
+    return np.lexsort((m_count, wave_of, s_block))
+
+
+def _inverse(order: np.ndarray, it: type) -> np.ndarray:
+    """The inverse permutation of ``order`` (new number of each old index), as ``it``."""
+    inv = np.empty(order.size, dtype=it)
+    inv[order] = np.arange(order.size, dtype=it)
+    return inv
+
+
+def _wave_cuts(s_block: np.ndarray, wave_of: np.ndarray, super_order: np.ndarray, n_waves: int) -> np.ndarray:
+    """Where each (block, wave) begins among the renumbered super-nodes, with their count at the end."""
+    n_super = super_order.size
+    if not n_super:
+        return np.zeros(1, np.int64)
+    key = s_block[super_order] * (n_waves + 1) + wave_of[super_order]
+    return np.r_[np.flatnonzero(np.r_[True, key[1:] != key[:-1]]), n_super]
+
+
+def _node_runs(m_counts: np.ndarray, op_start: np.ndarray, lo: int, hi: int) -> tuple:
+    """The runs of equal member count among super-nodes lo:hi (see Wave.node_runs)."""
+    sizes = m_counts[lo:hi]
+    rc = np.r_[np.flatnonzero(np.r_[True, sizes[1:] != sizes[:-1]]), hi - lo] + lo
+    return tuple((a, b, int(op_start[a]), int(op_start[b]), int(m_counts[a]))
+                 for a, b in zip(rc[:-1].tolist(), rc[1:].tolist(), strict=True))
+
+
+def _waves(cuts: np.ndarray, m_counts: np.ndarray, op_start: np.ndarray, super_order: np.ndarray,
+           offsets: np.ndarray, e_dst_op: np.ndarray, new_op: np.ndarray) -> tuple[Wave, ...]:
+    """Every wave, in processing order, in the renumbered ops and super-nodes.
+
+    ``cuts``: wave bounds among new super-nodes; ``m_counts``/``op_start``: member count and first op
+    of each new super-node; ``super_order``: old super-node of each new one; ``offsets``/``e_dst_op``:
+    the CSR of edges by old source super-node, to old target ops; ``new_op``: new number of each op."""
+    n, it = new_op.size, new_op.dtype
     out_deg = offsets[1:] - offsets[:-1]
     reached = np.zeros(n, dtype=bool)  # ops an earlier wave (in processing order) has an edge to
     waves = []
     for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
-        sizes = m_counts[lo:hi]
-        rc = np.r_[np.flatnonzero(np.r_[True, sizes[1:] != sizes[:-1]]), hi - lo] + lo
-        node_runs = tuple((a, b, int(op_start[a]), int(op_start[b]), int(m_counts[a]))
-                          for a, b in zip(rc[:-1].tolist(), rc[1:].tolist(), strict=True))
         wave_supers = super_order[lo:hi]
         eidx = csr_gather(offsets, wave_supers)
         tgt_ops = new_op[e_dst_op[eidx]]
         # the edges of super-node super_order[k] come from new super-node k, in CSR order
         e_from = np.repeat(np.arange(lo, hi, dtype=it), out_deg[wave_supers])
         tgt, edge_src, edge_runs = _edge_runs(tgt_ops, e_from, reached, n)
-        waves.append(Wave(lo, hi, int(op_start[lo]), int(op_start[hi]), node_runs, tgt, edge_src, edge_runs))
+        waves.append(Wave(lo, hi, int(op_start[lo]), int(op_start[hi]), _node_runs(m_counts, op_start, lo, hi),
+                          tgt, edge_src, edge_runs))
+    return tuple(waves)
+
+
+def plan_replay(n: int, src: np.ndarray, dst: np.ndarray, sync_group: np.ndarray | None = None,
+                block: np.ndarray | None = None) -> ReplayPlan:
+    """Waves of a graph of ``n`` ops with edges ``src -> dst`` and sync groups (-1: alone), as ``replay``.
+
+    ``block`` (optional, per op, e.g. the step): independent components, replayed one after another
+    for memory locality; ignored when an edge or a sync group joins two blocks.
+    """
+    src, dst, it = _index_arrays(n, src, dst)
+    if sync_group is None:
+        node = np.arange(n, dtype=it)
+    else:
+        node = _super_nodes(np.asarray(sync_group, dtype=np.int64)).astype(it)
+    n_super = int(node.max()) + 1 if n else 0
+    indeg, offsets, e_dst_op = _super_edge_csr(node, src, dst, n_super, it)
+    e_dst = node[e_dst_op]
+    has_pred = np.zeros(n, dtype=bool)
+    has_pred[dst] = True
+    members = np.argsort(node, kind="stable").astype(it)
+    m_off = _offsets(np.bincount(node, minlength=n_super))
+    wave_of, n_waves = _wave_numbers(offsets, e_dst, indeg)
+    del e_dst, indeg
+
+    # renumber super-nodes by (block, wave) and ops with them: each block's waves touch one small,
+    # contiguous, cache-resident range instead of the whole job's arrays
+    s_block = _super_blocks(block, node, src, dst, n_super)
+    m_count = m_off[1:] - m_off[:-1]
+    super_order = _wave_major_order(s_block, wave_of, m_count, n_waves)
+    new_super = _inverse(super_order, it)
+    op_order = members[csr_gather(m_off, super_order)] if n_super else np.zeros(0, it)
+    del members, m_off
+    # the plan's op-side maps, before the wave loop, so their inputs are freed before it runs
+    super_of_op = _idx(new_super[node], n)
+    del new_super, node
+    new_op = _inverse(op_order, it)
+    roots = _idx(new_op[np.flatnonzero(~has_pred)], n)
+    del has_pred
+    m_counts = m_count[super_order]
+    del m_count
+    op_start = np.r_[0, np.cumsum(m_counts)] if n_super else np.zeros(1, np.int64)
+    cuts = _wave_cuts(s_block, wave_of, super_order, n_waves)
+    del wave_of, s_block
+    waves = _waves(cuts, m_counts, op_start, super_order, offsets, e_dst_op, new_op)
     m_seg = op_start[:-1]
-    return ReplayPlan(n, n_super, _idx(op_order, n), super_of_op, _idx(m_seg, n), roots, tuple(waves))
+    return ReplayPlan(n, n_super, _idx(op_order, n), super_of_op, _idx(m_seg, n), roots, waves)
 
 
 def replay_waves(plan: ReplayPlan, duration: np.ndarray, launch_delay: np.ndarray | None = None,

@@ -106,6 +106,109 @@ def _remove_metric(t_ori: float, t_ideal: float, t_rem: float, t_add: float, wha
     return {"rem": rem, "add": add, "t_rem": t_rem, "t_add": t_add, "fixed": what}
 
 
+@dataclass(frozen=True)
+class _OpCodes:
+    """Where each op and rank sits: the (rank, op group) code of every op, numbered rank-major
+    (``rank index * len(og_names) + op group index``), and each rank's dp rank and stage."""
+
+    ranks: np.ndarray
+    """the ranks, sorted."""
+    og_names: list[str]
+    """op groups (op types, with a pipeline direction's sends and recvs as one), sorted."""
+    rank_i: np.ndarray
+    """per op: its rank's index in ``ranks``."""
+    labels: np.ndarray
+    """per op: its code."""
+    r_dp: np.ndarray
+    r_st: np.ndarray
+    """per rank: dp rank, stage."""
+    dps: np.ndarray
+    stages: np.ndarray
+    """the distinct dp ranks and stages, sorted."""
+    code_rank: np.ndarray
+    code_og: np.ndarray
+    """per code: its rank index and op group index."""
+
+
+def _op_codes(ops: pl.DataFrame) -> _OpCodes:
+    """The codes of ``ops`` (columns rank, og, dp_rank, stage; dp_rank and stage without nulls)."""
+    ranks = np.sort(ops["rank"].unique().to_numpy())
+    og_names = sorted(ops["og"].unique().to_list())
+    # codes by hashing, not sorting: a sort of 2 M op type strings is the slow part of a big job
+    rank_i = np.searchsorted(ranks, ops["rank"].to_numpy())
+    og_i = ops.select(pl.col("og").replace_strict({o: i for i, o in enumerate(og_names)},
+                                                  return_dtype=pl.Int64))["og"].to_numpy()
+    n_og = len(og_names)
+    place = ops.group_by("rank").agg(pl.col("dp_rank").first(), pl.col("stage").first()).sort("rank")
+    r_dp = place["dp_rank"].to_numpy()
+    r_st = place["stage"].to_numpy()
+    return _OpCodes(ranks=ranks, og_names=og_names, rank_i=rank_i, labels=rank_i * n_og + og_i,
+                    r_dp=r_dp, r_st=r_st, dps=np.unique(r_dp), stages=np.unique(r_st),
+                    code_rank=np.repeat(np.arange(len(ranks)), n_og), code_og=np.tile(np.arange(n_og), len(ranks)))
+
+
+def _first_scenarios(codes: _OpCodes, ops: pl.DataFrame) -> tuple[Scenarios, list]:
+    """The scenarios of the first batched replay and their names, in column order: "actual", "ideal",
+    the actual durations put back on the ideal for one ("dp", d), ("stage", s) or ("og", name) at a
+    time, ("stage_rem", s) a stage's work made ideal in the actual, and "ms_rem"/"ms_add" the last
+    stage made ideal in the actual / put back on the ideal. ``ops``: columns og, comm."""
+    rows, remove, names = [], [], []
+
+    def add(sel: np.ndarray, rem: bool, name):
+        rows.append(sel)
+        remove.append(rem)
+        names.append(name)
+
+    n_codes = codes.code_rank.size
+    code_dp, code_st = codes.r_dp[codes.code_rank], codes.r_st[codes.code_rank]
+    add(np.ones(n_codes, bool), False, "actual")
+    add(np.zeros(n_codes, bool), False, "ideal")
+    for d in codes.dps:
+        add(code_dp == d, False, ("dp", int(d)))
+    for s in codes.stages:
+        add(code_st == s, False, ("stage", int(s)))
+    for j, o in enumerate(codes.og_names):
+        add(codes.code_og == j, False, ("og", o))
+    # work of a stage: its compute, without communication and stalls (a partition imbalance is compute)
+    og_work = ops.group_by("og").agg((~pl.col("comm").any()).alias("w")).filter(
+        pl.col("w") & ~pl.col("og").is_in(list(STALL_TYPES)))["og"].to_list()
+    is_work = np.isin(np.array(codes.og_names, dtype=object), og_work)[codes.code_og]
+    for s in codes.stages:
+        add((code_st == s) & is_work, True, ("stage_rem", int(s)))
+    last = code_st == codes.stages.max()
+    add(last, True, "ms_rem")
+    add(last, False, "ms_add")
+    return Scenarios(codes.labels, np.array(rows), np.array(remove)), names
+
+
+def _worker_order(worker_S: dict[int, float], codes: _OpCodes, comm: np.ndarray, actual: np.ndarray,
+                  ideal: np.ndarray) -> list[int]:
+    """Ranks by S_w, highest first. S_w is one number per (dp rank, stage) cell, so the ranks of a
+    cell (a TP group) tie; the authors then take the lower rank, which picks the wrong member when
+    the slow one is not the first. Ties are broken by the rank's own excess compute time over the
+    ideal (actual - ideal of its non-communication ops, ``comm`` false), then by rank."""
+    work = ~comm
+    excess = np.zeros(len(codes.ranks))
+    np.add.at(excess, codes.rank_i[work], (actual - ideal)[work])
+    excess_of = {int(r): float(excess[i]) for i, r in enumerate(codes.ranks)}
+    return sorted(worker_S, key=lambda r: (-worker_S[r], -excess_of[r], r))
+
+
+def _per_step_slowdowns(col: dict, step_Ti: np.ndarray, codes: _OpCodes) -> tuple[dict, list]:
+    """Per step S of every op group, dp rank and stage (``col``: step times by scenario name) and the
+    worker x step heatmap of S_w: ({'by_optype'|'by_dp_rank'|'by_stage': {name: [S]}}, [[S_w] per rank])."""
+    def step_s(n):
+        return (col[n] / step_Ti).tolist()
+
+    per = {"by_optype": {o: step_s(("og", o)) for o in codes.og_names},
+           "by_dp_rank": {int(d): step_s(("dp", int(d))) for d in codes.dps},
+           "by_stage": {int(s): step_s(("stage", int(s))) for s in codes.stages}}
+    by_dp, by_stage = per["by_dp_rank"], per["by_stage"]
+    heat = [[min(a, b) for a, b in zip(by_dp[int(codes.r_dp[i])], by_stage[int(codes.r_st[i])], strict=True)]
+            for i in range(len(codes.ranks))]
+    return per, heat
+
+
 def compute_metrics(graph: WhatIfGraph, config: MetricsConfig | None = None,
                     ideal: np.ndarray | None = None) -> WhatIfMetrics:
     """All OSDI'25 metrics of one graph (two batched replays). ``ideal`` overrides ideal_durations."""
@@ -115,48 +218,10 @@ def compute_metrics(graph: WhatIfGraph, config: MetricsConfig | None = None,
         pl.col("dp_rank").fill_null(0), pl.col("stage").fill_null(0))
     actual = graph.actual
     ideal = ideal_durations(graph) if ideal is None else ideal
-    ranks = np.sort(ops["rank"].unique().to_numpy())
-    og_names = sorted(ops["og"].unique().to_list())
-    # codes by hashing, not sorting: a sort of 2 M op type strings is the slow part of a big job
-    rank_i = np.searchsorted(ranks, ops["rank"].to_numpy())
-    og_i = ops.select(pl.col("og").replace_strict({o: i for i, o in enumerate(og_names)},
-                                                  return_dtype=pl.Int64))["og"].to_numpy()
-    n_og = len(og_names)
-    labels = rank_i * n_og + og_i
-    place = ops.group_by("rank").agg(pl.col("dp_rank").first(), pl.col("stage").first()).sort("rank")
-    r_dp = place["dp_rank"].to_numpy()
-    r_st = place["stage"].to_numpy()
-    dps = np.unique(r_dp)
-    stages = np.unique(r_st)
-    n_codes = len(ranks) * n_og
-    code_rank = np.repeat(np.arange(len(ranks)), n_og)
-    code_og = np.tile(np.arange(n_og), len(ranks))
-
-    rows, remove, names = [], [], []
-
-    def add(sel: np.ndarray, rem: bool, name):
-        rows.append(sel)
-        remove.append(rem)
-        names.append(name)
-
-    add(np.ones(n_codes, bool), False, "actual")
-    add(np.zeros(n_codes, bool), False, "ideal")
-    for d in dps:
-        add(r_dp[code_rank] == d, False, ("dp", int(d)))
-    for s in stages:
-        add(r_st[code_rank] == s, False, ("stage", int(s)))
-    for j, o in enumerate(og_names):
-        add(code_og == j, False, ("og", o))
-    # work of a stage: its compute, without communication and stalls (a partition imbalance is compute)
-    og_work = ops.group_by("og").agg((~pl.col("comm").any()).alias("w")).filter(
-        pl.col("w") & ~pl.col("og").is_in(list(STALL_TYPES)))["og"].to_list()
-    is_work = np.isin(np.array(og_names, dtype=object), og_work)[code_og]
-    for s in stages:
-        add((r_st[code_rank] == s) & is_work, True, ("stage_rem", int(s)))
-    last = r_st[code_rank] == stages.max()
-    add(last, True, "ms_rem")
-    add(last, False, "ms_add")
-    st = step_times(graph, actual, ideal, Scenarios(labels, np.array(rows), np.array(remove)))
+    codes = _op_codes(ops)
+    ranks, r_dp, r_st, stages = codes.ranks, codes.r_dp, codes.r_st, codes.stages
+    scenarios, names = _first_scenarios(codes, ops)
+    st = step_times(graph, actual, ideal, scenarios)
     col = {n: st[:, i] for i, n in enumerate(names)}
     step_T, step_Ti = col["actual"], col["ideal"]
     T, Ti = float(step_T.mean()), float(step_Ti.mean())
@@ -164,38 +229,22 @@ def compute_metrics(graph: WhatIfGraph, config: MetricsConfig | None = None,
     def ratio(n):
         return float(col[n].mean() / Ti)
 
-    by_dp = {int(d): ratio(("dp", int(d))) for d in dps}
+    by_dp = {int(d): ratio(("dp", int(d))) for d in codes.dps}
     by_stage = {int(s): ratio(("stage", int(s))) for s in stages}
-    by_og = {o: ratio(("og", o)) for o in og_names}
+    by_og = {o: ratio(("og", o)) for o in codes.og_names}
     worker_S = {int(r): min(by_dp[int(r_dp[i])], by_stage[int(r_st[i])]) for i, r in enumerate(ranks)}
-    # Top workers: highest S_w. S_w is one number per (dp rank, stage) cell, so the ranks of a
-    # cell (a TP group) tie; the authors then take the lower rank, which picks the wrong member
-    # when the slow one is not the first. We break ties by the rank's own excess compute time
-    # over the ideal (actual - ideal of its non-communication ops), then by rank.
-    work = ~ops["comm"].to_numpy()
-    excess = np.zeros(len(ranks))
-    np.add.at(excess, rank_i[work], (actual - ideal)[work])
-    excess_of = {int(r): float(excess[i]) for i, r in enumerate(ranks)}
-    order = sorted(worker_S, key=lambda r: (-worker_S[r], -excess_of[r], r))
+    order = _worker_order(worker_S, codes, ops["comm"].to_numpy(), actual, ideal)
     n_top = max(1, math.ceil(len(ranks) * config.top_worker_percent / 100))
     top = order[:n_top]
-    top_sel = np.isin(ranks[code_rank], top)
-    st2 = step_times(graph, actual, ideal, Scenarios(labels, np.array([top_sel, top_sel]), np.array([True, False])))
+    top_sel = np.isin(ranks[codes.code_rank], top)
+    st2 = step_times(graph, actual, ideal,
+                     Scenarios(codes.labels, np.array([top_sel, top_sel]), np.array([True, False])))
     m_w = _remove_metric(T, Ti, float(st2[:, 0].mean()), float(st2[:, 1].mean()), [int(r) for r in top])
     m_s = _remove_metric(T, Ti, float(col["ms_rem"].mean()), float(col["ms_add"].mean()),
                          [int(r) for r in ranks[r_st == stages.max()]])
-
     gap = T - Ti
     stage_fix = {int(s): (T - float(col[("stage_rem", int(s))].mean())) / gap if gap > 0 else 0.0 for s in stages}
-
-    def per_step(n):
-        return (col[n] / step_Ti).tolist()
-
-    per = {"by_optype": {o: per_step(("og", o)) for o in og_names},
-           "by_dp_rank": {int(d): per_step(("dp", int(d))) for d in dps},
-           "by_stage": {int(s): per_step(("stage", int(s))) for s in stages}}
-    heat = [[min(a, b) for a, b in zip(per["by_dp_rank"][int(r_dp[i])], per["by_stage"][int(r_st[i])], strict=True)]
-            for i in range(len(ranks))]
+    per, heat = _per_step_slowdowns(col, step_Ti, codes)
     return WhatIfMetrics(
         T=T, T_ideal=Ti, S=T / Ti if Ti > 0 else 1.0, waste=1 - Ti / T if T > 0 else 0.0,
         steps=[int(s) for s in graph.steps], step_T=step_T.tolist(), step_T_ideal=step_Ti.tolist(),

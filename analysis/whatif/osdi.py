@@ -7,6 +7,8 @@ groups (:func:`_osdi_template`); every (step, dp rank) instance shares it. See
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import polars as pl
 
@@ -72,6 +74,169 @@ def _ids(rows: list[tuple], *optypes: str) -> list[int]:
     return [r[0] for r in rows if r[1] in optypes]
 
 
+def _p2p_in_window(ops: list[tuple], computes: list[tuple], sr: str) -> list[bool]:
+    """Per p2p op of ``ops`` (rows of one send or recv op type): whether it can belong to one of the
+    ``computes`` (rows of the matching compute type), with the authors' clock slack: a recv starts no
+    later than the last compute starts, a send ends no earlier than the first compute ends."""
+    if sr == "recv":
+        last_start = max((r[3] for r in computes if r[3] is not None), default=None)
+        return [r[3] is not None and last_start is not None and r[3] <= last_start + _EPS_MATCH_NS for r in ops]
+    first_end = min((r[4] for r in computes if r[4] is not None), default=None)
+    return [r[4] is not None and first_end is not None and r[4] >= first_end - _EPS_MATCH_NS for r in ops]
+
+
+@dataclass
+class _TemplateBuild:
+    """The edges and sync groups of one template, gathered stage by stage, in template ids.
+
+    ``key``: (optype, seq, stage) -> template id. ``separate_ar``: the step has a separate gradient
+    all-reduce (the reduce-scatter then overlaps the backward pass). Rows of a stage are
+    (tid, optype, seq, start_ns, end_ns), as :func:`_stage_rows` gives them.
+    """
+
+    key: dict
+    pp: int
+    use_dp: bool
+    separate_ar: bool
+    edges: list = field(default_factory=list)
+    """(u, v): v waits for u."""
+    groups: list = field(default_factory=list)
+    """(members, dp_sync)."""
+    pair_members: dict = field(default_factory=dict)
+    """(send side, recv side) -> the ops found for that p2p pair; a pair is whole with two."""
+    notes: dict = field(default_factory=lambda: {"unpaired_p2p": 0})
+
+    def add_stage(self, s: int, rows: list[tuple]) -> None:
+        """Every edge within stage ``s`` and its lone and dp-synced groups; its p2p ops join pair_members."""
+        # (start_ns, seq, optype) is unique within a stage, so this order is the only one
+        ordered = sorted(rows, key=lambda r: (_null_first(r[3]), _null_first(r[2]), r[1]))
+        by_seq = _by(rows, 2)
+        comp = [r for r in ordered if r[1] in (FWD, BWD)]
+        _chain(self.edges, [r[0] for r in comp])
+        p2p = [r for r in ordered if r[1] in P2P_TYPES]
+        self.link_p2p(s, comp, p2p)
+        for optype in P2P_TYPES:
+            _chain(self.edges, _ids(p2p, optype))
+        self.link_first_backward_p2p(s, comp)
+        rs = _ids(by_seq, "grads-reduce-scatter")
+        if self.use_dp:
+            self.link_dp_comm(ordered, by_seq, comp, rs)
+        self.link_step_end(s, comp, rs)
+        if self.use_dp:
+            for i in _ids(rows, *DP_COMM_TYPES):
+                self.groups.append(([i], True))
+
+    def link_p2p(self, s: int, comp: list[tuple], p2p: list[tuple]) -> None:
+        """Ties stage ``s``'s sends and recvs (rows ``p2p``) to its computes (``comp``), per direction."""
+        for direction, delta_send in (("forward", 1), ("backward", -1)):
+            computes = [r for r in comp if r[1] == f"{direction}-compute"]
+            if not computes:
+                continue
+            for sr in ("send", "recv"):
+                ops = [r for r in p2p if r[1] == f"{direction}-{sr}"]
+                if ops:
+                    self.link_p2p_type(s, direction, delta_send, sr, ops, computes)
+
+    def link_p2p_type(self, s: int, direction: str, delta_send: int, sr: str, ops: list[tuple],
+                      computes: list[tuple]) -> None:
+        """The ops of one p2p type (``direction``-``sr``) of stage ``s``, in start order. One in the
+        compute window is tied to the next compute by sequence number (a send waits for it; it waits for
+        a recv, which waits for the compute before) and, unless the peer stage does not exist, pairs with
+        the peer stage's k-th op of the opposite type; the others start alone."""
+        valid = _p2p_in_window(ops, computes, sr)
+        cid = 1 if (sr == "recv" and sum(valid) + 1 == len(computes)) else 0
+        peer_stage = s + (delta_send if sr == "send" else -delta_send)
+        noop_peer = peer_stage < 0 or peer_stage >= self.pp
+        optype = f"{direction}-{sr}"
+        peer_type = f"{direction}-{'recv' if sr == 'send' else 'send'}"
+        k = 0
+        for op_id, ok in zip([r[0] for r in ops], valid, strict=True):
+            match = self.key.get((f"{direction}-compute", cid, s)) if ok else None
+            if match is not None:
+                if sr == "send":
+                    self.edges.append((match, op_id))
+                else:
+                    self.edges.append((op_id, match))
+                    prev = self.key.get((f"{direction}-compute", cid - 1, s))
+                    if prev is not None:
+                        self.edges.append((prev, op_id))
+                cid += 1
+            if not ok or noop_peer:
+                self.groups.append(([op_id], False))
+                continue
+            pair = tuple(sorted([(optype, k, s), (peer_type, k, peer_stage)]))
+            self.pair_members.setdefault(pair, []).append(op_id)
+            k += 1
+
+    def link_first_backward_p2p(self, s: int, comp: list[tuple]) -> None:
+        """The first backward recv and send of stage ``s`` wait for the compute two before its first backward."""
+        first_bwd = next((i for i, r in enumerate(comp) if r[1] == BWD), None)
+        if first_bwd is not None and first_bwd >= 2:
+            for optype in ("backward-recv", "backward-send"):
+                op = self.key.get((optype, 0, s))
+                if op is not None:
+                    self.edges.append((comp[first_bwd - 2][0], op))
+
+    def link_dp_comm(self, ordered: list[tuple], by_seq: list[tuple], comp: list[tuple], rs: list[int]) -> None:
+        """A stage's dp communication: gathers and reduce-scatters in start order, the first forward after
+        the last parameter gather, and (with a separate all-reduce) the first reduce-scatter after the last
+        backward to end. ``rs``: the reduce-scatters by sequence number."""
+        _chain(self.edges, _ids(ordered, "params-all-gather", "grads-reduce-scatter"))
+        ag = _ids(by_seq, "params-all-gather")
+        fwd = [r for r in comp if r[1] == FWD]
+        if ag and fwd:
+            self.edges.append((ag[-1], _by(fwd, 3)[0][0]))
+        if self.separate_ar and rs:
+            self.edges.append((_by([r for r in comp if r[1] == BWD], 4)[-1][0], rs[0]))
+
+    def step_tail(self, s: int, rs: list[int]) -> list[int]:
+        """Stage ``s``'s ops after its computes, in the order they run: gradient all-reduces (layernorm,
+        embedding on the first and last stage, the dp reduction), the gradient clip, the optimizer."""
+        key = self.key
+        tail = [key.get(("layernorm-grads-all-reduce", 0, s))]
+        if s in (0, self.pp - 1):
+            tail.append(key.get(("embedding-grads-all-reduce", 0, s)))
+        if self.use_dp and self.separate_ar:
+            tail.append(key.get(("separate-grads-all-reduce", 0, s)))
+        elif self.use_dp:
+            tail.extend(rs)
+        tail += [key.get(("optimizer-clip-main-grad", 0, s)), key.get(("optimizer", 0, s))]
+        return [x for x in tail if x is not None]
+
+    def link_step_end(self, s: int, comp: list[tuple], rs: list[int]) -> None:
+        """Chains stage ``s``'s gc and step tail after the compute that ends last (with a separate
+        all-reduce, the tail also waits for the last reduce-scatter)."""
+        tail = self.step_tail(s, rs)
+        gc = self.key.get(("gc", 0, s))
+        if comp:
+            last = _by(comp, 4)[-1][0]
+            head = gc if gc is not None else (tail[0] if tail else None)
+            if head is not None:
+                self.edges.append((last, head))
+        _chain(self.edges, ([gc] if gc is not None else []) + tail)
+        if self.use_dp and self.separate_ar and rs and tail:
+            self.edges.append((rs[-1], tail[0]))
+
+    def add_cross_stage_groups(self) -> None:
+        """The groups that span stages: p2p pairs (a side without its peer starts alone and is counted in
+        notes), the embedding all-reduce of the first and last stage, the gradient clip of every stage."""
+        key, pp = self.key, self.pp
+        for members in self.pair_members.values():
+            if len(members) == 2:
+                self.groups.append((members, False))
+            else:
+                self.notes["unpaired_p2p"] += len(members)
+                self.groups.extend(([m], False) for m in members)
+        emb = [key.get(("embedding-grads-all-reduce", 0, s)) for s in sorted({0, pp - 1})]
+        emb = [x for x in emb if x is not None]
+        if emb:
+            self.groups.append((emb, False))
+        clip = [key.get(("optimizer-clip-main-grad", 0, s)) for s in range(pp)]
+        clip = [x for x in clip if x is not None]
+        if clip:
+            self.groups.append((clip, True))
+
+
 def _osdi_template(t: pl.DataFrame, pp: int, use_dp: bool) -> tuple[list, list, dict]:
     """Edges and sync groups among the ops of one model-parallel group in one step.
 
@@ -79,114 +244,12 @@ def _osdi_template(t: pl.DataFrame, pp: int, use_dp: bool) -> tuple[list, list, 
     (edges [(u, v)], groups [(members, dp_sync)], notes) in template ids.
     """
     key = {(o, s, st): i for i, o, s, st in zip(t["tid"], t["optype"], t["seq"], t["stage"], strict=True)}
-    edges: list = []
-    groups: list = []
-    notes = {"unpaired_p2p": 0}
-    ovlp = "separate-grads-all-reduce" in set(t["optype"].to_list())
-    pair_members: dict = {}
+    build = _TemplateBuild(key, pp, use_dp, "separate-grads-all-reduce" in set(t["optype"].to_list()))
     stages = _stage_rows(t)
     for s in range(pp):
-        ts = stages.get(s, [])
-        # (start_ns, seq, optype) is unique within a stage, so this order is the only one
-        ordered = sorted(ts, key=lambda r: (_null_first(r[3]), _null_first(r[2]), r[1]))
-        by_seq = _by(ts, 2)
-        comp = [r for r in ordered if r[1] in (FWD, BWD)]
-        comp_ids = [r[0] for r in comp]
-        _chain(edges, comp_ids)
-        p2p = [r for r in ordered if r[1] in P2P_TYPES]
-        for direction, delta_send in (("forward", 1), ("backward", -1)):
-            ct = [r for r in comp if r[1] == f"{direction}-compute"]
-            if not ct:
-                continue
-            last_start = max((r[3] for r in ct if r[3] is not None), default=None)
-            first_end = min((r[4] for r in ct if r[4] is not None), default=None)
-            for sr in ("send", "recv"):
-                optype = f"{direction}-{sr}"
-                ops = [r for r in p2p if r[1] == optype]
-                if not ops:
-                    continue
-                if sr == "recv":
-                    valid = [r[3] is not None and last_start is not None and r[3] <= last_start + _EPS_MATCH_NS
-                             for r in ops]
-                else:
-                    valid = [r[4] is not None and first_end is not None and r[4] >= first_end - _EPS_MATCH_NS
-                             for r in ops]
-                cid = 1 if (sr == "recv" and sum(valid) + 1 == len(ct)) else 0
-                peer_stage = s + (delta_send if sr == "send" else -delta_send)
-                noop_peer = peer_stage < 0 or peer_stage >= pp
-                peer_type = f"{direction}-{'recv' if sr == 'send' else 'send'}"
-                k = 0
-                for op_id, ok in zip([r[0] for r in ops], valid, strict=True):
-                    match = key.get((f"{direction}-compute", cid, s)) if ok else None
-                    if match is not None:
-                        if sr == "send":
-                            edges.append((match, op_id))
-                        else:
-                            edges.append((op_id, match))
-                            prev = key.get((f"{direction}-compute", cid - 1, s))
-                            if prev is not None:
-                                edges.append((prev, op_id))
-                        cid += 1
-                    if not ok or noop_peer:
-                        groups.append(([op_id], False))
-                        continue
-                    pair = tuple(sorted([(optype, k, s), (peer_type, k, peer_stage)]))
-                    pair_members.setdefault(pair, []).append(op_id)
-                    k += 1
-        for optype in P2P_TYPES:
-            _chain(edges, _ids(p2p, optype))
-        first_bwd = next((i for i, r in enumerate(comp) if r[1] == BWD), None)
-        if first_bwd is not None and first_bwd >= 2:
-            for optype in ("backward-recv", "backward-send"):
-                op = key.get((optype, 0, s))
-                if op is not None:
-                    edges.append((comp_ids[first_bwd - 2], op))
-        rs = _ids(by_seq, "grads-reduce-scatter")
-        if use_dp:
-            _chain(edges, _ids(ordered, "params-all-gather", "grads-reduce-scatter"))
-            ag = _ids(by_seq, "params-all-gather")
-            fwd = [r for r in comp if r[1] == FWD]
-            if ag and fwd:
-                edges.append((ag[-1], _by(fwd, 3)[0][0]))
-            if ovlp and rs:
-                edges.append((_by([r for r in comp if r[1] == BWD], 4)[-1][0], rs[0]))
-        tail = [key.get(("layernorm-grads-all-reduce", 0, s))]
-        if s in (0, pp - 1):
-            tail.append(key.get(("embedding-grads-all-reduce", 0, s)))
-        if use_dp and ovlp:
-            tail.append(key.get(("separate-grads-all-reduce", 0, s)))
-        elif use_dp:
-            tail.extend(rs)
-        tail += [key.get(("optimizer-clip-main-grad", 0, s)), key.get(("optimizer", 0, s))]
-        tail = [x for x in tail if x is not None]
-        gc = key.get(("gc", 0, s))
-        if comp:
-            last = _by(comp, 4)[-1][0]
-            head = gc if gc is not None else (tail[0] if tail else None)
-            if head is not None:
-                edges.append((last, head))
-        chain = ([gc] if gc is not None else []) + tail
-        _chain(edges, chain)
-        if use_dp and ovlp and rs and tail:
-            edges.append((rs[-1], tail[0]))
-        if use_dp:
-            for i in _ids(ts, *DP_COMM_TYPES):
-                groups.append(([i], True))
-    for members in pair_members.values():
-        if len(members) == 2:
-            groups.append((members, False))
-        else:
-            notes["unpaired_p2p"] += len(members)
-            groups.extend(([m], False) for m in members)
-    emb = [key.get(("embedding-grads-all-reduce", 0, s)) for s in sorted({0, pp - 1})]
-    emb = [x for x in emb if x is not None]
-    if emb:
-        groups.append((emb, False))
-    clip = [key.get(("optimizer-clip-main-grad", 0, s)) for s in range(pp)]
-    clip = [x for x in clip if x is not None]
-    if clip:
-        groups.append((clip, True))
-    return edges, groups, notes
+        build.add_stage(s, stages.get(s, []))
+    build.add_cross_stage_groups()
+    return build.edges, build.groups, build.notes
 
 
 def osdi_graph(ops: pl.DataFrame) -> WhatIfGraph:
