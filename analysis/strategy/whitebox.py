@@ -4,7 +4,8 @@ The job's own records say which ranks form each process group and who sends
 to whom, so nothing is guessed about membership. What is inferred is the role
 of each group family:
 
-- pipelines are the connected paths of the send/recv graph; the stage order
+- pipelines are the connected paths of the send/recv graph
+  (:mod:`rankscope.analysis.strategy.pipelines`); the stage order
   comes from the first p2p op of each rank on each edge (the first message on
   a pipeline edge is always a forward activation, so the rank whose first op
   towards its peer is a ``send`` is upstream), read on that rank's own clock;
@@ -31,119 +32,7 @@ import polars as pl
 
 from rankscope.analysis.report.strategy import Strategy, WhiteboxDetail
 from rankscope.analysis.strategy.groups_from_timing import label_groups_by_timing
-
-P2P_OPS = ("send", "recv")
-
-
-def _components(nodes: list, edges: list[tuple]) -> list[list]:
-    """Connected components, each sorted, ordered by smallest member.
-
-    A union-find over the edges: the answer does not depend on component labels, and scipy.sparse
-    cost ~0.13 s to import, a tenth of a small trace's analysis.
-    """
-    idx = {n: i for i, n in enumerate(nodes)}
-    if not edges:
-        return [[n] for n in nodes]
-    parent = list(range(len(nodes)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for u, v in edges:
-        ru, rv = root(idx[u]), root(idx[v])
-        if ru != rv:
-            parent[max(ru, rv)] = min(ru, rv)
-    comps = defaultdict(list)
-    for i, n in enumerate(nodes):
-        comps[root(i)].append(n)
-    return sorted((sorted(c) for c in comps.values()), key=lambda c: c[0])
-
-
-def order_path(members: list, upstream_votes: dict[tuple, float]) -> tuple[list, bool]:
-    """Order one pipeline's members from first stage to last.
-
-    ``upstream_votes[(a, b)] > 0`` says a is upstream of b (antisymmetric).
-    Returns (ordered members, True when the edges form a simple path that the
-    votes orient consistently).
-    """
-    if len(members) == 1:
-        return list(members), True
-    adj = defaultdict(set)
-    for (a, b) in upstream_votes:
-        if a in adj or a in members:
-            adj[a].add(b)
-            adj[b].add(a)
-    ends = [m for m in members if len(adj[m]) == 1]
-    is_path = len(ends) == 2 and all(len(adj[m]) <= 2 for m in members)
-    if not is_path:
-        # not a path: order by net upstream score (sources first) as best effort
-        score = {m: sum(np.sign(upstream_votes.get((m, o), 0.0)) for o in adj[m]) for m in members}
-        return sorted(members, key=lambda m: (-score[m], m)), False
-    # walk from the end that is upstream of its only neighbour
-    start = None
-    for e in ends:
-        (nb,) = adj[e]
-        if upstream_votes.get((e, nb), 0.0) > 0:
-            start = e if start is None else start
-    consistent = start is not None
-    start = start if start is not None else min(ends)
-    order, prev = [start], None
-    while len(order) < len(members):
-        cur = order[-1]
-        nxt = [n for n in adj[cur] if n != prev and n not in order]
-        if not nxt:
-            break
-        prev = cur
-        order.append(nxt[0])
-        consistent &= upstream_votes.get((cur, nxt[0]), 0.0) > 0
-    return order, consistent
-
-
-def p2p_votes(comm_op: pl.DataFrame) -> dict[tuple, float]:
-    """Per rank pair, whether the first rank is upstream: +1/-1 per side whose first op on the edge says so.
-
-    Needs comm_op columns rank, op, peer, start_ns. Each side is read on its own clock only.
-    """
-    # only the columns read: a filter and sort gather every column they carry (member lists included)
-    p2p = comm_op.select("rank", "peer", "op", "start_ns").filter(
-        pl.col("op").is_in(P2P_OPS) & pl.col("peer").is_not_null())
-    if p2p.is_empty():
-        return {}
-    first = (p2p.sort("start_ns").group_by(["rank", "peer"], maintain_order=True)
-             .agg(pl.col("op").first()))
-    votes: dict[tuple, float] = defaultdict(float)
-    for r, p, op in first.iter_rows():
-        s = 1.0 if op == "send" else -1.0
-        votes[(r, p)] += s
-        votes[(p, r)] -= s
-    return dict(votes)
-
-
-def first_p2p_is_send(comm_op: pl.DataFrame) -> dict[int, bool]:
-    """Per rank, whether its first p2p op of the job is a send (only the first stage starts that way)."""
-    p2p = comm_op.select("rank", "peer", "op", "start_ns").filter(
-        pl.col("op").is_in(P2P_OPS) & pl.col("peer").is_not_null())
-    if p2p.is_empty():
-        return {}
-    first = p2p.sort("start_ns").group_by("rank", maintain_order=True).agg(pl.col("op").first())
-    return {int(r): op == "send" for r, op in first.iter_rows()}
-
-
-def order_cycle(members: list, votes: dict[tuple, float], first_send: dict) -> tuple[list, bool]:
-    """Order a cyclic (interleaved) pipeline: follow the upstream votes from the rank that sends first."""
-    starts = [m for m in members if first_send.get(m)]
-    start = min(starts) if starts else min(members)
-    order = [start]
-    while len(order) < len(members):
-        nxt = [b for (a, b), v in votes.items() if a == order[-1] and v > 0 and b not in order]
-        if not nxt:
-            break
-        order.append(min(nxt))
-    ok = len(starts) == 1 and len(order) == len(members)
-    return (order if len(order) == len(members) else sorted(members)), ok
+from rankscope.analysis.strategy.pipelines import P2P_OPS, order_pipelines
 
 
 def group_families(comm_op: pl.DataFrame) -> pl.DataFrame:
@@ -291,115 +180,165 @@ def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True) -> Strategy:
     """
     if comm_op.is_empty():
         return Strategy(confidence=0.0, method="comm_op", evaluated=False, why="no comm_op records")
+    ranks = _all_ranks(comm_op)
+    pipes = order_pipelines(comm_op, ranks)
+    pp_sizes = {len(p) for p in pipes.pipelines}
+    notes = [_note_unequal_pipelines(pp_sizes)] if len(pp_sizes) > 1 else []
+    comm_op, timed, conf_factor, timing_notes = _groups_from_end_times(comm_op, timing)
+    fams = _partition_families(group_families(comm_op), pipes.pipelines)
+    ep_f = [f for f in fams if "all_to_all" in f["ops"]]
+    dp_f, tp_f, lone_undecided, role_notes = _dp_and_tp_families(fams, comm_op, timed.get("undecided_calls") or [])
+    notes += timing_notes + role_notes
+    if lone_undecided:
+        conf_factor = min(conf_factor, 0.3)
+    if dp_f is None and tp_f is None and not ep_f and not timed.get("undecided"):
+        # (after undecided timed, matching sizes would lump the TP and DP streams it could not tell apart)
+        dp_f = unlabelled_family(comm_op, pipes.pipelines)
+        if dp_f is not None:
+            notes.append(_NOTE_DP_FROM_SIZES)
+            conf_factor = 0.8
+    dp_groups, dp = _groups_or_singletons(dp_f, ranks)
+    tp_groups, tp = _groups_or_singletons(tp_f, ranks)
+    if tp_f is None and timed.get("undecided"):
+        tp_groups, tp = None, None  # an undecided stream may be the TP one: unknown, not 1
+        notes.append(_NOTE_TP_UNKNOWN)
+    pp = max(pp_sizes) if pp_sizes else 1
+    ep = ep_f[0]["size"] if ep_f else None
+    # context-parallel rings are not read from comm_op records: cp stays unknown (None)
+    rings: list[list] = []
+    cp = len(rings[0]) if rings else None
+    product = dp * pp * (tp or 1) * (cp or 1) * (1 if ep is None else 1)
+    conf, conf_notes = _confidence(conf_factor, product, len(ranks), pipes.ordered, len(pp_sizes) > 1)
+    unknown = [d for d, f in (("dp", dp_f), ("tp", tp_f)) if f is None and timed.get("undecided")]
+    detail = WhiteboxDetail(interleaved=pipes.interleaved, groups_unknown=unknown,
+                            ep_groups=ep_f[0]["groups"] if ep_f else None, cp_groups=rings or None)
+    return Strategy(world_size=len(ranks), dp=dp, pp=pp, tp=tp, dp_groups=dp_groups,
+                    pp_groups=sorted(pipes.pipelines, key=lambda p: p[0]), confidence=conf,
+                    ep=ep, cp=cp, tp_groups=tp_groups, method="comm_op", notes=notes + conf_notes,
+                    whitebox=detail)
+
+
+def _all_ranks(comm_op: pl.DataFrame) -> list[int]:
+    """Every rank the records name (as the recording rank, a p2p peer or a collective group's member), sorted.
+
+    Needs comm_op columns rank, peer, group_ranks.
+    """
     ranks = set(comm_op["rank"].drop_nulls().cast(pl.Int64).to_list())
     ranks.update(comm_op["peer"].drop_nulls().cast(pl.Int64).to_list())
     gr = comm_op["group_ranks"].drop_nulls()
     if len(gr):
         # distinct lists first: exploding every op's member list is ~100 M values on 4,096 GPUs
         ranks.update(gr.unique().explode().drop_nulls().cast(pl.Int64).unique().to_list())
-    ranks = sorted(ranks)
-    world = len(ranks)
-    notes: list[str] = []
+    return sorted(ranks)
 
-    conf_factor = 1.0
-    votes = p2p_votes(comm_op)
-    first_send = first_p2p_is_send(comm_op)
-    interleaved = False
-    edges = sorted({tuple(sorted(k)) for k in votes})
-    comps = _components(ranks, edges)
-    # each component's votes and edge count, split in one pass (not one scan of all votes per component)
-    comp_of = {r: i for i, c in enumerate(comps) for r in c}
-    comp_votes: list[dict] = [{} for _ in comps]
-    for k, v in votes.items():
-        if k[0] in comp_of:
-            comp_votes[comp_of[k[0]]][k] = v
-    comp_edges = [0] * len(comps)
-    for e in edges:
-        if e[0] in comp_of:
-            comp_edges[comp_of[e[0]]] += 1
-    pipelines, rings, ordered_ok = [], [], True
-    for ci, c in enumerate(comps):
-        order, ok = order_path(c, comp_votes[ci])
-        nedges = comp_edges[ci]
-        if len(c) > 2 and nedges >= len(c):
-            # a p2p cycle: an interleaved pipeline (the last stage feeds the first stage's next chunk)
-            order, ok = order_cycle(c, comp_votes[ci], first_send)
-            pipelines.append(order)
-            ordered_ok &= ok
-            interleaved = True
-            continue
-        pipelines.append(order)
-        ordered_ok &= ok
-    pp_sizes = {len(p) for p in pipelines}
-    if len(pp_sizes) > 1:
-        notes.append(f"pipelines of unequal length {sorted(pp_sizes)}")
-    pp = max(pp_sizes) if pp_sizes else 1
 
-    timed = {}
-    if timing and comm_op.select((~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_null()).any()).item():
-        comm_op, timed = label_groups_by_timing(comm_op)
-        if not timed.get("labelled") and all(v.startswith("calls of one stream overlap")
-                                             for v in timed.get("undecided_keys", {}).values()):
-            notes.append("end times not usable for process groups (calls of a stream overlap in time)")
-            timed = {}  # as on relative time: no timing evidence either way
-        if timed.get("labelled"):
-            notes.append(f"process groups of {timed['labelled']} of {timed['streams']} collective stream(s) "
-                         "found from end times alone (no group ids in the records)")
-            conf_factor = 0.9
-        if timed.get("undecided"):
-            conf_factor = 0.6  # a dimension's groups may be missing
-            notes.append(f"{timed['undecided']} collective stream(s) left without a group: "
-                         + "; ".join(f"{k} ({v})" for k, v in list(timed["undecided_keys"].items())[:4]))
-    fams = _partition_families(group_families(comm_op), pipelines)
-    ep_f = [f for f in fams if "all_to_all" in f["ops"]]
+def _groups_from_end_times(comm_op: pl.DataFrame, timing: bool) -> tuple[pl.DataFrame, dict, float, list[str]]:
+    """Groups for the collectives whose records name none, from their end times (where ``timing`` allows).
+
+    Returns comm_op (with the groups timing found), the verdict of :func:`label_groups_by_timing` ({} when
+    there is no timing evidence either way), the confidence factor it leaves (1.0; 0.9 with groups found
+    from end times alone; 0.6 with streams left without a group, where a dimension's groups may be
+    missing) and its notes.
+    """
+    if not timing or not comm_op.select((~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_null()).any()).item():
+        return comm_op, {}, 1.0, []
+    comm_op, timed = label_groups_by_timing(comm_op)
+    if not timed.get("labelled") and all(v.startswith("calls of one stream overlap")
+                                         for v in timed.get("undecided_keys", {}).values()):
+        # as on relative time: no timing evidence either way
+        return comm_op, {}, 1.0, [_NOTE_END_TIMES_UNUSABLE]
+    factor, notes = 1.0, []
+    if timed.get("labelled"):
+        notes.append(_note_groups_from_end_times(timed))
+        factor = 0.9
+    if timed.get("undecided"):
+        factor = 0.6
+        notes.append(_note_streams_without_group(timed))
+    return comm_op, timed, factor, notes
+
+
+def _dp_and_tp_families(fams: list[dict], comm_op: pl.DataFrame,
+                        undecided_calls: list[int]) -> tuple[dict | None, dict | None, bool, list[str]]:
+    """The data- and tensor-parallel families among those that cover the most ranks and run no ``all_to_all``.
+
+    Sorted from once per step to once per microbatch (share of calls in microbatches, calls of the busiest
+    stream, calls, then the larger size first), the first is dp and the last tp; a lone family's role is
+    :func:`lone_role`'s. Returns (dp family, tp family, True when a lone family's role is undecided and
+    neither is reported, notes).
+    """
     full = max((f["covered"] for f in fams), default=0)
     rest = sorted((f for f in fams if "all_to_all" not in f["ops"] and f["covered"] == full),
                   key=lambda f: (round(f["mb_frac"]), f["stream_calls"], f["calls"], -f["size"]))
     dp_f = rest[0] if rest else None
     tp_f = rest[-1] if len(rest) >= 2 else None
-    role = lone_role(rest[0], comm_op, timed.get("undecided_calls") or []) if len(rest) == 1 else None
+    role = lone_role(rest[0], comm_op, undecided_calls) if len(rest) == 1 else None
+    undecided, notes = False, []
     if role == "tp":
         dp_f, tp_f = None, rest[0]  # the only family runs inside microbatches: tensor parallel, dp = 1
     elif role is None and len(rest) == 1:
-        dp_f = None
-        conf_factor = min(conf_factor, 0.3)
-        notes.append("the only group family found could be tensor or data parallel: its groups are not reported")
+        dp_f, undecided = None, True
+        notes.append(_NOTE_LONE_FAMILY_UNDECIDED)
     if len(rest) > 2:
-        notes.append(f"{len(rest)} collective group families; kept the least and most frequent as dp and tp")
+        notes.append(_note_many_families(len(rest)))
+    return dp_f, tp_f, undecided, notes
 
-    def groups_or_singletons(f):
-        if f is None:
-            return [[r] for r in ranks], 1
-        covered = {m for g in f["groups"] for m in g}
-        return f["groups"] + [[r] for r in ranks if r not in covered], f["size"]
 
-    if dp_f is None and tp_f is None and not ep_f and not timed.get("undecided"):
-        # (after undecided timed, matching sizes would lump the TP and DP streams it could not tell apart)
-        dp_f = unlabelled_family(comm_op, pipelines)
-        if dp_f is not None:
-            notes.append("no process-group members in the records: DP groups from matching collective "
-                         "sizes at the same pipeline stage")
-            conf_factor = 0.8
-    dp_groups, dp = groups_or_singletons(dp_f)
-    tp_groups, tp = groups_or_singletons(tp_f)
-    if tp_f is None and timed.get("undecided"):
-        tp_groups, tp = None, None  # an undecided stream may be the TP one: unknown, not 1
-        notes.append("tp unknown: collective streams without a group")
-    ep = ep_f[0]["size"] if ep_f else None
-    cp = len(rings[0]) if rings else None
-    product = dp * pp * (tp or 1) * (cp or 1) * (1 if ep is None else 1)
-    conf = conf_factor
+def _groups_or_singletons(family: dict | None, ranks: list[int]) -> tuple[list[list], int]:
+    """A family's groups plus a singleton for each rank outside them, and its degree; all singletons and 1
+    without a family."""
+    if family is None:
+        return [[r] for r in ranks], 1
+    covered = {m for g in family["groups"] for m in g}
+    return family["groups"] + [[r] for r in ranks if r not in covered], family["size"]
+
+
+def _confidence(factor: float, product: int, world: int, ordered: bool, unequal: bool) -> tuple[float, list[str]]:
+    """The strategy's confidence from the grouping's ``factor``, and the notes that explain each drop.
+
+    Halved when the degrees' product is not the number of ranks; times 0.7 when a pipeline's stage order is
+    not confirmed, and again when the pipelines are of unequal length.
+    """
+    conf, notes = factor, []
     if product != world:
         conf *= 0.5
-        notes.append(f"dp*pp*tp*cp = {product} but {world} ranks")
-    if not ordered_ok:
+        notes.append(_note_product_mismatch(product, world))
+    if not ordered:
         conf *= 0.7
-        notes.append("pipeline stage order not confirmed by first-message direction")
-    if len(pp_sizes) > 1:
+        notes.append(_NOTE_ORDER_UNCONFIRMED)
+    if unequal:
         conf *= 0.7
-    unknown = [d for d, f in (("dp", dp_f), ("tp", tp_f)) if f is None and timed.get("undecided")]
-    detail = WhiteboxDetail(interleaved=interleaved, groups_unknown=unknown,
-                            ep_groups=ep_f[0]["groups"] if ep_f else None, cp_groups=rings or None)
-    return Strategy(world_size=world, dp=dp, pp=pp, tp=tp, dp_groups=dp_groups,
-                    pp_groups=sorted(pipelines, key=lambda p: p[0]), confidence=conf,
-                    ep=ep, cp=cp, tp_groups=tp_groups, method="comm_op", notes=notes, whitebox=detail)
+    return conf, notes
+
+
+# The notes' sentences (golden reports compare them byte for byte).
+
+_NOTE_END_TIMES_UNUSABLE = "end times not usable for process groups (calls of a stream overlap in time)"
+_NOTE_LONE_FAMILY_UNDECIDED = ("the only group family found could be tensor or data parallel: its groups are not "
+                               "reported")
+_NOTE_DP_FROM_SIZES = ("no process-group members in the records: DP groups from matching collective "
+                       "sizes at the same pipeline stage")
+_NOTE_TP_UNKNOWN = "tp unknown: collective streams without a group"
+_NOTE_ORDER_UNCONFIRMED = "pipeline stage order not confirmed by first-message direction"
+
+
+def _note_unequal_pipelines(sizes: set[int]) -> str:
+    return f"pipelines of unequal length {sorted(sizes)}"
+
+
+def _note_groups_from_end_times(timed: dict) -> str:
+    return (f"process groups of {timed['labelled']} of {timed['streams']} collective stream(s) "
+            "found from end times alone (no group ids in the records)")
+
+
+def _note_streams_without_group(timed: dict) -> str:
+    """Names the first four streams left without a group, each with why."""
+    return (f"{timed['undecided']} collective stream(s) left without a group: "
+            + "; ".join(f"{k} ({v})" for k, v in list(timed["undecided_keys"].items())[:4]))
+
+
+def _note_many_families(n: int) -> str:
+    return f"{n} collective group families; kept the least and most frequent as dp and tp"
+
+
+def _note_product_mismatch(product: int, world: int) -> str:
+    return f"dp*pp*tp*cp = {product} but {world} ranks"

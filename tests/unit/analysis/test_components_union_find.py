@@ -1,4 +1,4 @@
-"""strategy.whitebox._components (a union-find, no scipy import) equals scipy's connected components."""
+"""strategy.pipelines.components (a union-find, no scipy import) equals scipy's connected components."""
 import random
 from collections import defaultdict
 
@@ -6,7 +6,7 @@ import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from rankscope.analysis.strategy.whitebox import _components
+from rankscope.analysis.strategy.pipelines import components
 
 
 def _scipy_components(nodes, edges):
@@ -27,9 +27,9 @@ def test_components_equal_scipy_on_random_graphs():
     for _ in range(500):
         nodes = rnd.sample(range(1000), rnd.randint(1, 60))
         edges = [(rnd.choice(nodes), rnd.choice(nodes)) for _ in range(rnd.randint(0, 80))]
-        assert _components(nodes, edges) == _scipy_components(nodes, edges)
+        assert components(nodes, edges) == _scipy_components(nodes, edges)
 
 
 def test_a_long_chain_is_one_component():
     nodes = list(range(5000))
-    assert _components(nodes, [(i + 1, i) for i in range(4999)]) == [nodes]
+    assert components(nodes, [(i + 1, i) for i in range(4999)]) == [nodes]

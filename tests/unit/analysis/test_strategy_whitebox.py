@@ -1,12 +1,8 @@
 import polars as pl
 import pytest
 
-from rankscope.analysis.strategy.whitebox import (
-    group_families,
-    infer_whitebox,
-    order_path,
-    p2p_votes,
-)
+from rankscope.analysis.strategy.pipelines import order_path, p2p_votes
+from rankscope.analysis.strategy.whitebox import group_families, infer_whitebox
 
 from .wb_frames import build_job, layout
 
