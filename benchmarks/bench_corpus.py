@@ -48,9 +48,9 @@ from rankscope.datasets.simulator import Realism, simulate_fabric  # noqa: E402
 CORPUS_SEED = 13_2026_12
 FULL = os.environ.get("BENCH_FULL") == "1"
 BINS = (0.0, 0.4, 0.6, 0.8, 0.9, 0.95, 1.0001)
-"""fine enough that each level of evidence (strategy.flows.infer.evidence_class) has its own bin: invalid
-grid (0.3), k-way ties (0.99 / k and less), split stage-order votes (0.86), a unique grid with clear
-votes or no order claimed (0.98-0.99); the table by evidence class shows each class on its own."""
+"""fine enough that each level of evidence (strategy.flows.confidence.evidence_class) has its own bin:
+invalid grid (0.3), k-way ties (0.99 / k and less), split stage-order votes (0.86), a unique grid with
+clear votes or no order claimed (0.98-0.99); the table by evidence class shows each class on its own."""
 CALIBRATION_TOLERANCE = 0.10
 """issue 13: confidence within 10 points of the share right in every bin."""
 

@@ -12,8 +12,6 @@ import tomllib
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ["collectors", "analysis", "dashboard", "datasets", "cli"]
 # Who may import whom (imports point down only).
@@ -181,7 +179,6 @@ def test_role_folders_stay_small_and_say_their_rule():
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.xfail(reason="the long functions are split in the commits that follow", strict=True)
 def test_analysis_functions_are_of_one_idea():
     long = [f"{MODULES[m].relative_to(REPO)}:{fn.lineno} {fn.name} ({fn.end_lineno - fn.lineno + 1} lines)"
             for m, t in TREES.items() if m.startswith("analysis") for fn in ast.walk(t)

@@ -68,7 +68,8 @@ def _step_votes(gaps: list[tuple[int, int]], floor: int) -> tuple[int, int]:
 
 
 def dp_end_votes(flows: pl.DataFrame, dp_groups: list[list[str]], pipelines: list[list[str]],
-                 dp_pairs: set[tuple[str, str]], resolution_ns: int) -> dict[tuple[int, int], tuple[int, int]]:
+                 dp_pairs: set[tuple[str, str]],
+                 resolution_ns: int) -> dict[tuple[int, int], tuple[int, int]]:
     """Per ordered pair of DP groups (i, j) joined by a pipeline link: (steps voting i upstream of j,
     steps voting j upstream of i); a pair is left out unless most of its matched steps vote the same way.
     Needs flows src_addr, dst_addr, start_ns, end_ns (is_data if present); ``dp_pairs``: the job's
@@ -205,96 +206,161 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
       counted only when the two starts are clearly apart (fabric.link_evidence.lag_floor_ns: beyond
       ``exporter_skew_ns`` when two exporters timed them, ``same_clock`` not true).
 
-    First times and direction lags of ``undated`` links (strategy.flows.link_dating.connection_dated) do not vote;
-    a link's last time votes where ``last_link`` is not null (strategy.flows.infer nulls it for undated links
-    whose flags do not show the teardown apart: strategy.flows.link_dating.ends_dated).
+    First times and direction lags of ``undated`` links (strategy.flows.link_dating.connection_dated) do not
+    vote; a link's last time votes where ``last_link`` is not null (strategy.flows.infer nulls it for undated
+    links whose flags do not show the teardown apart: strategy.flows.link_dating.ends_dated).
     Needs edges a, b, first_ab, first_ba (last_link when present) and the fit's pipeline edges.
     """
     stage_key = {x: i for i, g in enumerate(fit.dp_groups) for x in g}
     pe = edges.filter(pl.Series(fit.is_pp))
     link_first, link_last = _link_times(pe, undated)
-    # pro[(i, j)]: the weight of the votes that stage i is upstream of stage j. The two ways are kept
-    # apart, so that the minority counts against the agreement: 64 links between two stages voting 40
-    # to 24 are noise, not a clear 16 (a RoCE interleaved pipeline whose ACK-opened reverse records
-    # lagged by the exporters' offset alone, both ways, was ordered backwards at "voted clearly")
-    pro: dict[tuple[int, int], float] = defaultdict(float)
-
-    def vote(u: str, v: str, s: float) -> None:  # s > 0: u is upstream of v
-        ku, kv = stage_key[u], stage_key[v]
-        if s > 0:
-            pro[(ku, kv)] += s
-        elif s < 0:
-            pro[(kv, ku)] -= s
-
-    # steps whose stages' data-parallel reductions end in one order or the other (strategy.flows.stage_order)
-    for (i, j), (up, down) in (stage_votes or {}).items():
-        if i < j:
-            pro[(i, j)] += up
-            pro[(j, i)] += down
-    same = pe["same_clock"].to_list() if "same_clock" in pe.columns else [None] * pe.height
-    for (a, b, fa, fb), sc in zip(pe.select("a", "b", "first_ab", "first_ba").iter_rows(), same):
-        if (fa is None or fb is None or frozenset((a, b)) in undated
-                or abs(fa - fb) <= lag_floor_ns(resolution_ns, sc, exporter_skew_ns)):
-            continue
-        vote(a, b, 1.0 if fa < fb else -1.0)  # a's traffic to b started first: a is upstream
+    tally = _StageTally(stage_key)
+    # steps whose stages' data-parallel reductions end in one order or the other (dp_end_votes)
+    tally.add_reduction_votes(stage_votes or {})
+    _vote_direction_lags(tally, pe, resolution_ns, exporter_skew_ns, undated)
     link_bytes = _link_bytes(pe)
-    adj: dict[str, list[str]] = defaultdict(list)
-    for a, b in pe.select("a", "b").iter_rows():
-        adj[a].append(b)
-        adj[b].append(a)
-    walks = [(p, *_walk(p, adj)) if len(p) > 1 else (p, p, False) for p in fit.pipelines]
+    walks = _walks(fit.pipelines, pe)
     # each time is cut to a clock tick, so two times less than two ticks apart may be in either order:
     # such a difference is no vote (one millisecond between two whole-job TCP records ordered a real
     # 4-stage pipeline backwards, "clearly")
     apart = 2 * int(resolution_ns)
     for _, path, cyclic in walks:
         links = [frozenset(x) for x in zip(path, path[1:] + ([path[0]] if cyclic else []))]
-        # consecutive links x=(u,v), y=(v,w) along the walk: later first / earlier last on y says u->v->w
-        for i in range(len(links) - 1):
-            u, v = path[i], path[i + 1]
-            s = 0.0
-            f1, f2 = link_first.get(links[i]), link_first.get(links[i + 1])
-            if f1 is not None and f2 is not None and abs(f2 - f1) >= apart:
-                s += 1.0 if f2 > f1 else -1.0
-            l1, l2 = link_last.get(links[i]), link_last.get(links[i + 1])
-            if l1 is not None and l2 is not None and abs(l2 - l1) >= apart:
-                s += 1.0 if l2 < l1 else -1.0
-            if s:
-                vote(u, v, s)
-                vote(v, path[(i + 2) % len(path)], s)
-        # a cycle whose last records end in order round it from its short link (fabric.tie_evidence): the
-        # last backward pass leaves the wrap first and each link upstream later, so the direction the
-        # ends rise in is upstream. Two votes a link: over TCP each link's first record opens with its
-        # connection, in any order, and those first-time votes must not outweigh this
+        _vote_link_chronology(tally, path, links, link_first, link_last, apart)
         if cyclic and link_bytes:
-            w = wrap_by_bytes(path, link_bytes)
-            ends = [link_last.get(x) for x in links]
-            walk = ends_from_wrap(np.array(ends, float), w) if w is not None and None not in ends else None
-            if walk is not None:
-                n = len(path)
-                for i in range(n):
-                    if i != w:
-                        u, v = path[i], path[(i + 1) % n]
-                        if walk > 0:  # the ends rise going forward: forward is upstream
-                            u, v = v, u
-                        vote(u, v, 2.0)
-    votes = {k: w - pro.get((k[1], k[0]), 0.0) for k, w in pro.items()}
-    votes.update({(j, i): -w for (i, j), w in list(votes.items())})
-    split = {k: min(w, pro.get((k[1], k[0]), 0.0)) for k, w in pro.items()}
-    split.update({(j, i): m for (i, j), m in list(split.items())})
-    oriented = []
+            _vote_ends_from_wrap(tally, path, links, link_last, link_bytes)
+    votes, split = tally.net_and_split()
+    oriented, guessed = _orient(walks, votes, stage_key, fit.dp_groups)
+    wrap, pooled = _pooled_wrap_scores(oriented, stage_key, link_first, link_last, link_bytes)
+    out, share = _cut_and_agree(oriented, wrap, pooled, votes, split, stage_key)
+    # the direction of an unvoted pipeline is a coin flip, whatever the others' votes said: no claim
+    # (a job whose reductions vote on some rails and not on another would otherwise read "voted
+    # clearly" while the unvoted rail may run backwards)
+    if guessed:
+        share = 0.0
+    return sorted(out, key=lambda m: address_key(m[0])), share
+
+
+class _StageTally:
+    """The weight of the votes that one stage (DP group) is upstream of another.
+
+    ``pro[(i, j)]``: the weight of the votes that stage i is upstream of stage j. The two ways are kept
+    apart, so that the minority counts against the agreement: 64 links between two stages voting 40 to
+    24 are noise, not a clear 16 (a RoCE interleaved pipeline whose ACK-opened reverse records lagged by
+    the exporters' offset alone, both ways, would otherwise be ordered backwards at "voted clearly").
+    """
+
+    def __init__(self, stage_key: dict[str, int]):
+        self.stage_key = stage_key
+        self.pro: dict[tuple[int, int], float] = defaultdict(float)
+
+    def vote(self, u: str, v: str, s: float) -> None:
+        """Add ``s`` to the votes that address ``u``'s stage is upstream of ``v``'s (s < 0: downstream)."""
+        ku, kv = self.stage_key[u], self.stage_key[v]
+        if s > 0:
+            self.pro[(ku, kv)] += s
+        elif s < 0:
+            self.pro[(kv, ku)] -= s
+
+    def add_reduction_votes(self, stage_votes: dict[tuple[int, int], tuple[int, int]]) -> None:
+        """Add the steps that :func:`dp_end_votes` counted for each pair of stages, each way."""
+        for (i, j), (up, down) in stage_votes.items():
+            if i < j:
+                self.pro[(i, j)] += up
+                self.pro[(j, i)] += down
+
+    def net_and_split(self) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
+        """(per ordered pair of stages: the votes for it less those against; the votes on the minority
+        side, which count against the agreement)."""
+        pro = self.pro
+        votes = {k: w - pro.get((k[1], k[0]), 0.0) for k, w in pro.items()}
+        votes.update({(j, i): -w for (i, j), w in list(votes.items())})
+        split = {k: min(w, pro.get((k[1], k[0]), 0.0)) for k, w in pro.items()}
+        split.update({(j, i): m for (i, j), m in list(split.items())})
+        return votes, split
+
+
+def _vote_direction_lags(tally: _StageTally, pe: pl.DataFrame, resolution_ns: int, exporter_skew_ns: int,
+                         undated: set[frozenset]) -> None:
+    """Vote on each pipeline link whose two directions started clearly apart: the activations' direction
+    starts first, so its sender is upstream. ``pe``: the pipeline edges (a, b, first_ab, first_ba,
+    same_clock when present); ``undated`` links' first records date their connections, and do not vote."""
+    same = pe["same_clock"].to_list() if "same_clock" in pe.columns else [None] * pe.height
+    for (a, b, fa, fb), sc in zip(pe.select("a", "b", "first_ab", "first_ba").iter_rows(), same):
+        if (fa is None or fb is None or frozenset((a, b)) in undated
+                or abs(fa - fb) <= lag_floor_ns(resolution_ns, sc, exporter_skew_ns)):
+            continue
+        tally.vote(a, b, 1.0 if fa < fb else -1.0)  # a's traffic to b started first: a is upstream
+
+
+def _vote_link_chronology(tally: _StageTally, path: list[str], links: list[frozenset], link_first: dict,
+                          link_last: dict, apart: int) -> None:
+    """Vote along one pipeline walk (``path``, its ``links`` in walk order) from consecutive links' times:
+    a later first payload, or an earlier last record, on the next link says the walk runs downstream.
+    Times less than ``apart`` apart are no vote."""
+    # consecutive links x=(u,v), y=(v,w) along the walk: later first / earlier last on y says u->v->w
+    for i in range(len(links) - 1):
+        u, v = path[i], path[i + 1]
+        s = 0.0
+        f1, f2 = link_first.get(links[i]), link_first.get(links[i + 1])
+        if f1 is not None and f2 is not None and abs(f2 - f1) >= apart:
+            s += 1.0 if f2 > f1 else -1.0
+        l1, l2 = link_last.get(links[i]), link_last.get(links[i + 1])
+        if l1 is not None and l2 is not None and abs(l2 - l1) >= apart:
+            s += 1.0 if l2 < l1 else -1.0
+        if s:
+            tally.vote(u, v, s)
+            tally.vote(v, path[(i + 2) % len(path)], s)
+
+
+def _vote_ends_from_wrap(tally: _StageTally, path: list[str], links: list[frozenset], link_last: dict,
+                         link_bytes: dict) -> None:
+    """Vote round one pipeline cycle (``path``, its ``links`` in walk order) whose last records end in
+    order round it from its short link (fabric.tie_evidence): the last backward pass leaves the wrap
+    first and each link upstream later, so the direction the ends rise in is upstream. Two votes a link:
+    over TCP each link's first record opens with its connection, in any order, and those first-time
+    votes must not outweigh this."""
+    w = wrap_by_bytes(path, link_bytes)
+    ends = [link_last.get(x) for x in links]
+    walk = ends_from_wrap(np.array(ends, float), w) if w is not None and None not in ends else None
+    if walk is None:
+        return
+    n = len(path)
+    for i in range(n):
+        if i != w:
+            u, v = path[i], path[(i + 1) % n]
+            if walk > 0:  # the ends rise going forward: forward is upstream
+                u, v = v, u
+            tally.vote(u, v, 2.0)
+
+
+def _walks(pipelines: list[list[str]], pe: pl.DataFrame) -> list[tuple[list[str], list[str], bool]]:
+    """Per pipeline: (its members as the fit listed them, the members in link order along the pipeline
+    edges ``pe``, whether they close into a cycle)."""
+    adj: dict[str, list[str]] = defaultdict(list)
+    for a, b in pe.select("a", "b").iter_rows():
+        adj[a].append(b)
+        adj[b].append(a)
+    return [(p, *_walk(p, adj)) if len(p) > 1 else (p, p, False) for p in pipelines]
+
+
+def _orient(walks: list[tuple[list[str], list[str], bool]], votes: dict[tuple[int, int], float],
+            stage_key: dict[str, int], dp_groups: list[list[str]]) -> tuple[list[tuple], int]:
+    """(the walks, each turned to run the way its stages' net ``votes`` say; how many pipelines no vote
+    reached). When any is unvoted, all follow the address rule below instead of their votes."""
     # the lowest address of each stage (DP group): with no vote, every pipeline starts from the end
     # whose stage holds the lower one, so that all run the same way through the stages (one grid);
-    # rail copies agree where hosts number their NICs alike on every rail (as _tp_groups assumes).
-    # Walking each from its own lowest address would orient them at random once addresses do not
-    # follow ranks.
-    low = {stage_key[g[0]]: address_key(min(g, key=address_key)) for g in fit.dp_groups}
+    # rail copies agree where hosts number their NICs alike on every rail (as strategy.flows.infer's TP
+    # groups assume). Walking each from its own lowest address would orient them at random once
+    # addresses do not follow ranks.
+    low = {stage_key[g[0]]: address_key(min(g, key=address_key)) for g in dp_groups}
     nets = [sum(votes.get((stage_key[u], stage_key[v]), 0.0)
                 for u, v in zip(path, path[1:] + ([path[0]] if cyclic else []))) for _, path, cyclic in walks]
     # a pipeline that no vote reached runs the way the address rule guesses; the voted ones may then run
     # the other way through the stages, and the report claims that its pipelines run alike: when any
-    # pipeline is unvoted, all follow the address rule (and no direction is claimed, below)
+    # pipeline is unvoted, all follow the address rule (and no direction is claimed)
     guessed = sum(1 for (p, _, _), net in zip(walks, nets) if len(p) > 1 and net == 0)
+    oriented = []
     for (p, path, cyclic), net in zip(walks, nets):
         if len(p) > 1:
             if guessed:
@@ -308,8 +374,14 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
             if net < 0:
                 path = path[::-1]
         oriented.append((p, path, cyclic))
-    # every pipeline wraps between the same two stages: pool the wrap evidence over pipelines, so that
-    # one exporter's clock offset on one link cannot move the cut
+    return oriented, guessed
+
+
+def _pooled_wrap_scores(oriented: list[tuple], stage_key: dict[str, int], link_first: dict, link_last: dict,
+                        link_bytes: dict) -> tuple[dict[frozenset, float], dict[frozenset, int]]:
+    """(per pair of stages: how much their link looks like the wrap, summed over the cyclic pipelines;
+    how many pipelines added to it). Every pipeline wraps between the same two stages: pooling the
+    evidence keeps one exporter's clock offset on one link from moving the cut."""
     wrap: dict[frozenset, float] = defaultdict(float)
     pooled: dict[frozenset, int] = defaultdict(int)
     for _, path, cyclic in oriented:
@@ -324,21 +396,37 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
                 key = frozenset((stage_key[path[i]], stage_key[path[(i + 1) % len(path)]]))
                 wrap[key] += sc
                 pooled[key] += 1
+    return wrap, pooled
+
+
+def _cut_cycle(path: list[str], wrap: dict[frozenset, float], pooled: dict[frozenset, int],
+               stage_key: dict[str, int]) -> tuple[list[str], bool]:
+    """(the oriented cycle ``path`` cut after its most wrap-like link, so it runs first stage to last;
+    whether that cut is a guess)."""
+    n = len(path)
+    sc = [wrap[frozenset((stage_key[path[i]], stage_key[path[(i + 1) % n]]))] for i in range(n)]
+    i = int(np.argmax(sc))
+    # when both link times agree, the wrap outscores its upstream neighbour by 2 per pipeline
+    # pooled; less means one of them disagrees or ties (millisecond clocks): a guess
+    npool = pooled[frozenset((stage_key[path[i]], stage_key[path[(i + 1) % n]]))]
+    unclear = sc[i] - sorted(sc)[-2] < 2 * max(npool, 1)
+    return path[i + 1:] + path[:i + 1], unclear
+
+
+def _cut_and_agree(oriented: list[tuple], wrap: dict[frozenset, float], pooled: dict[frozenset, int],
+                   votes: dict[tuple[int, int], float], split: dict[tuple[int, int], float],
+                   stage_key: dict[str, int]) -> tuple[list[list[str]], float]:
+    """(the pipelines first stage to last, cycles cut at their wrap; the share of the votes along them
+    that agree with that order, halved in proportion to the cycles cut at a guessed link)."""
     out, agree, total, cycles, unclear = [], 0.0, 0.0, 0, 0
     for p, path, cyclic in oriented:
         if len(p) == 1:
             out.append(p)
             continue
         if cyclic:
-            n = len(path)
-            sc = [wrap[frozenset((stage_key[path[i]], stage_key[path[(i + 1) % n]]))] for i in range(n)]
-            i = int(np.argmax(sc))
+            path, guess = _cut_cycle(path, wrap, pooled, stage_key)
             cycles += 1
-            # when both link times agree, the wrap outscores its upstream neighbour by 2 per pipeline
-            # pooled; less means one of them disagrees or ties (millisecond clocks): a guess
-            npool = pooled[frozenset((stage_key[path[i]], stage_key[path[(i + 1) % n]]))]
-            unclear += int(sc[i] - sorted(sc)[-2] < 2 * max(npool, 1))
-            path = path[i + 1:] + path[:i + 1]
+            unclear += int(guess)
         for u, v in zip(path, path[1:]):
             w = votes.get((stage_key[u], stage_key[v]), 0.0)
             m = split.get((stage_key[u], stage_key[v]), 0.0)
@@ -348,9 +436,4 @@ def order_pipelines(fit: GridFit, edges: pl.DataFrame, resolution_ns: int = 1,
     share = agree / total if total else 0.0
     # a cycle cut at a guessed link has the right neighbours but maybe the wrong first stage
     share *= 1.0 - 0.5 * (unclear / cycles if cycles else 0.0)
-    # the direction of an unvoted pipeline is a coin flip, whatever the others' votes said: no claim
-    # (dev corpus: a 4-rail 2-stage job whose reductions voted on three rails and not on the fourth was
-    # "voted clearly" and wrong on that rail)
-    if guessed:
-        share = 0.0
-    return sorted(out, key=lambda m: address_key(m[0])), share
+    return out, share

@@ -20,7 +20,8 @@ from rankscope.analysis.fabric.tie_evidence import (
     two_short,
     wrap_by_bytes,
 )
-from rankscope.analysis.strategy.flows.infer import VALID_GRID_CONFIDENCE, infer_flows
+from rankscope.analysis.strategy.flows.confidence import VALID_GRID_CONFIDENCE
+from rankscope.analysis.strategy.flows.infer import infer_flows
 from rankscope.datasets.simulator import Realism, SimConfig, simulate
 
 NODES = [f"n{i}" for i in range(8)]

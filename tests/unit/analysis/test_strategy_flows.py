@@ -113,7 +113,7 @@ def test_stage_order_from_link_chronology_when_ack_flows_open_both_directions_to
 
 
 def test_confidence_comes_from_the_evidence():
-    from rankscope.analysis.strategy.flows import infer as sf
+    from rankscope.analysis.strategy.flows import confidence as sf
 
     conf, klass, order = sf.grid_confidence, sf.evidence_class, sf.stage_order_confidence
     # one valid labelling, no pipeline: the groups' own (dev-measured) chance
