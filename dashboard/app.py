@@ -97,7 +97,7 @@ PAGE_CSS = """
 def strategy_summary(d: Diagnosis, max_groups: int = 8) -> str:
     """One line naming the degrees and the first groups, e.g. for the page header."""
     s = d.strategy
-    parts = [f"DP {s.dp} x PP {s.pp} x TP {s.tp if s.tp is not None else '?'}", f"{s.world_size} endpoints"]
+    parts = [f"DP {_deg(s.dp)} x PP {_deg(s.pp)} x TP {_deg(s.tp)}", f"{s.world_size} endpoints"]
     if s.ep is not None:
         parts.append(f"EP {s.ep}")
     if s.cp is not None:
@@ -363,3 +363,8 @@ def serve(store_dir: str | list[str], host: str = "127.0.0.1", port: int = 8050,
         lambda: [importlib.import_module(m) for m in ANALYSIS_MODULES])
     threading.Thread(target=target, daemon=True, name="rankscope-warm-up").start()
     app.run(host=host, port=port, debug=False)
+
+
+def _deg(v) -> str:
+    """A parallel degree as shown: '?' where the input leaves it undecided (null in the report)."""
+    return "?" if v is None else str(v)

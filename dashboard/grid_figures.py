@@ -116,12 +116,12 @@ def strategy_figure(strategy: Strategy, heat: Any = None, max_rows: int = 64, ma
     shows its worst rank on hover); rank ids are written in the cells while there are at most ``max_labels``."""
     lay = strategy_layout(strategy)
     tp = strategy.tp if strategy.tp is not None else "?"
-    title = f"Strategy: DP={strategy.dp} PP={strategy.pp} TP={tp} over {strategy.world_size} endpoints " \
+    title = f"Strategy: DP={_deg(strategy.dp)} PP={_deg(strategy.pp)} TP={tp} over {strategy.world_size} endpoints " \
             f"(confidence {strategy.confidence:.2f})"
     if lay.height == 0:
         return empty_figure(title, "no groups inferred (no DP or pipeline groups found)")
     n = lay.height
-    piped = strategy.pp > 1 and bool((lay["pipeline"] >= 0).all())
+    piped = (strategy.pp or 1) > 1 and bool((lay["pipeline"] >= 0).all())
     if piped:
         lay = lay.with_columns(row=pl.col("pipeline"), col=pl.col("stage"))
         xt, yt = "pipeline stage", "DP replica (pipeline)"
@@ -240,3 +240,8 @@ def heatmap_figure(heat: Any, strategy: Strategy | None = None, max_rows: int = 
     fig.update_layout(title=title, xaxis_title="step", yaxis=yaxis,
                       **{**LAYOUT, "height": min(900, 220 + 10 * len(labels))})
     return fig
+
+
+def _deg(v) -> str:
+    """A parallel degree as shown: '?' where the input leaves it undecided (null in the report)."""
+    return "?" if v is None else str(v)

@@ -51,7 +51,7 @@ def key_numbers(d: Diagnosis) -> list[tuple[str, str, str]]:
     verdict_cls = "ok" if sg.verdict == "none" else "bad"
     cards = [
         ("world size", str(s.world_size), ""),
-        ("DP x PP x TP", f"{s.dp} x {s.pp} x {s.tp if s.tp is not None else '?'}", ""),
+        ("DP x PP x TP", f"{_deg(s.dp)} x {_deg(s.pp)} x {_deg(s.tp)}", ""),
         ("strategy confidence", _num(s.confidence, "{:.2f}"), ""),
         ("steps", str(st.count), ""),
         ("median step", _num(st.median_ns / 1e6 if st.median_ns else None, "{:.3f} ms"), ""),
@@ -125,3 +125,8 @@ def render_report(diagnosis: Diagnosis, tables: dict | None = None) -> str:
 <p>The full report is <code>{html.escape(d.job)}.json</code> beside this page.</p></section>
 </main></body></html>
 """
+
+
+def _deg(v) -> str:
+    """A parallel degree as shown: '?' where the input leaves it undecided (null in the report)."""
+    return "?" if v is None else str(v)

@@ -32,7 +32,8 @@ def render_text(d: Diagnosis) -> str:
     lines = [f"== {d.job}  (sources: {', '.join(d.sources) or 'none'})"]
     s = d.strategy
     if s.evaluated:
-        lines.append(f"strategy     dp={s.dp} pp={s.pp} tp={s.tp} on {s.world_size} endpoints, "
+        deg = {k: "?" if v is None else v for k, v in (("dp", s.dp), ("pp", s.pp), ("tp", s.tp))}
+        lines.append(f"strategy     dp={deg['dp']} pp={deg['pp']} tp={deg['tp']} on {s.world_size} endpoints, "
                      f"confidence {s.confidence:.2f}")
         tied = tied_labellings(s)
         if tied:

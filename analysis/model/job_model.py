@@ -175,7 +175,7 @@ def _strategy(white: Strategy | None, flows: FlowView | None, endpoint_map: pl.D
     if white is not None:
         return white
     if flows is not None:
-        return flows.inference.strategy
+        return flows.inference.strategy.claimed()
     return Strategy(evaluated=False, why=NO_RECORDS)
 
 

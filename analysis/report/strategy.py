@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rankscope.analysis.report.codec import doc
@@ -113,6 +113,17 @@ class Strategy:
     comparison: Comparison | None = doc("collectives against flows, when the job has both.", None, omit="none")
     undecided: list[Undecided] = doc("every field the input leaves open, with why and what fits.",
                                      factory=list, omit="empty")
+
+    def claimed(self) -> Strategy:
+        """The strategy as the report claims it: a degree listed in ``undecided`` is null and its groups are
+        not listed (the analyses read the first labelling; the report never guesses one)."""
+        open_ = {u.field for u in self.undecided}
+        out = self
+        if "dp" in open_:
+            out = replace(out, dp=None, dp_groups=[])
+        if "pp" in open_:
+            out = replace(out, pp=None, pp_groups=[])
+        return out
 
     @property
     def stage_order_known(self) -> bool:

@@ -30,7 +30,7 @@ from collections import defaultdict
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.report.strategy import Strategy, WhiteboxDetail
+from rankscope.analysis.report.strategy import Strategy, Undecided, WhiteboxDetail
 from rankscope.analysis.strategy.groups_from_timing import label_groups_by_timing
 from rankscope.analysis.strategy.pipelines import P2P_OPS, order_pipelines
 
@@ -210,12 +210,37 @@ def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True) -> Strategy:
     product = dp * pp * (tp or 1) * (cp or 1) * (1 if ep is None else 1)
     conf, conf_notes = _confidence(conf_factor, product, len(ranks), pipes.ordered, len(pp_sizes) > 1)
     unknown = [d for d, f in (("dp", dp_f), ("tp", tp_f)) if f is None and timed.get("undecided")]
+    undecided = _undecided(unknown, rest_family(fams) if lone_undecided else None)
+    if any(u.field == "dp" for u in undecided):
+        dp, dp_groups = None, []  # the data-parallel groups are not known: not claimed, never a guessed 1
+    if any(u.field == "tp" for u in undecided):
+        tp, tp_groups = None, None
     detail = WhiteboxDetail(interleaved=pipes.interleaved, groups_unknown=unknown,
                             ep_groups=ep_f[0]["groups"] if ep_f else None, cp_groups=rings or None)
     return Strategy(world_size=len(ranks), dp=dp, pp=pp, tp=tp, dp_groups=dp_groups,
                     pp_groups=sorted(pipes.pipelines, key=lambda p: p[0]), confidence=conf,
                     ep=ep, cp=cp, tp_groups=tp_groups, method="comm_op", notes=notes + conf_notes,
-                    whitebox=detail)
+                    whitebox=detail, undecided=undecided)
+
+
+def rest_family(fams: list[dict]) -> dict | None:
+    """The one family covering the most ranks without an all_to_all (the family whose role may be undecided)."""
+    full = max((f["covered"] for f in fams), default=0)
+    rest = [f for f in fams if "all_to_all" not in f["ops"] and f["covered"] == full]
+    return rest[0] if len(rest) == 1 else None
+
+
+def _undecided(unknown: list[str], lone: dict | None) -> list[Undecided]:
+    """The degrees the collectives leave open: a lone group family that could be either data or tensor
+    parallel leaves both open; collective streams without a group may hide the groups of dp or tp."""
+    out = []
+    if lone is not None:
+        why = _why_lone_family(lone["size"])
+        out += [Undecided("dp", why, [1, lone["size"]]), Undecided("tp", why, [1, lone["size"]])]
+    for field in unknown:
+        if all(u.field != field for u in out):
+            out.append(Undecided(field, _WHY_STREAMS_WITHOUT_GROUP.format(field=field)))
+    return out
 
 
 def _all_ranks(comm_op: pl.DataFrame) -> list[int]:
@@ -319,6 +344,13 @@ _NOTE_DP_FROM_SIZES = ("no process-group members in the records: DP groups from 
                        "sizes at the same pipeline stage")
 _NOTE_TP_UNKNOWN = "tp unknown: collective streams without a group"
 _NOTE_ORDER_UNCONFIRMED = "pipeline stage order not confirmed by first-message direction"
+_WHY_STREAMS_WITHOUT_GROUP = ("collective streams were left without a group (their end times do not tell their "
+                              "members): the {field} groups may be among them")
+
+
+def _why_lone_family(size: int) -> str:
+    return (f"the only group family (groups of {size}) runs neither clearly once per step nor once per microbatch: "
+            f"it may be the data-parallel or the tensor-parallel groups, so neither degree is claimed")
 
 
 def _note_unequal_pipelines(sizes: set[int]) -> str:

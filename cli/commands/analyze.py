@@ -28,7 +28,8 @@ def _summary(d) -> str:
 
     tied = tied_labellings(s)
     tied = f", ambiguous: or {tied}" if tied else ""
-    return (f"{d.job}: {s.world_size} endpoints, dp={s.dp} pp={s.pp} tp={s.tp} "
+    deg = {k: "?" if v is None else v for k, v in (("dp", s.dp), ("pp", s.pp), ("tp", s.tp))}
+    return (f"{d.job}: {s.world_size} endpoints, dp={deg['dp']} pp={deg['pp']} tp={deg['tp']} "
             f"(confidence {s.confidence:.2f}{order}{tied}); {step}; {summary_text(d)}")
 
 

@@ -22,7 +22,7 @@ from rankscope.analysis.fabric.pair_traffic import PairTraffic, pair_traffic, un
 from rankscope.analysis.fabric.rails import merge_components
 from rankscope.analysis.fabric.tie_evidence import wrap_by_bytes
 from rankscope.analysis.report.steps import Steps
-from rankscope.analysis.report.strategy import FlowsDetail, Labelling, Strategy
+from rankscope.analysis.report.strategy import FlowsDetail, Labelling, Strategy, Undecided
 from rankscope.analysis.strategy.flows import notes
 from rankscope.analysis.strategy.flows.confidence import (
     evidence_class,
@@ -162,7 +162,7 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     detail = _detail(fit, pp, order_share, wrap_unknown, evidence, stage_votes, rpa)
     strat = Strategy(world_size=world, dp=dp, pp=pp, tp=tp, dp_groups=fit.dp_groups, pp_groups=pipes,
                      confidence=float(round(conf, 4)), ep=None, cp=None, tp_groups=tp_groups, method="flows",
-                     notes=job_notes, flows=detail)
+                     notes=job_notes, flows=detail, undecided=_undecided(fit, dp, pp, tp, order_share))
     return FlowInference(strat, steps, quality, inside, frozenset(dp_pairs))
 
 
@@ -262,6 +262,25 @@ def _order_notes(fit: GridFit, pp: int, order_share: float, wrap_unknown: bool) 
             out.append(notes.wrap_unknown())
     if fit.alternatives and not fit.tie_broken:
         out.append(notes.equal_labellings(len(fit.alternatives) + 1))
+    return out
+
+
+def _undecided(fit: GridFit, dp: int, pp: int, tp: int | None, order_share: float) -> list[Undecided]:
+    """What the flows leave open: the groups of a standing tie (and the degrees, when its labellings
+    differ in them), the pipelines' direction without a vote, tp when the addresses do not show it."""
+    out = []
+    if fit.alternatives and not fit.tie_broken:
+        why = notes.undecided_tie(len(fit.alternatives) + 1)
+        labellings = [{"dp": dp, "pp": pp, "dp_groups": fit.dp_groups[:4]}, *fit.alternatives]
+        for degree in ("dp", "pp"):
+            values = sorted({lab[degree] for lab in labellings})
+            if len(values) > 1:
+                out.append(Undecided(degree, why, values))
+        out.append(Undecided("dp_groups", why, [lab["dp_groups"] for lab in labellings]))
+    if pp > 1 and order_share == 0:
+        out.append(Undecided("stage_order", notes.undecided_stage_order(), ["as listed", "reversed"]))
+    if tp is None:
+        out.append(Undecided("tp", notes.undecided_tp()))
     return out
 
 

@@ -62,6 +62,24 @@ def equal_labellings(labellings: int) -> str:
             "evidence prefers the one reported: the confidence is split between them")
 
 
+def undecided_stage_order() -> str:
+    """Why the report's ``undecided`` lists the pipelines' direction."""
+    return ("no pipeline link shows which direction started first: the pipelines may run as listed or "
+            "reversed")
+
+
+def undecided_tie(labellings: int) -> str:
+    """Why the report's ``undecided`` lists the groups (and the degrees, when the labellings differ in them)."""
+    return (f"{labellings} labellings fit the traffic (almost) equally well and no evidence prefers one: "
+            "the candidates list each labelling's DP groups")
+
+
+def undecided_tp() -> str:
+    """Why the report's ``undecided`` lists tp (flows never see the links inside a host)."""
+    return ("tensor-parallel peers talk inside a host, which no switch sees, and the counts of connections do "
+            "not tell how many ranks share an address")
+
+
 def too_few_step_records() -> str:
     """Why no steps: fewer than three records of the periodic traffic."""
     return "too few flow records to find steps"

@@ -221,3 +221,19 @@ def test_member_noise_that_hides_the_groups_gives_unknown_not_a_wrong_grid(kw, n
     assert exact or s.confidence < 0.5, (s.dp, s.tp, s.confidence, s.notes)
     if not exact:
         assert s.whitebox.groups_unknown
+        # what is unknown is null and undecided, with why: never a guessed degree of 1
+        open_ = {u.field: u for u in s.undecided}
+        for degree in s.whitebox.groups_unknown:
+            assert getattr(s, degree) is None and degree in open_ and "without a group" in open_[degree].why
+        if "dp" in open_:
+            assert s.dp_groups == []
+
+
+def test_a_lone_family_of_undecided_role_leaves_dp_and_tp_null():
+    # one group family, no microbatch labels, no pipeline and streams left undecided on both sides of its
+    # call rate: it may be the data-parallel or the tensor-parallel groups
+    from rankscope.analysis.strategy.whitebox import _undecided
+
+    out = _undecided([], {"size": 4, "groups": [[0, 1, 2, 3]]})
+    assert [(u.field, u.candidates) for u in out] == [("dp", [1, 4]), ("tp", [1, 4])]
+    assert "data-parallel or the tensor-parallel" in out[0].why

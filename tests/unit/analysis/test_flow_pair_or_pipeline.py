@@ -40,6 +40,11 @@ def test_busy_share_does_not_tell_a_pair_from_a_pipeline(bursts):
     alt = s.flows.alternatives
     assert len(alt) == 1 and {(s.dp, s.pp), (alt[0].dp, alt[0].pp)} == {(2, 1), (1, 2)}
     assert s.confidence < 0.5
+    # the report claims neither degree: both are null, with the labellings that fit
+    open_ = {u.field: u.candidates for u in s.undecided}
+    assert open_["dp"] == [1, 2] and open_["pp"] == [1, 2] and len(open_["dp_groups"]) == 2
+    claimed = s.claimed()
+    assert (claimed.dp, claimed.pp, claimed.dp_groups, claimed.pp_groups) == (None, None, [], [])
 
 
 def test_no_timing_evidence_is_reported_ambiguous():
