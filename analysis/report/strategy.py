@@ -37,7 +37,6 @@ class WhiteboxDetail:
     interleaved: bool = doc("the send/recv graph closes into cycles: an interleaved pipeline schedule.")
     groups_unknown: list[str] = doc("the degrees (dp, tp) whose groups collective streams without a group "
                                     "may hide.")
-    ep_groups: list[list] | None = doc("each expert-parallel (all-to-all) group's members; null without EP.")
     cp_groups: list[list] | None = doc("each context-parallel ring's members; null without CP.")
 
 
@@ -102,6 +101,8 @@ class Strategy:
     ep: int | None = doc("expert-parallel degree; null without EP or when it cannot be inferred.", None)
     cp: int | None = doc("context-parallel degree; null without CP.", None)
     tp_groups: list[list] | None = doc("each tensor-parallel group's members; null when unknown.", None)
+    ep_groups: list[list] | None = doc("each expert-parallel (all-to-all) group's members; null when there is no "
+                                       "expert parallelism or it cannot be inferred.", None)
     method: str | None = doc("what the strategy was read from: comm_op or flows.", None, omit="none")
     evaluated: bool = doc("a strategy was inferred; false with ``why`` when the input holds none.", True)
     why: str | None = doc("why the strategy was not evaluated.", None, omit="none")

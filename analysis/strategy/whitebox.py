@@ -215,11 +215,10 @@ def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True) -> Strategy:
         dp, dp_groups = None, []  # the data-parallel groups are not known: not claimed, never a guessed 1
     if any(u.field == "tp" for u in undecided):
         tp, tp_groups = None, None
-    detail = WhiteboxDetail(interleaved=pipes.interleaved, groups_unknown=unknown,
-                            ep_groups=ep_f[0]["groups"] if ep_f else None, cp_groups=rings or None)
+    detail = WhiteboxDetail(interleaved=pipes.interleaved, groups_unknown=unknown, cp_groups=rings or None)
     return Strategy(world_size=len(ranks), dp=dp, pp=pp, tp=tp, dp_groups=dp_groups,
                     pp_groups=sorted(pipes.pipelines, key=lambda p: p[0]), confidence=conf,
-                    ep=ep, cp=cp, tp_groups=tp_groups, method="comm_op", notes=notes + conf_notes,
+                    ep=ep, cp=cp, tp_groups=tp_groups, ep_groups=ep_f[0]["groups"] if ep_f else None, method="comm_op", notes=notes + conf_notes,
                     whitebox=detail, undecided=undecided)
 
 
