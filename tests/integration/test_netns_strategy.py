@@ -166,7 +166,7 @@ def test_two_ranks_per_address_give_exact_groups_and_tp2(dp2pp2tp2):
     # all links two-way over TCP, no lag: swapping DP and PP explains the traffic as well, and it says so
     if s.flows.ambiguous:
         assert s.confidence <= 0.5
-        assert all(sorted(map(sorted, a["dp_groups"])) != dp_truth for a in s.flows.alternatives)
+        assert all(sorted(map(sorted, a.dp_groups)) != dp_truth for a in s.flows.alternatives)
     # the TP pairs' own all-reduces stay inside their namespace: no flow between two ranks of one address
     assert flows.filter(pl.col("src_addr") == pl.col("dst_addr")).height == 0
 
