@@ -108,22 +108,23 @@ def score_job(cfg, realism, variant: str, faults: tuple, rank: int | None, tmp: 
     frames = load_planned(store, match)
     d, _tables = analyze_job(frames, None)
     row["step"] = step_outcome(d.steps, truth_step)
-    row["not_evaluated"] = str(to_json(d.stragglers).get("not_evaluated", ""))
-    row["below"] = str(to_json(d.stragglers).get("below_threshold", ""))
     s = d.stragglers
+    x = to_json(s)  # the section as the report writes it
+    row["not_evaluated"] = str(x.get("not_evaluated", ""))
+    row["below"] = str(x.get("below_threshold", ""))
     culprit = str(s.top_workers[0].endpoint) if s.top_workers and s.verdict not in ("none", "") else ""
     # a finding listed under verdict none still shows its address to the reader
-    below = [x for x in to_json(s).get("below_threshold") or [] if x.get("culprit")]
-    listed = {str(w["endpoint"]) for w in s.top_workers or []}
+    below = [b for b in x.get("below_threshold") or [] if b.get("culprit")]
+    listed = {str(w.endpoint) for w in s.top_workers or []}
     # a cause without an address names the group it is in: the slowed rank must be among them
-    group = [str(x) for c in (to_json(s).get("culprits") or {}).values() for x in c.get("ranks") or []]
+    group = [str(r) for c in (x.get("culprits") or {}).values() for r in c.get("ranks") or []]
     # a section that found nothing says it is not evaluated: "none" with an S is an all-clear
-    row.update(verdict=s.verdict or "", evaluated=bool(to_json(s).get("evaluated", True)), culprit=culprit,
-               late=str(to_json(s).get("late_dp_links", "")),
+    row.update(verdict=s.verdict or "", evaluated=bool(x.get("evaluated", True)), culprit=culprit,
+               late=str(x.get("late_dp_links", "")),
                listed_wrong=bool(listed - ({t["endpoints"][str(rank)]} if rank is not None else set())),
                in_group=rank is not None and t["endpoints"][str(rank)] in group,
-               below_right=rank is not None and any(str(x["culprit"]) == t["endpoints"][str(rank)] for x in below),
-               below_wrong=any(rank is None or str(x["culprit"]) != t["endpoints"][str(rank)] for x in below))
+               below_right=rank is not None and any(str(b["culprit"]) == t["endpoints"][str(rank)] for b in below),
+               below_wrong=any(rank is None or str(b["culprit"]) != t["endpoints"][str(rank)] for b in below))
     if variant == "clean":
         row["false_alarm"] = bool(culprit)
     else:

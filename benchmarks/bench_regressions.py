@@ -35,6 +35,7 @@ import polars as pl
 
 from rankscope.analysis.hangs import stuck_collectives
 from rankscope.analysis.kernels.regressions import kernel_regressions
+from rankscope.analysis.report.codec import to_json
 from rankscope.collectors.job_frames import JobFrames
 from rankscope.datasets.sim.job_config import Fault, SimConfig
 from rankscope.datasets.simulator import simulate
@@ -76,7 +77,7 @@ def one_job(i: int, rng: np.random.Generator) -> dict:
         faults = (Fault("seq-skew", {}),)
     cur = frames(SimConfig(**base, faults=faults))
     t = time.perf_counter()
-    regs = kernel_regressions(cur)
+    regs = [to_json(r) for r in kernel_regressions(cur)]  # as the report writes them (the check flattened in)
     secs = time.perf_counter() - t
     out = {"kind": kind, "factor": factor, "secs": secs, "ranks": world}
     for row in ("misaligned_gemm", "kernel_regression"):
@@ -160,7 +161,7 @@ def hang_job(i: int, rng: np.random.Generator, dp: int, pp: int, tp: int) -> dic
     t = time.perf_counter()
     hangs = stuck_collectives(frames_)
     secs = time.perf_counter() - t
-    first = hangs[0] if hangs else {}
+    first = to_json(hangs[0]) if hangs else {}
     ok = (first.get("group_ranks") == sorted(truth["group_ranks"]) and first.get("seq") == truth["seq"]
           and first.get("missing") == [truth["rank"]])
     return {"world": world, "rows": frames_.comm_op.height, "ok": ok, "secs": secs}

@@ -3,15 +3,20 @@
 Every speed row compares whole processes, start-up included, measured in the
 same run: the median wall time of ``RUNS`` runs and the peak RSS of the whole
 process tree (``os.wait4``'s ``ru_maxrss``: the largest of the process and the
-children it waited for). Anchors are installed from the package registry into
+children it waited for, taken by a small launcher so that the benchmark's own
+size does not leak in). Anchors are installed from the package registry into
 ``bench-out/anchor-<name>`` (never into the project's venv); an anchor that
 cannot be installed or run is reported as skipped, never given a figure.
 """
 
 from __future__ import annotations
 
+import compileall
+import functools
+import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -25,6 +30,17 @@ BENCH_OUT = Path(os.environ.get("RANKSCOPE_BENCH_OUT", REPO / "bench-out"))
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 RANKSCOPE = [sys.executable, "-m", "rankscope.cli.main"]
 """the `rankscope` command, as the venv's console script runs it."""
+PACKAGES = ("collectors", "analysis", "datasets", "dashboard", "cli")
+
+
+@functools.cache
+def compile_bytecode() -> None:
+    """Write rankscope's bytecode before anything is timed, as an installed package has it.
+
+    Where PYTHONDONTWRITEBYTECODE is set (this project's machines set it), a module edited since its
+    .pyc was written is compiled again in every process, and each timed run paid for that."""
+    for pkg in PACKAGES:
+        compileall.compile_dir(REPO / pkg, quiet=1)
 
 
 @dataclass
@@ -55,29 +71,38 @@ class Measure:
 
 def run_once(cmd: list[str] | str, *, cwd: Path | None = None, env: dict | None = None,
              timeout_s: float = 1800) -> tuple[float, float, int, str, float]:
-    """(wall s, peak RSS MiB of the process tree, exit status, stderr tail, CPU s) of one whole process."""
+    """(wall s, peak RSS MiB of the process tree, exit status, stderr tail, CPU s) of one whole process.
+
+    The command is forked by a small launcher (``spawn_measured.py``), not by this process: a child's
+    ``ru_maxrss`` starts at its parent's RSS, and a benchmark that analysed in-process first is large."""
     err = tempfile.TemporaryFile()
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        result = Path(f.name)
+    shell = isinstance(cmd, str)
+    launcher = [sys.executable, "-S", str(Path(__file__).with_name("spawn_measured.py")), str(result),
+                "1" if shell else "0", *([cmd] if shell else cmd)]
     t = time.perf_counter()
-    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err, shell=isinstance(cmd, str))
-    deadline = t + timeout_s
-    while True:
-        pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.perf_counter() > deadline:
-            p.kill()
-            pid, status, ru = os.wait4(p.pid, 0)
-            break
-        time.sleep(0.005)
+    p = subprocess.Popen(launcher, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        p.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
     wall = time.perf_counter() - t
-    p.returncode = os.waitstatus_to_exitcode(status)
     err.seek(0)
     tail = err.read()[-600:].decode(errors="replace")
-    return wall, ru.ru_maxrss / 1024, p.returncode, tail, ru.ru_utime + ru.ru_stime
+    try:
+        r = json.loads(result.read_text())
+    except (OSError, ValueError):  # killed before it wrote
+        return wall, float("nan"), p.returncode or -9, tail, float("nan")
+    finally:
+        result.unlink(missing_ok=True)
+    return r["wall_s"], r["maxrss_kib"] / 1024, r["rc"], tail, r["cpu_s"]
 
 
 def measure(cmd, *, runs: int = RUNS, before=None, **kw) -> Measure:
     """``runs`` whole-process runs; ``before()`` (e.g. a fresh output folder) runs untimed before each."""
+    compile_bytecode()
     m = Measure()
     for _ in range(runs):
         if before is not None:
