@@ -27,9 +27,9 @@ import polars as pl
 from rankscope.analysis.model.job_model import JobModel
 from rankscope.analysis.report.hangs import Hang
 from rankscope.collectors.job_frames import JobFrames
+from rankscope.collectors.schema import P2P_OPS
 
 _STATE_ORDER = {"completed": 2, "failed": 1, "pending": 0}
-_P2P = ("send", "recv")
 _COLUMNS = ("rank", "op", "group_id", "group_ranks", "peer", "size_bytes", "dtype", "start_ns", "end_ns", "state",
             "seq", "step", "source")
 
@@ -85,7 +85,7 @@ def _prepare(comm: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     if "group_ranks" not in comm.columns:
         ops = ops.with_columns(pl.lit(None, dtype=pl.List(pl.Int32)).alias("group_ranks"))
     ops = ops.collect()
-    is_p2p = pl.col("op").is_in(list(_P2P)) & pl.col("peer").is_not_null()
+    is_p2p = pl.col("op").is_in(list(P2P_OPS)) & pl.col("peer").is_not_null()
     src = pl.when(pl.col("op") == "send").then(pl.col("rank")).otherwise(pl.col("peer"))
     dst = pl.when(pl.col("op") == "send").then(pl.col("peer")).otherwise(pl.col("rank"))
     # Collectives are keyed by their sorted member list, which every rank and source spells the same

@@ -58,6 +58,8 @@ _SOURCE = _s("source", "", "where the record came from: hook, kineto, flight_rec
 COMM_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
             "send", "recv", "barrier", "gather", "scatter")
 """Op names of comm_op (binding)."""
+P2P_OPS = ("send", "recv")
+"""The comm_op ops between two ranks (``peer`` set); every other op is a collective of a group."""
 
 COMM_STATES = ("completed", "pending", "failed")
 

@@ -22,8 +22,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.collectors.errors import ConfigError
-
-P2P = ("send", "recv")
+from rankscope.collectors.schema import P2P_OPS
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ def rank_clock_offsets(comm_op: pl.DataFrame, config: ClockConfig | None = None)
     has_host = "host" in comm_op.columns and comm_op["host"].null_count() < comm_op.height
     # only the columns read: a filter gathers every column it carries (the member lists the most)
     cols = [c for c in ("rank", "op", "group_ranks", "seq", "end_ns", "host") if c in comm_op.columns]
-    df = comm_op.select(cols).filter(~pl.col("op").is_in(P2P) & pl.col("end_ns").is_not_null()
+    df = comm_op.select(cols).filter(~pl.col("op").is_in(P2P_OPS) & pl.col("end_ns").is_not_null()
                                      & pl.col("group_ranks").is_not_null())
     dom = pl.col("host").fill_null(pl.col("rank").cast(pl.Utf8)) if has_host else pl.col("rank").cast(pl.Utf8)
     ranks = comm_op.select(pl.col("rank").cast(pl.Int64), domain=dom).unique("rank").sort("rank")

@@ -5,9 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from rankscope.analysis.report.strategy import Strategy
-
-P2P = ("send", "recv")
-
+from rankscope.collectors.schema import P2P_OPS
 
 PASS_CATEGORIES = ("forward", "backward")
 
@@ -73,7 +71,7 @@ def regular_pipeline(comm: pl.DataFrame, comp: pl.DataFrame, strategy: Strategy 
     comp, comm = comp.select("rank", "step", "category"), comm.select("rank", "step", "op", "peer")  # no copies
     nf = (comp.filter((pl.col("category") == "forward") & pl.col("step").is_not_null())
           .group_by(pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64)).agg(_nf=pl.len()))
-    p2p = (comm.filter(pl.col("op").is_in(P2P) & pl.col("step").is_not_null() & pl.col("peer").is_not_null())
+    p2p = (comm.filter(pl.col("op").is_in(P2P_OPS) & pl.col("step").is_not_null() & pl.col("peer").is_not_null())
            .group_by(pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64), "op", "peer").agg(_n=pl.len()))
     if p2p.is_empty() or nf.is_empty():
         return True, ""
@@ -111,7 +109,7 @@ def complete_comm(comm: pl.DataFrame, comp: pl.DataFrame, by_order: bool) -> pl.
         return comm
     # only the key columns travel through the join (the member lists would be copied otherwise)
     c = comm.select("rank", "step", "op", "peer", "start_ns").with_row_index("_i")
-    p2p = (c.filter(pl.col("op").is_in(P2P) & pl.col("step").is_not_null() & pl.col("peer").is_not_null())
+    p2p = (c.filter(pl.col("op").is_in(P2P_OPS) & pl.col("step").is_not_null() & pl.col("peer").is_not_null())
            .sort("start_ns").with_columns(_k=pl.col("_i").cum_count().over("rank", "step", "op", "peer") - 1))
     mb = (c.select("_i").join(p2p.select("_i", _mb=pl.col("_k").cast(comm.schema["microbatch"])), on="_i",
                               how="left").sort("_i")["_mb"])

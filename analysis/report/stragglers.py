@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -12,7 +11,6 @@ from rankscope.analysis.report.steps import Warmup
 BASES = ("compute", "arrival_skew", "flows")
 """what S can be computed from: compute records (a replay), collective arrival skew, or flow records."""
 Verdict = Literal["none", "worker", "stage_imbalance", "sequence_imbalance", "communication", "mixed"]
-VERDICTS = typing.get_args(Verdict)
 
 
 @dataclass(frozen=True)

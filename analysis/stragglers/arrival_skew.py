@@ -26,6 +26,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from rankscope.collectors.schema import P2P_OPS
+
 BLOCKING_EXCLUDE = ("send",)
 """Ops whose span is not time the rank waited (asynchronous sends)."""
 SLOW_AT = 1.2
@@ -60,7 +62,7 @@ def _peers(comm: pl.DataFrame, ranks: list[int], layout: pl.DataFrame | None) ->
         peers = {r: [p for p in ranks if p != r and stage.get(p) == stage.get(r)] for r in ranks}
         if any(peers.values()):
             return peers, "stage peers (layout)"
-    groups = comm.filter(~pl.col("op").is_in(["send", "recv"]) & pl.col("group_ranks").is_not_null()
+    groups = comm.filter(~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_not_null()
                          & (pl.col("group_ranks").list.len() >= 2)).select("group_ranks").unique()
     # each rank's smallest collective group: its data-parallel (or tensor-parallel) peers, which
     # share its stage; a world-wide group (a barrier, the loss all-reduce) would mix the stages
@@ -78,7 +80,7 @@ def _peers(comm: pl.DataFrame, ranks: list[int], layout: pl.DataFrame | None) ->
 def _transfer_excess(comm: pl.DataFrame, steps: list[int]) -> tuple[float, dict]:
     """Per step, the most any one rank loses to collective transfers slower than their op's median."""
     key = ["group_id", "seq", "step"]
-    coll = comm.filter(~pl.col("op").is_in(["send", "recv"]) & pl.col("seq").is_not_null())
+    coll = comm.filter(~pl.col("op").is_in(P2P_OPS) & pl.col("seq").is_not_null())
     if coll.height == 0:
         return 0.0, {"collectives": 0}
     inst = coll.group_by(key).agg(
@@ -210,7 +212,7 @@ def _stage_gain(mat: np.ndarray, ranks: list[int], layout: pl.DataFrame | None) 
 
 def _last_arrivals(comm: pl.DataFrame, steps: list[int], rows: list[dict]) -> None:
     """Per rank: the share of its collectives (of 2+ members) at which it arrived last."""
-    coll = comm.filter(~pl.col("op").is_in(["send", "recv"]) & pl.col("seq").is_not_null()
+    coll = comm.filter(~pl.col("op").is_in(P2P_OPS) & pl.col("seq").is_not_null()
                        & pl.col("step").is_in(steps))
     if coll.height == 0:
         return

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-P2P = ("send", "recv")
+from rankscope.collectors.schema import P2P_OPS
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def label_groups(comm_op: pl.DataFrame, memberships: dict[int, list[list[int]]],
     config = config or StreamConfig()
     if comm_op.is_empty() or not memberships:
         return comm_op, {}
-    todo = (~pl.col("op").is_in(P2P)) & pl.col("group_ranks").is_null() & pl.col("end_ns").is_not_null()
+    todo = (~pl.col("op").is_in(P2P_OPS)) & pl.col("group_ranks").is_null() & pl.col("end_ns").is_not_null()
     coll = comm_op.filter(todo)
     if coll.is_empty():
         return comm_op, {}

@@ -15,11 +15,11 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.strategy.groups_from_streams import (
-    P2P,
     StreamConfig,
     stream_end_times,
     with_member_group_ids,
 )
+from rankscope.collectors.schema import P2P_OPS
 
 
 def _drift(rows: np.ndarray) -> np.ndarray:
@@ -273,7 +273,7 @@ def label_groups_by_timing(comm_op: pl.DataFrame, config: StreamConfig | None = 
     notes: streams, labelled, undecided and why).
     """
     config = config or StreamConfig()
-    todo = (~pl.col("op").is_in(P2P)) & pl.col("group_ranks").is_null() & pl.col("end_ns").is_not_null()
+    todo = (~pl.col("op").is_in(P2P_OPS)) & pl.col("group_ranks").is_null() & pl.col("end_ns").is_not_null()
     if comm_op.is_empty():
         return comm_op, {}
     coll = comm_op.filter(todo)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 import polars as pl
 
-P2P_OPS = ("send", "recv")
+from rankscope.collectors.schema import P2P_OPS
 
 
 class Pipelines(NamedTuple):

@@ -19,6 +19,7 @@ import contextvars
 import gzip
 import io
 import os
+import re
 import zlib
 from collections import Counter
 from collections.abc import Iterable
@@ -264,3 +265,19 @@ def rank_option(path: Path, opts: ImportOptions) -> int | None:
     if not (isinstance(v, str) and v.strip().isdigit() and int(v) < MAX_RANK):
         raise InputFormatError(path, "--opt rank", f"a rank number 0..{MAX_RANK - 1} (--opt rank=N)", got=v)
     return int(v)
+
+
+RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
+"""``rank3``, ``rank_3``, ``rank-3`` in a file name (profiler, Nsight and Kineto dumps)."""
+
+
+def rank_in_name(path: Path, pattern: re.Pattern[str] = RANK_IN_NAME) -> int | None:
+    """The rank that ``pattern``'s first group finds in the file's name; None when absent or past int32."""
+    m = pattern.search(path.name)
+    return int(m.group(1)) if m and int(m.group(1)) < MAX_RANK else None
+
+
+def file_rank(path: Path, opts: ImportOptions, pattern: re.Pattern[str] = RANK_IN_NAME) -> int | None:
+    """``--opt rank=N`` when given, else the rank in the file's name; None when neither says."""
+    given = rank_option(path, opts)
+    return given if given is not None else rank_in_name(path, pattern)

@@ -34,30 +34,20 @@ import polars as pl
 from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.importers import safe_pickle
 from rankscope.collectors.importers.contract import (
-    MAX_RANK,
     ImportBatch,
     ImportOptions,
-    rank_option,
+    file_rank,
     rows_frame,
 )
 from rankscope.collectors.importers.kineto.chrome_trace import read_bytes
 from rankscope.collectors.importers.kineto.comm_rows import parse_ranks
+from rankscope.collectors.schema import P2P_OPS
 from rankscope.collectors.vocab import dtype_name, dtype_size, normalise_op
 
 _RANK = re.compile(r"(\d+)(?:\.[A-Za-z]\w*)*$")
 _PEER = re.compile(r"(\d+)\s*(->|<-)\s*(\d+)")
 ENTRY_KEYS = ("profiling_name", "collective_seq_id")
 
-
-def _rank(path: Path, opts: ImportOptions) -> int:
-    given = rank_option(path, opts)
-    if given is not None:
-        return given
-    m = _RANK.search(path.name)
-    if m and int(m.group(1)) < MAX_RANK:
-        return int(m.group(1))
-    raise InputFormatError(path, None, "the rank at the end of the file name (rank3.pkl) or --opt rank=N",
-                           got=path.name)
 
 
 def _pos(v) -> int | None:
@@ -113,7 +103,7 @@ def entry_row(e: dict, groups: dict, done: dict) -> dict:
     pg = e.get("process_group")
     pg_name = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(e.get("pg_id"))
     ranks = groups.get(pg_name)
-    p2p = bool(e.get("is_p2p")) or op in ("send", "recv")
+    p2p = bool(e.get("is_p2p")) or op in P2P_OPS
     seq = int(e["p2p_seq_id"] if p2p else e["collective_seq_id"])
     peer = None
     m = _PEER.search(name) if p2p else None
@@ -239,7 +229,10 @@ def _salvage_json(text: str) -> tuple[list, dict]:
 
 
 def read_dump(path: Path, opts: ImportOptions) -> ImportBatch:
-    rank = _rank(path, opts)
+    rank = file_rank(path, opts, _RANK)
+    if rank is None:
+        raise InputFormatError(path, None, "the rank at the end of the file name (rank3.pkl) or --opt rank=N",
+                               got=path.name)
     dump, entries, cut = _load(path)
     batch = ImportBatch()
     if cut:

@@ -24,10 +24,9 @@ import polars as pl
 
 from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.importers.contract import (
-    MAX_RANK,
     ImportBatch,
     ImportOptions,
-    rank_option,
+    file_rank,
     rows_frame,
 )
 from rankscope.collectors.importers.kineto.chrome_trace import read_bytes
@@ -35,7 +34,6 @@ from rankscope.collectors.vocab import dtype_name, dtype_size, normalise_op
 
 _BARE = re.compile(rb'(":\s*)(0x[0-9a-fA-F]+|nccl[A-Za-z0-9_]+|[A-Za-z_][A-Za-z0-9_]*(?<!true)(?<!false)(?<!null))'
                    rb'(\s*[,}])')
-_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
 def nccl_dtype(raw) -> tuple[str | None, int | None]:
     size = dtype_size(raw) if raw is not None else None
     return (dtype_name(raw), size) if size is not None else (None, None)
@@ -103,15 +101,6 @@ def _pairs(events: list[dict]) -> tuple[list[tuple[dict, float | None]], Counter
     return out, other
 
 
-def _rank(path: Path, opts: ImportOptions, ranks: set) -> int | None:
-    given = rank_option(path, opts)
-    if given is not None:
-        return given
-    m = _RANK_IN_NAME.search(path.name)
-    if m and int(m.group(1)) < MAX_RANK:
-        return int(m.group(1))
-    return next(iter(ranks)) if len(ranks) == 1 else None
-
 
 def read_profile(path: Path, opts: ImportOptions) -> ImportBatch:
     data, cut = read_bytes(path)
@@ -126,7 +115,9 @@ def read_profile(path: Path, opts: ImportOptions) -> ImportBatch:
                                got=f"{sum(batch.rejects.values())} undecodable lines")
     pairs, other = _pairs(events)
     comm_ranks = {r for ev, _ in pairs if isinstance(r := _args(ev).get("Rank"), int) and not isinstance(r, bool)}
-    rank = _rank(path, opts, comm_ranks)
+    rank = file_rank(path, opts)
+    if rank is None and len(comm_ranks) == 1:
+        rank = next(iter(comm_ranks))
     rows = []
     for ev, end in pairs:
         a = _args(ev)

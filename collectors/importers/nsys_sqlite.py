@@ -32,15 +32,13 @@ import polars as pl
 
 from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.importers.contract import (
-    MAX_RANK,
     ImportBatch,
     ImportOptions,
-    rank_option,
+    file_rank,
 )
 from rankscope.collectors.importers.kineto.compute_rows import span_regexes
 from rankscope.collectors.vocab import NCCL_KERNEL, kernel_category_expr, kernel_op, normalise_op
 
-_RANK = re.compile(r"rank[-_]?(\d+)", re.I)
 _SIZE_KEY = re.compile(r"(?i)size|bytes")
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -114,19 +112,12 @@ def _contains(ranges: pl.DataFrame, tid: np.ndarray, t: np.ndarray) -> np.ndarra
     return out
 
 
-def _rank(path: Path, opts: ImportOptions) -> int:
-    given = rank_option(path, opts)
-    if given is not None:
-        return given
-    m = _RANK.search(path.name)
-    if m and int(m.group(1)) < MAX_RANK:
-        return int(m.group(1))
-    raise InputFormatError(path, None, "the rank in the file name (report_rank3.sqlite) or --opt rank=N",
-                           got=path.name)
-
 
 def read_nsys(path: Path, opts: ImportOptions) -> ImportBatch:
-    rank = _rank(path, opts)
+    rank = file_rank(path, opts)
+    if rank is None:
+        raise InputFormatError(path, None, "the rank in the file name (report_rank3.sqlite) or --opt rank=N",
+                               got=path.name)
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         tables = _tables(con)

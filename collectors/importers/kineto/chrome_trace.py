@@ -25,11 +25,10 @@ import orjson
 import polars as pl
 
 from rankscope.collectors.errors import InputFormatError
-from rankscope.collectors.importers.contract import MAX_RANK, read_limited
+from rankscope.collectors.importers.contract import MAX_RANK, rank_in_name, read_limited
 from rankscope.collectors.importers.kineto.event_chunks import Irregular, stream_events
 
 _MAX_REPAIR_TRIES = 64
-_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.I)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
@@ -166,11 +165,6 @@ SINGLE_PROCESS_NOTE = ("no distributedInfo and no rank in the file name: read as
                        "rank 0 (give --opt rank=N to place it)")
 
 
-def _rank_in_name(path: Path) -> int | None:
-    m = _RANK_IN_NAME.search(path.name)
-    return int(m.group(1)) if m and int(m.group(1)) < MAX_RANK else None
-
-
 def _rank(path: Path, info: dict | None, override: int | None = None) -> tuple[int, str | None]:
     """The trace's rank and, when it had to be assumed, why.
 
@@ -180,12 +174,12 @@ def _rank(path: Path, info: dict | None, override: int | None = None) -> tuple[i
     if override is not None:
         return override, None
     if info is None:
-        named = _rank_in_name(path)
+        named = rank_in_name(path)
         return (named, None) if named is not None else (0, SINGLE_PROCESS_NOTE)
     r = info.get("rank")
     if isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_RANK:
         return r, None
-    named = _rank_in_name(path)
+    named = rank_in_name(path)
     if named is not None:
         return named, None
     raise InputFormatError(path, "distributedInfo.rank", "the rank in distributedInfo, the file name "

@@ -25,9 +25,8 @@ import numpy as np
 import polars as pl
 
 from rankscope.collectors.importers.kineto.chrome_trace import KinetoTrace, containing, steps_at
+from rankscope.collectors.schema import P2P_OPS
 from rankscope.collectors.vocab import NCCL_KERNEL, dtype_name, dtype_size, kernel_op, normalise_op
-
-_P2P = ("send", "recv")
 
 
 def parse_ranks(v) -> list[int] | None:
@@ -110,7 +109,7 @@ def _c10d_fields(name: str, a: dict) -> dict:
     dims = a.get("Input Dims") or []
     n = _numel(dims[0]) if dims else None
     concrete = a.get("Concrete Inputs") or []
-    peer = _int(concrete[2]) if op in _P2P and len(concrete) > 2 else None
+    peer = _int(concrete[2]) if op in P2P_OPS and len(concrete) > 2 else None
     return {"op": op, "group_id": None, "group_ranks": None, "num_elements": n, "size_bytes": None,
             "out_size_bytes": None, "dtype": None, "local_peer": peer, "_shape": _shape_text(dims[0]) if dims else ""}
 
@@ -259,7 +258,7 @@ def _finish(tr: KinetoTrace, rows: list[dict], steps: pl.DataFrame, notes: dict)
             unknown_group += 1
         r["group_id"], r["group_ranks"] = gid, ranks
         lp = r.pop("local_peer", None)
-        if r["op"] in _P2P and lp is not None:
+        if r["op"] in P2P_OPS and lp is not None:
             r["peer"] = ranks[lp] if ranks and 0 <= lp < len(ranks) else lp
         else:
             r["peer"] = None
@@ -274,7 +273,7 @@ def _finish(tr: KinetoTrace, rows: list[dict], steps: pl.DataFrame, notes: dict)
     df = df.with_columns(pl.Series("step", step).fill_nan(None).cast(pl.Int64)).drop("t_step").sort("start_ns")
     # Sequence numbers: per group for collectives; per group, direction and peer for p2p.
     key = [pl.col("group_id").fill_null("?"),
-           pl.when(pl.col("op").is_in(list(_P2P))).then(pl.col("op") + ":" + pl.col("peer").cast(pl.String))
+           pl.when(pl.col("op").is_in(list(P2P_OPS))).then(pl.col("op") + ":" + pl.col("peer").cast(pl.String))
            .otherwise(pl.lit("coll")).fill_null("p2p:?")]
     df = df.with_columns((pl.int_range(pl.len()).over(key) + 1).cast(pl.Int64).alias("seq"))
     return df.with_columns(pl.lit(tr.rank, pl.Int32).alias("rank"), pl.lit("completed").alias("state"),

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 
 import jsonschema
 import pytest
 
+from rankscope.analysis.report.causes import CAUSES
 from rankscope.analysis.report.schema import json_schema, markdown
+from rankscope.analysis.report.stragglers import Verdict
 
 REPO = Path(__file__).resolve().parents[3]
 GOLDEN = REPO / "tests" / "golden" / "reports"
@@ -91,3 +94,9 @@ def test_docs_are_the_generated_ones():
     assert (DOCS / "report.md").read_text() == markdown() + "\n", "docs/report.md is stale: run `make docs`"
     assert json.loads((DOCS / "report.schema.json").read_text()) == json_schema(), \
         "docs/report.schema.json is stale: run `make docs`"
+
+
+def test_the_verdicts_are_the_causes_registry_and_its_two_outcomes():
+    # the report's Verdict type is written out for the schema; the causes registry is what the code decides
+    # from: a cause added to one and not the other would be a verdict the schema refuses, or one never given
+    assert set(typing.get_args(Verdict)) == {"none", "mixed", *CAUSES}
