@@ -21,7 +21,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rankscope.analysis.report import to_json
+from rankscope.analysis.report import degree_text, to_json
 from rankscope.collectors.store import Store
 from rankscope.dashboard.analysis_source import JobViews, load_planned, store_problem
 from rankscope.dashboard.data_tables import data_table, findings_rows
@@ -97,7 +97,7 @@ PAGE_CSS = """
 def strategy_summary(d: Diagnosis, max_groups: int = 8) -> str:
     """One line naming the degrees and the first groups, e.g. for the page header."""
     s = d.strategy
-    parts = [f"DP {_deg(s.dp)} x PP {_deg(s.pp)} x TP {_deg(s.tp)}", f"{s.world_size} endpoints"]
+    parts = [f"DP {degree_text(s.dp)} x PP {degree_text(s.pp)} x TP {degree_text(s.tp)}", f"{s.world_size} endpoints"]
     if s.ep is not None:
         parts.append(f"EP {s.ep}")
     if s.cp is not None:
@@ -363,8 +363,3 @@ def serve(store_dir: str | list[str], host: str = "127.0.0.1", port: int = 8050,
         lambda: [importlib.import_module(m) for m in ANALYSIS_MODULES])
     threading.Thread(target=target, daemon=True, name="rankscope-warm-up").start()
     app.run(host=host, port=port, debug=False)
-
-
-def _deg(v) -> str:
-    """A parallel degree as shown: '?' where the input leaves it undecided (null in the report)."""
-    return "?" if v is None else str(v)

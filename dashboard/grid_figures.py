@@ -18,7 +18,7 @@ import numpy as np
 import plotly.graph_objects as go
 import polars as pl
 
-from rankscope.analysis.report import Heatmap
+from rankscope.analysis.report import Heatmap, degree_text
 from rankscope.dashboard.table_figures import LAYOUT, as_frame, empty_figure
 
 if TYPE_CHECKING:
@@ -115,8 +115,7 @@ def strategy_figure(strategy: Strategy, heat: Any = None, max_rows: int = 64, ma
     heatmap exists, else alternating shades per stage. More than ``max_rows`` rows are binned (a cell then
     shows its worst rank on hover); rank ids are written in the cells while there are at most ``max_labels``."""
     lay = strategy_layout(strategy)
-    tp = strategy.tp if strategy.tp is not None else "?"
-    title = f"Strategy: DP={_deg(strategy.dp)} PP={_deg(strategy.pp)} TP={tp} over {strategy.world_size} endpoints " \
+    title = f"Strategy: DP={degree_text(strategy.dp)} PP={degree_text(strategy.pp)} TP={degree_text(strategy.tp)} over {strategy.world_size} endpoints " \
             f"(confidence {strategy.confidence:.2f})"
     if lay.height == 0:
         return empty_figure(title, "no groups inferred (no DP or pipeline groups found)")
@@ -240,8 +239,3 @@ def heatmap_figure(heat: Any, strategy: Strategy | None = None, max_rows: int = 
     fig.update_layout(title=title, xaxis_title="step", yaxis=yaxis,
                       **{**LAYOUT, "height": min(900, 220 + 10 * len(labels))})
     return fig
-
-
-def _deg(v) -> str:
-    """A parallel degree as shown: '?' where the input leaves it undecided (null in the report)."""
-    return "?" if v is None else str(v)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import plotly.io as pio
 
-from rankscope.analysis.report import to_json
+from rankscope.analysis.report import degree_text, to_json
 from rankscope.dashboard.figures import all_figures
 from rankscope.dashboard.report_text import tied_labellings
 from rankscope.dashboard.table_figures import fmt_value
@@ -51,7 +51,7 @@ def key_numbers(d: Diagnosis) -> list[tuple[str, str, str]]:
     verdict_cls = "ok" if sg.verdict == "none" else "bad"
     cards = [
         ("world size", str(s.world_size), ""),
-        ("DP x PP x TP", f"{_deg(s.dp)} x {_deg(s.pp)} x {_deg(s.tp)}", ""),
+        ("DP x PP x TP", f"{degree_text(s.dp)} x {degree_text(s.pp)} x {degree_text(s.tp)}", ""),
         ("strategy confidence", _num(s.confidence, "{:.2f}"), ""),
         ("steps", str(st.count), ""),
         ("median step", _num(st.median_ns / 1e6 if st.median_ns else None, "{:.3f} ms"), ""),
@@ -125,8 +125,3 @@ def render_report(diagnosis: Diagnosis, tables: dict | None = None) -> str:
 <p>The full report is <code>{html.escape(d.job)}.json</code> beside this page.</p></section>
 </main></body></html>
 """
-
-
-def _deg(v) -> str:
-    """A parallel degree as shown: '?' where the input leaves it undecided (null in the report)."""
-    return "?" if v is None else str(v)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rankscope.analysis.report import Diagnosis, describe, summary_text
+from rankscope.analysis.report import Diagnosis, degree_text, describe, summary_text
 
 MAX_ROWS = 8
 """rows per list section; the JSON report holds them all."""
@@ -32,8 +32,7 @@ def render_text(d: Diagnosis) -> str:
     lines = [f"== {d.job}  (sources: {', '.join(d.sources) or 'none'})"]
     s = d.strategy
     if s.evaluated:
-        deg = {k: "?" if v is None else v for k, v in (("dp", s.dp), ("pp", s.pp), ("tp", s.tp))}
-        lines.append(f"strategy     dp={deg['dp']} pp={deg['pp']} tp={deg['tp']} on {s.world_size} endpoints, "
+        lines.append(f"strategy     dp={degree_text(s.dp)} pp={degree_text(s.pp)} tp={degree_text(s.tp)} on {s.world_size} endpoints, "
                      f"confidence {s.confidence:.2f}")
         tied = tied_labellings(s)
         if tied:

@@ -8,8 +8,8 @@ from rankscope.analysis.report.hangs import Hang
 from rankscope.analysis.report.kernels import Regression
 from rankscope.analysis.report.steps import Steps
 from rankscope.analysis.report.stragglers import Heatmap, Stragglers
-from rankscope.analysis.report.strategy import Strategy, Undecided
+from rankscope.analysis.report.strategy import Strategy, Undecided, degree_text
 from rankscope.analysis.report.summary import summary_text
 
 __all__ = ["DataQuality", "Diagnosis", "Finding", "Hang", "Heatmap", "Regression", "Steps", "Strategy", "Stragglers",
-           "Undecided", "describe", "summary_text", "to_json"]
+           "Undecided", "degree_text", "describe", "summary_text", "to_json"]

@@ -10,6 +10,11 @@ from rankscope.analysis.report.codec import doc
 METHODS = ("comm_op", "flows")
 
 
+def degree_text(v: int | None) -> str:
+    """A parallel degree as reports show it: '?' where the input leaves it undecided (null in the JSON)."""
+    return "?" if v is None else str(v)
+
+
 @dataclass(frozen=True)
 class Undecided:
     """A strategy field the input leaves open."""

@@ -23,13 +23,12 @@ def _summary(d) -> str:
         step += f" ({len(d.steps.warmup)} warm-up left out of the median)"
     if d.steps.ambiguous:
         step += " (ambiguous: may be a multiple of the step)"
-    from rankscope.analysis.report import summary_text
+    from rankscope.analysis.report import degree_text, summary_text
     from rankscope.dashboard.report_text import tied_labellings
 
     tied = tied_labellings(s)
     tied = f", ambiguous: or {tied}" if tied else ""
-    deg = {k: "?" if v is None else v for k, v in (("dp", s.dp), ("pp", s.pp), ("tp", s.tp))}
-    return (f"{d.job}: {s.world_size} endpoints, dp={deg['dp']} pp={deg['pp']} tp={deg['tp']} "
+    return (f"{d.job}: {s.world_size} endpoints, dp={degree_text(s.dp)} pp={degree_text(s.pp)} tp={degree_text(s.tp)} "
             f"(confidence {s.confidence:.2f}{order}{tied}); {step}; {summary_text(d)}")
 
 
