@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.fabric.clock import flow_resolution_ns
 from rankscope.analysis.fabric.config import FlowConfig
 
 
@@ -85,7 +84,7 @@ def rail_correlations(flows: pl.DataFrame, comps: list[int], config: FlowConfig,
 
 
 def merge_components(nodes: list[str], lab: np.ndarray, flows: pl.DataFrame, control: pl.DataFrame,
-                     config: FlowConfig) -> np.ndarray:
+                     config: FlowConfig, resolution_ns: int) -> np.ndarray:
     """Merge pair-graph components that are one job; returns a job label per node.
 
     Rail-optimised fabrics keep each tensor-parallel rank's traffic on its own
@@ -96,6 +95,7 @@ def merge_components(nodes: list[str], lab: np.ndarray, flows: pl.DataFrame, con
     copies of one size whose traffic carries the same bytes and whose record
     starts and ends coincide within ``sync_tolerance_ns`` after one clock offset (lockstep).
     Needs flows src_addr, dst_addr, start_ns, est_bytes; control flows src_addr, dst_addr, dst_port.
+    ``resolution_ns``: how finely ``flows``' times order anything (fabric.clock.flow_resolution_ns).
     """
     ncomp = int(lab.max()) + 1 if len(lab) else 0
     node_lab = dict(zip(nodes, lab.tolist()))
@@ -116,7 +116,6 @@ def merge_components(nodes: list[str], lab: np.ndarray, flows: pl.DataFrame, con
             for other in labs[1:]:
                 if find(other) != find(labs[0]):
                     parent[find(other)] = find(labs[0])
-    resolution = flow_resolution_ns(flows)
     # only the traffic inside each copy: a rail's NIC may also talk to storage or control hosts
     f = flows.select("src_addr", "dst_addr", "start_ns", "end_ns", "est_bytes").with_columns(
         c=pl.col("src_addr").replace_strict(node_lab, default=-1, return_dtype=pl.Int64),
@@ -125,7 +124,7 @@ def merge_components(nodes: list[str], lab: np.ndarray, flows: pl.DataFrame, con
     volume = {int(c): float(v) for c, v in f.group_by("c").agg(v=pl.col("est_bytes").sum()).iter_rows()}
     size = np.bincount(lab, minlength=ncomp)
     cand = [c for c in range(ncomp) if size[c] >= 2 and c in volume]
-    corr, _ = rail_correlations(f, cand, config, resolution)
+    corr, _ = rail_correlations(f, cand, config, resolution_ns)
     for (a, b), (r, _lag) in sorted(corr.items()):
         if size[a] != size[b] or find(a) == find(b):
             continue

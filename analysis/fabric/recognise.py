@@ -71,13 +71,15 @@ def recognise_jobs(flow: pl.DataFrame, capture: str, config: FlowConfig | None =
     ai = np.array([idx[x] for x in heavy["a"].to_list()])
     bi = np.array([idx[x] for x in heavy["b"].to_list()])
     rails = components(nodes, ai, bi)
-    lab = merge_components(nodes, rails, pt.training_flows, pt.control_flows, cfg)
+    # one clock reading for the whole capture: rails and job evidence both order its records by it
+    resolution = flow_resolution_ns(pt.training_flows)
+    lab = merge_components(nodes, rails, pt.training_flows, pt.control_flows, cfg, resolution)
     sizes = np.bincount(lab)
     members: dict[int, list[str]] = {}
     for n, c in zip(nodes, lab):
         if sizes[c] >= cfg.min_job_endpoints:
             members.setdefault(int(c), []).append(n)
-    groups = _with_evidence(members, lab, rails, nodes, heavy, pt.training_flows, cfg, quality)
+    groups = _with_evidence(members, rails, nodes, heavy, pt.training_flows, resolution, cfg, quality)
     e_lab = lab[ai]
     e_bytes = heavy["bytes"].to_numpy()
     jobs = []
@@ -99,11 +101,10 @@ def recognise_jobs(flow: pl.DataFrame, capture: str, config: FlowConfig | None =
     return FabricJobs(jobs, quality)
 
 
-def _with_evidence(members: dict[int, list[str]], lab: np.ndarray, rails: np.ndarray, nodes: list[str],
-                   heavy: pl.DataFrame, flows: pl.DataFrame, cfg: FlowConfig, quality: dict) -> list[list[str]]:
+def _with_evidence(members: dict[int, list[str]], rails: np.ndarray, nodes: list[str], heavy: pl.DataFrame,
+                   flows: pl.DataFrame, resolution: int, cfg: FlowConfig, quality: dict) -> list[list[str]]:
     """The candidate endpoint sets that show a training job's shape; the others are counted as
     non-training (storage, checkpoint, control) in ``quality``."""
-    resolution = flow_resolution_ns(flows)
     payload = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
     keep, rejected = [], []
     for m in members.values():

@@ -123,13 +123,13 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
         return FlowInference(Strategy(method="flows", evaluated=False, why=notes.no_training_flows()),
                              Steps(evaluated=False, why=notes.no_training_flows()), quality)
     edges = undirected_edges(pt.pairs)
-    heavy, nodes, rail_of, outside = _main_job(edges, pt, cfg, one_job)
+    tick, batching = flow_clock(pt.training_flows)
+    resolution = max(tick, batching)
+    heavy, nodes, rail_of, outside = _main_job(edges, pt, cfg, one_job, resolution)
     if outside:
         quality["endpoints_outside_main_job"] = outside
     quality["pairs"] = int(edges.height)
     quality["heavy_pairs"] = int(heavy.height)
-    tick, batching = flow_clock(pt.training_flows)
-    resolution = max(tick, batching)
     quality["timestamp_resolution_ns"] = resolution
     # the job's records between its own endpoints: link dating, DP end votes and the caller read them
     inside = pt.training_flows.filter(pl.col("src_addr").is_in(nodes) & pl.col("dst_addr").is_in(nodes))
@@ -166,19 +166,20 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     return FlowInference(strat, steps, quality, inside, frozenset(dp_pairs))
 
 
-def _main_job(edges: pl.DataFrame, pt: PairTraffic, cfg: FlowConfig,
-              one_job: bool) -> tuple[pl.DataFrame, list[str], dict[str, int], int]:
+def _main_job(edges: pl.DataFrame, pt: PairTraffic, cfg: FlowConfig, one_job: bool,
+              resolution_ns: int) -> tuple[pl.DataFrame, list[str], dict[str, int], int]:
     """The biggest job among the records' heavy links: (its heavy edges, its endpoints in address order,
     each endpoint's rail (the connected component of heavy links it sits in), how many endpoints of
     heavy links lie outside it). ``edges``: fabric.pair_traffic.undirected_edges of ``pt``'s pairs;
-    ``one_job``: all endpoints are one job already (see infer_flows), so rails are not merged."""
+    ``one_job``: all endpoints are one job already (see infer_flows), so rails are not merged;
+    ``resolution_ns``: how finely the training flows' times order anything (flow_clock)."""
     heavy = heavy_edges(edges, cfg)
     nodes_all = sorted(set(heavy["a"].to_list()) | set(heavy["b"].to_list()), key=address_key)
     idx = {x: i for i, x in enumerate(nodes_all)}
     rails = components(nodes_all, np.array([idx[x] for x in heavy["a"].to_list()]),
                        np.array([idx[x] for x in heavy["b"].to_list()]))
     lab = np.zeros(len(nodes_all), dtype=np.int64) if one_job else \
-        merge_components(nodes_all, rails, pt.training_flows, pt.control_flows, cfg)
+        merge_components(nodes_all, rails, pt.training_flows, pt.control_flows, cfg, resolution_ns)
     big = int(np.argmax(np.bincount(lab)))
     nodes = [x for x, c in zip(nodes_all, lab) if c == big]
     rail_of = {x: int(r) for x, r, c in zip(nodes_all, rails, lab) if c == big}
