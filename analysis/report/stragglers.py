@@ -8,8 +8,6 @@ from typing import Any, Literal
 from rankscope.analysis.report.codec import doc
 from rankscope.analysis.report.steps import Warmup
 
-BASES = ("compute", "arrival_skew", "flows")
-"""what S can be computed from: compute records (a replay), collective arrival skew, or flow records."""
 Verdict = Literal["none", "worker", "stage_imbalance", "sequence_imbalance", "communication", "mixed"]
 
 

@@ -7,8 +7,6 @@ from typing import Any
 
 from rankscope.analysis.report.codec import doc
 
-METHODS = ("comm_op", "flows")
-
 
 def degree_text(v: int | None) -> str:
     """A parallel degree as reports show it: '?' where the input leaves it undecided (null in the JSON)."""
