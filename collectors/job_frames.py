@@ -83,6 +83,15 @@ def declared_world(fmt: str, notes: dict) -> dict | None:
         v = layout.get(key)
         if isinstance(v, int) and not isinstance(v, bool) and v > 1:
             out[key] = v
+    sizes = [layout.get(k) for k in ("dp_size", "dsp_size", "pp_size", "tp_size")]
+    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes[:1] + sizes[2:]):
+        product = sizes[0] * (sizes[1] if isinstance(sizes[1], int) and sizes[1] > 0 else 1) * sizes[2] * sizes[3]
+        if product != ws:
+            # the file contradicts itself: its world size is a claim its own layout does not back
+            out["doubt"] = f"its dp_size x dsp_size x pp_size x tp_size is {product:,}"
+    rank = notes.get("rank")
+    if isinstance(rank, int) and not isinstance(rank, bool) and rank >= ws:
+        out["doubt"] = f"the file's own rank {rank:,} is not below it"
     groups = notes.get("pg_ranks")
     if isinstance(groups, list) and groups:
         out["groups"] = groups  # process-group memberships the source declares (Kineto pg_config)

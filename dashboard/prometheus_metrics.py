@@ -180,7 +180,7 @@ def job_samples(d: Diagnosis, tables: dict[str, pl.DataFrame], comm_op: pl.DataF
         out.add("rankscope_findings", n, job=job, kind=kind)
     out.add("rankscope_regressions", len(d.regressions), job=job)
     out.add("rankscope_hangs", len(d.hangs), job=job)
-    out.add("rankscope_missing_ranks", len(d.data_quality.missing_ranks), job=job)
+    out.add("rankscope_missing_ranks", d.data_quality.ranks.missing, job=job)
     place = _place(tables.get("layout"), endpoint_map)
     scores = rank_scores(tables.get("timeline", pl.DataFrame()), tables.get("steps"))
     for r in scores.iter_rows(named=True):

@@ -71,5 +71,7 @@ def render_text(d: Diagnosis) -> str:
     dq = d.data_quality
     missing = dq.missing_ranks
     lines.append(f"data quality {dq.num_rejected:,} records rejected"
-                 + (f"; missing ranks {missing[:16]}{' ...' if len(missing) > 16 else ''}" if missing else ""))
+                 + (f"; missing ranks {missing[:16]}{' ...' if dq.ranks.missing > 16 else ''}"
+                    f"{f' ({dq.ranks.missing:,} in all)' if dq.ranks.missing > len(missing) else ''}"
+                    if missing else ""))
     return "\n".join(lines)

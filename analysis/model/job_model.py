@@ -57,7 +57,7 @@ from rankscope.analysis.model.clocks import (
     exporter_clocks,
     rank_clock_offsets,
 )
-from rankscope.analysis.model.coverage import RECORD_KINDS, Coverage, rank_coverage
+from rankscope.analysis.model.coverage import RECORD_KINDS, Coverage, rank_coverage, usable_claims
 from rankscope.analysis.model.labels import (
     complete_comm,
     complete_compute,
@@ -153,7 +153,7 @@ def declared_layout(white: Strategy, declared: list[dict]) -> Strategy:
     Traces that keep one rank per tensor-parallel (or data-sequence-parallel) group, as the OSDI'25 what-if
     traces do, show only those ranks: their collectives tell DP and PP, but tp and the world size are the
     declared layout's. The tp groups' other members are absent, so the groups are not listed."""
-    layouts = [d for d in declared if d.get("layout")]
+    layouts = [d for d in usable_claims(declared)[0] if d.get("layout")]
     if not layouts:
         return white
     world = max(d["world_size"] for d in layouts)

@@ -18,6 +18,12 @@ class RankCoverage:
     named_in_comm_groups: int = doc("ranks named as members or peers of recorded collectives.")
     missing: int = doc("declared or named ranks without records.")
     note: str | None = doc("why ranks are missing, where the sources tell.", None, omit="none")
+    listed: int | None = doc("how many of the missing ranks ``missing_ranks`` lists, when it lists only the "
+                             "first ones (a declared world size is a claim: counted, not listed whole).",
+                             None, omit="none")
+    set_aside: list[str] = doc("declared world sizes not used, and why (beyond what a rank can hold, or "
+                               "contradicted by the same file's layout).",
+                               factory=list, omit="empty")
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,8 @@ class DataQuality:
     rejected: dict[str, int] = doc("records rejected at ingest, per reason.")
     num_rejected: int = doc("records rejected at ingest.")
     relative_time: bool = doc("some source has relative times (each step from 0): no clock to fit.")
-    missing_ranks: list[int] = doc("ranks the sources declare but no record covers.")
+    missing_ranks: list[int] = doc("ranks the sources declare but no record covers (the first "
+                                   "``ranks.listed`` when there are more; ``ranks.missing`` counts them).")
     ranks: RankCoverage = doc("how the missing ranks were found.")
     layout: LayoutQuality = doc("where the per-rank layout came from.")
     clock: ClockQuality | None = doc("the rank clock corrections (per-rank records).", None, omit="none")
