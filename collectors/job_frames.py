@@ -54,6 +54,7 @@ def load_job(store: Store, job: str, flow_job: str | None = None, fresh: FreshRo
     """Read one job's records. ``flow_job`` names the flow capture to attach (default: same job).
 
     ``fresh``: rows this process just ingested; kinds it holds whole are taken from memory, not re-read."""
+    store = store.snapshot()  # one set of commits for every kind and the manifest
     held = fresh.frames(store, job, KINDS_FOR_ANALYSIS) if fresh is not None else {}
     frames = {k: held[k] if k in held else store.read(k, job) for k in KINDS_FOR_ANALYSIS}
     if flow_job is not None and flow_job != job:

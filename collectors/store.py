@@ -142,6 +142,19 @@ class Store:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
         self._cleaned = False
+        self._keys: frozenset[str] | None = None
+        """the committed keys of a snapshot (:meth:`snapshot`); None: read them afresh on each call."""
+
+    def snapshot(self) -> Store:
+        """This store as of now: one set of committed keys for every kind and the manifest.
+
+        Every read of a snapshot (parts, scan, duckdb, manifest, jobs) sees the same commits, so a query
+        beside a running ingest never counts comm_op at one commit and compute_op at the next. Parts are
+        written before their manifest entry, so each key in the set has all its parts on disk."""
+        snap = Store(self.root)
+        snap._cleaned = self._cleaned
+        snap._keys = frozenset(self.committed_keys())
+        return snap
 
     def require(self) -> Store:
         """This store, or UsageError when its directory does not exist (for read-only commands)."""
@@ -197,6 +210,8 @@ class Store:
 
     def committed_keys(self) -> set[str]:
         """The 16-character prefixes of every manifest key (names only, no file is read)."""
+        if self._keys is not None:
+            return set(self._keys)
         try:
             return {n[:16] for n in os.listdir(self.manifest_dir()) if n.endswith(".json")}
         except OSError:
@@ -316,7 +331,10 @@ class Store:
         out = []
         if not d.is_dir():
             return out
+        keys = self._keys
         for p in sorted(d.glob("*.json")):
+            if keys is not None and p.name[:16] not in keys:
+                continue  # committed after this snapshot was taken
             try:
                 out.append(ManifestEntry(**json.loads(p.read_text())))
             except (OSError, ValueError, TypeError) as e:
@@ -406,9 +424,10 @@ class Store:
         """An in-memory DuckDB connection with a view per record kind over the store."""
         import duckdb
 
+        snap = self if self._keys is not None else self.snapshot()
         con = duckdb.connect()
         for kind in SCHEMAS:
-            ds = self.dataset(kind, job)
+            ds = snap.dataset(kind, job)
             if ds is None:
                 con.register(f"_empty_{kind}", empty(kind))
                 con.execute(f'CREATE VIEW "{kind}" AS SELECT * FROM "_empty_{kind}"')

@@ -48,7 +48,8 @@ def store_signature(store: Store, job: str | None) -> tuple:
             sig.append((p.name, p.stat().st_size))
     man = store.root / MANIFEST_DIR
     if man.is_dir():
-        sig.append(tuple(sorted((p.name, p.stat().st_mtime_ns) for p in man.glob("*.json"))))
+        keys = store.committed_keys()  # a snapshot's own commits, not those written since
+        sig.append(tuple(sorted((p.name, p.stat().st_mtime_ns) for p in man.glob("*.json") if p.name[:16] in keys)))
     return tuple(sig)
 
 
@@ -174,7 +175,7 @@ class JobViews:
 
     def plan(self, store_dir: str) -> dict[str, PlannedJob]:
         """The store's jobs (see :func:`job_plan`), recomputed only when the store changed."""
-        store = Store(store_dir)
+        store = Store(store_dir).snapshot()  # one set of commits for the signature and the plan
         sig = store_signature(store, None)
         with self._lock:
             hit = self._plans.get(str(store_dir))
@@ -189,7 +190,7 @@ class JobViews:
         from rankscope.analysis.runner import PlannedJob
 
         how = self.plan(store_dir).get(job) or PlannedJob(job, "job", job)
-        store = Store(store_dir)
+        store = Store(store_dir).snapshot()  # the frames read later see the commits the signature names
         return store, how, store_signature(store, how.source)
 
     def version(self, store_dir: str, job: str, baseline_dir: str | None = None,

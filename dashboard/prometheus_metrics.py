@@ -308,6 +308,7 @@ class StoreCollector:
             with_capture,
         )
 
+        store = store.snapshot()  # one set of commits for the plan, every job's frames and the manifest
         samples: list[Sample] = []
         cache = ResultCache(store)
         for planned in plan_jobs(store, self.job):

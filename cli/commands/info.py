@@ -21,6 +21,7 @@ def store_summary(store: Store) -> dict:
 
     from rankscope.collectors.schema import SCHEMAS
 
+    store = store.snapshot()  # one set of commits for every count, scan and the manifest
     out: dict = {"store": str(store.root), "jobs": {}}
     for job in store.jobs():
         kinds = {}
