@@ -19,6 +19,8 @@ COMMANDS = {
     "analyze": ("rankscope.cli.commands.analyze:analyze",
                 "Diagnose every job of a store: strategy, steps, stragglers, regressions, hangs."),
     "attach": ("rankscope.cli.commands.attach:attach", "Run COMMAND with rankscope's hook in every rank process."),
+    "check": ("rankscope.cli.commands.info:check",
+              "Verify every part and manifest entry of a store; list what a repair would do."),
     "collect": ("rankscope.cli.commands.collect:collect", "Run a live collector that writes into a trace store."),
     "dashboard": ("rankscope.cli.commands.dashboard:dashboard",
                   "Serve the rankscope dashboard: strategy, timelines, stragglers, regressions."),

@@ -45,6 +45,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rankscope.collectors.errors import StoreError, UsageError
+from rankscope.collectors.integrity import (
+    manifest_problem,
+    part_damage,
+    part_record,
+    verify_mode,
+)
 from rankscope.collectors.schema import SCHEMAS, cast_to, empty, polars_schema, schema, unique_values
 
 if TYPE_CHECKING:
@@ -52,6 +58,7 @@ if TYPE_CHECKING:
 
 MANIFEST_DIR = "_manifest"
 LOCK_FILE = ".writer.lock"
+REMOVED_LOG = "_removed.log"
 JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """Job names become directory names: a letter or digit first (so never ``.`` or ``..``), then up to
 127 of letters, digits and ``._-``; matched with fullmatch (a trailing newline does not pass)."""
@@ -67,14 +74,6 @@ def check_job_name(job: object) -> str:
         raise UsageError(f"job name {job!r} is not allowed; expected a letter or digit, then up to 127 "
                          "letters, digits, '.', '_' or '-'")
     return job
-
-
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass
@@ -98,6 +97,9 @@ class ManifestEntry:
     """True when the source's times are relative (stored from 0), not Unix epoch."""
     notes: dict = field(default_factory=dict)
     ingested_at: float = field(default_factory=time.time)
+    parts: dict[str, dict] = field(default_factory=dict)
+    """part path (relative to the store) -> ``{sha256, bytes}`` of each part this source wrote; a read
+    checks the parts against it (collectors.integrity). Empty in entries written before it existed."""
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -136,12 +138,33 @@ def _row_group_rows(rows: pa.Table) -> int | None:
     return max(1, LIST_VALUES_PER_ROW_GROUP * rows.num_rows // values)
 
 
+def sidecar(part: Path) -> Path:
+    """Where a live writer's part keeps its ``{sha256, bytes}`` (readers list only ``*.parquet``)."""
+    return part.with_name(part.name + ".sha256")
+
+
+def sidecar_record(part: Path) -> dict | None:
+    """The record beside a live writer's part; None when there is none (parts written before sidecars)."""
+    try:
+        rec = json.loads(sidecar(part).read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+_CHECKED: set[tuple[str, int, int, bool]] = set()
+"""(part, size, mtime_ns, hashed) of parts this process found whole: a part is immutable once renamed."""
+
+
 class Store:
     """A trace store rooted at a directory (created on first write)."""
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
         self._cleaned = False
+        self._records: tuple[frozenset[str], dict[str, dict]] | None = None
+        self.removed: dict[str, int] = {"parts": 0, "tmp": 0}
+        """what the writer lock's clean-up removed (orphan parts, stale temp files), for the caller to say."""
         self._keys: frozenset[str] | None = None
         """the committed keys of a snapshot (:meth:`snapshot`); None: read them afresh on each call."""
 
@@ -198,9 +221,13 @@ class Store:
         """
         with self.writer_lock():
             # Parts under this key without its manifest entry are a crashed earlier try.
-            for p in self.root.glob(f"*/job=*/part-{key[:16]}-*.parquet"):
-                if not self.has_source(key):
-                    p.unlink(missing_ok=True)
+            stale = [] if self.has_source(key) else list(self.root.glob(f"*/job=*/part-{key[:16]}-*.parquet"))
+            for p in stale:
+                p.unlink(missing_ok=True)
+            if stale:
+                self.removed["parts"] += len(stale)
+                self._note_removed([f"{p.relative_to(self.root)}\tpart of an earlier uncommitted try of this source"
+                                    for p in stale])
             tx = Transaction(self, key, keep_rows)
             try:
                 yield tx
@@ -225,6 +252,7 @@ class Store:
         removed = {"parts": 0, "tmp": 0}
         if not self.root.is_dir():
             return removed
+        gone: list[str] = []
         keys, now = self.committed_keys(), time.time()
         for d in [*self.root.glob("*/job=*"), self.manifest_dir()]:
             try:
@@ -238,6 +266,7 @@ class Store:
                     if m and m.group(1) not in keys:
                         p.unlink()
                         removed["parts"] += 1
+                        gone.append(f"{p.relative_to(self.root)}\torphan part: no manifest entry commits it")
                     elif name.startswith(".") and name.endswith(".tmp"):
                         inner = _INGEST_PART.match(name[1:])
                         if (inner and inner.group(1) not in keys) or now - p.stat().st_mtime > STALE_TMP_S:
@@ -245,7 +274,17 @@ class Store:
                             removed["tmp"] += 1
                 except OSError:
                     continue
+        if gone:
+            self._note_removed(gone)
+        for k, n in removed.items():
+            self.removed[k] += n
         return removed
+
+    def _note_removed(self, lines: list[str]) -> None:
+        """Every orphan part a writer removes is named in ``<store>/_removed.log`` (never removed silently)."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        with contextlib.suppress(OSError), open(self.root / REMOVED_LOG, "a") as f:
+            f.write("".join(f"{stamp}\t{line}\n" for line in lines))
 
     # ---------------------------------------------------------------- write
     def write(self, kind: str, table: pa.Table, job: str | None = None, *, prefix: str = "part") -> Path | None:
@@ -286,7 +325,10 @@ class Store:
             try:
                 d.mkdir(parents=True, exist_ok=True)
                 pq.write_table(rows, tmp, compression="zstd", use_dictionary=_dictionary_columns(sch),
-                               row_group_size=_row_group_rows(rows))
+                               row_group_size=_row_group_rows(rows), write_page_checksum=True)
+                if _INGEST_PART.match(path.name) is None:
+                    # a live writer's part has no manifest entry: its hash goes beside it, before it is visible
+                    _atomic_write_bytes(sidecar(path), json.dumps(part_record(tmp)).encode())
                 os.replace(tmp, path)
             except OSError as e:
                 raise StoreError(f"could not write {path}: {type(e).__name__}: {e.strerror or e}") from e
@@ -336,10 +378,48 @@ class Store:
             if keys is not None and p.name[:16] not in keys:
                 continue  # committed after this snapshot was taken
             try:
-                out.append(ManifestEntry(**json.loads(p.read_text())))
-            except (OSError, ValueError, TypeError) as e:
+                data = json.loads(p.read_text())
+            except (OSError, ValueError) as e:
                 raise StoreError(f"manifest entry {p} is unreadable: {e}") from e
+            problem = manifest_problem(data)
+            if problem is not None:
+                raise StoreError(f"manifest entry {p} is damaged: {problem}; `rankscope check --store "
+                                 f"{self.root}` lists what to repair")
+            out.append(ManifestEntry(**data))
         return out
+
+    def part_records(self) -> dict[str, dict]:
+        """Relative part path -> the ``{sha256, bytes}`` its manifest entry recorded (committed entries)."""
+        keys = frozenset(self.committed_keys())
+        if self._records is None or self._records[0] != keys:
+            recs = {rel: r for m in self.manifest() for rel, r in m.parts.items() if isinstance(r, dict)}
+            self._records = (keys, recs)
+        return self._records[1]
+
+    def checked(self, paths: list[Path]) -> list[Path]:
+        """``paths``, each checked against its manifest record (collectors.integrity); StoreError names the
+        first damaged part in one line. Parts already checked unchanged in this process are not re-read."""
+        if not paths:
+            return paths
+        recs = self.part_records()
+        stats = []
+        for p in paths:
+            try:
+                st = p.stat()
+            except OSError as e:
+                raise StoreError(f"store part {p} cannot be read: {e.strerror or e}") from e
+            stats.append((p, st.st_size, st.st_mtime_ns))
+        full = verify_mode(sum(s for _, s, _ in stats)) == "full"
+        for p, size, mtime in stats:
+            if (str(p), size, mtime, full) in _CHECKED or (str(p), size, mtime, True) in _CHECKED:
+                continue
+            rec = recs.get(p.relative_to(self.root).as_posix())
+            why = part_damage(p, rec if rec is not None else sidecar_record(p), full)
+            if why is not None:
+                raise StoreError(f"store part {p} is damaged: {why}; `rankscope check --store {self.root}` "
+                                 "lists what to repair")
+            _CHECKED.add((str(p), size, mtime, full))
+        return paths
 
     def relative_jobs(self) -> set[str]:
         """Jobs with at least one source whose times are relative, not epoch."""
@@ -370,7 +450,7 @@ class Store:
         for d in dirs:
             if d.name[4:] and JOB_NAME_RE.fullmatch(d.name[4:]) and d.is_dir() and not d.is_symlink():
                 out.extend(d / n for n in self._visible(os.listdir(d), keys))
-        return sorted(out)
+        return self.checked(sorted(out))
 
     def jobs(self, kind: str | None = None) -> list[str]:
         """Jobs with at least one committed part (of one kind, or of any)."""
@@ -443,6 +523,8 @@ class Transaction:
     def __init__(self, store: Store, key: str, keep_rows: bool = False):
         self.store, self.key = store, key
         self.written: list[Path] = []
+        self.records: dict[str, dict] = {}
+        """relative path -> ``{sha256, bytes}`` of each part written (the manifest entry's ``parts``)."""
         self.committed = False
         self.kept: list[tuple[str, str, Path, pa.Table]] | None = [] if keep_rows else None
         """``(kind, job, part path, rows)`` of every part written, when asked for: the caller that
@@ -451,10 +533,12 @@ class Transaction:
     def write(self, kind: str, table: pa.Table) -> None:
         for job, path, rows in self.store.write_parts(kind, table, prefix=f"part-{self.key[:16]}"):
             self.written.append(path)
+            self.records[path.relative_to(self.store.root).as_posix()] = part_record(path)
             if self.kept is not None:
                 self.kept.append((kind, job, path, rows))
 
     def commit(self, entry: ManifestEntry) -> None:
+        entry.parts = {**entry.parts, **self.records}
         self.store.add_manifest(entry)
         self.committed = True
 

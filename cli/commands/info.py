@@ -94,3 +94,31 @@ def info(store_dir, as_json):
         click.echo(f"rejected records: {sum(s['rejects'].values()):,}")
         for reason, n in s["rejects"].items():
             click.echo(f"  {n:>8,}  {reason}")
+
+
+@click.command()
+@click.option("--store", "store_dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="trace store directory")
+@click.option("--quick", is_flag=True, help="compare part sizes with the manifest instead of hashing every part")
+def check(store_dir, quick):
+    """Verify every part and manifest entry of a store; list what a repair would do. Changes nothing.
+
+    Exit 0 when the store is whole, 1 when something is damaged, orphaned or missing.
+
+    \b
+    Example:
+      rankscope check --store st
+    """
+    from rankscope.collectors.store_check import check_store
+
+    res = check_store(existing_store(store_dir), full=not quick)
+    for line in res.problems:
+        click.echo(line)
+    how = "sizes" if quick else "sha256 hashes"
+    click.echo(f"checked {res.entries:,} manifest entr{'y' if res.entries == 1 else 'ies'} and {res.parts:,} "
+               f"part(s) by {how}: {len(res.problems):,} problem(s)")
+    if res.repairs:
+        click.echo("a repair would:")
+        for line in res.repairs:
+            click.echo(f"  {line}")
+        raise SystemExit(1)

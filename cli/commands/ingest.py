@@ -85,6 +85,9 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
         return bar(files, hidden=quiet, desc="ingest", unit="file")
 
     summary = run_ingest(store, paths, fmt, opt, progress=progress, lim=contract.Limits(max_bytes=max_bytes))
+    if store.removed["parts"]:
+        click.echo(f"  note: removed {store.removed['parts']:,} orphan part(s) no manifest entry commits "
+                   f"(listed in {store.root}/_removed.log)", err=True)
     if not echo_summary(summary):
         raise click.exceptions.Exit(1)
 

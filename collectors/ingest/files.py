@@ -25,8 +25,9 @@ from rankscope.collectors.errors import InputFormatError, RankscopeError
 from rankscope.collectors.flows import template_state
 from rankscope.collectors.importers import contract
 from rankscope.collectors.ingest import parallel_decode, registry
+from rankscope.collectors.integrity import file_sha256
 from rankscope.collectors.schema import unique_values, validate
-from rankscope.collectors.store import ManifestEntry, Store, check_job_name, file_sha256
+from rankscope.collectors.store import ManifestEntry, Store, check_job_name
 
 FLOW_KINDS = ("flow", "interface_counter")
 

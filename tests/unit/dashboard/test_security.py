@@ -93,3 +93,26 @@ def test_errors_are_generic_in_the_page(stores, monkeypatch, caplog):
     c = app_mod.page_content(app_mod.JobViews(), str(inside), "handjob")["status.children"]
     assert "secret" not in c and "server log" in c
     assert "secret /etc/shadow detail" in caplog.text
+
+
+def test_a_request_body_over_the_limit_is_refused_unread(stores):
+    from rankscope.dashboard.security import MAX_BODY_BYTES
+
+    inside, _ = stores
+    app = create_app(str(inside))
+    install(app.server, "127.0.0.1", 8050, ("u", "p"))
+    c = app.server.test_client()
+    auth = {"Host": "127.0.0.1:8050", "Authorization": "Basic " + base64.b64encode(b"u:p").decode()}
+    r = c.post("/_dash-update-component", data=b"x" * (MAX_BODY_BYTES + 1), headers=auth,
+               content_type="application/json")
+    assert r.status_code == 413
+    r = c.post("/_dash-update-component", data=b"x" * (MAX_BODY_BYTES + 1), content_type="application/json",
+               headers={"Host": "127.0.0.1:8050"})
+    assert r.status_code in (401, 413)
+
+
+def test_the_readme_shows_the_environment_variable_not_a_password_on_the_command_line():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    assert "RANKSCOPE_DASHBOARD_AUTH=" in readme and "--auth u" not in readme
