@@ -63,6 +63,31 @@ def writing(path: str | os.PathLike, option: str) -> Iterator[Path]:
     except OSError as e:
         raise OutputPathError(f"{option} {str(path)!r}: could not write ({_reason(e)})") from None
 
+def write_atomic(path: str | os.PathLike, data: bytes | str, option: str, gzip_level: int | None = None) -> Path:
+    """Write ``data`` to a temporary name beside ``path``, then rename it into place: a full disk or a
+    crash leaves the previous file (or none), never a cut-off one. OutputPathError names ``path``."""
+    import uuid
+
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex[:12]}.tmp")
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        if gzip_level is not None:
+            import gzip
+
+            with gzip.open(tmp, "wb", compresslevel=gzip_level) as f:
+                f.write(raw)
+        else:
+            tmp.write_bytes(raw)
+        os.replace(tmp, p)
+    except OSError as e:
+        raise OutputPathError(f"{option} {str(p)!r}: could not write ({_reason(e)}); the previous file, if "
+                              "any, is unchanged") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return p
+
+
 def pick_job(store, job: str | None, what: str) -> str:
     """The job to read: the one named, else ``default``, else the store's only job."""
     jobs = store.jobs()

@@ -214,20 +214,25 @@ class Store:
             os.close(fd)  # closing the descriptor releases the flock
 
     @contextlib.contextmanager
-    def transaction(self, key: str, keep_rows: bool = False) -> Iterator[Transaction]:
+    def transaction(self, key: str, keep_rows: bool = False, replace: bool = False) -> Iterator[Transaction]:
         """Write parts and then the manifest entry (the commit) under the writer lock.
 
-        Leaving the block by an exception removes every part written so far.
+        Leaving the block by an exception removes every part written so far. ``replace``: a source already
+        committed under ``key`` is uncommitted first (its entry removed, then its parts, with a note), so a
+        retry replaces what an earlier try wrote instead of adding to it.
         """
         with self.writer_lock():
+            replaced = replace and self.has_source(key)
+            if replaced:
+                (self.manifest_dir() / f"{key}.json").unlink()  # uncommitted: its parts are orphans now
             # Parts under this key without its manifest entry are a crashed earlier try.
             stale = [] if self.has_source(key) else list(self.root.glob(f"*/job=*/part-{key[:16]}-*.parquet"))
             for p in stale:
                 p.unlink(missing_ok=True)
             if stale:
                 self.removed["parts"] += len(stale)
-                self._note_removed([f"{p.relative_to(self.root)}\tpart of an earlier uncommitted try of this source"
-                                    for p in stale])
+                self._note_removed([f"{p.relative_to(self.root)}\tpart of an earlier try of this source, "
+                                    f"{'replaced' if replaced else 'never committed'}" for p in stale])
             tx = Transaction(self, key, keep_rows)
             try:
                 yield tx

@@ -254,20 +254,38 @@ def simulate_fabric(configs: list[SimConfig], *, background: bool = True, captur
 
 
 def write_store(res: SimResult | FabricResult, out_dir: str | os.PathLike) -> Path:
-    """Write the record tables into a trace store at ``out_dir`` and ``out_dir/truth.json``."""
+    """Write the record tables into a trace store at ``out_dir`` and ``out_dir/truth.json``.
+
+    Each job goes in one transaction, as an ingest does: nothing of it is visible before its manifest entry,
+    a failure (a full disk) leaves nothing of that job, and a retry replaces a job an earlier try committed."""
+    import pyarrow.compute as pc
+
     out = Path(out_dir)
     store = Store(out)
     truth = res.truth_file() if isinstance(res, SimResult) else res.truth
     counts: dict[str, dict[str, int]] = {}
     for kind, table in res.tables.items():
         if table.num_rows:
-            store.write(kind, table)
             for job, n in pl.from_arrow(table.select(["job"]))["job"].value_counts().iter_rows():
                 counts.setdefault(job, {})[kind] = counts.get(job, {}).get(kind, 0) + n
     for job, recs in counts.items():
         key = Store.manifest_key(f"simulator:{json.dumps(truth['jobs'].get(job, {}).get('seed'))}:{job}", job)
-        store.add_manifest(ManifestEntry(key=key, source="rankscope simulate", format="simulator", job=job,
-                                         records=recs))
+        with store.transaction(key, replace=True) as tx:  # a retry replaces what an earlier try committed
+            for kind in recs:
+                table = res.tables[kind]
+                tx.write(kind, table.filter(pc.equal(table.column("job"), job)) if len(counts) > 1 else table)
+            tx.commit(ManifestEntry(key=key, source="rankscope simulate", format="simulator", job=job,
+                                    records=recs))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "truth.json").write_text(json.dumps(truth, indent=1))
+    _atomic_text(out / "truth.json", json.dumps(truth, indent=1))
     return out
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    """Write to a temporary name beside ``path`` and rename: a full disk never leaves half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from rankscope.cli.paths import existing_store, output_dir
+from rankscope.cli.paths import existing_store, output_dir, write_atomic
 from rankscope.collectors.errors import StoreError, UsageError
 
 
@@ -178,9 +178,9 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
     with progress_bar(total=len(plan), desc="analyse", unit="job") as bar:
         for planned, d, tables in _results(store, plan, config, engine, address, fresh):
             name = planned.name
-            (out / f"{name}.json").write_text(d.to_json())
+            write_atomic(out / f"{name}.json", d.to_json(), "--out-dir")
             if render is not None:
-                (out / f"{name}.html").write_text(render(d, tables))
+                write_atomic(out / f"{name}.html", render(d, tables), "--out-dir")
             bar.update(1)
             bar.clear()
             click.echo(render_text(d) if fmt == "text" else _summary(d))

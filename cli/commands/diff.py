@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
-from rankscope.cli.paths import output_file, pick_job
+from rankscope.cli.paths import output_file, pick_job, write_atomic
 from rankscope.collectors.errors import RankscopeError
 
 
@@ -88,6 +87,6 @@ def diff(baseline_dir, store_dir, job, baseline_job, json_out, threshold):
     for line in got["lines"]:
         click.echo(line)
     if json_out:
-        Path(json_out).write_text(json.dumps(got["report"], indent=1, allow_nan=False))
+        write_atomic(json_out, json.dumps(got["report"], indent=1, allow_nan=False), "--json")
         click.echo(f"wrote {json_out}")
     return 0

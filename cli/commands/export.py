@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 from pathlib import Path
 
 import click
 
-from rankscope.cli.paths import output_file, pick_job
+from rankscope.cli.paths import output_file, pick_job, write_atomic
 from rankscope.collectors.errors import UsageError
 
 
@@ -61,9 +60,5 @@ def perfetto(store_dir: str, job: str, out: str):
         cache.put_bytes(key, data)
         cache.put_json(key + "-info", info)
     path = Path(out)
-    if path.name.endswith(".gz"):
-        with gzip.open(path, "wb", compresslevel=5) as f:
-            f.write(data)
-    else:
-        path.write_bytes(data)
+    write_atomic(path, data, "--out", gzip_level=5 if path.name.endswith(".gz") else None)
     click.echo(f"wrote {info['events']:,} events ({info['ranks']} ranks, real + ideal) to {path}")

@@ -21,7 +21,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
-from rankscope.collectors.errors import InputFormatError, RankscopeError
+from rankscope.collectors.errors import InputFormatError, RankscopeError, StoreError
 from rankscope.collectors.flows import template_state
 from rankscope.collectors.importers import contract
 from rankscope.collectors.ingest import parallel_decode, registry
@@ -75,6 +75,21 @@ class IngestSummary:
 
     def count(self, status: str) -> int:
         return sum(1 for f in self.files if f.status == status)
+
+
+def not_regular(path: Path) -> str | None:
+    """What ``path`` is when it exists but is not a regular file (a FIFO blocks the first read for ever)."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    for test, word in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return word
+    return None
 
 
 def expand_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
@@ -198,6 +213,9 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
     try:
         with contract.limits(lim or contract.Limits()), template_state.session(store, opts.job):
             _ingest_file(store, path, fmt, opts, res, decoded, keep_rows, sha)
+    except StoreError as e:
+        # the store, not the file, failed (a full disk): name both, and count no record of the file as bad
+        res.status, res.error = "failed", f"{path}: not stored in {store.root}: {e}"
     except RankscopeError as e:
         res.status, res.error = "failed", str(e)
         res.rejects[f"file: {type(e).__name__}"] += 1
@@ -227,7 +245,7 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: contract.ImportOption
                  decoded: Callable[[Path], contract.ImportBatch | None] | None = None,
                  keep_rows: bool = False, sha: str | None = None) -> None:
     if not path.is_file():
-        raise InputFormatError(path, None, "an existing regular file", got="missing")
+        raise InputFormatError(path, None, "an existing regular file", got=not_regular(path) or "missing")
     name = registry.detect(path) if fmt == "auto" else fmt
     if name is None:
         res.status = "unknown"
@@ -365,9 +383,13 @@ def ingest(store: Store, paths: Iterable[str | os.PathLike], fmt: str = "auto",
     opts = opts or contract.ImportOptions()
     if opts.job is not None:
         check_job_name(opts.job)
-    files = [p for p in expand_paths(paths) if fmt != "auto" or not registry.is_companion(p)]
-    files = template_state.capture_order(files)  # flow captures: templates before the data they describe
     summary = IngestSummary()
+    named = expand_paths(paths)
+    special = {p: what for p in named if (what := not_regular(p))}
+    for p, what in special.items():  # refused before anything opens them
+        summary.files.append(FileResult(str(p), "failed", error=f"{p}: expected a regular file, got {what}"))
+    files = [p for p in named if p not in special and (fmt != "auto" or not registry.is_companion(p))]
+    files = template_state.capture_order(files)  # flow captures: templates before the data they describe
     lim = lim or contract.Limits()
 
     shas: dict[Path, str] = {}
