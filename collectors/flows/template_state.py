@@ -32,6 +32,7 @@ import fcntl
 import json
 import os
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,6 +117,9 @@ class _Session:
         self.dir = Path(store.root) / STATE_DIR / f"job={job}"
         self._lock_fd: int | None = None
         self.result: dict | None = None
+        self.warnings: list[str] = []
+        """what the ingest of this file should say: an unreadable state, data held for a missing template."""
+        self.held_before = 0
 
     def load(self) -> dict:
         """The committed state (taking the lock first: held until the session ends)."""
@@ -124,10 +128,23 @@ class _Session:
             self._lock_fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             self._recover()
+        path = self.dir / STATE_FILE
         try:
-            return json.loads((self.dir / STATE_FILE).read_text())
-        except (OSError, ValueError):
+            state = json.loads(path.read_text())
+        except FileNotFoundError:
             return {}
+        except (OSError, ValueError) as e:
+            state = e
+        if isinstance(state, dict) and state.get("version") == FORMAT_VERSION:
+            return state
+        # Unreadable: said, and kept aside (the next commit would overwrite it), never silently reset.
+        kept = path.with_name(f"{STATE_FILE}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+        with contextlib.suppress(OSError):
+            os.replace(path, kept)
+        why = str(state)[:120] if isinstance(state, Exception) else "not a state this version wrote"
+        self.warnings.append(f"flow template state {path} is unreadable ({why}); decoding starts with no "
+                             f"templates, and data that needs one is held, not stored (the file is kept as {kept.name})")
+        return {}
 
     def _recover(self) -> None:
         for p in sorted(self.dir.glob("staged-*.json")):
@@ -162,7 +179,18 @@ def new_decoder():
     if s is not None:
         import_state(dec, s.load())
         dec.hold_waiting = True
+        s.held_before = _held_sets(dec)
     return dec
+
+
+def _held_sets(dec) -> int:
+    return sum(len(v) for v in dec.waiting.values())
+
+
+def warnings() -> list[str]:
+    """What the current session's file left to say (see :class:`_Session`)."""
+    s = _SESSION.get()
+    return list(s.warnings) if s is not None else []
 
 
 def remember(dec) -> None:
@@ -170,6 +198,12 @@ def remember(dec) -> None:
     s = _SESSION.get()
     if s is not None and dec.hold_waiting:
         s.result = export_state(dec)
+        held = _held_sets(dec)
+        if held > s.held_before:
+            ids = sorted({f"{proto} template {tid}" for proto, _, tid in dec.waiting})[:5]
+            s.warnings.append(f"{held - s.held_before:,} data set(s) need a template no file has sent yet "
+                              f"({', '.join(ids)}); their flows are not stored: they are held in "
+                              f"{s.dir / STATE_FILE} and stored when a later file brings the template")
 
 
 def stage(key: str) -> None:

@@ -31,6 +31,7 @@ import polars as pl
 import pyarrow as pa
 
 from rankscope.collectors.errors import InputFormatError, UsageError
+from rankscope.collectors.importers import compression
 
 HEAD_BYTES = 64 * 1024
 
@@ -98,7 +99,8 @@ def read_limited(path: Path) -> tuple[bytes, bool]:
     with open(path, "rb") as f:
         raw = f.read()
     if raw[:2] != b"\x1f\x8b":
-        return raw, False
+        other = compression.decompress(path, raw, lim.expanded_cap(len(raw)))  # bz2, xz, zip
+        return (raw, False) if other is None else (other, False)
     cap = lim.expanded_cap(len(raw))
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
@@ -109,6 +111,7 @@ def read_limited(path: Path) -> tuple[bytes, bool]:
         raise InputFormatError(path, None, f"a gzip file that expands to at most {cap:,} bytes "
                                f"({lim.max_ratio:g}x its size; raise with --max-bytes)",
                                got=f"more than {cap:,} bytes from {len(raw):,} compressed")
+    compression.refuse_nested(path, "gzip", data)
     cut = not d.eof
     if d.eof and d.unused_data[:2] == b"\x1f\x8b":
         # a multi-member gzip (concatenated files): read the rest within the same cap
@@ -237,7 +240,19 @@ def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
             return d.decompress(raw, n)
         except zlib.error:
             return raw
-    return raw
+    if compression.compression_of(raw[:8]) == "zip":
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(path) as z:
+                files = [i for i in z.infolist() if not i.is_dir()]
+                if len(files) == 1:
+                    with z.open(files[0]) as f:
+                        return f.read(n)
+        except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError):
+            return raw
+        return raw
+    return compression.head_of(raw, n)
 
 
 def open_maybe_gzip(path: Path):

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from rankscope.collectors.errors import InputFormatError, RankscopeError, StoreError
 from rankscope.collectors.flows import template_state
-from rankscope.collectors.importers import contract
+from rankscope.collectors.importers import compression, contract
 from rankscope.collectors.ingest import parallel_decode, registry
 from rankscope.collectors.integrity import file_sha256
 from rankscope.collectors.schema import unique_values, validate
@@ -212,7 +212,10 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
     res = FileResult(str(path), "failed")
     try:
         with contract.limits(lim or contract.Limits()), template_state.session(store, opts.job):
-            _ingest_file(store, path, fmt, opts, res, decoded, keep_rows, sha)
+            try:
+                _ingest_file(store, path, fmt, opts, res, decoded, keep_rows, sha)
+            finally:
+                res.warnings.extend(template_state.warnings())
     except StoreError as e:
         # the store, not the file, failed (a full disk): name both, and count no record of the file as bad
         res.status, res.error = "failed", f"{path}: not stored in {store.root}: {e}"
@@ -246,6 +249,7 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: contract.ImportOption
                  keep_rows: bool = False, sha: str | None = None) -> None:
     if not path.is_file():
         raise InputFormatError(path, None, "an existing regular file", got=not_regular(path) or "missing")
+    _refuse_compression(path)
     name = registry.detect(path) if fmt == "auto" else fmt
     if name is None:
         res.status = "unknown"
@@ -265,6 +269,18 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: contract.ImportOption
         _write_whole(store, path, name, imp, result, key, known, sha, opts, res, keep_rows)
     else:
         _write_streamed(store, path, name, imp, result, key, known, sha, opts, res, keep_rows)
+
+
+def _refuse_compression(path: Path) -> None:
+    """zstd, and compression inside compression, refused by name before any importer guesses at them."""
+    with open(path, "rb") as f:
+        magic = f.read(8)
+    outer = compression.compression_of(magic)
+    if outer is not None:
+        compression.refuse_unsupported(path, magic)
+        inner = contract.read_head(path)[:8]
+        if inner != magic:  # the same bytes: the head could not be decompressed (the importer will say why)
+            compression.refuse_nested(path, outer, inner)
 
 
 def _entry(path: Path, name: str, key: str, sha: str, opts: contract.ImportOptions) -> ManifestEntry:

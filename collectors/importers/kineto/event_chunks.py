@@ -29,6 +29,7 @@ from pathlib import Path
 import orjson
 
 from rankscope.collectors.errors import InputFormatError
+from rankscope.collectors.importers.compression import compression_of
 from rankscope.collectors.importers.contract import LIMITS
 
 CHUNK_BYTES = 256 << 10
@@ -55,6 +56,8 @@ def byte_blocks(path: Path) -> Iterator[bytes]:
         raise InputFormatError(path, None, f"at most {lim.max_bytes:,} bytes (--max-bytes)", got=f"{size:,} bytes")
     with open(path, "rb") as f:
         first = f.read(_BLOCK)
+        if first[:2] != b"\x1f\x8b" and compression_of(first[:8]) is not None:
+            raise Irregular("bz2, xz or zip: read whole (contract.read_limited)")
         if first[:2] != b"\x1f\x8b":
             block = first
             while block:
