@@ -120,6 +120,10 @@ class _Session:
         self.warnings: list[str] = []
         """what the ingest of this file should say: an unreadable state, data held for a missing template."""
         self.held_before = 0
+        self.lost = False
+        """the committed state was unreadable: templates this file's data needs may have been in it."""
+        self.hold: str | None = None
+        """why this file must not be committed (see :func:`hold_reason`)."""
 
     def load(self) -> dict:
         """The committed state (taking the lock first: held until the session ends)."""
@@ -132,6 +136,8 @@ class _Session:
         try:
             state = json.loads(path.read_text())
         except FileNotFoundError:
+            # a state set aside as unreadable and not yet dealt with: its templates are still missing
+            self.lost = self.lost or any(self.dir.glob(f"{STATE_FILE}.unreadable-*"))
             return {}
         except (OSError, ValueError) as e:
             state = e
@@ -144,6 +150,7 @@ class _Session:
         why = str(state)[:120] if isinstance(state, Exception) else "not a state this version wrote"
         self.warnings.append(f"flow template state {path} is unreadable ({why}); decoding starts with no "
                              f"templates, and data that needs one is held, not stored (the file is kept as {kept.name})")
+        self.lost = True
         return {}
 
     def _recover(self) -> None:
@@ -201,9 +208,20 @@ def remember(dec) -> None:
         held = _held_sets(dec)
         if held > s.held_before:
             ids = sorted({f"{proto} template {tid}" for proto, _, tid in dec.waiting})[:5]
+            if s.lost:
+                s.hold = (f"{held - s.held_before:,} data set(s) need {', '.join(ids)}, which the unreadable "
+                          f"template state in {s.dir} may have held: the file is not marked ingested; ingest it "
+                          "with a capture file that carries those templates, or remove the state.json.unreadable-* "
+                          "file there to let its data wait for a later template")
             s.warnings.append(f"{held - s.held_before:,} data set(s) need a template no file has sent yet "
                               f"({', '.join(ids)}); their flows are not stored: they are held in "
                               f"{s.dir / STATE_FILE} and stored when a later file brings the template")
+
+
+def hold_reason() -> str | None:
+    """Why the current file must not be committed: its data waits for templates the lost state had."""
+    s = _SESSION.get()
+    return s.hold if s is not None else None
 
 
 def stage(key: str) -> None:

@@ -324,6 +324,9 @@ def _commit(store: Store, tx, key: str, entry: ManifestEntry, res: FileResult, j
     entry.job = opts.job or ",".join(sorted(jobs))
     if rows_key:
         entry.notes["rows_key"] = rows_key
+    held = template_state.hold_reason()
+    if held:
+        raise InputFormatError(entry.source, None, f"templates for every data set; the capture is held: {held}")
     template_state.stage(key)  # flow template state left by this file: adopted iff the entry commits
     tx.commit(entry)
     template_state.promote(key)

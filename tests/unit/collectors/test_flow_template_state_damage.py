@@ -24,3 +24,16 @@ def test_an_unreadable_state_is_named_and_the_held_data_is_said(tmp_path):
     assert any("need a template no file has sent" in w and "held" in w for w in r.warnings), r.warnings
     kept = list(state.parent.glob("state.json.unreadable-*"))
     assert len(kept) == 1 and kept[0].read_bytes() == b'{"version": 1, "templ'
+    # held, not marked done: nothing stored, and a retry is held again (not skipped) while the state is lost
+    assert r.status == "failed" and "not marked ingested" in r.error and store.count("flow") == 12  # first's
+    again = ingest(store, [second]).files[0]
+    assert again.status == "failed" and "not marked ingested" in again.error
+    # the user lets the data wait (removes the kept state): it is held in the state, and a later template
+    # file stores it
+    kept[0].unlink()
+    assert ingest(store, [second]).files[0].status == "ingested" and store.count("flow") == 12
+    later = tmp_path / "later"
+    later.mkdir()
+    paths2, _ = _rotation(later, "ipfix", False, files=1, every=9, first=0, msgs=1, per_msg=1)
+    ingest(store, paths2)
+    assert store.count("flow") == 12 + 12 + 1
