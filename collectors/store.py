@@ -426,6 +426,28 @@ class Store:
             _CHECKED.add((str(p), size, mtime, full))
         return paths
 
+    def orphans(self) -> list[Path]:
+        """Ingest parts no manifest entry commits, while no writer holds the lock (so none is mid-commit):
+        a crashed ingest or a lost entry. Readers do not see them; ``info`` and ``check`` say so."""
+        keys = self.committed_keys()
+        found = [d / n for d in self.root.glob("*/job=*") if d.is_dir() for n in os.listdir(d)
+                 if (m := _INGEST_PART.match(n)) and n.endswith(".parquet") and m.group(1) not in keys]
+        if not found:
+            return []
+        try:
+            fd = os.open(self.root / LOCK_FILE, os.O_RDONLY)
+        except OSError:
+            return sorted(found)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            # under the lock no commit is under way: entries written since the listing count too
+            now = Store(self.root).committed_keys()
+            return sorted(p for p in found if p.name[5:21] not in now and p.exists())
+        except BlockingIOError:
+            return []  # a writer is at work: its parts are not orphans yet
+        finally:
+            os.close(fd)
+
     def relative_jobs(self) -> set[str]:
         """Jobs with at least one source whose times are relative, not epoch."""
         return {m.job for m in self.manifest() if m.relative_time}

@@ -43,6 +43,7 @@ def store_summary(store: Store) -> dict:
     out["sources"] = len(man)
     out["relative_time_jobs"] = sorted(store.relative_jobs())
     out["rejects"] = dict(rejects.most_common())
+    out["orphan_parts"] = [str(p) for p in store.orphans()]
     return out
 
 
@@ -90,6 +91,9 @@ def info(store_dir, as_json):
             if e.get("first_ns") is not None:
                 span = f"  {duration_text(e['last_ns'] - e['first_ns'])} from {time_text(e['first_ns'], bool(rel))}"
             click.echo(f"  {kind:<18}{e['rows']:>12,} rows{span}")
+    if s["orphan_parts"]:
+        click.echo(f"note: {len(s['orphan_parts']):,} orphan part(s) no manifest entry commits are not read "
+                   f"(a crashed ingest or a lost entry; `rankscope check --store {s['store']}` lists them)", err=True)
     if s["rejects"]:
         click.echo(f"rejected records: {sum(s['rejects'].values()):,}")
         for reason, n in s["rejects"].items():

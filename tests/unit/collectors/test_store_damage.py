@@ -94,6 +94,8 @@ def test_a_manifest_field_of_the_wrong_type_is_named(store, capsys):
 def test_a_lost_manifest_entry_leaves_orphans_that_are_reported_and_noted(store, capsys, tmp_path):
     m = next((store.root / "_manifest").glob("*.json"))
     m.unlink()
+    rc, out = _run(capsys, "info", "--store", str(store.root))
+    assert rc == 0 and "3 orphan part(s)" in out
     rc, out = _run(capsys, "check", "--store", str(store.root))
     assert rc == 1 and out.count("orphan part") == 3 and "_removed.log" in out
     other = tmp_path / "comm_op.csv"
