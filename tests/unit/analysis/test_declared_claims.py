@@ -79,3 +79,53 @@ def test_an_osdi_meta_whose_world_contradicts_its_layout_is_set_aside():
 def test_a_kineto_rank_at_or_above_its_world_size_is_a_doubt():
     assert "2,147,483,647" in declared_world("kineto", {"world_size": 8, "rank": 2**31 - 1})["doubt"]
     assert "doubt" not in declared_world("kineto", {"world_size": 8, "rank": 7})
+
+
+OSDI_ST = "/work/shared/reference/stragglers-osdi25/trace-ST.parquet"
+KINETO = __import__("pathlib").Path(__file__).parents[2] / "data" / "gloo_dp2pp2tp2" / "kineto" / "rank0.json.gz"
+
+
+def _analyze_bounded(store, out, *sources) -> dict:
+    """ingest + analyze through the CLI in a child capped at 4 GiB of address space (polars' thread pools
+    reserve more than they touch) and 120 s; its peak resident memory must stay under 1.5 GiB."""
+    import json
+
+    _bounded(f"""
+        import sys
+        from rankscope.cli.main import main
+        assert main(["ingest", "--store", {str(store)!r}, *{[str(s) for s in sources]!r}]) == 0
+        rc = main(["analyze", "--store", {str(store)!r}, "--out-dir", {str(out)!r}])
+        import resource
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 1536 * 1024, "peak over 1.5 GiB"
+        sys.exit(rc)
+    """, limit_bytes=4 << 30)
+    return json.loads(next(out.glob("*.json")).read_text())
+
+
+def test_osdi_meta_declaring_10_to_the_8_ranks_analyzes_bounded(tmp_path):
+    import os
+
+    import pytest
+    if not os.path.exists(OSDI_ST):
+        pytest.skip("the OSDI'25 reference traces are not on this machine")
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "trace-ST.parquet").symlink_to(OSDI_ST)  # read in place
+    (tmp_path / "in" / "meta-ST.yaml").write_text("dp_size: 2\ndsp_size: 1\npp_size: 4\ntp_size: 1\n"
+                                                    "world_size: 100000000\n")
+    rep = _analyze_bounded(tmp_path / "st", tmp_path / "out", tmp_path / "in")
+    assert rep["strategy"]["world_size"] == 8
+    assert "world_size 100,000,000" in rep["data_quality"]["ranks"]["set_aside"][0]
+
+
+def test_kineto_declaring_10_to_the_9_ranks_analyzes_bounded(tmp_path):
+    import gzip
+    import json
+
+    doc = json.loads(gzip.decompress(KINETO.read_bytes()))
+    doc["distributedInfo"]["world_size"] = 10**9
+    src = tmp_path / "rank0.json"
+    src.write_text(json.dumps(doc))
+    rep = _analyze_bounded(tmp_path / "st", tmp_path / "out", src)
+    dq = rep["data_quality"]
+    assert dq["ranks"]["missing"] == 10**9 - 1 and len(dq["missing_ranks"]) == MISSING_LISTED
+    assert dq["ranks"]["listed"] == MISSING_LISTED and "1,000,000,000" in dq["ranks"]["note"]
