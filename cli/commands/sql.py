@@ -8,7 +8,7 @@ import sys
 import click
 
 from rankscope.cli.paths import existing_store
-from rankscope.collectors.errors import UsageError
+from rankscope.collectors.errors import StoreError, UsageError
 
 
 @click.command()
@@ -38,6 +38,10 @@ def sql(query, store_dir, job, as_csv, limit):
     con = store.duckdb(job)
     try:
         cur = con.execute(query)
+    except (duckdb.IOException, duckdb.InvalidInputException) as e:
+        # the query was fine; a store file was not (a part damaged past what the read-time check sees)
+        raise StoreError(f"SQL could not read the store {store.root}: {str(e).splitlines()[0]}; "
+                         f"`rankscope check --store {store.root}` names what is damaged") from e
     except duckdb.Error as e:
         raise UsageError(f"SQL failed: {e}") from e
     cols = [d[0] for d in cur.description] if cur.description else []
