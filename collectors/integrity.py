@@ -8,6 +8,7 @@ parts it lists (sizes and the Parquet magic always, the sha256 too unless the pa
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -40,6 +41,20 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 def part_record(path: Path) -> dict:
     """What the manifest keeps about one part: its sha256 and its size in bytes."""
     return {"sha256": file_sha256(path), "bytes": path.stat().st_size}
+
+
+def sidecar(part: Path) -> Path:
+    """Where a live writer's part keeps its ``{sha256, bytes}`` (readers list only ``*.parquet``)."""
+    return part.with_name(part.name + ".sha256")
+
+
+def sidecar_record(part: Path) -> dict | None:
+    """The record beside a live writer's part; None when there is none (parts written before sidecars)."""
+    try:
+        rec = json.loads(sidecar(part).read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
 
 
 def verify_mode(total_bytes: int) -> str:

@@ -49,6 +49,8 @@ from rankscope.collectors.integrity import (
     manifest_problem,
     part_damage,
     part_record,
+    sidecar,
+    sidecar_record,
     verify_mode,
 )
 from rankscope.collectors.schema import SCHEMAS, cast_to, empty, polars_schema, schema, unique_values
@@ -136,20 +138,6 @@ def _row_group_rows(rows: pa.Table) -> int | None:
     if values <= LIST_VALUES_PER_ROW_GROUP or rows.num_rows == 0:
         return None
     return max(1, LIST_VALUES_PER_ROW_GROUP * rows.num_rows // values)
-
-
-def sidecar(part: Path) -> Path:
-    """Where a live writer's part keeps its ``{sha256, bytes}`` (readers list only ``*.parquet``)."""
-    return part.with_name(part.name + ".sha256")
-
-
-def sidecar_record(part: Path) -> dict | None:
-    """The record beside a live writer's part; None when there is none (parts written before sidecars)."""
-    try:
-        rec = json.loads(sidecar(part).read_text())
-    except (OSError, ValueError):
-        return None
-    return rec if isinstance(rec, dict) else None
 
 
 _CHECKED: set[tuple[str, int, int, bool]] = set()

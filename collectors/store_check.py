@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rankscope.collectors.integrity import manifest_problem, part_damage
-from rankscope.collectors.store import MANIFEST_DIR, Store, sidecar_record
+from rankscope.collectors.integrity import manifest_problem, part_damage, sidecar_record
+from rankscope.collectors.store import MANIFEST_DIR, Store
 
 _INGEST_PART = re.compile(r"part-([0-9a-f]{16})-\d{20}-")
 
