@@ -35,6 +35,10 @@ class JobFrames:
     declared: list[dict] = field(default_factory=list)
     """world sizes the sources declare, one ``{format, world_size, source}`` per source file that names one
     (Kineto ``distributedInfo.world_size``, the OSDI'25 meta ``world_size`` with its ``tp_size``)."""
+    source_ranks: list[int] = field(default_factory=list)
+    """ranks that a source file of the job is one rank's of (its manifest notes' ``rank``), records or not:
+    a flight-recorder dump of unfinished calls only is empty for a rank with none, and that rank is not
+    absent input, it had nothing open."""
     job_endpoints: tuple[str, ...] = ()
     """a capture's job: the addresses job recognition found to be one job (its rails were merged on the
     whole capture, where the evidence is; the job's own flows may lack it)."""
@@ -64,6 +68,9 @@ def load_job(store: Store, job: str, flow_job: str | None = None, fresh: FreshRo
     for m in man:
         for reason, n in m.rejects.items():
             jf.rejects[reason] = jf.rejects.get(reason, 0) + n
+        r = m.notes.get("rank")
+        if isinstance(r, int) and not isinstance(r, bool) and r not in jf.source_ranks:
+            jf.source_ranks.append(r)
         d = declared_world(m.format, m.notes)
         if d is not None:
             jf.declared.append({**d, "source": m.source})

@@ -264,6 +264,8 @@ def read_dump(path: Path, opts: ImportOptions) -> ImportBatch:
 class _FlightRecorder:
     name = "flight_recorder"
     source = "flight_recorder"
+    rank_in_name = _RANK
+    """a dump is one rank's: the rank its name gives is part of the source's identity (ingest's key)"""
     same_records_any_form = True
     """torch writes one dump as a pickle or as JSON; ingest stores the records of either once."""
 
