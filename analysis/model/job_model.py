@@ -73,6 +73,7 @@ from rankscope.analysis.report.steps import Steps
 from rankscope.analysis.report.strategy import Strategy
 from rankscope.analysis.strategy.compare import compare_strategies
 from rankscope.analysis.strategy.flows.infer import FlowInference, infer_flows
+from rankscope.analysis.strategy.group_names import with_group_names
 from rankscope.analysis.strategy.groups_from_streams import label_groups, memberships_from
 from rankscope.analysis.strategy.whitebox import infer_whitebox
 from rankscope.collectors.job_frames import JobFrames
@@ -196,6 +197,8 @@ def build_job_model(frames: JobFrames, clock: ClockConfig | None = None, flow: F
     frames = _groups_from_streams(frames, notes)
     white = (infer_whitebox(frames.comm_op, timing=not frames.relative_time)
              if not frames.comm_op.is_empty() else None)
+    if white is not None and frames.named_groups:
+        white = with_group_names(white, frames.named_groups)  # the job's own names outrank the inference
     flows = flow_view(frames, flow)
     layout = rank_layout(frames, white)
     # steps from the records as given (labels and marks), on the aligned clock

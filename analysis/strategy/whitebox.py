@@ -371,5 +371,8 @@ def _note_many_families(n: int) -> str:
     return f"{n} collective group families; kept the least and most frequent as dp and tp"
 
 
+PRODUCT_NOTE_START = "dp*pp*tp*cp = "
+
+
 def _note_product_mismatch(product: int, world: int) -> str:
-    return f"dp*pp*tp*cp = {product} but {world} ranks"
+    return f"{PRODUCT_NOTE_START}{product} but {world} ranks"

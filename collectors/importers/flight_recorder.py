@@ -82,6 +82,19 @@ def _pg_ranks(dump: dict) -> dict[str, list[int]]:
     return out
 
 
+def _pg_named(dump: dict) -> list[dict]:
+    """The process groups the job named (``pg_config`` descs other than torch's ``undefined``):
+    [{name, desc, ranks}], for the strategy (Megatron's TENSOR_MODEL_PARALLEL_GROUP, ...)."""
+    cfg = dump.get("pg_config")
+    out = []
+    for name, g in (cfg.items() if isinstance(cfg, dict) else ()):
+        desc = g.get("desc") if isinstance(g, dict) else None
+        ranks = parse_ranks(g.get("ranks")) if isinstance(g, dict) else None
+        if isinstance(desc, str) and desc and desc != "undefined" and ranks:
+            out.append({"name": str(name), "desc": desc, "ranks": ranks})
+    return out
+
+
 def _last_completed(dump: dict) -> dict[str, int]:
     out = {}
     st = dump.get("pg_status")
@@ -258,6 +271,9 @@ def read_dump(path: Path, opts: ImportOptions) -> ImportBatch:
         batch.add("comm_op", df.with_columns(pl.lit(rank, pl.Int32).alias("rank")))
     batch.notes.update(rank=rank, version=str(dump.get("version")), entries=len(entries),
                        completed_without_time=no_time, groups=sorted(groups))
+    named = _pg_named(dump)
+    if named:
+        batch.notes["pg_named"] = named
     return batch
 
 
