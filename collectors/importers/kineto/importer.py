@@ -49,6 +49,7 @@ def read_trace(path: Path, opts: ImportOptions) -> ImportBatch:
              for g in (pg_config if isinstance(pg_config, list) else []) if isinstance(g, dict)
              and isinstance(g.get("pg_desc"), str) and g["pg_desc"] not in ("", "undefined")
              and (r := parse_ranks(g.get("ranks")))]
+    named += batch.notes.get("pg_named") or []  # the groups the NCCL calls name (comm_rows)
     if named:
         batch.notes["pg_named"] = named
     return batch

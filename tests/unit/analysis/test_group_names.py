@@ -44,3 +44,14 @@ def test_names_replace_the_collectives_reading_and_say_where_they_disagree():
     assert sorted((c.field, c.names, c.collectives) for c in out.name_conflicts) == [("dp", 2, 1), ("tp", 2, 4)]
     assert out.confidence >= 0.95
     assert with_group_names(white, _g("undefined", (0, 1))) is white
+
+
+def test_nccl_calls_name_their_groups_in_kineto():
+    from rankscope.collectors.importers.kineto.comm_rows import named_groups
+
+    args = [{"Process Group Description": "mesh_tp", "Process Group Ranks": "[0, 1]"},
+            {"Process Group Description": "mesh_tp", "Process Group Ranks": "[0, 1]"},
+            {"Process Group Description": "undefined", "Process Group Ranks": "[0, 2]"},
+            {"Process Group Name": "3"}]
+    assert named_groups(args) == [{"desc": "mesh_tp", "ranks": [0, 1]}]
+    assert named_families(named_groups(args))["tp"]["size"] == 2
