@@ -182,6 +182,8 @@ def _source_hangs(df: pl.DataFrame, key_members: pl.DataFrame, source: str, pres
         # torch's active-entries dumps) leaves out what it completed. Missing is a member that never got here.
         passed = [r for r in groups[gkey]["members"] if r not in arrived and reached.get(str(r), -1) > seq]
         missing = [r for r in groups[gkey]["members"] if r not in arrived and r not in passed]
+        if gkey.startswith("p2p ") and _unpaired(by_group[(gkey,)]):
+            passed, missing = [], []  # a send and its recv carry unrelated numbers: nobody is known missing
         points.append((gkey, int(seq), t, evidence, rows, arrived, passed, missing))
     missing_at = {(p[0], p[1]): p[7] for p in points}
     out = []
@@ -232,6 +234,18 @@ def _mismatched(rows: pl.DataFrame, ref: dict, is_p2p: bool) -> list[dict]:
             out.append({"rank": r["rank"], "op": r["op"], "size_bytes": r["size_bytes"], "dtype": r["dtype"],
                         "differs_in": sorted(diff)})
     return out
+
+
+def _unpaired(gdf: pl.DataFrame) -> bool:
+    """Whether the two ends of a p2p direction number their calls apart: both wait, at no seq in common.
+    With paired numbers (the hook's, per direction) a pending send and its pending recv carry one seq. The
+    flight recorder's p2p_seq_id counts every send and recv of a rank in its group, whatever the peer, so
+    rank 8's 13694th and rank 12's 11978th can be one transfer. Then seqs cannot say who never arrived."""
+    per = gdf.filter(pl.col("state") != "completed").group_by("rank").agg(pl.col("seq").unique())
+    if per.height < 2:
+        return False
+    seqs = [set(v) for v in per["seq"].to_list()]
+    return not set.intersection(*seqs)
 
 
 def _first_waits(df: pl.DataFrame) -> dict[int, tuple[str, int]]:

@@ -147,3 +147,14 @@ def test_rank_with_an_empty_dump_is_input_not_absent():
     frames.source_ranks = [0, 1]
     h = stuck_collectives(frames)[0]
     assert h.missing == [1] and h.missing_input == [] and h.root_cause
+
+
+def test_p2p_ends_numbered_apart_name_nobody_missing():
+    # the flight recorder's p2p_seq_id counts every send/recv of a rank in its group: rank 0's send and
+    # rank 1's recv of one transfer wait at 700 and 420. Seqs cannot say who never arrived.
+    rows = [{"rank": 0, "op": "send", "peer": 1, "group_ranks": [0, 1], "seq": 700, "step": None,
+             "state": "pending", "source": "flight_recorder"},
+            {"rank": 1, "op": "recv", "peer": 0, "group_ranks": [0, 1], "seq": 420, "step": None,
+             "state": "pending", "source": "flight_recorder"}]
+    hangs = stuck_collectives(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    assert hangs and all(h.missing == [] and not h.root_cause for h in hangs)
