@@ -30,6 +30,8 @@ from rankscope.collectors.job_frames import JobFrames
 from rankscope.collectors.schema import P2P_OPS
 
 _STATE_ORDER = {"completed": 2, "failed": 1, "pending": 0}
+_UNEVEN_SIZES = frozenset({"all_to_all"})
+"""ops whose ranks legitimately pass different sizes"""
 _COLUMNS = ("rank", "op", "group_id", "group_ranks", "peer", "size_bytes", "dtype", "start_ns", "end_ns", "state",
             "seq", "step", "source")
 
@@ -65,8 +67,9 @@ def stuck_collectives(frames: JobFrames) -> list[Hang]:
 
 
 def _ranks_with_records(frames: JobFrames) -> set[int]:
-    """Ranks that have at least one record of any rank-keyed kind in the job."""
-    ranks: set[int] = set()
+    """Ranks that have at least one record of any rank-keyed kind in the job, or a source file of their own
+    (an empty dump: the rank had no unfinished call; its input is there)."""
+    ranks: set[int] = set(frames.source_ranks)
     for f in (frames.comm_op, frames.compute_op, frames.step_mark, frames.batch_meta):
         if f.height and "rank" in f.columns:
             ranks.update(int(r) for r in f["rank"].drop_nulls().unique().to_list())
@@ -168,36 +171,46 @@ def _source_hangs(df: pl.DataFrame, key_members: pl.DataFrame, source: str, pres
     seqs = {}
     for g, r, sq in last_seq.iter_rows():
         seqs.setdefault(g, {})[str(r)] = int(sq)
-    out = []
     waiting = set(df.filter(pl.col("state") != "completed")["rank"].to_list())
+    first_wait = _first_waits(df)
+    points = []
     for gkey, seq, t, evidence in stuck.iter_rows():
-        gdf = by_group[(gkey,)]
-        rows = gdf.filter(pl.col("seq") == seq)
-        grp = groups[gkey]
+        rows = by_group[(gkey,)].filter(pl.col("seq") == seq)
+        reached = seqs.get(gkey, {})
         arrived = sorted(set(rows["rank"].to_list()))
-        missing = [r for r in grp["members"] if r not in arrived]
+        # A member with a record past this seq went through it: a dump of unfinished calls only (NVRx,
+        # torch's active-entries dumps) leaves out what it completed. Missing is a member that never got here.
+        passed = [r for r in groups[gkey]["members"] if r not in arrived and reached.get(str(r), -1) > seq]
+        missing = [r for r in groups[gkey]["members"] if r not in arrived and r not in passed]
+        if gkey.startswith("p2p ") and _unpaired(by_group[(gkey,)]):
+            passed, missing = [], []  # a send and its recv carry unrelated numbers: nobody is known missing
+        points.append((gkey, int(seq), t, evidence, rows, arrived, passed, missing))
+    missing_at = {(p[0], p[1]): p[7] for p in points}
+    out = []
+    for gkey, seq, t, evidence, rows, arrived, passed, missing in points:
+        gdf, grp = by_group[(gkey,)], groups[gkey]
         is_p2p = gkey.startswith("p2p ")
         ref = _majority(rows, is_p2p)
-        mismatched = []
-        for r in rows.iter_rows(named=True):
-            diff = {c: r[c] for c in ("op", "size_bytes", "dtype")
-                    if not (is_p2p and c == "op") and r[c] is not None and ref[c] is not None and r[c] != ref[c]}
-            if diff:
-                mismatched.append({"rank": r["rank"], "op": r["op"], "size_bytes": r["size_bytes"],
-                                   "dtype": r["dtype"], "differs_in": sorted(diff)})
+        mismatched = _mismatched(rows, ref, is_p2p)
+        here = sorted(r for r, w in first_wait.items() if w == (gkey, seq))
+        if evidence == "pending":
+            # Ranks wait here first (their oldest unfinished call; the later ones queue behind it) for a
+            # member that waits nowhere, or whose own first wait lacks nobody: the chain of waits ends here.
+            root = bool(mismatched) or bool(here) and any(
+                r in present and (r not in first_wait or not missing_at.get(first_wait[r])) for r in missing)
+        else:
+            # A rank with no input at all is not known to wait nowhere: it cannot be the root by absence.
+            root = bool(mismatched) or any(r not in waiting and r in present for r in missing)
         out.append(Hang(
             group=grp["group_id"] if grp["group_id"] is not None else gkey,
-            group_key=gkey, group_ranks=grp["members"], seq=int(seq),
+            group_key=gkey, group_ranks=grp["members"], seq=seq,
             op=ref["op"], size_bytes=ref["size_bytes"], dtype=ref["dtype"], step=ref["step"],
             missing=missing, mismatched=mismatched,
             pending_ranks=sorted(set(rows.filter(pl.col("state") != "completed")["rank"].to_list())),
-            evidence=evidence, arrived=arrived, last_seq=seqs.get(gkey, {}),
+            evidence=evidence, arrived=arrived, passed=passed, waiting=here, last_seq=seqs.get(gkey, {}),
             last_completed={str(r): last_done.get(r) for r in grp["members"]},
             first_divergent_seq=_first_divergence(gdf) if steps_known else None,
-            # A stuck point whose missing ranks all wait in another stuck point is a consequence.
-            # A rank with no input at all is not known to wait nowhere: it cannot be the root by absence.
-            root_cause=bool(mismatched) or any(r not in waiting and r in present for r in missing),
-            started_ns=t, first=False, source=source,
+            root_cause=root, started_ns=t, first=False, source=source,
             missing_input=[r for r in grp["members"] if r not in present]))
     # Roots first, then program order: the earliest step (a rank that finished its step early already
     # waits in the next one before the stuck collective of the previous step starts), then start time.
@@ -206,6 +219,44 @@ def _source_hangs(df: pl.DataFrame, key_members: pl.DataFrame, source: str, pres
     if out:
         out[0] = replace(out[0], first=True)
     return out
+
+
+def _mismatched(rows: pl.DataFrame, ref: dict, is_p2p: bool) -> list[dict]:
+    """Arrived ranks whose op, size or dtype differs from the majority's. A p2p pair's ops differ by nature,
+    and so do an all_to_all's sizes (each rank sends what its tokens need: MoE dispatch is uneven)."""
+    out = []
+    uneven = ref["op"] in _UNEVEN_SIZES
+    for r in rows.iter_rows(named=True):
+        diff = {c: r[c] for c in ("op", "size_bytes", "dtype")
+                if not (is_p2p and c == "op") and not (uneven and c == "size_bytes")
+                and r[c] is not None and ref[c] is not None and r[c] != ref[c]}
+        if diff:
+            out.append({"rank": r["rank"], "op": r["op"], "size_bytes": r["size_bytes"], "dtype": r["dtype"],
+                        "differs_in": sorted(diff)})
+    return out
+
+
+def _unpaired(gdf: pl.DataFrame) -> bool:
+    """Whether the two ends of a p2p direction number their calls apart: both wait, at no seq in common.
+    With paired numbers (the hook's, per direction) a pending send and its pending recv carry one seq. The
+    flight recorder's p2p_seq_id counts every send and recv of a rank in its group, whatever the peer, so
+    rank 8's 13694th and rank 12's 11978th can be one transfer. Then seqs cannot say who never arrived."""
+    per = gdf.filter(pl.col("state") != "completed").group_by("rank").agg(pl.col("seq").unique())
+    if per.height < 2:
+        return False
+    seqs = [set(v) for v in per["seq"].to_list()]
+    return not set.intersection(*seqs)
+
+
+def _first_waits(df: pl.DataFrame) -> dict[int, tuple[str, int]]:
+    """rank -> (group key, seq) of its oldest unfinished call: where it waits. Its later unfinished calls
+    queue behind that one (one stream, or the data they need), so they say nothing of their own."""
+    open_ = df.filter(pl.col("state") != "completed")
+    if open_.height == 0:
+        return {}
+    first = open_.select("rank", pl.col("_gkey").cast(pl.String), "seq", "start_ns").sort(
+        ["rank", "start_ns", "seq"], nulls_last=True).unique("rank", keep="first")
+    return {int(r): (g, int(q)) for r, g, q, _ in first.iter_rows()}
 
 
 def _pending_points(df: pl.DataFrame) -> pl.DataFrame:

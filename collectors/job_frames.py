@@ -35,6 +35,13 @@ class JobFrames:
     declared: list[dict] = field(default_factory=list)
     """world sizes the sources declare, one ``{format, world_size, source}`` per source file that names one
     (Kineto ``distributedInfo.world_size``, the OSDI'25 meta ``world_size`` with its ``tp_size``)."""
+    source_ranks: list[int] = field(default_factory=list)
+    """ranks that a source file of the job is one rank's of (its manifest notes' ``rank``), records or not:
+    a flight-recorder dump of unfinished calls only is empty for a rank with none, and that rank is not
+    absent input, it had nothing open."""
+    named_groups: list[dict] = field(default_factory=list)
+    """process groups the job named, ``{desc, ranks}`` each once (flight-recorder and Kineto ``pg_config``
+    descs: Megatron's TENSOR_MODEL_PARALLEL_GROUP, torch DeviceMesh's mesh_tp, ...)."""
     job_endpoints: tuple[str, ...] = ()
     """a capture's job: the addresses job recognition found to be one job (its rails were merged on the
     whole capture, where the evidence is; the job's own flows may lack it)."""
@@ -62,13 +69,31 @@ def load_job(store: Store, job: str, flow_job: str | None = None, fresh: FreshRo
     jf = JobFrames.from_frames(job, **frames)
     man = [m for m in store.manifest() if job in m.job.split(",") or m.job == job]
     jf.relative_time = any(m.relative_time for m in man)
+    seen_named: set[tuple] = set()
+    own: set[int] = set()
     for m in man:
         for reason, n in m.rejects.items():
             jf.rejects[reason] = jf.rejects.get(reason, 0) + n
+        r = m.notes.get("rank")
+        if isinstance(r, int) and not isinstance(r, bool):
+            own.add(r)
+        _add_named(jf, m.notes.get("pg_named"), seen_named)
         d = declared_world(m.format, m.notes)
         if d is not None:
             jf.declared.append({**d, "source": m.source})
+    jf.source_ranks = sorted(own)
     return jf
+
+
+def _add_named(jf: JobFrames, groups: object, seen: set[tuple]) -> None:
+    """Append a source's named groups to ``jf.named_groups``, each (desc, ranks) once (every member's dump
+    names its groups)."""
+    for g in groups if isinstance(groups, list) else ():
+        if isinstance(g, dict) and isinstance(g.get("desc"), str) and isinstance(g.get("ranks"), list):
+            ranks = sorted(int(r) for r in g["ranks"])
+            if (g["desc"], tuple(ranks)) not in seen:
+                seen.add((g["desc"], tuple(ranks)))
+                jf.named_groups.append({"desc": g["desc"], "ranks": ranks})
 
 
 def declared_world(fmt: str, notes: dict) -> dict | None:

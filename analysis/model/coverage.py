@@ -5,7 +5,8 @@ the OSDI'25 meta; see :attr:`JobFrames.declared`) and by being named as a
 member or peer of a recorded collective or transfer (the process groups of
 a flight recorder's ``pg_config`` or of Kineto's ``distributedInfo.pg_config``
 reach comm_op as ``group_ranks``). A rank is present when any comm_op,
-compute_op, step_mark or batch_meta record is its own. What a missing rank
+compute_op, step_mark or batch_meta record is its own, or a source file is
+(:attr:`JobFrames.source_ranks`). What a missing rank
 did is unknown; nothing may be concluded from its silence alone.
 """
 
@@ -49,7 +50,8 @@ def rank_coverage(frames: JobFrames) -> Coverage:
     Needs the ``rank`` column of comm_op/compute_op/step_mark/batch_meta,
     comm_op ``group_ranks`` and ``peer`` where present, and ``frames.declared``.
     """
-    present: set[int] = set()
+    # a rank's own source file counts even when empty (a dump of unfinished calls, and it had none)
+    present: set[int] = set(frames.source_ranks)
     for k in _OWN:
         df = getattr(frames, k)
         if not df.is_empty() and "rank" in df.columns:

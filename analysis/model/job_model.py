@@ -71,8 +71,10 @@ from rankscope.analysis.model.sources import one_source_each
 from rankscope.analysis.model.steps import flow_step_table, job_steps, rank_step_windows, steps_section
 from rankscope.analysis.report.steps import Steps
 from rankscope.analysis.report.strategy import Strategy
+from rankscope.analysis.strategy.call_positions import pass_spans
 from rankscope.analysis.strategy.compare import compare_strategies
 from rankscope.analysis.strategy.flows.infer import FlowInference, infer_flows
+from rankscope.analysis.strategy.group_names import with_group_names
 from rankscope.analysis.strategy.groups_from_streams import label_groups, memberships_from
 from rankscope.analysis.strategy.whitebox import infer_whitebox
 from rankscope.collectors.job_frames import JobFrames
@@ -194,8 +196,10 @@ def build_job_model(frames: JobFrames, clock: ClockConfig | None = None, flow: F
     coverage = rank_coverage(frames)
     frames = one_source_each(frames, notes)
     frames = _groups_from_streams(frames, notes)
-    white = (infer_whitebox(frames.comm_op, timing=not frames.relative_time)
+    white = (infer_whitebox(frames.comm_op, timing=not frames.relative_time, passes=pass_spans(frames.compute_op))
              if not frames.comm_op.is_empty() else None)
+    if white is not None and frames.named_groups:
+        white = with_group_names(white, frames.named_groups)  # the job's own names outrank the inference
     flows = flow_view(frames, flow)
     layout = rank_layout(frames, white)
     # steps from the records as given (labels and marks), on the aligned clock

@@ -20,7 +20,7 @@ class Hang:
     size_bytes: int | None = doc("its size.")
     dtype: str | None = doc("its element type.")
     step: int | None = doc("its step.")
-    missing: list[int] = doc("members with no record at that seq.")
+    missing: list[int] = doc("members that never reached that seq: no record at it and none after it in the group.")
     mismatched: list[dict] = doc("arrived ranks whose op, size or dtype differs from the majority's.")
     pending_ranks: list[int] = doc("ranks whose call never completed.")
     evidence: str = doc("pending (a call never completed) or lagging (members stopped at different seqs).")
@@ -28,8 +28,13 @@ class Hang:
     last_seq: dict[str, int] = doc("rank -> the last seq it reached in the group.")
     last_completed: dict[str, Any] = doc("rank -> its last completed call (op, group, seq, step).")
     first_divergent_seq: int | None = doc("the first seq whose members recorded different steps.")
-    root_cause: bool = doc("some missing rank waits nowhere else, or a rank arrived mismatched.")
+    root_cause: bool = doc("a rank arrived mismatched; or ranks wait here first for a missing member that waits "
+                           "nowhere, or whose own first wait lacks nobody (where the chain of waits ends).")
     started_ns: int | None = doc("when the stuck call started.")
     first: bool = doc("the first stuck call of its source: roots first, then the earliest step and start.")
     source: str = doc("the record source.")
     missing_input: list[int] = doc("members with no record of any kind in the job (absent traces).")
+    passed: list[int] = doc("members with no record at that seq but records after it: they went through it (a "
+                            "dump of unfinished calls only leaves out the completed ones).", factory=list)
+    waiting: list[int] = doc("ranks whose oldest unfinished call this is: where they wait (their later unfinished "
+                             "calls queue behind it).", factory=list)

@@ -89,6 +89,18 @@ class Comparison:
 
 
 @dataclass(frozen=True)
+class NameConflict:
+    """A dimension whose process-group names and collectives read differently (the names are reported)."""
+
+    field: str = doc("the degree: dp, pp, tp, cp, ep or expert_dp.")
+    desc: str = doc("the name its groups carry (e.g. TENSOR_MODEL_PARALLEL_GROUP).")
+    names: int = doc("the degree the names give.")
+    collectives: int | None = doc("the degree the collectives gave; null where they left it open.")
+    names_groups: list[list] | None = doc("the named groups; null where a name gives the degree only.")
+    collectives_groups: list[list] | None = doc("the groups the collectives gave; null where unknown.")
+
+
+@dataclass(frozen=True)
 class Strategy:
     """Which endpoints form data-parallel groups and pipelines (in stage order), and the other degrees."""
 
@@ -117,6 +129,14 @@ class Strategy:
     comparison: Comparison | None = doc("collectives against flows, when the job has both.", None, omit="none")
     undecided: list[Undecided] = doc("every field the input leaves open, with why and what fits.",
                                      factory=list, omit="empty")
+    expert_dp: int | None = doc("expert data-parallel degree, where the job names its groups; null otherwise.",
+                                None, omit="none")
+    dimension_sources: dict[str, str] = doc("per degree (dp, pp, tp, cp, ep, expert_dp), where the job names "
+                                            "process groups: ``names: <the name>`` (the job's own statement) or "
+                                            "``collectives`` (where its calls sit and their timing).",
+                                            factory=dict, omit="empty")
+    name_conflicts: list[NameConflict] = doc("dimensions whose names and collectives disagree; the names are "
+                                             "reported.", factory=list, omit="empty")
 
     def claimed(self) -> Strategy:
         """The strategy as the report claims it: a degree listed in ``undecided`` is null and its groups are

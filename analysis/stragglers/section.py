@@ -114,9 +114,38 @@ def _without_steps(frames: JobFrames, left_out: list[int]) -> JobFrames:
                    step_mark=keep(frames.step_mark), batch_meta=keep(frames.batch_meta))
 
 
+def one_sample(frames: JobFrames) -> str | None:
+    """Why the records are one sample of the step, or None.
+
+    The what-if's ideal is what an op costs elsewhere in the run: other steps, or the microbatches of a
+    schedule that repeats them. One step of one microbatch holds each op once per rank, so a difference
+    between ranks is as likely noise as a straggler (eight CPU processes on two cores, one profiler
+    window): no S from it. Needs the ``step`` (and ``microbatch``) columns of compute_op, else of comm_op.
+    """
+    df = frames.compute_op if frames.compute_op.height and "step" in frames.compute_op.columns else frames.comm_op
+    if df.is_empty() or "step" not in df.columns or df["step"].drop_nulls().len() == 0:
+        return None  # no steps at all: the section says why on its own
+    if df["step"].drop_nulls().n_unique() > 1:
+        return None
+    if "microbatch" in df.columns:
+        per_rank = df.filter(pl.col("microbatch").is_not_null()).group_by("rank").agg(
+            pl.col("microbatch").n_unique().alias("n"))
+        if per_rank.height and per_rank["n"].max() > 1:
+            return None  # the schedule repeats microbatches: they are the samples
+    return ONE_SAMPLE_WHY
+
+
+ONE_SAMPLE_WHY = ("one step of one microbatch: each op was recorded once per rank, so the what-if has no "
+                  "repeated sample to set a baseline and reports no S from a single sample")
+
+
 def rank_section(model: JobModel, config: StragglerConfig) -> Stragglers:
-    """The section from the job's per-rank records, start-up steps left out."""
+    """The section from the job's per-rank records, start-up steps left out; not evaluated for one sample
+    (:func:`one_sample`)."""
     frames = model.frames
+    why = one_sample(frames)
+    if why is not None:
+        return Stragglers(evaluated=False, why=why)
     left_out = startup_steps(model.steps)
     if left_out:
         frames = _without_steps(frames, sorted(left_out))

@@ -31,6 +31,12 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.report.strategy import Strategy, Undecided, WhiteboxDetail
+from rankscope.analysis.strategy.call_positions import (
+    POSITION_COUNTS,
+    position_counts,
+    position_role,
+    with_pass,
+)
 from rankscope.analysis.strategy.groups_from_timing import label_groups_by_timing
 from rankscope.analysis.strategy.pipelines import P2P_OPS, order_pipelines
 
@@ -44,21 +50,24 @@ def group_families(comm_op: pl.DataFrame) -> pl.DataFrame:
     runs once per step, a layer's activation once per microbatch), bytes (per member),
     ops (sorted list of op names).
     """
-    coll = comm_op.select("op", "group_ranks", "size_bytes", "microbatch").filter(
+    pass_col = pl.col("_pass") if "_pass" in comm_op.columns else pl.lit(None, dtype=pl.String).alias("_pass")
+    coll = comm_op.select("op", "group_ranks", "size_bytes", "microbatch", pass_col).filter(
         ~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_not_null())
     if coll.is_empty():
         return pl.DataFrame(schema={"members": pl.List(pl.Int64), "size": pl.Int64, "calls": pl.Float64, "mb_frac": pl.Float64,
-                                    "stream_calls": pl.Float64, "bytes": pl.Float64, "ops": pl.List(pl.Utf8)})
+                                    "stream_calls": pl.Float64, "bytes": pl.Float64, "ops": pl.List(pl.Utf8),
+                                    **{c: pl.Int64 for c in POSITION_COUNTS}})
     # aggregate per list as recorded, then sort the (few) distinct lists and merge equal member sets
     per_key = (coll.group_by("group_ranks", "op", "size_bytes")
-               .agg(n=pl.len(), n_mb=pl.col("microbatch").is_not_null().sum()))
+               .agg(pl.len().alias("n"), pl.col("microbatch").is_not_null().sum().alias("n_mb"), *position_counts()))
     per_list = (per_key.group_by("group_ranks")
-                .agg(pl.col("n").sum(), key_n=pl.col("n").max(),
+                .agg(pl.col("n").sum(), *[pl.col(c).sum() for c in POSITION_COUNTS], key_n=pl.col("n").max(),
                      bytes=(pl.col("size_bytes").fill_null(0) * pl.col("n")).sum().cast(pl.Float64),
                      n_mb=pl.col("n_mb").sum(), ops=pl.col("op").unique())
                 .with_columns(members=pl.col("group_ranks").list.eval(pl.element().cast(pl.Int64)).list.sort()))
     return (per_list.group_by("members")
-            .agg(n=pl.col("n").sum(), bytes=pl.col("bytes").sum(), key_n=pl.col("key_n").max(),
+            .agg(*[pl.col(c).sum().cast(pl.Int64) for c in POSITION_COUNTS],
+                 n=pl.col("n").sum(), bytes=pl.col("bytes").sum(), key_n=pl.col("key_n").max(),
                  mb_frac=pl.col("n_mb").sum() / pl.col("n").sum(),
                  ops=pl.col("ops").list.explode(keep_nulls=False, empty_as_null=False).unique().sort())
             .with_columns(size=pl.col("members").list.len().cast(pl.Int64))
@@ -99,7 +108,8 @@ def _partition_families(groups: pl.DataFrame, pipelines: list[list]) -> list[dic
                     "calls": float(np.median([r["calls"] for r in keep])),
                     "stream_calls": float(np.median([r["stream_calls"] for r in keep])),
                     "bytes": float(np.median([r["bytes"] for r in keep])), "covered": len(f["seen"]),
-                    "mb_frac": float(np.mean([r["mb_frac"] for r in keep]))})
+                    "mb_frac": float(np.mean([r["mb_frac"] for r in keep])),
+                    "position": position_role({c: sum(r.get(c) or 0 for r in keep) for c in POSITION_COUNTS})})
     # families that cover the most ranks first: a stray group (a barrier subset) is not a dimension
     return sorted(out, key=lambda f: -f["covered"])
 
@@ -132,7 +142,7 @@ def unlabelled_family(comm_op: pl.DataFrame, pipelines: list[list]) -> dict | No
         return None
     return {"size": sizes.pop(), "groups": sorted(groups), "ops": sorted(set(coll["op"].to_list())),
             "calls": 0.0, "stream_calls": 0.0, "bytes": 0.0, "covered": sum(len(g) for g in groups),
-            "mb_frac": 0.0}
+            "mb_frac": 0.0, "position": None}
 
 
 def per_microbatch(family: dict, comm_op: pl.DataFrame) -> bool:
@@ -154,9 +164,12 @@ def per_microbatch(family: dict, comm_op: pl.DataFrame) -> bool:
 def lone_role(family: dict, comm_op: pl.DataFrame, undecided_calls: list[int]) -> str | None:
     """``tp`` or ``dp`` for the only group family found, None when the evidence cannot say.
 
-    Streams whose groups stayed undecided are another family: the busier of the two is tensor
-    parallel. Without such streams, :func:`per_microbatch` decides.
+    Where the records mark the passes, where its calls sit decides (:func:`position_role`). Else streams
+    whose groups stayed undecided are another family: the busier of the two is tensor parallel. Without
+    such streams, :func:`per_microbatch` decides.
     """
+    if family.get("position"):
+        return family["position"]
     if undecided_calls:
         if family["stream_calls"] > max(undecided_calls):
             return "tp"
@@ -166,12 +179,14 @@ def lone_role(family: dict, comm_op: pl.DataFrame, undecided_calls: list[int]) -
     return "tp" if per_microbatch(family, comm_op) else "dp"
 
 
-def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True) -> Strategy:
+def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True, passes: pl.DataFrame | None = None) -> Strategy:
     """Strategy of one job from its comm_op records.
 
     ``timing``: collectives without group members may get them from their end times
     (:func:`label_groups_by_timing`); pass False for records on relative time (clocks restart
-    every step), where end times cannot be paired.
+    every step), where end times cannot be paired. ``passes``: the ranks' forward and backward
+    spans (:func:`call_positions.pass_spans`), which place each collective inside a pass or outside:
+    where they sit tells tensor from data parallel (:mod:`rankscope.analysis.strategy.call_positions`).
 
     Needs comm_op columns rank, op, group_ranks, peer, size_bytes, start_ns.
     Returns a Strategy with int-rank endpoints: dp/pp/tp/ep groups (singletons
@@ -185,6 +200,7 @@ def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True) -> Strategy:
     pp_sizes = {len(p) for p in pipes.pipelines}
     notes = [_note_unequal_pipelines(pp_sizes)] if len(pp_sizes) > 1 else []
     comm_op, timed, conf_factor, timing_notes = _groups_from_end_times(comm_op, timing)
+    comm_op = with_pass(comm_op, passes)
     fams = _partition_families(group_families(comm_op), pipes.pipelines)
     ep_f = [f for f in fams if "all_to_all" in f["ops"]]
     dp_f, tp_f, lone_undecided, role_notes = _dp_and_tp_families(fams, comm_op, timed.get("undecided_calls") or [])
@@ -285,14 +301,16 @@ def _dp_and_tp_families(fams: list[dict], comm_op: pl.DataFrame,
                         undecided_calls: list[int]) -> tuple[dict | None, dict | None, bool, list[str]]:
     """The data- and tensor-parallel families among those that cover the most ranks and run no ``all_to_all``.
 
-    Sorted from once per step to once per microbatch (share of calls in microbatches, calls of the busiest
-    stream, calls, then the larger size first), the first is dp and the last tp; a lone family's role is
+    Sorted from once per step to once per microbatch (where the calls sit, share of calls in microbatches,
+    calls of the busiest stream, calls, then the larger size first), the first is dp and the last tp; a lone family's role is
     :func:`lone_role`'s. Returns (dp family, tp family, True when a lone family's role is undecided and
     neither is reported, notes).
     """
     full = max((f["covered"] for f in fams), default=0)
+    # where the calls sit (outside every forward: dp; reducing inside forwards: tp) outranks how often
     rest = sorted((f for f in fams if "all_to_all" not in f["ops"] and f["covered"] == full),
-                  key=lambda f: (round(f["mb_frac"]), f["stream_calls"], f["calls"], -f["size"]))
+                  key=lambda f: (_POSITION_ORDER[f.get("position")], round(f["mb_frac"]), f["stream_calls"],
+                                 f["calls"], -f["size"]))
     dp_f = rest[0] if rest else None
     tp_f = rest[-1] if len(rest) >= 2 else None
     role = lone_role(rest[0], comm_op, undecided_calls) if len(rest) == 1 else None
@@ -334,6 +352,8 @@ def _confidence(factor: float, product: int, world: int, ordered: bool, unequal:
     return conf, notes
 
 
+_POSITION_ORDER = {"dp": 0, None: 1, "tp": 2}
+
 # The notes' sentences (golden reports compare them byte for byte).
 
 _NOTE_END_TIMES_UNUSABLE = "end times not usable for process groups (calls of a stream overlap in time)"
@@ -371,5 +391,8 @@ def _note_many_families(n: int) -> str:
     return f"{n} collective group families; kept the least and most frequent as dp and tp"
 
 
+PRODUCT_NOTE_START = "dp*pp*tp*cp = "
+
+
 def _note_product_mismatch(product: int, world: int) -> str:
-    return f"dp*pp*tp*cp = {product} but {world} ranks"
+    return f"{PRODUCT_NOTE_START}{product} but {world} ranks"

@@ -74,15 +74,19 @@ def _load(with_ingest: bool, inputs=()) -> None:
     import_frozen(*modules)
 
 
-def _ingest_first(store_dir, paths):
-    """``rankscope ingest PATHS --store`` in this process; the rows written, kept for the analysis."""
+def _ingest_first(store_dir, paths, job):
+    """``rankscope ingest PATHS --store [--job J]`` in this process; the rows written, kept for the analysis.
+
+    ``job``: analyze's --job, which names the job of the ingested records too (the job analysed is the
+    one stored: ``--ingest DIR --job J`` stores and analyses J)."""
     from rankscope.cli.commands.ingest import echo_summary
     from rankscope.collectors.fresh_rows import FreshRows
+    from rankscope.collectors.importers import contract
     from rankscope.collectors.ingest.files import ingest
     from rankscope.collectors.store import Store
 
     store = Store(output_dir(store_dir, "--store"))
-    summary = ingest(store, paths, keep_rows=True)
+    summary = ingest(store, paths, opts=contract.ImportOptions(job=job), keep_rows=True)
     if not echo_summary(summary):
         # a failed file is not analysed around: the reports would silently miss its records
         raise click.exceptions.Exit(1)
@@ -96,7 +100,8 @@ def _ingest_first(store_dir, paths):
               help="trace file or directory to ingest into --store first, as `rankscope ingest PATH --store` "
                    "does, in this process (repeatable); its rows are analysed from memory, not read back")
 @click.option("--job", default=None, help="analyse only this job (a training job, a flow capture, or a "
-                                          "job recognised in one, e.g. fabric-2)")
+                                          "job recognised in one, e.g. fabric-2); with --ingest, also the job "
+                                          "the ingested records are stored under")
 @click.option("--flow-job", default=None, help="flow capture to compare with the job's comm_op records "
                                                "(needs an endpoint_map)")
 @click.option("--out-dir", required=True, type=click.Path(file_okay=False), help="where reports go")
@@ -135,7 +140,7 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
       rankscope analyze --store st --out-dir reports --engine ray --address 10.0.0.5:6379
     """
     _load(with_ingest=bool(ingest_paths), inputs=[p for p in (store_dir, *ingest_paths) if os.path.exists(p)])
-    fresh = _ingest_first(store_dir, ingest_paths) if ingest_paths else None
+    fresh = _ingest_first(store_dir, ingest_paths, job) if ingest_paths else None
     from rankscope.analysis.diagnose import DiagnoseConfig
 
     store = existing_store(store_dir)  # hardstore: missing store is a usage error (2) everywhere

@@ -82,6 +82,19 @@ def _pg_ranks(dump: dict) -> dict[str, list[int]]:
     return out
 
 
+def _pg_named(dump: dict) -> list[dict]:
+    """The process groups the job named (``pg_config`` descs other than torch's ``undefined``):
+    [{name, desc, ranks}], for the strategy (Megatron's TENSOR_MODEL_PARALLEL_GROUP, ...)."""
+    cfg = dump.get("pg_config")
+    out = []
+    for name, g in (cfg.items() if isinstance(cfg, dict) else ()):
+        desc = g.get("desc") if isinstance(g, dict) else None
+        ranks = parse_ranks(g.get("ranks")) if isinstance(g, dict) else None
+        if isinstance(desc, str) and desc and desc != "undefined" and ranks:
+            out.append({"name": str(name), "desc": desc, "ranks": ranks})
+    return out
+
+
 def _last_completed(dump: dict) -> dict[str, int]:
     out = {}
     st = dump.get("pg_status")
@@ -289,12 +302,17 @@ def read_dump(path: Path, opts: ImportOptions) -> ImportBatch:
         batch.add("comm_op", df.with_columns(pl.lit(rank, pl.Int32).alias("rank")))
     batch.notes.update(rank=rank, version=str(dump.get("version")), entries=len(entries),
                        completed_without_time=no_time, groups=sorted(groups))
+    named = _pg_named(dump)
+    if named:
+        batch.notes["pg_named"] = named
     return batch
 
 
 class _FlightRecorder:
     name = "flight_recorder"
     source = "flight_recorder"
+    rank_in_name = _RANK
+    """a dump is one rank's: the rank its name gives is part of the source's identity (ingest's key)"""
     same_records_any_form = True
     """torch writes one dump as a pickle or as JSON; ingest stores the records of either once."""
 

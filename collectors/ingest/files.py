@@ -128,14 +128,28 @@ def _stored(store: Store, keys: list[str]) -> bool:
     return any(store.has_source(k) for k in keys)
 
 
-def source_keys(sha: str, name: str, job: str | None) -> tuple[str, list[str]]:
+def source_rank(path: Path, name: str, opts: contract.ImportOptions) -> int | None:
+    """The rank a per-rank format's file is of (``--opt rank=N``, else its name), before decoding it.
+
+    Part of the source's identity: two ranks can write identical bytes (two flight-recorder dumps with
+    no unfinished call), and both are sources. None for formats whose files are not one rank's."""
+    pattern = getattr(registry.importer(name), "rank_in_name", None)
+    try:
+        return None if pattern is None else contract.file_rank(path, opts, pattern)
+    except InputFormatError:
+        return None  # a bad --opt rank is reported when the file is decoded; the key then needs none
+
+
+def source_keys(sha: str, name: str, job: str | None, rank: int | None = None) -> tuple[str, list[str]]:
     """(the key to record, every key that means 'this source is already in the store').
 
-    The key is the content hash + format + job, with the default job spelled one way
-    (no --job and ``--job default`` are the same ingest); older stores keyed a missing
-    --job as an empty name, so that spelling is looked up too.
+    The key is the content hash + format + job (+ the rank, for one rank's file: :func:`source_rank`),
+    with the default job spelled one way (no --job and ``--job default`` are the same ingest); older
+    stores keyed a missing --job as an empty name, so that spelling is looked up too.
     """
     dflt = default_job_for_format(name)
+    if rank is not None:
+        name = f"{name}\0rank {rank}"
     key = Store.manifest_key(sha, (job or dflt) + "\0" + name)
     legacy = [Store.manifest_key(sha, (job or "") + "\0" + name)]
     if job == dflt:
@@ -186,12 +200,15 @@ def _lists_as_text(t: pa.Table) -> pl.DataFrame:
     return df.with_columns(big.values()).select(t.column_names) if big else df
 
 
-def _fingerprint(imp, valid: list[tuple[str, pa.Table]], job_key: str) -> str | None:
+def _fingerprint(imp, valid: list[tuple[str, pa.Table]], job_key: str, rank: object = None) -> str | None:
     """A key for the decoded records, for formats in which one source can be written several ways
-    (a flight recorder dump as pickle or as JSON): the second form adds nothing."""
+    (a flight recorder dump as pickle or as JSON): the second form adds nothing. The file's rank is part
+    of it: two ranks' dumps with no records decode to the same (empty) rows and are still two sources."""
     if not getattr(imp, "same_records_any_form", False):
         return None
     digest = rows_digest(valid)
+    if digest is not None and rank is not None:
+        job_key = f"{job_key}\0rank {rank}"
     return None if digest is None else "rows-" + Store.manifest_key(digest, job_key + "\0" + imp.name)
 
 
@@ -257,7 +274,7 @@ def _ingest_file(store: Store, path: Path, fmt: str, opts: contract.ImportOption
         return
     res.format = name
     sha = sha or file_sha256(path)
-    key, known = source_keys(sha, name, opts.job)
+    key, known = source_keys(sha, name, opts.job, source_rank(path, name, opts))
     if _stored(store, known):
         res.status = "skipped"
         return
@@ -321,7 +338,9 @@ def _none_valid(path: Path, res: FileResult, entry: ManifestEntry) -> None:
 def _commit(store: Store, tx, key: str, entry: ManifestEntry, res: FileResult, jobs: set, opts, rows_key=None):
     entry.records = dict(res.records)
     entry.rejects = dict(res.rejects)
-    entry.job = opts.job or ",".join(sorted(jobs))
+    # a source without records (a rank's empty flight-recorder dump) still belongs to the job it was
+    # ingested for: it says that rank's input is there
+    entry.job = opts.job or ",".join(sorted(jobs)) or default_job_for_format(entry.format)
     if rows_key:
         entry.notes["rows_key"] = rows_key
     held = template_state.hold_reason()
@@ -349,7 +368,7 @@ def _write_whole(store: Store, path: Path, name: str, imp, result, key: str, kno
     del total.tables
     if not valid:
         _none_valid(path, res, entry)
-    rows_key = _fingerprint(imp, valid, opts.job or default_job_for_format(name))
+    rows_key = _fingerprint(imp, valid, opts.job or default_job_for_format(name), total.notes.get("rank"))
     with store.transaction(key, keep_rows) as tx:
         # Re-check under the lock: a concurrent ingest of the same source may have committed.
         if any(store.has_source(k) for k in known) or (rows_key and store.has_alias(rows_key)):
@@ -416,7 +435,7 @@ def ingest(store: Store, paths: Iterable[str | os.PathLike], fmt: str = "auto",
 
     def in_store(path: Path, name: str) -> bool:
         shas[path] = file_sha256(path)
-        return _stored(store, source_keys(shas[path], name, opts.job)[1])
+        return _stored(store, source_keys(shas[path], name, opts.job, source_rank(path, name, opts))[1])
 
     # before anything else computes: decode workers can only be forked from a single-threaded process
     with parallel_decode.ahead(files, fmt, opts, lim, skip=in_store) as pre:

@@ -237,7 +237,24 @@ def comm_rows(tr: KinetoTrace, steps: pl.DataFrame) -> tuple[pl.DataFrame, dict]
                    launch_ns=int(cpu_ts[i]) if start[i] != cpu_ts[i] else None, t_step=int(cpu_ts[i]))
         rows.append(row)
     notes = {"comm_form": form, "nccl_kernels": int(k.height)}
+    named = named_groups([*cpu_args, *k_args])
+    if named:
+        notes["pg_named"] = named
     return _finish(tr, rows, steps, notes), notes
+
+
+def named_groups(args: list[dict]) -> list[dict]:
+    """The process groups NCCL calls name (``Process Group Description`` with ``Process Group Ranks``),
+    other than torch's ``undefined``: [{desc, ranks}] each once, for the strategy."""
+    seen: dict[tuple, dict] = {}
+    for a in args:
+        desc = a.get("Process Group Description")
+        if not isinstance(desc, str) or desc in ("", "undefined"):
+            continue
+        ranks = parse_ranks(a.get("Process Group Ranks"))
+        if ranks:
+            seen.setdefault((desc, tuple(ranks)), {"desc": desc, "ranks": ranks})
+    return list(seen.values())
 
 
 def _finish(tr: KinetoTrace, rows: list[dict], steps: pl.DataFrame, notes: dict) -> pl.DataFrame:

@@ -44,6 +44,14 @@ def read_trace(path: Path, opts: ImportOptions) -> ImportBatch:
                           if isinstance(g, dict)) if r]
     if groups:
         batch.notes["pg_ranks"] = groups
+    # the groups the job named (pg_desc other than torch's "undefined"), for the strategy
+    named = [{"name": str(g.get("pg_name")), "desc": g["pg_desc"], "ranks": r}
+             for g in (pg_config if isinstance(pg_config, list) else []) if isinstance(g, dict)
+             and isinstance(g.get("pg_desc"), str) and g["pg_desc"] not in ("", "undefined")
+             and (r := parse_ranks(g.get("ranks")))]
+    named += batch.notes.get("pg_named") or []  # the groups the NCCL calls name (comm_rows)
+    if named:
+        batch.notes["pg_named"] = named
     return batch
 
 

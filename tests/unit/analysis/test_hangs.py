@@ -120,3 +120,41 @@ def test_pending_op_with_absent_member_keeps_the_hang_but_names_missing_input():
     rows = [_ar(0, 0, 0), _ar(0, 1, 0, state="pending", start_ns=50_000)]
     hangs = stuck_collectives(JobFrames.from_frames("j", comm_op=_comm(rows)))
     assert len(hangs) == 1 and hangs[0].missing_input == [1] and not hangs[0].root_cause
+
+
+def test_dump_of_unfinished_calls_only_names_the_rank_behind_where_others_wait_first():
+    # Active entries only (NVRx): ranks 1 and 2 completed seq 5 (not dumped) and wait at 6 and 7 of group
+    # [0,1,2]; rank 0 never enqueued 6 and waits first in another group [0,3], which rank 3 joined. Rank 0
+    # is missing at 6 (where 1 and 2 wait first), nobody is missing at 5 or at rank 0's own wait.
+    g = (0, 1, 2)
+    rows = [_ar(0, 5, None, g, state="pending", start_ns=10), _ar(0, 40, None, (0, 3), state="pending", start_ns=5),
+            _ar(3, 40, None, (0, 3), state="pending", start_ns=6)]
+    rows += [_ar(r, s, None, g, state="pending", start_ns=100 + s) for r in (1, 2) for s in (6, 7)]
+    frames = JobFrames.from_frames("j", comm_op=_comm(rows))
+    hangs = {(h.group_key, h.seq): h for h in stuck_collectives(frames)}
+    at6 = hangs[("ranks 0,1,2", 6)]
+    assert at6.missing == [0] and at6.waiting == [1, 2] and at6.root_cause and at6.first
+    assert hangs[("ranks 0,1,2", 5)].missing == [] and hangs[("ranks 0,1,2", 5)].passed == [1, 2]
+    assert not hangs[("ranks 0,1,2", 7)].root_cause  # queued behind 6: nobody waits there first
+    assert hangs[("ranks 0,3", 40)].waiting == [0, 3] and not hangs[("ranks 0,3", 40)].root_cause
+
+
+def test_rank_with_an_empty_dump_is_input_not_absent():
+    # rank 1's dump had no unfinished call: it is behind (others wait), not missing input
+    rows = [_ar(0, 3, None, state="pending", start_ns=10)]
+    frames = JobFrames.from_frames("j", comm_op=_comm(rows))
+    assert stuck_collectives(frames)[0].missing_input == [1]
+    frames.source_ranks = [0, 1]
+    h = stuck_collectives(frames)[0]
+    assert h.missing == [1] and h.missing_input == [] and h.root_cause
+
+
+def test_p2p_ends_numbered_apart_name_nobody_missing():
+    # the flight recorder's p2p_seq_id counts every send/recv of a rank in its group: rank 0's send and
+    # rank 1's recv of one transfer wait at 700 and 420. Seqs cannot say who never arrived.
+    rows = [{"rank": 0, "op": "send", "peer": 1, "group_ranks": [0, 1], "seq": 700, "step": None,
+             "state": "pending", "source": "flight_recorder"},
+            {"rank": 1, "op": "recv", "peer": 0, "group_ranks": [0, 1], "seq": 420, "step": None,
+             "state": "pending", "source": "flight_recorder"}]
+    hangs = stuck_collectives(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    assert hangs and all(h.missing == [] and not h.root_cause for h in hangs)
