@@ -32,7 +32,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.fabric.config import FlowConfig
-from rankscope.analysis.fabric.expert import split_expert_links
+from rankscope.analysis.fabric.expert import ExpertSplit, split_expert_links
 from rankscope.analysis.fabric.link_evidence import early_traffic, link_likeness
 from rankscope.analysis.fabric.link_models import (
     BALANCED,
@@ -279,14 +279,20 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
     meshes (expert parallelism, fabric.expert) are set apart first; they are the fit's ``ep_groups`` when
     the grid left over is valid and holds each inside a larger DP group.
     """
-    split = split_expert_links(nodes, edges)
+    like = link_likeness(edges, resolution_ns) if edges.height else None
+    split = split_expert_links(nodes, edges, like)
     if split is None:
         return _fit_plain(nodes, edges, config, resolution_ns)
-    rest = _fit_plain(nodes, split.edges, config, resolution_ns)
     k = len(split.ep_groups[0])
-    dp_of = {x: i for i, g in enumerate(rest.dp_groups) for x in g}
-    inside = all(len({dp_of.get(x) for x in g}) == 1 for g in split.ep_groups + split.expert_dp_groups)
-    if rest.valid and inside and len(rest.dp_groups[0]) > k:
+    rest = _fit_plain(nodes, split.edges, config, resolution_ns)
+    if not rest.valid:
+        # expert rings of two members send both ways, as pipeline links do: try them as such
+        by_pairs = split_expert_links(nodes, edges, like, pairs=True)
+        if by_pairs is not None:
+            split, rest = by_pairs, _fit_plain(nodes, by_pairs.edges, config, resolution_ns)
+            split.notes.append("the two-way links pairing the meshes member by member read as expert-data-"
+                               "parallel pairs: as pipeline links they leave no valid grid")
+    if _holds_meshes(rest, split, k):
         is_pp = np.zeros(edges.height, dtype=bool)
         is_pp[np.flatnonzero(split.kept)] = rest.is_pp
         rest.is_pp, rest.mesh_only = is_pp, split.mesh_only
@@ -302,6 +308,13 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
                            + ("the links left over form no valid grid" if not rest.valid else
                               "they do not each lie inside one larger DP group") + ": not expert parallelism")
     return plain
+
+
+def _holds_meshes(fit: GridFit, split: ExpertSplit, k: int) -> bool:
+    """Whether a grid is valid and holds each mesh and expert ring inside one DP group larger than a mesh."""
+    dp_of = {x: i for i, g in enumerate(fit.dp_groups) for x in g}
+    inside = all(len({dp_of.get(x) for x in g}) == 1 for g in split.ep_groups + split.expert_dp_groups)
+    return bool(fit.valid and inside and len(fit.dp_groups[0]) > k)
 
 
 def _fit_plain(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = None,

@@ -26,8 +26,13 @@ found and their traffic taken out:
   dense ring enters each mesh at a member that has no ring link in from its
   own mesh and leaves it at one with no ring link out into it; a one-way link
   between two meshes that does not run from such an exit to such an entry is
-  an expert ring's. The expert rings must each hold one member of a mesh at
-  most and be of one size; else nothing is set apart.
+  an expert ring's. An expert ring of two members sends both ways, like a
+  pipeline link; it is taken for one where its two directions start
+  together, or, with no lag evidence either way, only when every such link
+  pairs two meshes member by member and nothing but that reading leaves a
+  valid grid (a pipeline between two meshes reads as no grid at all then:
+  its stages would share a DP group). The expert rings must each hold one member of a mesh at most and
+  be of one size; else nothing is set apart.
 
 Whether the meshes are expert parallelism is decided by the grid left over:
 each mesh must lie inside one DP group of a valid grid, smaller than it. A
@@ -46,10 +51,13 @@ import polars as pl
 from rankscope.analysis.fabric.link_models import TWO_WAY
 from rankscope.analysis.fabric.pair_graph import address_key, components
 
-SHARED_REMAINDER = 0.5
+SHARED_REMAINDER = 0.2
 """a mesh link whose larger direction exceeds the smaller by more than this share of the smaller carries a
-second collective too (the DP ring); below it, the difference is the all-to-all's own routing imbalance
-summed over the step's repetitions (a few percent in practice)."""
+second collective too (the DP ring); below it, the difference is the all-to-all's own routing imbalance.
+Routing moves each call's payload by tens of percent, but a link sums a step's many calls (every layer,
+microbatch and pass) both ways, so its two directions agree to a few percent (V7: 7.5 % at most; our
+simulator, U(0.7, 1.3) per call: 3 %); the DP ring adds its whole one-way volume, which can be as
+small as half the mesh's (our simulator's MoE jobs) or several times it (V7: 2.5x)."""
 
 MIN_MESH = 3
 """a full mesh of fewer members is one link: nothing to tell it from a pair's collective."""
@@ -137,9 +145,10 @@ def _take_out_mesh(edges: pl.DataFrame, in_mesh: np.ndarray) -> tuple[pl.DataFra
 
 
 def _expert_rings(n: int, ai: np.ndarray, bi: np.ndarray, edges: pl.DataFrame, in_mesh: np.ndarray,
-                  only: np.ndarray, mesh_of: np.ndarray) -> np.ndarray:
+                  only: np.ndarray, mesh_of: np.ndarray, like: np.ndarray, pairs: bool) -> np.ndarray:
     """Per link: an expert ring's (see the module doc). ``edges``: with the mesh's share taken out;
-    ``mesh_of``: each node's mesh (-1: none)."""
+    ``mesh_of``: each node's mesh (-1: none); ``like``: each link's pipeline likeness
+    (fabric.link_evidence.link_likeness); ``pairs``: two-way links without lag evidence count too."""
     d_ab, d_ba = _directions(edges)
     fwd = d_ab >= d_ba
     src, dst = np.where(fwd, ai, bi), np.where(fwd, bi, ai)
@@ -149,9 +158,13 @@ def _expert_rings(n: int, ai: np.ndarray, bi: np.ndarray, edges: pl.DataFrame, i
     sends_inside[src[ring_inside]] = True
     takes_inside[dst[ring_inside]] = True
     sym = np.minimum(d_ab, d_ba) / np.maximum(np.maximum(d_ab, d_ba), 1.0)
-    between = (mesh_of[ai] >= 0) & (mesh_of[bi] >= 0) & (mesh_of[ai] != mesh_of[bi]) & (sym < TWO_WAY)
+    between = (mesh_of[ai] >= 0) & (mesh_of[bi] >= 0) & (mesh_of[ai] != mesh_of[bi])
     dense_hop = ~sends_inside[src] & ~takes_inside[dst]
-    return between & ~dense_hop
+    # an expert ring of two members sends both ways, as a pipeline link does: it is one only where the two
+    # directions start together, which a pipeline's (activations first, gradients a share of a step
+    # later) do not; with no lag evidence either way it is left to the grid
+    pair = between & (sym >= TWO_WAY) & (like < (0.5 if not pairs else 0.5 + 1e-9))
+    return (between & (sym < TWO_WAY) & ~dense_hop) | pair
 
 
 def _valid_rings(nodes: list[str], ai: np.ndarray, bi: np.ndarray, ring: np.ndarray,
@@ -170,16 +183,21 @@ def _valid_rings(nodes: list[str], ai: np.ndarray, bi: np.ndarray, ring: np.ndar
     return groups if ok else None
 
 
-def split_expert_links(nodes: list[str], edges: pl.DataFrame) -> ExpertSplit | None:
+def split_expert_links(nodes: list[str], edges: pl.DataFrame, like: np.ndarray | None = None,
+                       pairs: bool = False) -> ExpertSplit | None:
     """The all-to-all meshes of one job's heavy links and the links left for the grid (module doc), or
     None when the links hold no full mesh.
 
     Needs edges a, b, bytes, data_ab, data_ba (else bytes_ab, bytes_ba), data_symmetry (else symmetry);
-    ``nodes``: the job's endpoints. The returned ``edges`` are the input's rows where ``kept``, with the
+    ``nodes``: the job's endpoints; ``like``: each link's pipeline likeness (0.5: no evidence); ``pairs``:
+    take two-way links between two meshes without lag evidence for expert rings of two members as well
+    (None unless every expert ring then is such a pair: the caller tries it when the grid is invalid
+    without, and keeps it only when the grid left over is valid). The returned ``edges`` are the input's rows where ``kept``, with the
     same columns.
     """
     if edges.is_empty():
         return None
+    like = np.full(edges.height, 0.5) if like is None else like
     idx = {x: i for i, x in enumerate(nodes)}
     ai = np.array([idx[x] for x in edges["a"].to_list()], dtype=np.int64)
     bi = np.array([idx[x] for x in edges["b"].to_list()], dtype=np.int64)
@@ -195,8 +213,10 @@ def split_expert_links(nodes: list[str], edges: pl.DataFrame) -> ExpertSplit | N
     for g, m in enumerate(groups):
         mesh_of[m] = g
     left, only = _take_out_mesh(edges, in_mesh)
-    ring = _expert_rings(len(nodes), ai, bi, left, in_mesh, only, mesh_of)
+    ring = _expert_rings(len(nodes), ai, bi, left, in_mesh, only, mesh_of, like, pairs)
     rings = _valid_rings(nodes, ai, bi, ring, mesh_of) if ring.any() else []
+    if pairs and (not rings or any(len(g) != 2 for g in rings)):
+        return None
     notes = []
     if rings is None:
         notes.append("one-way links between the all-to-all meshes form no expert-data-parallel rings of "
