@@ -30,6 +30,8 @@ def moe_edges(dp=12, ep=3, pp=2, ring=True, expert_rings=True, seed=0):
                 add(_addr(s, i), _addr(s, (i + 1) % dp), 17e9)
             if expert_rings and dp // ep > 2:
                 add(_addr(s, i), _addr(s, (i + ep) % dp), 22e9)
+            elif expert_rings and dp // ep == 2:  # a ring of two: payload both ways
+                add(_addr(s, i), _addr(s, (i + ep) % dp), 11e9)
             blk = i // ep * ep
             for j in range(blk, blk + ep):
                 if j != i:
@@ -81,3 +83,17 @@ def test_a_mesh_as_large_as_its_dp_group_is_undecided():
     assert fit.valid and fit.ep_groups == []
     assert sorted(map(len, fit.dp_groups)) == [4, 4]
     assert "cannot tell" in fit.ep_undecided
+
+
+def test_expert_pairs_are_told_from_pipeline_links_only_when_nothing_else_fits():
+    # dp 6 = ep 3 x expert-DP 2: the expert-DP groups are pairs, sending both ways like pipeline links
+    e = moe_edges(dp=6, ep=3, pp=1)
+    fit = fit_grid(_nodes(e), e, FlowConfig())
+    assert fit.valid and sorted(map(len, fit.dp_groups)) == [6]
+    assert sorted(map(len, fit.ep_groups)) == [3, 3] and sorted(map(len, fit.expert_dp_groups)) == [2, 2, 2]
+    # with a pipeline too, the pairs and the pipeline links (no lag seen) are both two-way links between
+    # meshes: no reading may claim a wrong grid
+    e = moe_edges(dp=6, ep=3, pp=2).with_columns(first_ab=0, first_ba=0)
+    fit = fit_grid(_nodes(e), e, FlowConfig())
+    if fit.valid:
+        assert sorted(map(len, fit.dp_groups)) == [6, 6] and sorted(map(len, fit.pipelines)) == [2] * 6
