@@ -74,6 +74,12 @@ def job_truth(cfg: SimConfig, topo: Topology, T: Templates, step_end: np.ndarray
         t[f"{a}_groups"] = topo.group_lists(a)
     for a in AXES:
         t[f"{a}_groups_by_address"] = topo.group_addresses(a)
+    if cfg.ep_in_dp:
+        # EP carved out of DP: the data-parallel group is the ep x dp ranks; the dp axis reduces the experts
+        t["degrees"]["dp"] = cfg.dp * cfg.ep
+        t["expert_dp_groups"], t["expert_dp_groups_by_address"] = t["dp_groups"], t["dp_groups_by_address"]
+        t["dp_groups"], t["dp_groups_by_address"] = topo.group_lists("dpx"), topo.group_addresses("dpx")
+        t["ep_in_dp"] = True
     t["endpoints"] = {str(r): a for r, a in enumerate(topo.addresses)}
     t["hosts"] = hosts
     t["exporters"] = sorted(set(rank_exporters(cfg, topo).to_list()))

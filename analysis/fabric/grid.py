@@ -32,6 +32,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.fabric.config import FlowConfig
+from rankscope.analysis.fabric.expert import ExpertSplit, split_expert_links
 from rankscope.analysis.fabric.link_evidence import early_traffic, link_likeness
 from rankscope.analysis.fabric.link_models import (
     BALANCED,
@@ -64,6 +65,14 @@ class GridFit:
     tie_broken: bool = False
     tie_kind: str = ""
     """``wrap`` or ``misfit`` (fabric.tie_evidence.TieBreak.kind) when a tie was broken."""
+    ep_groups: list[list[str]] = field(default_factory=list)
+    """the all-to-all meshes of expert parallelism, each inside one DP group (fabric.expert); empty: none."""
+    expert_dp_groups: list[list[str]] = field(default_factory=list)
+    """the expert-data-parallel rings that reduce the experts' gradients, when told apart."""
+    mesh_only: np.ndarray | None = None
+    """per link: it carries an all-to-all mesh's traffic only (neither DP nor PP); None without meshes."""
+    ep_undecided: str = ""
+    """why the flows cannot tell whether full meshes are expert parallelism, when they cannot."""
 
 
 def byte_modes(bytes_: np.ndarray, gap: float, max_modes: int) -> np.ndarray:
@@ -266,8 +275,50 @@ def fit_grid(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = 
              resolution_ns: int = 1) -> GridFit:
     """Best DP/PP labeling of one job's heavy edges (see module doc), with near-equal alternatives.
 
-    Needs edges columns a, b, bytes, first_ab, first_ba and data_symmetry (else symmetry).
+    Needs edges columns a, b, bytes, first_ab, first_ba and data_symmetry (else symmetry). All-to-all
+    meshes (expert parallelism, fabric.expert) are set apart first; they are the fit's ``ep_groups`` when
+    the grid left over is valid and holds each inside a larger DP group.
     """
+    like = link_likeness(edges, resolution_ns) if edges.height else None
+    split = split_expert_links(nodes, edges, like)
+    if split is None:
+        return _fit_plain(nodes, edges, config, resolution_ns)
+    k = len(split.ep_groups[0])
+    rest = _fit_plain(nodes, split.edges, config, resolution_ns)
+    if not rest.valid:
+        # expert rings of two members send both ways, as pipeline links do: try them as such
+        by_pairs = split_expert_links(nodes, edges, like, pairs=True)
+        if by_pairs is not None:
+            split, rest = by_pairs, _fit_plain(nodes, by_pairs.edges, config, resolution_ns)
+            split.notes.append("the two-way links pairing the meshes member by member read as expert-data-"
+                               "parallel pairs: as pipeline links they leave no valid grid")
+    if _holds_meshes(rest, split, k):
+        is_pp = np.zeros(edges.height, dtype=bool)
+        is_pp[np.flatnonzero(split.kept)] = rest.is_pp
+        rest.is_pp, rest.mesh_only = is_pp, split.mesh_only
+        rest.ep_groups, rest.expert_dp_groups = split.ep_groups, split.expert_dp_groups
+        rest.notes.extend(split.notes)
+        return rest
+    plain = _fit_plain(nodes, edges, config, resolution_ns)
+    if plain.valid and plain.group_kinds.get("all_to_all") and max(len(g) for g in plain.dp_groups) == k:
+        plain.ep_undecided = (f"every DP group of {k} is one full mesh: an all-to-all collective of data "
+                              f"parallelism, or expert parallelism with EP = DP = {k}; flows cannot tell them apart")
+    else:
+        plain.notes.append(f"{len(split.ep_groups)} full mesh(es) of {k} members (all-to-all) found, but "
+                           + ("the links left over form no valid grid" if not rest.valid else
+                              "they do not each lie inside one larger DP group") + ": not expert parallelism")
+    return plain
+
+
+def _holds_meshes(fit: GridFit, split: ExpertSplit, k: int) -> bool:
+    """Whether a grid is valid and holds each mesh and expert ring inside one DP group larger than a mesh."""
+    dp_of = {x: i for i, g in enumerate(fit.dp_groups) for x in g}
+    inside = all(len({dp_of.get(x) for x in g}) == 1 for g in split.ep_groups + split.expert_dp_groups)
+    return bool(fit.valid and inside and len(fit.dp_groups[0]) > k)
+
+
+def _fit_plain(nodes: list[str], edges: pl.DataFrame, config: FlowConfig | None = None,
+               resolution_ns: int = 1) -> GridFit:
     cfg = config or FlowConfig()
     idx = {x: i for i, x in enumerate(nodes)}
     ai = np.array([idx[x] for x in edges["a"].to_list()], dtype=np.int64)

@@ -16,6 +16,13 @@ resolution (inferred per rank from the durations' granularity: Kineto's
 relative traces tick in whole microseconds) are a small part of it, and enough
 ranks for a median of the others to mean something. Below it, a ratio of 0.5
 is two ticks against one, not a slow kernel.
+
+A rank's ratio also has to clear the run's own spread: each (rank, key) carries the relative
+standard error of its mean call (``rel_se``: the calls' coefficient of variation over the square root
+of their count), and a rank is slow on a key only when its ratio lies ``noise_z`` standard errors
+(its own and the key's typical one, combined) below 1. On a GPU a kernel's calls agree to a few
+percent, so this floor is far below the threshold; on CPU processes that share cores the calls of
+one shape spread over several times their median, and a 0.6 ratio between two ranks is that spread.
 """
 
 from __future__ import annotations
@@ -51,6 +58,9 @@ class ThroughputConfig:
     quantisation is then more than 2% of the call."""
     uniform_fraction: float = 0.6
     """a rank flagged on at least this share of its keys (and on two or more) is called uniformly slow."""
+    noise_z: float = 3.0
+    """a rank's ratio on a key counts only when it is this many standard errors of the mean call below 1
+    (the rank's and the key's typical, combined in quadrature, on a log scale): the run's own spread."""
 
     def __post_init__(self):
         if not 0.0 < self.threshold <= 1.0:
@@ -63,6 +73,8 @@ class ThroughputConfig:
             raise ConfigError(f"min_call_ns and min_ticks must be >= 0, got {self.min_call_ns}/{self.min_ticks}")
         if not 0.0 < self.uniform_fraction <= 1.0:
             raise ConfigError(f"uniform_fraction must be in (0, 1], got {self.uniform_fraction}")
+        if self.noise_z < 0:
+            raise ConfigError(f"noise_z must be >= 0, got {self.noise_z}")
 
 
 def rank_throughput(compute_op: pl.DataFrame, min_calls: int | ThroughputConfig = 1) -> pl.DataFrame:
@@ -71,7 +83,8 @@ def rank_throughput(compute_op: pl.DataFrame, min_calls: int | ThroughputConfig 
     Needs compute_op columns ``rank, name, category, start_ns, end_ns, m, n, k, dtype`` (``flops, batch,
     layout`` optional; FLOPs default to 2*m*n*k*batch). Returns ``rank`` + KEY + ``kernel`` (the most used
     kernel name), ``kernel_set`` and ``layout_set`` (the distinct names / layouts, comma-joined),
-    ``layout`` (most used), ``num_calls, flops, time_ns, tflops``.
+    ``layout`` (most used), ``num_calls, flops, time_ns, tflops`` and ``rel_se`` (the relative standard error
+of the mean call: the calls' coefficient of variation over sqrt(num_calls)).
     """
     return _throughput(compute_op, ["rank", *KEY], min_calls)
 
@@ -125,7 +138,8 @@ def _throughput(compute_op: pl.DataFrame, by: list[str], min_calls) -> pl.DataFr
     aggs = [pl.col("layout").mode().sort().first().alias("layout"),
             pl.col("layout").unique().sort().str.join(",").alias("layout_set"),
             pl.len().alias("num_calls"), pl.col("flops").sum().alias("flops"),
-            pl.col("dur_ns").sum().alias("time_ns")]
+            pl.col("dur_ns").sum().alias("time_ns"),
+            (pl.col("dur_ns").std().fill_null(0.0) / pl.col("dur_ns").mean() / pl.len().sqrt()).alias("rel_se")]
     if "kernel" not in by:
         aggs += [pl.col("kernel").mode().sort().first().alias("kernel"),
                  pl.col("kernel").unique().sort().str.join(",").alias("kernel_set")]
@@ -183,11 +197,13 @@ def cross_rank_findings(rank_tp: pl.DataFrame, config: ThroughputConfig | None =
         pl.col("_num_ranks") >= cfg.min_ranks)
     if df.height == 0:
         return _empty_findings()
-    df = df.with_columns(_loo_ratio(df, KEY))
+    df = df.with_columns(_loo_ratio(df, KEY)).with_columns(_noise(KEY))
     if names is not None and names.height:
-        df = _with_worst_kernel(df, names.with_columns(_loo_ratio(names, [*KEY, "kernel"])))
+        df = _with_worst_kernel(df, names.with_columns(_loo_ratio(names, [*KEY, "kernel"]))
+                                .with_columns(_noise([*KEY, "kernel"])))
     df = df.join(_common_choice(df), on=KEY, how="left")
-    df = df.with_columns((pl.col("ratio") < cfg.threshold).alias("_slow"))
+    df = df.with_columns(((pl.col("ratio") < cfg.threshold)
+                          & (-pl.col("ratio").log() > cfg.noise_z * pl.col("_noise"))).alias("_slow"))
     per_rank = df.group_by("rank").agg(pl.col("_slow").sum().alias("_n_slow"), pl.len().alias("_n_keys"))
     df = df.join(per_rank, on="rank").filter(pl.col("_slow"))
     if df.height == 0:
@@ -262,6 +278,13 @@ def _loo_ratio(df: pl.DataFrame, key: list[str]) -> list[pl.Series]:
     return [pl.Series("reference_tflops", ref), pl.Series("ratio", ratio)]
 
 
+def _noise(key: list[str]) -> pl.Expr:
+    """``_noise``: the standard error of a ratio of mean calls, on a log scale (relative errors are small
+    or capped): the rank's own and the median of the key's ranks', combined."""
+    own = pl.col("rel_se").fill_nan(0.0)
+    return (own.pow(2) + own.median().over(key).pow(2)).sqrt().alias("_noise")
+
+
 def _common_choice(df: pl.DataFrame) -> pl.DataFrame:
     """The kernel set and layout set most ranks chose per key: a rank that differs chose otherwise."""
     return df.group_by(KEY).agg(pl.col("kernel_set").mode().sort().first().alias("_common_kernels"),
@@ -281,12 +304,19 @@ def _with_worst_kernel(df: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
     """Per (rank, key): ``kernel`` becomes the name with the lowest ``name_ratio`` (a name with no reference,
     run by no other rank or not in the baseline, counts as the worst) and ``ratio`` the lower of the key's
     and that name's ratio."""
+    # baseline comparisons carry no floor of their own (two runs, not one run's spread)
+    names, df = (x if "_noise" in x.columns else x.with_columns(pl.lit(0.0).alias("_noise")) for x in (names, df))
     worst = (names.with_columns(pl.col("name_ratio").fill_nan(None))
              .sort(pl.col("name_ratio").fill_null(0.0)).group_by(["rank", *KEY])
-             .agg(pl.col("kernel").first().alias("_worst"), pl.col("name_ratio").min().alias("_worst_ratio")))
+             .agg(pl.col("kernel").first().alias("_worst"), pl.col("name_ratio").min().alias("_worst_ratio"),
+                  pl.col("_noise").first().alias("_worst_noise")))
+    # the worst name's ratio is judged against that name's own spread (fewer calls: a wider one)
+    use_name = pl.col("_worst_ratio").is_not_null() & (pl.col("_worst_ratio") < pl.col("ratio"))
     return df.join(worst, on=["rank", *KEY], how="left").with_columns(
         pl.col("_worst").fill_null(pl.col("kernel")).alias("kernel"),
-        pl.min_horizontal("ratio", "_worst_ratio").alias("ratio")).drop("_worst", "_worst_ratio")
+        pl.min_horizontal("ratio", "_worst_ratio").alias("ratio"),
+        pl.when(use_name).then(pl.max_horizontal("_noise", "_worst_noise")).otherwise(pl.col("_noise"))
+        .alias("_noise")).drop("_worst", "_worst_ratio", "_worst_noise")
 
 
 def class_throughput(compute_op: pl.DataFrame) -> pl.DataFrame:
@@ -339,7 +369,8 @@ def _empty_rank_tp() -> pl.DataFrame:
                                 "k": pl.Int64, "batch": pl.Int64, "dtype": pl.String, "layout": pl.String,
                                 "layout_set": pl.String, "kernel": pl.String, "kernel_set": pl.String,
                                 "num_calls": pl.UInt32,
-                                "flops": pl.Float64, "time_ns": pl.Int64, "tflops": pl.Float64})
+                                "flops": pl.Float64, "time_ns": pl.Int64, "rel_se": pl.Float64,
+                                "tflops": pl.Float64})
 
 
 def _empty_findings() -> pl.DataFrame:

@@ -37,6 +37,11 @@ from rankscope.analysis.strategy.call_positions import (
     position_role,
     with_pass,
 )
+from rankscope.analysis.strategy.expert_groups import (
+    all_to_all_groups_by_timing,
+    expert_families,
+    note_expert_dp,
+)
 from rankscope.analysis.strategy.groups_from_timing import label_groups_by_timing
 from rankscope.analysis.strategy.pipelines import P2P_OPS, order_pipelines
 
@@ -199,11 +204,18 @@ def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True, passes: pl.Dat
     pipes = order_pipelines(comm_op, ranks)
     pp_sizes = {len(p) for p in pipes.pipelines}
     notes = [_note_unequal_pipelines(pp_sizes)] if len(pp_sizes) > 1 else []
-    comm_op, timed, conf_factor, timing_notes = _groups_from_end_times(comm_op, timing)
+    comm_op, timed, conf_factor, timing_notes = _groups_from_end_times(
+        all_to_all_groups_by_timing(comm_op) if timing else comm_op, timing)
     comm_op = with_pass(comm_op, passes)
-    fams = _partition_families(group_families(comm_op), pipes.pipelines)
-    ep_f = [f for f in fams if "all_to_all" in f["ops"]]
-    dp_f, tp_f, lone_undecided, role_notes = _dp_and_tp_families(fams, comm_op, timed.get("undecided_calls") or [])
+    # all_to_all apart: an EP group may be a DP group too (EP = DP), and its calls run per microbatch
+    a2a = pl.col("op") == "all_to_all"
+    fams = _partition_families(group_families(comm_op.filter(~a2a)), pipes.pipelines)
+    ep_fam, edp_fam = expert_families(_partition_families(group_families(comm_op.filter(a2a)), pipes.pipelines),
+                                      fams)
+    ep_f = [ep_fam] if ep_fam else []
+    notes += [note_expert_dp(edp_fam)] if edp_fam else []
+    dp_f, tp_f, lone_undecided, role_notes = _dp_and_tp_families([f for f in fams if f is not edp_fam], comm_op,
+                                                                 timed.get("undecided_calls") or [])
     notes += timing_notes + role_notes
     if lone_undecided:
         conf_factor = min(conf_factor, 0.3)

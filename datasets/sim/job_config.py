@@ -125,6 +125,12 @@ class SimConfig:
     micro_batch_size: int = 1
     moe_experts_bytes_factor: float = 1.0
     """all_to_all payload = factor * microbatch activation bytes."""
+    ep_in_dp: bool = False
+    """expert parallelism carved out of data parallelism (Megatron MoE): the data-parallel group is then the
+    ep x dp ranks (truth's ``dp`` = ep * dp), each of its EP groups ``ep`` consecutive members. Every layer
+    of every microbatch, forward and backward, does a dispatch and a combine all_to_all in the EP group,
+    each member's payload drawn per call (routing); dense gradients are all-reduced over the whole
+    data-parallel group and the experts' over the ``dp`` axis (the expert-data-parallel group)."""
     dtype: str = "bfloat16"
     gpu_tflops: float = 400.0
     """sustained dense throughput of one GPU (TFLOP/s)."""
@@ -194,6 +200,9 @@ class SimConfig:
         if self.schedule == "interleaved" and self.microbatches % self.pp:
             raise ConfigError(f"interleaved schedule: microbatches={self.microbatches} must be a multiple "
                               f"of pp={self.pp}")
+        if self.ep_in_dp and (self.ep < 2 or self.dp_sync != "allreduce"):
+            raise ConfigError(f"ep_in_dp needs ep >= 2 and dp_sync allreduce, got ep={self.ep}, "
+                              f"dp_sync={self.dp_sync!r}")
         if not isinstance(self.realism, Realism):
             raise ConfigError(f"realism must be a Realism, got {type(self.realism).__name__}")
         if self.gpus_per_host % self.realism.ranks_per_address:

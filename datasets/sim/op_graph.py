@@ -206,7 +206,7 @@ def build_graph(cfg: SimConfig, topo: Topology, rng: np.random.Generator, T: Tem
     group_row = np.full(n_ops, -1, dtype=np.int64)
     n_members = np.ones(n_ops, dtype=np.int64)
     cross = np.zeros(n_ops, dtype=bool)
-    sizes = {"pp": cfg.pp, "dp": cfg.dp, "tp": cfg.tp, "ep": cfg.ep, "cp": cfg.cp}
+    sizes = {"pp": cfg.pp, "dp": cfg.dp, "tp": cfg.tp, "ep": cfg.ep, "cp": cfg.cp, "dpx": cfg.dp * cfg.ep}
     c_strm = strm[ci]
     for code, a in enumerate(STREAMS):
         m = ci[c_strm == code] if a != "compute" else ci[:0]
@@ -235,6 +235,11 @@ def build_graph(cfg: SimConfig, topo: Topology, rng: np.random.Generator, T: Tem
     # Sizes and durations.
     size = np.zeros(n_ops, dtype=np.int64)
     size[ci] = np.rint(T.nb_lin[tmpl[ci]] * seq_len[ci] + T.nb_fixed[tmpl[ci]]).astype(np.int64)
+    if cfg.ep_in_dp:
+        # routing: each member's all_to_all payload changes with every call (its own stream of draws)
+        a2a = ci[T.op_code[tmpl[ci]] == OP["all_to_all"]]
+        size[a2a] = np.rint(size[a2a] * np.random.default_rng([cfg.seed, 36, int(step.min(initial=0))])
+                            .uniform(0.7, 1.3, a2a.size)).astype(np.int64)
     op_code = T.op_code[tmpl]
     total = np.where(op_code[ci] == OP["all_gather"], size[ci] * n_members[ci], size[ci]).astype(np.float64)
     comm_dur = np.zeros(n_ops)

@@ -82,8 +82,8 @@ def comm_table(cfg: SimConfig, topo: Topology, g: Graph, T: Templates, ready, en
     done = np.isfinite(end[idx])
     ops = T.op_code[tm]
     size = g.size_bytes[idx]
-    n = np.array([{"pp": 2, "dp": cfg.dp, "tp": cfg.tp, "ep": cfg.ep, "cp": cfg.cp}.get(STREAMS[s], 1)
-                  for s in range(len(STREAMS))])[strm]
+    degree = {"pp": 2, "dp": cfg.dp, "tp": cfg.tp, "ep": cfg.ep, "cp": cfg.cp, "dpx": cfg.dp * cfg.ep}
+    n = np.array([degree.get(STREAMS[s], 1) for s in range(len(STREAMS))])[strm]
     out_size = np.select([ops == OP["all_gather"], ops == OP["reduce_scatter"]],
                          [size * n, size // np.maximum(n, 1)], size)
     # group_ranks: the members of the op's process group (p2p: the pipeline group).

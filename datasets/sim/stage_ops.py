@@ -25,7 +25,9 @@ import numpy as np
 from rankscope.datasets.sim.job_config import SimConfig
 from rankscope.datasets.sim.schedule import stage_order
 
-STREAMS = ("compute", "pp", "dp", "tp", "ep", "cp")
+STREAMS = ("compute", "pp", "dp", "tp", "ep", "cp", "dpx")
+"""``dpx``: the whole data-parallel group of an EP-in-DP job (SimConfig.ep_in_dp), whose ``dp`` is the
+expert-data-parallel group."""
 OPS = ("forward", "backward", "optimizer", "send", "recv", "all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 """Op names of template rows; arrays carry their index (``OP[name]``) so hot paths compare ints."""
 OP = {name: i for i, name in enumerate(OPS)}
@@ -105,7 +107,12 @@ def stage_template(cfg: SimConfig, stage: int) -> tuple[list[dict], int]:
             kv = 2 * b * h * BYTES_PER_ELEM / par * layers_chunk
             op = "reduce_scatter" if backward else "all_gather"
             chain(coll("cp", op, (kv * (cfg.cp if backward else 1), 0.0), [state["tail"]], mb, chunk))
-        if cfg.ep > 1:
+        if cfg.ep > 1 and cfg.ep_in_dp:
+            # a dispatch and a combine per MoE layer (sizes drawn per call in sim.op_graph)
+            a2a = b * h * BYTES_PER_ELEM / cfg.cp * cfg.moe_experts_bytes_factor
+            for _ in range(2 * layers_chunk):
+                chain(coll("ep", "all_to_all", (a2a, 0.0), [state["tail"]], mb, chunk))
+        elif cfg.ep > 1:
             a2a = 2 * b * h * BYTES_PER_ELEM / cfg.cp * layers_chunk * cfg.moe_experts_bytes_factor
             chain(coll("ep", "all_to_all", (a2a, 0.0), [state["tail"]], mb, chunk))
         if cfg.tp > 1:
@@ -115,14 +122,21 @@ def stage_template(cfg: SimConfig, stage: int) -> tuple[list[dict], int]:
         if 0 <= dst_vs <= last_vs:
             add(kind=1, name="send", op="send", stream="pp", axis="pp", p2p=(d, vs), role="send",
                 nbytes=(act, 0.0), deps=[state["tail"]], mb=mb, chunk=chunk)
-    prev = state["tail"]
-    if cfg.dp > 1:
+    prev = eprev = state["tail"]
+    if cfg.ep_in_dp:
+        # dense buckets over the whole data-parallel group; the experts' (as large as the dense
+        # layers' here) over the expert-data-parallel group, on its own stream, concurrently
+        for nb in buckets:
+            prev = coll("dpx", "all_reduce", (0.0, float(nb)), [prev], name="grad_all_reduce")
+        if cfg.dp > 1:
+            for nb in buckets:
+                eprev = coll("dp", "all_reduce", (0.0, float(nb)), [eprev], name="expert_grad_all_reduce")
+    elif cfg.dp > 1:
         op = "all_reduce" if cfg.dp_sync == "allreduce" else "reduce_scatter"
         for nb in buckets:
             prev = coll("dp", op, (0.0, float(nb)), [prev], name=f"grad_{op}")
     opt = add(kind=0, name="optimizer", op="optimizer", stream="compute", flops=(0.0, 0.0),
-              fixed_flops=optimizer_flops(cfg), deps=[state["tail"], prev] if prev != state["tail"]
-              else [state["tail"]])
+              fixed_flops=optimizer_flops(cfg), deps=[state["tail"], prev, eprev])
     chain(opt)
     if cfg.dp > 1 and cfg.dp_sync in ("zero1", "zero2"):
         prev = opt

@@ -109,5 +109,14 @@ def build_topology(cfg: SimConfig) -> Topology:
     nic, slot = gpu // share, gpu % share
     addresses = [nic_address(int(h), int(g)) for h, g in zip(host, nic)]
     addr_int = (10 << 24) + (nic << 16) + ((host // 250) << 8) + (host % 250 + 1)
-    cross = {a: (host[groups[a]] != host[groups[a][:, :1]]).any(axis=1) for a in AXES}
+    # the whole data-parallel group of an EP-in-DP job: the ranks that differ in ep and dp only, in
+    # data-parallel rank order (ep fastest: an EP group is consecutive DP ranks)
+    coord["dpx"] = coord["dp"] * cfg.ep + coord["ep"]
+    base = ranks[coord["dpx"] == 0]
+    groups["dpx"] = (base[:, None] + (np.arange(cfg.dp)[:, None] * stride["dp"]
+                                      + np.arange(cfg.ep)[None, :] * stride["ep"]).ravel()[None, :])
+    row_of_base = np.full(world, -1, dtype=np.int64)
+    row_of_base[base] = np.arange(len(base))
+    group_of["dpx"] = row_of_base[ranks - coord["dp"] * stride["dp"] - coord["ep"] * stride["ep"]]
+    cross = {a: (host[groups[a]] != host[groups[a][:, :1]]).any(axis=1) for a in groups}
     return Topology(world, coord, groups, group_of, host, gpu, addresses, addr_int, cross, nic, slot)

@@ -43,7 +43,6 @@ KNOWN_MISSES = {
     # cases the corpus added or changed after rankscope last passed it; issue 36 ("Black-box reach") owns them
     "V5-384-slowlink": "the slow NIC's cost is overstated: S 1.08, verdict communication; the truth's cost is 2.2 %, "
                        "under the bar (verdict none, the NIC as first finding)",
-    "V7-256-moe": "the expert-parallel all-to-all mesh fits no DP x PP grid: no job is recognised",
     "V8-128-slowgpu-v9": "a slow GPU seen only in NetFlow v9 flows: the verdict names the wrong endpoint",
 }
 

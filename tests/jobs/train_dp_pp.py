@@ -26,6 +26,13 @@ F-fold but not its optimizer (more layers, not slower hardware);
 DP rank and position move from step to step; work proportional to length; no
 batch_meta is written); ``--skip-collective`` makes one rank skip its DP all_reduce (a hang).
 
+``--ep K`` makes it a Mixture-of-Experts job, expert parallelism carved out of DP (Megatron): an
+expert-parallel group is K consecutive DP ranks of one stage and TP rank; every forward and backward
+pass of every microbatch does a dispatch and a combine ``all_to_all`` among its members (a token
+count that changes per microbatch and pass, as routing does, the same on all members); the stage's
+expert layer's gradient is all-reduced over the expert-data-parallel group (the same position in every
+EP group of the DP group), the dense gradients over the whole DP group.
+
 ``--out DIR`` writes DIR/rank<r>.json with the final loss (float.hex), the
 per-step losses and ``issued``: every communication call the job itself made,
 in order, so a test can check what a hook recorded against it.
@@ -67,6 +74,8 @@ def parse_args(argv=None):
                    help="stretch forward/backward (not optimizer) of that stage by FACTOR (more work)")
     p.add_argument("--seq-skew", action="store_true",
                    help="per-microbatch sequence lengths vary (work proportional to length; no batch_meta)")
+    p.add_argument("--ep", type=int, default=1,
+                   help="expert-parallel degree carved out of DP (all_to_all per microbatch and pass)")
     p.add_argument("--order", choices=["dp-first", "pp-first"], default="dp-first")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--profile", type=Path, default=None, help="write torch.profiler traces here")
@@ -117,6 +126,10 @@ class Comm:
     def all_reduce(self, t, group, ranks):
         self._log("all_reduce", t, ranks)
         dist.all_reduce(t, group=group)
+
+    def all_to_all(self, out, t, group, ranks):
+        self._log("all_to_all", t, ranks)
+        dist.all_to_all_single(out, t, group=group)
 
     def tp_all_reduce(self, t, group, ranks):
         """A TP all-reduce (inside forward/backward); logged like any other call."""
@@ -226,6 +239,68 @@ class Work:
             time.sleep(extra)
 
 
+class Experts:
+    """--ep: the stage's expert layer, its all_to_all exchanges and the expert-DP gradient reduction."""
+
+    def __init__(self, args, comm, rank, stage, dp_rank, tp_rank, dp, pp, tp, rank_of, timeout):
+        self.comm, self.k, self.rows, self.h = comm, args.ep, args.microbatch_size, args.hidden
+        self.ep_groups, self.edp_groups, self.expert = [], [], None
+        if self.k <= 1:
+            return
+        if dp % self.k:
+            sys.exit(f"--ep {self.k} does not divide dp {dp}")
+        blocks = dp // self.k
+        self.ep_groups = [[rank_of(s, b * self.k + x, t) for x in range(self.k)]
+                          for s in range(pp) for t in range(tp) for b in range(blocks)]
+        self.edp_groups = [[rank_of(s, b * self.k + x, t) for b in range(blocks)]
+                           for s in range(pp) for t in range(tp) for x in range(self.k)]
+        for g in self.ep_groups:  # every rank creates every group, in the same order
+            pg = dist.new_group(g, timeout=timeout)
+            if rank in g:
+                self.ep_pg, self.ep_ranks = pg, g
+        self.edp_pg, self.edp_ranks = None, None
+        for g in self.edp_groups:
+            pg = dist.new_group(g, timeout=timeout) if len(g) > 1 else None
+            if rank in g:
+                self.edp_pg, self.edp_ranks = pg, g
+        self.block = (stage, tp_rank, dp_rank // self.k)
+        torch.manual_seed(5000 + stage)
+        self.expert = nn.Linear(args.hidden, args.hidden)
+
+    def exchange(self, step, mb, kind):
+        """Dispatch and combine: tokens per member change with the microbatch and pass (routing)."""
+        if self.expert is None:
+            return
+        stage, tp_rank, block = self.block  # the same seed on every member (no str hash: salted per process)
+        g = torch.Generator().manual_seed(((step * 1000 + mb) * 2 + (kind == "B")) * 10_000
+                                          + (stage * 100 + tp_rank) * 100 + block)
+        for _ in range(2):
+            rows = max(1, int(self.rows * (0.7 + 0.6 * float(torch.rand((), generator=g)))))
+            t = torch.randn(self.k * rows, self.h, generator=g)
+            self.comm.all_to_all(torch.empty_like(t), t, self.ep_pg, self.ep_ranks)
+
+    def layer(self, y, step, mb, kind):
+        """The expert layer on this rank's tokens, after the dispatch exchange."""
+        if self.expert is None:
+            return y
+        self.exchange(step, mb, kind)
+        return y + self.expert(y)
+
+    def parameters(self):
+        return [] if self.expert is None else list(self.expert.parameters())
+
+    def reduce_gradients(self):
+        if self.expert is None or self.edp_pg is None:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in self.expert.parameters()])
+        self.comm.all_reduce(flat, self.edp_pg, self.edp_ranks)
+        flat /= len(self.edp_ranks)
+        off = 0
+        for p in self.expert.parameters():
+            p.grad.copy_(flat[off:off + p.numel()].view_as(p.grad))
+            off += p.numel()
+
+
 def microbatch(step, dp_rank, mb, size, hidden):
     g = torch.Generator().manual_seed(step * 10_000 + dp_rank * 100 + mb)
     return torch.randn(size, hidden, generator=g), torch.randn(size, hidden, generator=g)
@@ -276,6 +351,7 @@ def run(args):
             pg = dist.new_group(g, timeout=timeout)
             if rank in g:
                 my_tp = TPGroup(comm, pg, g)
+    moe = Experts(args, comm, rank, stage, dp_rank, tp_rank, dp, pp, tp, rank_of, timeout)
     prev_rank = rank_of(stage - 1, dp_rank, tp_rank) if stage > 0 else None
     next_rank = rank_of(stage + 1, dp_rank, tp_rank) if stage < pp - 1 else None
 
@@ -284,7 +360,7 @@ def run(args):
         sys.exit(f"--ffn {ffn} is not a multiple of --tp {tp}")
     model = build_stage(stage, pp, args.hidden, ffn, args.layers, my_tp, tp_rank)
     device = Work(args, rank, stage, dp)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = torch.optim.SGD(list(model.parameters()) + moe.parameters(), lr=0.01)
     params = [p for p in model.parameters()]
     # Two buckets of different sizes, as DDP's bucketing gives.
     split = max(1, len(params) // 3)
@@ -328,6 +404,7 @@ def run(args):
                     t_real = time.perf_counter()
                     y = model(x)
                     device.run("F", step, dp_rank, i, m, time.perf_counter() - t_real)
+                    y = moe.layer(y, step, i, "F")
                     if next_rank is None:
                         y = nn.functional.mse_loss(y, target) / m
                         step_loss += y.detach()
@@ -343,6 +420,7 @@ def run(args):
                     comm.recv(grad, next_rank, world)
                 with torch.profiler.record_function("backward"):
                     t_real = time.perf_counter()
+                    moe.exchange(step, i, "B")
                     y.backward(grad)
                     device.run("B", step, dp_rank, i, m, time.perf_counter() - t_real)
                 if prev_rank is not None:
@@ -363,6 +441,7 @@ def run(args):
                     n = p.numel()
                     p.grad.copy_(flat[off:off + n].view_as(p.grad))
                     off += n
+        moe.reduce_gradients()
         with torch.profiler.record_function("optimizer"):
             t_real = time.perf_counter()
             opt.step()
@@ -380,7 +459,7 @@ def run(args):
         comm.barrier(world)
     result = {"rank": rank, "stage": stage, "dp_rank": dp_rank, "tp_rank": tp_rank, "world": world, "dp": dp,
               "pp": pp, "tp": tp, "order": args.order, "dp_groups": dp_groups, "pp_groups": pp_groups,
-              "tp_groups": tp_groups,
+              "tp_groups": tp_groups, "ep": args.ep, "ep_groups": moe.ep_groups, "expert_dp_groups": moe.edp_groups,
               "final_loss": losses[-1].hex() if losses and next_rank is None else None,
               "losses": [v.hex() for v in losses], "step_times_s": step_times,
               "issued": comm.issued, "skipped": skipped}

@@ -136,7 +136,9 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     links = list(heavy.select("a", "b").iter_rows())
     heavy, undated, end_dated = _date_links(inside, heavy, links, resolution)
     fit = fit_grid(nodes, heavy, cfg, resolution)
-    dp_pairs = {(a, b) for (a, b), pp_edge in zip(links, fit.is_pp) if not pp_edge}
+    # an all-to-all mesh's own links are neither DP nor PP: they burst every microbatch, not once per step
+    mesh = fit.mesh_only if fit.mesh_only is not None else np.zeros(len(links), dtype=bool)
+    dp_pairs = {(a, b) for (a, b), pp_edge, m in zip(links, fit.is_pp, mesh) if not pp_edge and not m}
     stage_votes = _stage_votes(inside, fit, dp_pairs, resolution)
     pipes, order_share = order_pipelines(fit, heavy, resolution, stage_votes, cfg.max_exporter_skew_ns,
                                          undated)
@@ -161,8 +163,10 @@ def infer_flows(flow: pl.DataFrame, config: FlowConfig | None = None,
     steps = flow_steps(job_flows, dp_pairs)
     detail = _detail(fit, pp, order_share, wrap_unknown, evidence, stage_votes, rpa)
     strat = Strategy(world_size=world, dp=dp, pp=pp, tp=tp, dp_groups=fit.dp_groups, pp_groups=pipes,
-                     confidence=float(round(conf, 4)), ep=None, cp=None, tp_groups=tp_groups, method="flows",
-                     notes=job_notes, flows=detail, undecided=_undecided(fit, dp, pp, tp, order_share))
+                     confidence=float(round(conf, 4)), ep=len(fit.ep_groups[0]) if fit.ep_groups else None,
+                     ep_groups=fit.ep_groups or None, cp=None, tp_groups=tp_groups, method="flows",
+                     notes=job_notes + notes.expert_parallel(fit.ep_groups, fit.expert_dp_groups), flows=detail,
+                     undecided=_undecided(fit, dp, pp, tp, order_share))
     return FlowInference(strat, steps, quality, inside, frozenset(dp_pairs))
 
 
@@ -282,6 +286,8 @@ def _undecided(fit: GridFit, dp: int, pp: int, tp: int | None, order_share: floa
         out.append(Undecided("stage_order", notes.undecided_stage_order(), ["as listed", "reversed"]))
     if tp is None:
         out.append(Undecided("tp", notes.undecided_tp()))
+    if fit.ep_undecided:
+        out.append(Undecided("ep", fit.ep_undecided, [None, max(len(g) for g in fit.dp_groups)]))
     return out
 
 

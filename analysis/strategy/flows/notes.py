@@ -147,3 +147,15 @@ def records_span_the_period(cover: float) -> str:
     """Doubt: records last up to ``cover`` of the period, so one may hold several steps."""
     return (f"flow records last up to {cover:.0%} of the period: the exporter's "
             "active timeout may hide steps, so the step time may be a whole fraction of this")
+
+
+def expert_parallel(ep_groups: list[list[str]], expert_dp_groups: list[list[str]]) -> list[str]:
+    """The all-to-all meshes found inside the DP groups (expert parallelism), and the expert rings."""
+    if not ep_groups:
+        return []
+    out = (f"expert parallelism: {len(ep_groups)} full mesh(es) of {len(ep_groups[0])} members (all-to-all "
+           "every microbatch, payload both ways) inside the DP groups")
+    if expert_dp_groups:
+        out += (f"; expert gradients reduced over {len(expert_dp_groups)} expert-data-parallel ring(s) of "
+                f"{len(expert_dp_groups[0])}")
+    return [out]

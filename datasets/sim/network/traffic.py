@@ -59,7 +59,7 @@ def job_transfers(cfg: SimConfig, topo: Topology, g: Graph, T: Templates, start:
     ops = T.op_code[g.tmpl]
     strm = T.stream[g.tmpl]
     parts = []
-    sizes = {"dp": cfg.dp, "tp": cfg.tp, "ep": cfg.ep, "cp": cfg.cp}
+    sizes = {"dp": cfg.dp, "tp": cfg.tp, "ep": cfg.ep, "cp": cfg.cp, "dpx": cfg.dp * cfg.ep}
     for code, axis in enumerate(STREAMS):
         if axis not in sizes:
             continue
