@@ -83,3 +83,29 @@ def test_without_all_to_all_there_is_no_ep():
 def test_every_source_spelling_of_all_to_all_is_one_op(raw):
     # hooks (all_to_all_single), Kineto (c10d::alltoall_base_), flight recorder (nccl:all_to_all), NCCL logs
     assert normalise_op(raw) == "all_to_all"
+
+
+def _launch_timed_a2a(groups, calls=24, seed=0):
+    """all_to_all records without a group as gloo's Kineto gives them: each call timed at its launch
+    (20 us), members of one EP group launching within ~0.1 ms of each other, groups on their own pace."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for g in groups:
+        t = 1_700_000_000_000_000_000 + np.cumsum(rng.uniform(1, 6, calls) * MS).astype(np.int64)
+        for r in g:
+            for c, st in enumerate(t + rng.integers(0, MS // 10, calls)):
+                rows.append(dict(job="j", rank=r, op="all_to_all", size_bytes=None, start_ns=int(st),
+                                 end_ns=int(st) + 20_000, step=c // 8, state="completed", source="test"))
+    return pl.from_arrow(conform(pl.DataFrame(rows, infer_schema_length=None), "comm_op"))
+
+
+def test_launch_timed_all_to_all_gets_groups_from_launch_drift():
+    from rankscope.analysis.strategy.expert_groups import all_to_all_groups_by_timing
+
+    groups = [[0, 2, 4], [1, 3, 5], [6, 7, 8]]
+    out = all_to_all_groups_by_timing(_launch_timed_a2a(groups))
+    got = {tuple(sorted(g)) for g in out["group_ranks"].to_list()}
+    assert got == {tuple(g) for g in groups}
+    # one group only: nothing to split, nothing claimed beyond what end times say
+    one = all_to_all_groups_by_timing(_launch_timed_a2a([[0, 1, 2, 3]]))
+    assert {tuple(sorted(g)) for g in one["group_ranks"].drop_nulls().to_list()} <= {(0, 1, 2, 3)}
