@@ -7,8 +7,8 @@ would buy):
   stage peers;
 - ``stage``: one pipeline stage's compute as fast as the other stages' (per op type, their median), where the
   job has more than one stage;
-- ``link``: transfers at their op type's median rate (the what-if's ideal transfer), either one send/recv
-  pair's link or every transfer of one rank's groups (its network link).
+- ``link``: transfers at their op type's median rate over the transfers outside the edit (their peers'),
+  either one send/recv pair's link or every transfer of one rank's groups (its network link).
 
 An edit never makes an op slower (each op takes the lesser of its own and its peers' time). Candidates are the
 ranks, stages and links that hold the most of the path; each is replayed over every step, and the three with
@@ -49,6 +49,19 @@ def _peer_median(ops: pl.DataFrame, actual: np.ndarray, edited: np.ndarray, peer
     df = pl.DataFrame({"optype": ops["optype"], "a": actual, "peer": peers})
     med = df.filter(pl.col("peer")).group_by("optype").agg(pl.col("a").median().alias("m"))
     return df.join(med, on="optype", how="left", maintain_order="left")["m"].fill_null(np.nan).to_numpy()
+
+
+def _peer_rate(ops: pl.DataFrame, actual: np.ndarray, edited: np.ndarray) -> np.ndarray:
+    """Per op, its op type's median transfer time over the ops outside the edit (``edited`` False): at the
+    median rate (time per byte) times the op's own size where sizes are known, else the median time."""
+    size = ops["size_bytes"].to_numpy() if "size_bytes" in ops.columns else np.full(ops.height, np.nan)
+    size = np.where(np.isfinite(size.astype(np.float64)) & (size > 0), size, np.nan).astype(np.float64)
+    df = pl.DataFrame({"optype": ops["optype"], "a": actual, "rate": actual / size, "peer": ~edited})
+    med = df.filter(pl.col("peer")).group_by("optype").agg(pl.col("a").median().alias("m"),
+                                                           pl.col("rate").fill_nan(None).median().alias("r"))
+    j = df.join(med, on="optype", how="left", maintain_order="left")
+    per_size = j["r"].fill_null(np.nan).to_numpy() * size
+    return np.where(np.isfinite(per_size), per_size, j["m"].fill_null(np.nan).to_numpy())
 
 
 def _faster(actual: np.ndarray, edited: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -109,7 +122,7 @@ def _link_candidates(graph: WhatIfGraph, seg: pl.DataFrame, actual: np.ndarray, 
         received = group[(stream == "recv") & (rank == b) & (group >= 0)]
         pair = np.isin(group, np.intersect1d(sent, received)) & comm
         yield ("link", f"the link {a}->{b} at its op type's median rate", [a, b], None, link, pair,
-               _faster(actual, pair, ideal))
+               _faster(actual, pair, _peer_rate(ops, actual, pair)))
     on_path = np.unique(np.concatenate([[int(r) for r in moved["rank"].to_list()],
                                         [int(w) for w in moved["waited"].to_list() if w >= 0]]))
     ratio = pl.DataFrame({"rank": rank, "a": actual, "i": ideal, "comm": comm}).filter(
@@ -119,7 +132,7 @@ def _link_candidates(graph: WhatIfGraph, seg: pl.DataFrame, actual: np.ndarray, 
         groups = np.unique(group[(rank == r) & (group >= 0)])
         edited = comm & np.isin(group, groups)
         yield ("link", f"rank {r}'s network link (every transfer of its groups) at its op types' median rate",
-               [int(r)], None, f"rank {r}", edited, _faster(actual, edited, ideal))
+               [int(r)], None, f"rank {r}", edited, _faster(actual, edited, _peer_rate(ops, actual, edited)))
 
 
 def top_edits(graph: WhatIfGraph, seg: pl.DataFrame, actual: np.ndarray, ideal: np.ndarray,
