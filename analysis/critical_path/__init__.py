@@ -5,7 +5,7 @@ stage, op class and link and every rank's slack (:mod:`.shares`); the edits that
 (:mod:`.edits`); the report section (:mod:`.section`).
 """
 
-from rankscope.analysis.critical_path.path import StepPaths, step_paths
+from rankscope.analysis.critical_path.path import StepPaths, path_delays, step_paths
 from rankscope.analysis.critical_path.section import critical_path_section, path_of_graph
 
-__all__ = ["StepPaths", "critical_path_section", "path_of_graph", "step_paths"]
+__all__ = ["StepPaths", "critical_path_section", "path_delays", "path_of_graph", "step_paths"]

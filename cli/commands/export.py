@@ -31,11 +31,21 @@ def export():
 def perfetto(store_dir: str, job: str, out: str):
     """Real and ideal (what-if) timeline as a Chrome JSON trace, for ui.perfetto.dev.
 
-    One process per rank and timeline (``rank N`` and ``rank N (ideal)``), one track per stream.
+    One process per rank and timeline (``rank N`` and ``rank N (ideal)``), one track per stream; flow
+    arrows between the members of each matched collective and each send/recv pair; a ``critical path``
+    track of the steps' critical paths.
     """
+    from rankscope.analysis.critical_path import path_delays, step_paths
     from rankscope.analysis.model import build_job_model
     from rankscope.analysis.runner import ResultCache, result_key, store_version
-    from rankscope.analysis.whatif import ideal_durations, metadata_events, model_graph, perfetto_events
+    from rankscope.analysis.whatif import (
+        flow_events,
+        ideal_durations,
+        metadata_events,
+        model_graph,
+        path_track_events,
+        perfetto_events,
+    )
     from rankscope.collectors.job_frames import load_job
     from rankscope.collectors.store import Store
 
@@ -45,19 +55,26 @@ def perfetto(store_dir: str, job: str, out: str):
     output_file(out, "--out")  # hardstore: checked before the work; exit 1 naming the path
     job = pick_job(store, job, "--store")
     cache = ResultCache(store)
-    key = result_key("perfetto", [store_version(store, [job])], job)
+    key = result_key("perfetto-flows", [store_version(store, [job])], job)
     data, info = cache.get_bytes(key), cache.get_json(key + "-info")
     if data is None or info is None:
         # the job model's completed frames and layout: what the straggler section replays
         graph = model_graph(build_job_model(load_job(store, job)))
-        events = perfetto_events(graph, ideal_durations(graph))
-        buf = io.BytesIO()
-        events.write_json(buf)
-        body = buf.getvalue().strip()
-        meta = json.dumps(metadata_events(graph)).encode()
-        # one JSON array: metadata first, then the events (polars writes a row-oriented array)
-        data = meta[:-1] + (b"," + body[1:] if len(body) > 2 else b"]")
-        info = {"events": events.height, "ranks": graph.ops["rank"].n_unique()}
+        ideal = ideal_durations(graph)
+        events = perfetto_events(graph, ideal)
+        paths = step_paths(graph, graph.actual, path_delays(graph))
+        parts = [events, flow_events(graph, ideal), path_track_events(graph, ideal, paths.op, paths.kind, paths.dur)]
+        # one JSON array: metadata first, then each frame's events (polars writes a row-oriented array;
+        # the frames differ in columns, so each is written on its own)
+        bodies = [json.dumps(metadata_events(graph)).encode()[1:-1]]
+        for frame in parts:
+            buf = io.BytesIO()
+            frame.write_json(buf)
+            body = buf.getvalue().strip()[1:-1]
+            if body:
+                bodies.append(body)
+        data = b"[" + b",".join(bodies) + b"]"
+        info = {"events": sum(f.height for f in parts), "ranks": graph.ops["rank"].n_unique()}
         cache.put_bytes(key, data)
         cache.put_json(key + "-info", info)
     path = Path(out)
@@ -66,4 +83,4 @@ def perfetto(store_dir: str, job: str, out: str):
             f.write(data)
     else:
         path.write_bytes(data)
-    click.echo(f"wrote {info['events']:,} events ({info['ranks']} ranks, real + ideal) to {path}")
+    click.echo(f"wrote {info['events']:,} events ({info['ranks']} ranks, real + ideal, flows, critical path) to {path}")
