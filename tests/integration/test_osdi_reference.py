@@ -104,6 +104,33 @@ def test_perfetto_export_has_real_and_ideal_timelines(osdi_store, tmp_path):
           f"{len(real)} real and {len(ideal)} ideal slices")
 
 
+def test_perfetto_protobuf_round_trips_through_perfettos_own_types(osdi_store, tmp_path):
+    """The .pftrace export read back by protobuf with Perfetto's trace types (a parser that is not ours): every
+    slice of the JSON export is there as a begin/end pair, and every flow arrow starts and ends on a slice."""
+    pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
+    store, _ = osdi_store
+    out = tmp_path / "st.pftrace"
+    assert main(["export", "perfetto", "--store", str(store.root), "--job", "ST", "--out", str(out)]) == 0
+    trace = pb.Trace()
+    trace.ParseFromString(out.read_bytes())
+    tracks = {p.track_descriptor.uuid: p.track_descriptor for p in trace.packet if p.HasField("track_descriptor")}
+    events = [p for p in trace.packet if p.HasField("track_event")]
+    begins = [p for p in events if p.track_event.type == pb.TrackEvent.TYPE_SLICE_BEGIN]
+    ends = [p for p in events if p.track_event.type == pb.TrackEvent.TYPE_SLICE_END]
+    n_ops = store.count("compute_op", "ST") + store.count("comm_op", "ST")
+    path_slices = [p for p in begins if tracks[tracks[p.track_event.track_uuid].parent_uuid].process.process_name
+                   == "critical path"]
+    assert len(begins) == len(ends) == 2 * n_ops + len(path_slices) and path_slices
+    assert all(p.track_event.track_uuid in tracks for p in events)
+    out_ids = [i for p in begins for i in p.track_event.flow_ids]
+    in_ids = [i for p in begins for i in p.track_event.terminating_flow_ids]
+    assert out_ids and sorted(set(out_ids)) == sorted(in_ids)
+    names = {t.process.process_name for t in tracks.values() if t.HasField("process")}
+    assert {"rank 3", "rank 3 (ideal)", "critical path"} <= names
+    print(f"pftrace of ST: {len(trace.packet)} packets, {len(begins)} slices, {len(set(out_ids))} flows, "
+          f"{len(path_slices)} critical-path slices, {out.stat().st_size} bytes")
+
+
 def test_export_usage_errors(tmp_path):
     assert main(["export", "perfetto", "--store", str(tmp_path / "nope"), "--out", str(tmp_path / "x.json")]) == 2
 
