@@ -53,15 +53,24 @@ def _peer_median(ops: pl.DataFrame, actual: np.ndarray, edited: np.ndarray, peer
 
 def _peer_rate(ops: pl.DataFrame, actual: np.ndarray, edited: np.ndarray) -> np.ndarray:
     """Per op, its op type's median transfer time over the ops outside the edit (``edited`` False): at the
-    median rate (time per byte) times the op's own size where sizes are known, else the median time."""
-    size = ops["size_bytes"].to_numpy() if "size_bytes" in ops.columns else np.full(ops.height, np.nan)
-    size = np.where(np.isfinite(size.astype(np.float64)) & (size > 0), size, np.nan).astype(np.float64)
-    df = pl.DataFrame({"optype": ops["optype"], "a": actual, "rate": actual / size, "peer": ~edited})
-    med = df.filter(pl.col("peer")).group_by("optype").agg(pl.col("a").median().alias("m"),
-                                                           pl.col("rate").fill_nan(None).median().alias("r"))
-    j = df.join(med, on="optype", how="left", maintain_order="left")
-    per_size = j["r"].fill_null(np.nan).to_numpy() * size
-    return np.where(np.isfinite(per_size), per_size, j["m"].fill_null(np.nan).to_numpy())
+    median rate (time per byte) times the op's own size where sizes are known, else the median time (nan
+    for ops outside the edit: only the edited ops are looked up)."""
+    idx = np.flatnonzero(edited)
+    out = np.full(ops.height, np.nan)
+    if idx.size == 0:
+        return out
+    optype = ops["optype"]
+    size = (ops["size_bytes"].cast(pl.Float64).fill_null(np.nan).to_numpy() if "size_bytes" in ops.columns
+            else np.full(ops.height, np.nan))
+    size = np.where(size > 0, size, np.nan)
+    kinds = optype.gather(idx).unique()
+    peer = ~edited & optype.is_in(kinds).to_numpy()
+    df = pl.DataFrame({"optype": optype.filter(pl.Series(peer)), "a": actual[peer], "rate": actual[peer] / size[peer]})
+    med = df.group_by("optype").agg(pl.col("a").median().alias("m"), pl.col("rate").fill_nan(None).median().alias("r"))
+    j = pl.DataFrame({"optype": optype.gather(idx)}).join(med, on="optype", how="left", maintain_order="left")
+    per_size = j["r"].fill_null(np.nan).to_numpy() * size[idx]
+    out[idx] = np.where(np.isfinite(per_size), per_size, j["m"].fill_null(np.nan).to_numpy())
+    return out
 
 
 def _faster(actual: np.ndarray, edited: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -98,7 +107,7 @@ def _candidates(graph: WhatIfGraph, seg: pl.DataFrame, actual: np.ndarray, ideal
             edited = compute & (stage == s)
             peers = compute & (stage != s)
             yield ("stage", f"stage {s}'s compute as fast as the other stages'",
-                   sorted({int(x) for x in rank[stage == s]}), int(s), None, edited,
+                   [int(x) for x in np.unique(rank[stage == s])], int(s), None, edited,
                    _faster(actual, edited, _peer_median(ops, actual, edited, peers)))
     yield from _link_candidates(graph, seg, actual, ideal)
 

@@ -66,10 +66,18 @@ def binding_links(graph: WhatIfGraph, duration: np.ndarray, delay: np.ndarray):
     full_delay = np.concatenate([delay, np.zeros(int(synced.sum()))])
     r = replay(dur, src, dst, sync_group=group, launch_delay=full_delay)
     n_nodes = dur.size
-    binding = _last_by(np.asarray(dst, np.int64), r.end[src], n_nodes, np.asarray(src, np.int64))
+    # a node's binding predecessor is one whose end is the latest among its predecessors: the replay
+    # computed ready = that end + the launch delay, so the same sum finds it exactly (no sort of the edges)
+    src64, dst64 = np.asarray(src, np.int64), np.asarray(dst, np.int64)
+    hit = r.end[src64] + full_delay[dst64] == r.ready[dst64]
+    binding = np.full(n_nodes, -1, dtype=np.int64)
+    binding[dst64[hit]] = src64[hit]
     members = np.flatnonzero(group >= 0)
     n_groups = int(group.max()) + 1 if members.size else 0
-    launcher = _last_by(group[members], r.ready[members], n_groups, members)
+    # a group's transfer starts at its last member's ready time: that member launched last
+    last = members[r.ready[members] == r.start[members]]
+    launcher = np.full(n_groups, -1, dtype=np.int64)
+    launcher[group[last]] = last
     return r, binding, launcher, tail, n
 
 
