@@ -64,7 +64,7 @@ def _peer_rate(ops: pl.DataFrame, actual: np.ndarray, edited: np.ndarray) -> np.
             else np.full(ops.height, np.nan))
     size = np.where(size > 0, size, np.nan)
     kinds = optype.gather(idx).unique()
-    peer = ~edited & optype.is_in(kinds).to_numpy()
+    peer = ~edited & optype.is_in(kinds.to_list()).to_numpy()
     df = pl.DataFrame({"optype": optype.filter(pl.Series(peer)), "a": actual[peer], "rate": actual[peer] / size[peer]})
     med = df.group_by("optype").agg(pl.col("a").median().alias("m"), pl.col("rate").fill_nan(None).median().alias("r"))
     j = pl.DataFrame({"optype": optype.gather(idx)}).join(med, on="optype", how="left", maintain_order="left")
