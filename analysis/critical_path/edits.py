@@ -44,32 +44,68 @@ class Edit:
     saving: float
 
 
-def _peer_median(ops: pl.DataFrame, actual: np.ndarray, edited: np.ndarray, peers: np.ndarray) -> np.ndarray:
-    """Per op, the median actual duration of its op type over the ``peers`` ops (nan where none)."""
-    df = pl.DataFrame({"optype": ops["optype"], "a": actual, "peer": peers})
-    med = df.filter(pl.col("peer")).group_by("optype").agg(pl.col("a").median().alias("m"))
-    return df.join(med, on="optype", how="left", maintain_order="left")["m"].fill_null(np.nan).to_numpy()
+@dataclass(frozen=True)
+class _Cols:
+    """The op columns every candidate reads, taken out of the op table once (string columns are slow to
+    convert, and a 4,096-GPU job has ~5 M ops)."""
+
+    rank: np.ndarray
+    stage: np.ndarray
+    comm: np.ndarray
+    compute: np.ndarray
+    """compute that is work (not a stall)."""
+    send: np.ndarray
+    recv: np.ndarray
+    kind: np.ndarray
+    """the op type as a small integer."""
+    size: np.ndarray
+    """bytes moved, nan where unknown."""
+
+    @staticmethod
+    def of(graph: WhatIfGraph) -> _Cols:
+        ops = graph.ops
+        optype = ops["optype"].fill_null("op")
+        comm = ops["comm"].to_numpy()
+        size = (ops["size_bytes"].cast(pl.Float64).fill_null(np.nan).to_numpy() if "size_bytes" in ops.columns
+                else np.full(ops.height, np.nan))
+        return _Cols(rank=ops["rank"].to_numpy(), stage=ops["stage"].fill_null(0).to_numpy(), comm=comm,
+                     compute=~comm & ~optype.is_in(list(STALL_TYPES)).to_numpy(),
+                     send=(ops["stream"] == "send").to_numpy(), recv=(ops["stream"] == "recv").to_numpy(),
+                     kind=optype.cast(pl.Categorical).to_physical().to_numpy(),
+                     size=np.where(size > 0, size, np.nan))
 
 
-def _peer_rate(ops: pl.DataFrame, actual: np.ndarray, edited: np.ndarray) -> np.ndarray:
-    """Per op, its op type's median transfer time over the ops outside the edit (``edited`` False): at the
-    median rate (time per byte) times the op's own size where sizes are known, else the median time (nan
-    for ops outside the edit: only the edited ops are looked up)."""
+def _median_by_kind(values: np.ndarray, c: _Cols, peers: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """For the ops ``idx``, the median of ``values`` over the ``peers`` ops of the same op type (nan: none)."""
+    out = np.full(idx.size, np.nan)
+    kinds = c.kind[idx]
+    for k in np.unique(kinds):
+        vals = values[peers & (c.kind == k)]
+        vals = vals[np.isfinite(vals)]
+        if vals.size:
+            out[kinds == k] = np.median(vals)
+    return out
+
+
+def _peer_median(c: _Cols, actual: np.ndarray, edited: np.ndarray, peers: np.ndarray) -> np.ndarray:
+    """Per edited op, the median actual duration of its op type over the ``peers`` ops (nan elsewhere)."""
+    out = np.full(actual.size, np.nan)
     idx = np.flatnonzero(edited)
-    out = np.full(ops.height, np.nan)
+    out[idx] = _median_by_kind(actual, c, peers, idx)
+    return out
+
+
+def _peer_rate(c: _Cols, actual: np.ndarray, edited: np.ndarray) -> np.ndarray:
+    """Per edited op, its op type's median transfer time over the ops outside the edit: the median rate (time
+    per byte) times the op's own size where sizes are known, else the median time (nan elsewhere)."""
+    out = np.full(actual.size, np.nan)
+    idx = np.flatnonzero(edited)
     if idx.size == 0:
         return out
-    optype = ops["optype"]
-    size = (ops["size_bytes"].cast(pl.Float64).fill_null(np.nan).to_numpy() if "size_bytes" in ops.columns
-            else np.full(ops.height, np.nan))
-    size = np.where(size > 0, size, np.nan)
-    kinds = optype.gather(idx).unique()
-    peer = ~edited & optype.is_in(kinds.to_list()).to_numpy()
-    df = pl.DataFrame({"optype": optype.filter(pl.Series(peer)), "a": actual[peer], "rate": actual[peer] / size[peer]})
-    med = df.group_by("optype").agg(pl.col("a").median().alias("m"), pl.col("rate").fill_nan(None).median().alias("r"))
-    j = pl.DataFrame({"optype": optype.gather(idx)}).join(med, on="optype", how="left", maintain_order="left")
-    per_size = j["r"].fill_null(np.nan).to_numpy() * size[idx]
-    out[idx] = np.where(np.isfinite(per_size), per_size, j["m"].fill_null(np.nan).to_numpy())
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = actual / c.size
+    per_size = _median_by_kind(rate, c, ~edited, idx) * c.size[idx]
+    out[idx] = np.where(np.isfinite(per_size), per_size, _median_by_kind(actual, c, ~edited, idx))
     return out
 
 
@@ -77,18 +113,10 @@ def _faster(actual: np.ndarray, edited: np.ndarray, target: np.ndarray) -> np.nd
     return np.where(edited & np.isfinite(target), np.minimum(actual, target), actual)
 
 
-def _compute_mask(graph: WhatIfGraph) -> np.ndarray:
-    ops = graph.ops
-    return (~ops["comm"].to_numpy()) & ~ops["optype"].is_in(list(STALL_TYPES)).to_numpy()
-
-
 def _candidates(graph: WhatIfGraph, seg: pl.DataFrame, actual: np.ndarray, ideal: np.ndarray):
     """(kind, what, ranks, stage, link, op mask, durations) of each candidate edit."""
-    ops = graph.ops
-    rank = ops["rank"].to_numpy()
-    stage = ops["stage"].fill_null(0).to_numpy()
-    compute = _compute_mask(graph)
-    n_stages = len(np.unique(stage))
+    c = _Cols.of(graph)
+    rank, stage, compute = c.rank, c.stage, c.compute
     work = seg.filter(~pl.col("comm") & (pl.col("op_class") != "launch_gap"))
 
     def heaviest(frame: pl.DataFrame, col: str) -> list:
@@ -101,47 +129,43 @@ def _candidates(graph: WhatIfGraph, seg: pl.DataFrame, actual: np.ndarray, ideal
         if peers.any():
             edited = compute & (rank == r)
             yield ("worker", f"rank {r}'s compute as fast as its stage peers'", [int(r)], int(s), None, edited,
-                   _faster(actual, edited, _peer_median(ops, actual, edited, peers)))
-    if n_stages > 1:
+                   _faster(actual, edited, _peer_median(c, actual, edited, peers)))
+    if len(np.unique(stage)) > 1:
         for s in heaviest(work, "stage"):
             edited = compute & (stage == s)
             peers = compute & (stage != s)
             yield ("stage", f"stage {s}'s compute as fast as the other stages'",
                    [int(x) for x in np.unique(rank[stage == s])], int(s), None, edited,
-                   _faster(actual, edited, _peer_median(ops, actual, edited, peers)))
-    yield from _link_candidates(graph, seg, actual, ideal)
+                   _faster(actual, edited, _peer_median(c, actual, edited, peers)))
+    yield from _link_candidates(graph.group, c, seg, actual, ideal)
 
 
-def _link_candidates(graph: WhatIfGraph, seg: pl.DataFrame, actual: np.ndarray, ideal: np.ndarray):
+def _link_candidates(group: np.ndarray, c: _Cols, seg: pl.DataFrame, actual: np.ndarray, ideal: np.ndarray):
     """Edits of the links on the path: each heavy send/recv pair, and the network link of the path's ranks
     whose transfers are slowest against their op type's median."""
-    ops = graph.ops
-    rank = ops["rank"].to_numpy()
-    comm = ops["comm"].to_numpy()
-    group = graph.group
     moved = seg.filter(pl.col("comm"))
     if moved.is_empty():
         return
+    rank, comm = c.rank, c.comm
     pairs = moved.filter(pl.col("link").str.starts_with("send ")).group_by("link").agg(
-        pl.col("dur_ns").sum(), pl.col("op").first()).sort(["dur_ns", "link"], descending=[True, False])
-    for link, _, _ in pairs.head(CANDIDATES_PER_KIND).iter_rows():
+        pl.col("dur_ns").sum()).sort(["dur_ns", "link"], descending=[True, False])
+    for link in pairs["link"].head(CANDIDATES_PER_KIND).to_list():
         a, b = (int(x) for x in link.removeprefix("send ").split("->"))
-        stream = ops["stream"].to_numpy()
-        sent = group[(stream == "send") & (rank == a) & (group >= 0)]
-        received = group[(stream == "recv") & (rank == b) & (group >= 0)]
+        sent = group[c.send & (rank == a) & (group >= 0)]
+        received = group[c.recv & (rank == b) & (group >= 0)]
         pair = np.isin(group, np.intersect1d(sent, received)) & comm
         yield ("link", f"the link {a}->{b} at its op type's median rate", [a, b], None, link, pair,
-               _faster(actual, pair, _peer_rate(ops, actual, pair)))
-    on_path = np.unique(np.concatenate([[int(r) for r in moved["rank"].to_list()],
-                                        [int(w) for w in moved["waited"].to_list() if w >= 0]]))
-    ratio = pl.DataFrame({"rank": rank, "a": actual, "i": ideal, "comm": comm}).filter(
-        pl.col("comm") & (pl.col("i") > 0) & pl.col("rank").is_in(on_path.tolist())).group_by("rank").agg(
-        (pl.col("a") / pl.col("i")).median().alias("ratio")).sort(["ratio", "rank"], descending=[True, False])
+               _faster(actual, pair, _peer_rate(c, actual, pair)))
+    on_path = np.unique(np.concatenate([moved["rank"].to_numpy(), moved.filter(pl.col("waited") >= 0)["waited"]
+                                        .to_numpy()]))
+    sel = comm & (ideal > 0) & np.isin(rank, on_path)
+    ratio = pl.DataFrame({"rank": rank[sel], "x": actual[sel] / ideal[sel]}).group_by("rank").agg(
+        pl.col("x").median().alias("ratio")).sort(["ratio", "rank"], descending=[True, False])
     for r in ratio["rank"].head(CANDIDATES_PER_KIND).to_list():
         groups = np.unique(group[(rank == r) & (group >= 0)])
         edited = comm & np.isin(group, groups)
         yield ("link", f"rank {r}'s network link (every transfer of its groups) at its op types' median rate",
-               [int(r)], None, f"rank {r}", edited, _faster(actual, edited, _peer_rate(ops, actual, edited)))
+               [int(r)], None, f"rank {r}", edited, _faster(actual, edited, _peer_rate(c, actual, edited)))
 
 
 def top_edits(graph: WhatIfGraph, seg: pl.DataFrame, actual: np.ndarray, ideal: np.ndarray,
