@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import polars as pl
 
+from rankscope.analysis.critical_path import critical_path_section
 from rankscope.analysis.fabric.config import FlowConfig
 from rankscope.analysis.hangs import hang_section
 from rankscope.analysis.kernels.regressions import RegressionConfig, regression_section
@@ -93,11 +94,13 @@ def analyze_model(model: JobModel, config: DiagnoseConfig | None = None,
     if model.per_rank:
         tables["timeline"] = model_timelines(model)
         steps = _with_phases(steps, tables["timeline"])
-    stragglers = straggler_section(model, config.stragglers)
+    inter: dict = {}
+    stragglers = straggler_section(model, config.stragglers, inter)
     regressions = regression_section(model, baseline, config.regressions)
     d = Diagnosis(job=model.frames.job, sources=list(model.frames.sources), strategy=model.strategy, steps=steps,
                   stragglers=stragglers, regressions=regressions, hangs=hang_section(model),
-                  data_quality=data_quality(model), findings=findings_of(stragglers, regressions))
+                  data_quality=data_quality(model), critical_path=critical_path_section(model, inter),
+                  findings=findings_of(stragglers, regressions))
     return d, tables
 
 

@@ -40,8 +40,9 @@ __all__ = ["GRAPHS", "TABLES", "JobViews", "create_app", "load_planned", "page_c
 ANALYSIS_MODULES = ("rankscope.analysis.diagnose", "rankscope.analysis.run_diff")
 """imported on first use (or by :func:`serve`'s warm-up thread), so the server answers at once."""
 
-GRAPHS = ("strategy", "step_series", "timeline", "heatmap", "optype", "cause")
+GRAPHS = ("strategy", "step_series", "timeline", "critical_path", "path_shares", "heatmap", "optype", "cause")
 TITLES = {"strategy": "Strategy", "step_series": "Step time", "timeline": "Per-rank step timeline",
+          "critical_path": "Critical path of a step", "path_shares": "Critical path shares",
           "heatmap": "Straggler heatmap", "optype": "Slowdown by op type", "cause": "What-if by cause"}
 TABLES = {"findings": ("Findings (the verdict's culprit first)", "no findings: nothing stands out",
                        ("finding", "kind", "factor")),
@@ -156,7 +157,7 @@ def build_layout(access: Access, interval_s: float):
             graph("strategy"),
             html.Div([graph("step_series", half), graph("cause", half)], style={"display": "flex", "gap": "8px",
                                                                                   "flexWrap": "wrap"}),
-            graph("timeline"), graph("heatmap"), graph("optype"),
+            graph("timeline"), graph("critical_path"), graph("path_shares"), graph("heatmap"), graph("optype"),
             *[table(t) for t in TABLES],
         ]),
         dcc.Interval(id="tick", interval=int(interval_s * 1000)), dcc.Store(id="shown"), dcc.Store(id="rendered"),

@@ -36,6 +36,7 @@ from rankscope.dashboard.grid_figures import (  # noqa: F401  (re-exported: the 
     strategy_figure,
     strategy_layout,
 )
+from rankscope.dashboard.path_figures import critical_path_figure, path_share_figure
 from rankscope.dashboard.table_figures import (
     LAYOUT,
     as_frame,
@@ -257,6 +258,8 @@ def all_figures(diagnosis: Diagnosis, tables: dict | None = None) -> dict[str, g
         "strategy": strategy_figure(diagnosis.strategy, heat),
         "step_series": step_series_figure(diagnosis, tables),
         "timeline": timeline_figure(timeline),
+        "critical_path": critical_path_figure(diagnosis.critical_path, tables.get("timeline")),
+        "path_shares": path_share_figure(diagnosis.critical_path),
         "heatmap": heatmap_figure(heat, diagnosis.strategy),
         "optype": optype_figure(st),
         "cause": cause_figure(st),

@@ -6,10 +6,10 @@ from rankscope.analysis.report.diagnosis import Diagnosis
 from rankscope.analysis.report.findings import Finding, describe
 from rankscope.analysis.report.hangs import Hang
 from rankscope.analysis.report.kernels import Regression
-from rankscope.analysis.report.steps import Steps
+from rankscope.analysis.report.steps import CriticalPath, Steps
 from rankscope.analysis.report.stragglers import Heatmap, Stragglers
 from rankscope.analysis.report.strategy import Strategy, Undecided, degree_text
 from rankscope.analysis.report.summary import summary_text
 
-__all__ = ["DataQuality", "Diagnosis", "Finding", "Hang", "Heatmap", "Regression", "Steps", "Strategy", "Stragglers",
+__all__ = ["CriticalPath", "DataQuality", "Diagnosis", "Finding", "Hang", "Heatmap", "Regression", "Steps", "Strategy", "Stragglers",
            "Undecided", "degree_text", "describe", "summary_text", "to_json"]

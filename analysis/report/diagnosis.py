@@ -15,7 +15,7 @@ from rankscope.analysis.report.data_quality import DataQuality, LayoutQuality, R
 from rankscope.analysis.report.findings import Finding
 from rankscope.analysis.report.hangs import Hang
 from rankscope.analysis.report.kernels import Regression
-from rankscope.analysis.report.steps import Steps
+from rankscope.analysis.report.steps import CriticalPath, Steps
 from rankscope.analysis.report.stragglers import Stragglers
 from rankscope.analysis.report.strategy import Strategy
 
@@ -38,6 +38,8 @@ class Diagnosis:
     regressions: list[Regression] = doc("kernel regressions, worst ratio first.", factory=list)
     hangs: list[Hang] = doc("stuck collectives, first stuck first.", factory=list)
     data_quality: DataQuality = doc("what the report rests on.", factory=_no_data_quality)
+    critical_path: CriticalPath = doc("the chain of ops across ranks that sets each step's end, its shares, "
+                                      "and the edits that would shorten it.", factory=CriticalPath)
     findings: list[Finding] = doc("anomalies named with their culprit, from every section; the verdict's "
                                   "culprit first.", factory=list)
 

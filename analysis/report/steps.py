@@ -101,3 +101,76 @@ class Steps:
         return list(self.table.warmup) if self.table is not None else []
 
 
+
+
+@dataclass(frozen=True)
+class PathOp:
+    """One piece of a step's critical path: an op's work (compute, or a synced op's transfer) or the launch
+    gap before it (untraced CPU work, or on hook-only records the compute between two collectives)."""
+
+    rank: int = doc("the rank it ran on.")
+    op: str = doc("its op type (forward-compute, backward-compute, all_reduce:dp, forward-send, ...).")
+    op_class: str = doc("compute, communication, or launch_gap (the time before the op started, after its "
+                        "predecessor ended).")
+    start_ns: float = doc("when it started on the replay's clock (every step from 0).")
+    duration_ns: float = doc("its length on the path.")
+    link: str | None = doc("a transfer's link: 'send 3->5' or the collective's op and member ranks.", None,
+                           omit="none")
+    waited_for: int | None = doc("for a transfer: the rank that launched the collective or pair last (the "
+                                 "path goes on there).", None, omit="none")
+
+
+@dataclass(frozen=True)
+class StepPath:
+    """The chain of ops that set one step's end, from the step's start to its end."""
+
+    step: int = doc("the step id.")
+    time_ns: float = doc("the step's replayed time: the path's length.")
+    ops: list[PathOp] = doc("the path, first op first.")
+
+
+@dataclass(frozen=True)
+class PathEdit:
+    """An edit to the path and the step time the replay predicts with it."""
+
+    kind: str = doc("worker (a rank's compute at its stage peers' rate), stage (a stage's compute at the other "
+                    "stages' rate) or link (transfers at their op type's median rate).")
+    what: str = doc("the edit in words.")
+    ranks: list[int] = doc("the ranks it changes.")
+    stage: int | None = doc("the stage, for worker and stage edits.", None, omit="none")
+    link: str | None = doc("the link, for link edits ('send 3->5', or 'rank 3' for a rank's network link).",
+                           None, omit="none")
+    path_share: float = doc("share of the path held by the ops it changes.", 0.0)
+    predicted_step_ns: float = doc("mean step time the replay predicts with the edit.", 0.0)
+    saving: float = doc("1 - predicted / current mean step time.", 0.0)
+
+
+@dataclass(frozen=True)
+class CriticalPath:
+    """The step's critical path across all ranks (from the what-if dependency graph, replayed with the
+    recorded durations and launch delays, so it reproduces the recorded steps)."""
+
+    evaluated: bool = doc("whether it was computed.", False)
+    why: str | None = doc("why not, when not evaluated.", None, omit="none")
+    basis: str | None = doc("compute (compute records and collectives) or hooks (collectives only).", None,
+                            omit="none")
+    limits: str | None = doc("what the path can and cannot show on these records.", None, omit="none")
+    model: str | None = doc("the dependency model (osdi25 or generic).", None, omit="none")
+    step_time_ns: float | None = doc("mean replayed step time over the steps the path is taken over.", None,
+                                     omit="none")
+    replay_vs_recorded_max_rel_err: float | None = doc("largest relative difference between a step's replayed "
+                                                       "and recorded time (the model's own check).", None,
+                                                       omit="none")
+    share: dict[str, dict[str, float]] = doc("share of the path over the steady steps, by rank, stage, "
+                                             "op_class and link (a key's path time over the steps' time).",
+                                             factory=dict, omit="empty")
+    top_rank_by_step: dict[str, int] = doc("per step, the rank that holds the most of its path.", factory=dict,
+                                           omit="empty")
+    slack_by_rank: dict[str, dict[str, float]] = doc("per rank, how much later its last op of a step could "
+                                                     "have ended without moving the step's end: median_ns and "
+                                                     "min_ns over the steps.", factory=dict, omit="empty")
+    edits: list[PathEdit] = doc("what would shorten the step: the three edits with the shortest predicted "
+                                "step time, shortest first.", factory=list, omit="empty")
+    steps: list[StepPath] = doc("the path of each steady step (the first max_steps_listed).", factory=list,
+                                omit="empty")
+    max_steps_listed: int | None = doc("how many steps' paths are listed at most.", None, omit="none")

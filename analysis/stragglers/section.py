@@ -139,24 +139,30 @@ ONE_SAMPLE_WHY = ("one step of one microbatch: each op was recorded once per ran
                   "repeated sample to set a baseline and reports no S from a single sample")
 
 
-def rank_section(model: JobModel, config: StragglerConfig) -> Stragglers:
-    """The section from the job's per-rank records, start-up steps left out; not evaluated for one sample
-    (:func:`one_sample`)."""
-    frames = model.frames
-    why = one_sample(frames)
+def steady_frames(model: JobModel) -> tuple[JobFrames, dict]:
+    """The job model's completed frames without its start-up steps, and those steps (step -> why)."""
+    left_out = startup_steps(model.steps)
+    frames = _without_steps(model.frames, sorted(left_out)) if left_out else model.frames
+    return frames, left_out
+
+
+def rank_section(model: JobModel, config: StragglerConfig, keep: dict | None = None) -> Stragglers:
+    """The section from the job's per-rank records, start-up steps left out. ``keep`` (a dict) receives the
+    intermediate results (graph, metrics, ideal) when the section replayed the job's graph."""
+    why = one_sample(model.frames)
     if why is not None:
         return Stragglers(evaluated=False, why=why)
-    left_out = startup_steps(model.steps)
-    if left_out:
-        frames = _without_steps(frames, sorted(left_out))
+    frames, left_out = steady_frames(model)
     try:
-        s = _per_rank(frames, config, model.layout_columns())[0]
+        s, inter = _per_rank(frames, config, model.layout_columns())
     except WhatIfInputError as e:
         return Stragglers(evaluated=False, why=str(e))
     except (RankscopeError, ValueError, IndexError) as e:
         # records that do not form a replayable graph (a cycle, a degenerate job) cost this section
         # only, never the whole report; the reason is kept
         return Stragglers(evaluated=False, why=f"{type(e).__name__}: {e}")
+    if keep is not None:
+        keep.update(inter)
     if left_out:
         s = replace(s, warmup_left_out=[Warmup(step=k, why=v) for k, v in sorted(left_out.items())])
     return s
@@ -171,10 +177,10 @@ def flows_section(model: JobModel, config: StragglerConfig) -> Stragglers:
                                   config.none_below, inf.dp_pairs, model.flows.clocks)
 
 
-def straggler_section(model: JobModel, config: StragglerConfig | None = None) -> Stragglers:
-    """What-if attribution of one job (see module docstring)."""
+def straggler_section(model: JobModel, config: StragglerConfig | None = None, keep: dict | None = None) -> Stragglers:
+    """What-if attribution of one job (see module docstring). ``keep``: as :func:`rank_section`."""
     config = config or StragglerConfig()
-    s = rank_section(model, config)
+    s = rank_section(model, config, keep)
     if not s.evaluated and model.flows is not None and not model.per_rank:
         return flows_section(model, config)  # no per-rank records: the flows' own straggler evidence
     return s

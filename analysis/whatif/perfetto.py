@@ -21,6 +21,8 @@ from rankscope.analysis.whatif.graph import WhatIfGraph
 
 IDEAL_PID_OFFSET = 1_000_000
 """pid of a rank's ideal timeline = rank + this (keeps real and ideal processes apart)."""
+PATH_PID = 2_000_000
+"""pid of the critical-path track (above every rank's real and ideal process)."""
 _GAP_NS = 1_000_000.0
 """space between stacked steps (1 ms) so step boundaries are visible."""
 
@@ -44,14 +46,8 @@ def _step_origin(graph: WhatIfGraph, ideal_end: np.ndarray) -> tuple[np.ndarray,
     return origin, lo, True
 
 
-def perfetto_events(graph: WhatIfGraph, ideal: np.ndarray) -> pl.DataFrame:
-    """Chrome trace events of the real and the ideal timeline.
-
-    Needs a WhatIfGraph (ops with rank, step, optype, stream, microbatch,
-    start_ns, end_ns) and per-op ideal replay durations. Returns columns
-    name, cat, ph, ts, dur, pid, tid, args (struct) -- one row per op and
-    timeline; :func:`metadata_events` names the processes and tracks.
-    """
+def _timelines(graph: WhatIfGraph, ideal: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(real start, real end, ideal start, ideal end) of every op on the output clock, ns."""
     ops = graph.ops
     i_start, i_end = graph.replay(ideal)
     origin, real_lo, shifted = _step_origin(graph, i_end)
@@ -61,8 +57,19 @@ def perfetto_events(graph: WhatIfGraph, ideal: np.ndarray) -> pl.DataFrame:
     if shifted:
         start = origin[si] + (start - real_lo[si])
         end = origin[si] + (end - real_lo[si])
-    i_start = origin[si] + i_start
-    i_end = origin[si] + i_end
+    return start, end, origin[si] + i_start, origin[si] + i_end
+
+
+def perfetto_events(graph: WhatIfGraph, ideal: np.ndarray) -> pl.DataFrame:
+    """Chrome trace events of the real and the ideal timeline.
+
+    Needs a WhatIfGraph (ops with rank, step, optype, stream, microbatch,
+    start_ns, end_ns) and per-op ideal replay durations. Returns columns
+    name, cat, ph, ts, dur, pid, tid, args (struct) -- one row per op and
+    timeline; :func:`metadata_events` names the processes and tracks.
+    """
+    ops = graph.ops
+    start, end, i_start, i_end = _timelines(graph, ideal)
     tid_of = _tids(graph)
     base = ops.select(
         pl.col("optype").fill_null("op").alias("name"), pl.col("stream").alias("cat"),
@@ -80,6 +87,54 @@ def perfetto_events(graph: WhatIfGraph, ideal: np.ndarray) -> pl.DataFrame:
     return pl.concat([real.select(cols), idl.select(cols)])
 
 
+def flow_events(graph: WhatIfGraph, ideal: np.ndarray) -> pl.DataFrame:
+    """Flow arrows (Chrome "s"/"f" events, bound to the enclosing slice) on the real timeline: from each
+    matched collective's first member to every other member, and from each send to its recv.
+
+    Returns columns name, cat, ph, ts, pid, tid, id, bp: one start and one finish event per arrow."""
+    start = _timelines(graph, ideal)[0]
+    ops = graph.ops
+    members = np.flatnonzero(graph.group >= 0)
+    if members.size == 0:
+        return pl.DataFrame(schema={"name": pl.String, "cat": pl.String, "ph": pl.String, "ts": pl.Float64,
+                                    "pid": pl.Int64, "tid": pl.Int64, "id": pl.Int64, "bp": pl.String})
+    tid = ops["stream"].replace_strict(_tids(graph), return_dtype=pl.Int64).to_numpy()
+    is_send = (ops["stream"] == "send").to_numpy()
+    g = graph.group[members]
+    # the source of a group's arrows: its send (a p2p pair), else its earliest member
+    order = np.lexsort((start[members], ~is_send[members], g))
+    m, gs = members[order], g[order]
+    first = np.r_[True, gs[1:] != gs[:-1]]
+    src = m[np.maximum.accumulate(np.where(first, np.arange(m.size), 0))]
+    dst_ok = ~first
+    src, dst = src[dst_ok], m[dst_ok]
+    rank = ops["rank"].cast(pl.Int64).to_numpy()
+    name = ops["optype"].fill_null("op").to_numpy()
+    ids = np.arange(src.size, dtype=np.int64)
+
+    def side(ix: np.ndarray, ph: str) -> pl.DataFrame:
+        return pl.DataFrame({"name": name[ix], "cat": "sync", "ph": ph, "ts": start[ix] / 1e3, "pid": rank[ix],
+                             "tid": tid[ix], "id": ids, "bp": "e"})
+
+    return pl.concat([side(src, "s"), side(dst, "f")])
+
+
+def path_track_events(graph: WhatIfGraph, ideal: np.ndarray, op: np.ndarray, kind: np.ndarray,
+                      dur: np.ndarray) -> pl.DataFrame:
+    """The critical path as one track (process PATH_PID) on the real timeline: per path segment (``op`` the op
+    row, ``kind`` 0 = the op's work, 1 = the launch gap before it, ``dur`` ns) a slice named after the rank and
+    op, placed at the op's recorded end (work) or start (gap). Columns as :func:`perfetto_events`."""
+    start, end, _, _ = _timelines(graph, ideal)
+    rank = graph.ops["rank"].cast(pl.Int64).to_numpy()[op]
+    optype = graph.ops["optype"].fill_null("op").to_numpy()[op]
+    work = kind == 0
+    s = np.where(work, end[op] - dur, start[op] - dur)
+    names = [f"rank {r} {t}" if w else f"rank {r} launch gap before {t}"
+             for r, t, w in zip(rank.tolist(), optype.tolist(), work.tolist(), strict=True)]
+    return pl.DataFrame({"name": names, "cat": "critical_path", "ph": "X", "ts": s / 1e3, "dur": dur / 1e3,
+                         "pid": PATH_PID, "tid": 1, "args": [{"rank": int(r)} for r in rank.tolist()]})
+
+
 def metadata_events(graph: WhatIfGraph) -> list[dict]:
     """Process and thread names (and order) for :func:`perfetto_events`: a few per rank, plain dicts."""
     tid_of = _tids(graph)
@@ -90,6 +145,8 @@ def metadata_events(graph: WhatIfGraph) -> list[dict]:
             out.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
             for s, tid in tid_of.items():
                 out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": s}})
+    out.append({"name": "process_name", "ph": "M", "pid": PATH_PID, "tid": 0, "args": {"name": "critical path"}})
+    out.append({"name": "process_sort_index", "ph": "M", "pid": PATH_PID, "tid": 0, "args": {"sort_index": -1}})
     return out
 
 

@@ -50,6 +50,15 @@ def test_dashboard_shows_strategy_and_figures(browser, dashboard_url, tmp_path):
         z.forEach((r, i) => { if (mean(r) > mean(z[best])) best = i; });
         return String(gd._fullData[0].y[best]);""")
     assert worst.startswith("rank 5 ")
+    # the critical path: the browser drew the first step's path (its line crosses the slow rank's row), a
+    # menu offers every listed step, and the share table lists rank 5 first
+    drawn = browser.execute_script("""
+        const gd = document.querySelector('#fig-critical_path .js-plotly-plot');
+        const line = gd._fullData.filter(t => t.type === 'scatter' && t.visible === true);
+        return {ranks: line.length ? Array.from(line[0].y) : [],
+                steps: gd._fullLayout.updatemenus[0].buttons.length,
+                first: document.querySelector('#fig-path_shares .js-plotly-plot').data[0].cells.values[1][0]};""")
+    assert "5" in drawn["ranks"] and drawn["steps"] >= 1 and str(drawn["first"]) == "5"
     shot = screenshot_dir(tmp_path) / "dashboard.png"
     browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000

@@ -70,7 +70,7 @@ def test_perfetto_export_has_real_and_ideal_timelines(osdi_store, tmp_path):
     out = tmp_path / "st.json.gz"
     assert main(["export", "perfetto", "--store", str(store.root), "--job", "ST", "--out", str(out)]) == 0
     events = json.loads(gzip.decompress(out.read_bytes()))
-    spans = [e for e in events if e["ph"] == "X"]
+    spans = [e for e in events if e["ph"] == "X" and e["pid"] < 2_000_000]
     n_ops = store.count("compute_op", "ST") + store.count("comm_op", "ST")
     assert len(spans) == 2 * n_ops
     real = [e for e in spans if e["pid"] < 1_000_000]
@@ -82,6 +82,53 @@ def test_perfetto_export_has_real_and_ideal_timelines(osdi_store, tmp_path):
     # the ideal timeline is the faster one: its total span is shorter than the real one
     span = lambda es: max(e["ts"] + e["dur"] for e in es) - min(e["ts"] for e in es)  # noqa: E731
     assert span(ideal) < span(real)
+    # flow arrows: one start and one finish per arrow, each inside a real slice of its rank and track
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert starts and starts.keys() == ends.keys()
+    slices = {}
+    for e in real:
+        slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+
+    def inside(ev):
+        return any(a - 1e-3 <= ev["ts"] <= b + 1e-3 for a, b in slices.get((ev["pid"], ev["tid"]), []))
+
+    assert all(inside(e) for e in starts.values()) and all(inside(e) for e in ends.values())
+    pairs = {(starts[i]["name"], ends[i]["name"]) for i in starts}
+    assert ("forward-send", "forward-recv") in pairs and any(a == b and "grads" in a for a, b in pairs)
+    # the critical path's track: its slices add up to the steps' replayed time
+    path = [e for e in events if e["ph"] == "X" and e["pid"] == 2_000_000]
+    assert path and (2_000_000, "critical path") in {(e["pid"], e["args"]["name"]) for e in events
+                                                     if e["name"] == "process_name"}
+    print(f"Perfetto export of ST: {len(starts)} flow arrows, {len(path)} critical-path slices, "
+          f"{len(real)} real and {len(ideal)} ideal slices")
+
+
+def test_perfetto_protobuf_round_trips_through_perfettos_own_types(osdi_store, tmp_path):
+    """The .pftrace export read back by protobuf with Perfetto's trace types (a parser that is not ours): every
+    slice of the JSON export is there as a begin/end pair, and every flow arrow starts and ends on a slice."""
+    pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
+    store, _ = osdi_store
+    out = tmp_path / "st.pftrace"
+    assert main(["export", "perfetto", "--store", str(store.root), "--job", "ST", "--out", str(out)]) == 0
+    trace = pb.Trace()
+    trace.ParseFromString(out.read_bytes())
+    tracks = {p.track_descriptor.uuid: p.track_descriptor for p in trace.packet if p.HasField("track_descriptor")}
+    events = [p for p in trace.packet if p.HasField("track_event")]
+    begins = [p for p in events if p.track_event.type == pb.TrackEvent.TYPE_SLICE_BEGIN]
+    ends = [p for p in events if p.track_event.type == pb.TrackEvent.TYPE_SLICE_END]
+    n_ops = store.count("compute_op", "ST") + store.count("comm_op", "ST")
+    path_slices = [p for p in begins if tracks[tracks[p.track_event.track_uuid].parent_uuid].process.process_name
+                   == "critical path"]
+    assert len(begins) == len(ends) == 2 * n_ops + len(path_slices) and path_slices
+    assert all(p.track_event.track_uuid in tracks for p in events)
+    out_ids = [i for p in begins for i in p.track_event.flow_ids]
+    in_ids = [i for p in begins for i in p.track_event.terminating_flow_ids]
+    assert out_ids and sorted(set(out_ids)) == sorted(in_ids)
+    names = {t.process.process_name for t in tracks.values() if t.HasField("process")}
+    assert {"rank 3", "rank 3 (ideal)", "critical path"} <= names
+    print(f"pftrace of ST: {len(trace.packet)} packets, {len(begins)} slices, {len(set(out_ids))} flows, "
+          f"{len(path_slices)} critical-path slices, {out.stat().st_size} bytes")
 
 
 def test_export_usage_errors(tmp_path):

@@ -62,6 +62,14 @@ SCENARIOS = {
     "slow_rank_pp4": Scenario(4, ("--pp", "4", "--slow-rank", "2:2"), "worker", {"rank": 2}, {"rank": 2, "stage": 2}),
 }
 
+PATH_SCENARIOS = {
+    # the clean DP2xPP2 job for the critical path only, run long enough that each rank's share of the path
+    # has steady steps to average over (5 steps leave 1-2 after warm-up: too few to measure the noise). Not
+    # a cell of the matrix: its verdict on this loaded machine was mixed at S 1.14 (kineto) and 1.19 (both)
+    # on 2026-12-06, the load's effect that FLAKY_MISSES records for the clean TP job.
+    "clean_dp2_pp2": Scenario(4, ("--pp", "2", "--steps", "10"), "clean"),
+}
+
 # Cells that still fail, with the values measured when they were marked (2026-12-03 on the shared 2-core
 # machine, other helpers loading it). KNOWN_MISSES failed in every run: strict, a fix must unmark them.
 # FLAKY_MISSES failed in some runs and may pass in others (the load decides); they are non-strict so that
@@ -130,7 +138,7 @@ def lab(tmp_path_factory):
 
     def get(name: str) -> Run:
         if name not in cache:
-            cache[name] = _execute(name, SCENARIOS[name], base)
+            cache[name] = _execute(name, {**SCENARIOS, **PATH_SCENARIOS}[name], base)
         return cache[name]
 
     return get
@@ -203,3 +211,67 @@ def test_verdict_and_culprit(lab, name, path):
     culprit = rep["findings"][0]["culprit"]
     for key, value in sc.culprit.items():
         assert isinstance(culprit, dict) and culprit.get(key) == value, where
+
+
+def _path_shares(rep: dict) -> tuple[list[dict[int, float]], dict[int, int], int]:
+    """Per listed step, each rank's share of its critical path; each rank's stage; ranks per stage."""
+    cp = rep["critical_path"]
+    assert cp["evaluated"], cp.get("why")
+    stage = {r: i for pipe in rep["strategy"]["pp_groups"] for i, r in enumerate(pipe)}
+    per_step = []
+    for s in cp["steps"]:
+        share: dict[int, float] = {}
+        for o in s["ops"]:
+            share[o["rank"]] = share.get(o["rank"], 0.0) + o["duration_ns"] / s["time_ns"]
+        per_step.append(share)
+    return per_step, stage, len(rep["strategy"]["pp_groups"])
+
+
+ON_PATH_SHARE = 0.8
+"""share of the steady steps whose path the slowed rank must be on. Every step is the issue's aim and the
+model's answer on a quiet machine; here (2 cores, 4 gloo ranks among other engineers' jobs) a descheduled
+rank can be the slowest in a step, and the path then rightly runs through it. Measured 2026-12-06, load 18:
+kineto 5 of 5 steps in one run, 4 of 5 in the next (step 3: rank 0's backward took 148 ms, 3x its usual,
+and the path ran through ranks 0 and 2)."""
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param("hooks", marks=pytest.mark.xfail(
+        strict=False, reason="hook records alone: compute is the gap before each collective, and the hooks saw "
+        "only the all-reduces; measured rank 3's share 0.91, 0.92, 0.0, 0.98, 1.0 over 5 steps (2026-12-06): in "
+        "one step rank 1 launched the all-reduce last")), "kineto", "both"])
+def test_critical_path_runs_through_the_slowed_rank(lab, path):
+    rep = lab("slow_rank_dp2_pp2").reports[path]
+    per_step, _, _ = _path_shares(rep)
+    slowed = SCENARIOS["slow_rank_dp2_pp2"].culprit["rank"]
+    shares = [s.get(slowed, 0.0) for s in per_step]
+    others = [max((v for r, v in s.items() if r != slowed), default=0.0) for s in per_step]
+    print(f"slow_rank_dp2_pp2/{path}: rank {slowed} holds {[round(x, 3) for x in shares]} of the path over "
+          f"{len(shares)} steady steps (basis {rep['critical_path']['basis']}); the heaviest other rank "
+          f"{[round(x, 3) for x in others]}")
+    on = sum(x > 0 for x in shares)
+    assert shares and on >= ON_PATH_SHARE * len(shares), (on, len(shares))
+    assert next(iter(rep["critical_path"]["share"]["rank"])) == str(slowed)
+    assert sum(shares) / len(shares) > 0.5
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_critical_path_of_the_clean_job_has_no_heavy_rank(lab, path):
+    """No rank holds more than its fair share (its stage's path share over the stage's ranks, which are
+    interchangeable in a clean job) plus the noise: twice the standard error of its per-step excess."""
+    rep = lab("clean_dp2_pp2").reports[path]
+    per_step, stage, _ = _path_shares(rep)
+    ranks = sorted(stage)
+    k = len(per_step)
+    assert k >= 2, "too few steady steps to measure the noise"
+    worst = []
+    for r in ranks:
+        peers = [q for q in ranks if stage[q] == stage[r]]
+        excess = [s.get(r, 0.0) - sum(s.get(q, 0.0) for q in peers) / len(peers) for s in per_step]
+        mean = statistics.fmean(excess)
+        noise = 2 * statistics.stdev(excess) / k ** 0.5
+        worst.append((mean - noise, r, mean, noise))
+    worst.sort(reverse=True)
+    print(f"clean_dp2_pp2/{path}: largest excess over the fair share: rank {worst[0][1]} "
+          f"{worst[0][2]:+.3f} (noise {worst[0][3]:.3f}, {k} steps)")
+    assert worst[0][0] <= 0, worst[:3]
