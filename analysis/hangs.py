@@ -186,13 +186,16 @@ def _source_hangs(df: pl.DataFrame, key_members: pl.DataFrame, source: str, pres
             passed, missing = [], []  # a send and its recv carry unrelated numbers: nobody is known missing
         points.append((gkey, int(seq), t, evidence, rows, arrived, passed, missing))
     missing_at = {(p[0], p[1]): p[7] for p in points}
+    waits_at: dict[tuple[str, int], list[int]] = {}
+    for r, w in sorted(first_wait.items()):
+        waits_at.setdefault(w, []).append(r)
     out = []
     for gkey, seq, t, evidence, rows, arrived, passed, missing in points:
         gdf, grp = by_group[(gkey,)], groups[gkey]
         is_p2p = gkey.startswith("p2p ")
         ref = _majority(rows, is_p2p)
         mismatched = _mismatched(rows, ref, is_p2p)
-        here = sorted(r for r, w in first_wait.items() if w == (gkey, seq))
+        here = waits_at.get((gkey, seq), [])
         if evidence == "pending":
             # Ranks wait here first (their oldest unfinished call; the later ones queue behind it) for a
             # member that waits nowhere, or whose own first wait lacks nobody: the chain of waits ends here.

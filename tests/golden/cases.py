@@ -72,6 +72,10 @@ CASES: list[Case] = [
                                         "--fault", "slow-link:rank=5,factor=3.0")),
     Case("hooked-job", store=DATA / "hooked_dp_pp" / "store"),
     Case("gloo-kineto-dp2pp2tp2", (DATA / "gloo_dp2pp2tp2" / "kineto",), "kineto"),
+    # a real TP8 one-step profile (all-reduces inside forward and backward): tp=8, no S from one sample
+    Case("gloo-kineto-tp8-one-step", (DATA / "gloo_tp8_one_step" / "kineto",), "kineto"),
+    # NVRx's flight-recorder dumps of a 16-rank Megatron MoE hang: two stuck EP groups, strategy by name
+    Case("nvrx-fr-lock_gil_2nd", tuple(sorted((DATA / "nvrx_fr" / "lock_gil_2nd").glob("_dump_*"))), "moe"),
 ]
 
 NO_REPORT = "_no_report.json"
