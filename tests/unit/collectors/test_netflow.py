@@ -74,6 +74,27 @@ def test_netflow9_times_are_placed_on_the_epoch_with_the_header():
     assert df["exporter"][0] == "198.51.100.1/3"
 
 
+def test_netflow9_records_share_their_exporters_boot_time():
+    """unix_secs is whole seconds: packets sent 0.9 s and 0.1 s into a second give boot times 0.8 s apart.
+    Both records must be placed on the latest one (the exporter's boot time, to the packets' precision),
+    so that records exported 2.2 s apart keep their true 0.5 s distance."""
+    fields = [(8, 4), (12, 4), (1, 4), (2, 4), (22, 4), (21, 4), (7, 2), (11, 2), (4, 1)]
+    boot_ms = 1_700_000_000_000 - 50_000
+
+    def pkt(first_ms: int, sent_ms: int) -> bytes:
+        rec = v4("10.0.0.1") + v4("10.0.0.2") + u(3000, 4) + u(2, 4) + u(first_ms, 4) + u(first_ms + 10, 4) + \
+            u(1, 2) + u(2, 2) + u(17, 1)
+        unix_ms = boot_ms + sent_ms
+        return nf9_packet([nf9_template({260: fields}), data_set(260, [rec], pad_to=4)], uptime_ms=sent_ms,
+                          unix_s=unix_ms // 1000)
+
+    df, dec = _decode(pkt(40_000, 49_900), pkt(40_500, 52_100))  # the second sent 0.1 s into its second
+    assert not dec.rejects
+    start = sorted(df["start_ns"].to_list())
+    assert start[1] - start[0] == 500 * 10**6
+    assert start[0] == (boot_ms - 100 + 40_000) * 10**6  # 0.1 s below the boot time: all the header can tell
+
+
 def test_netflow9_options_sampling_and_scope_fields_skipped():
     # Scope type 1 (System) must not be read as element 1 (octets).
     opts = nf9_options_template(300, [(1, 4)], [(34, 4), (49, 1)])
