@@ -24,6 +24,7 @@ from rankscope.analysis.fabric.pair_traffic import on_pairs
 from rankscope.analysis.report.steps import Steps
 from rankscope.analysis.report.stragglers import FlowsChecks, FlowWorker, RingOrWorker, Stragglers
 from rankscope.analysis.report.strategy import Strategy
+from rankscope.analysis.stragglers.flow_cost import step_cost
 from rankscope.analysis.stragglers.late_arrivals import late_senders, late_stage
 from rankscope.analysis.stragglers.link_rates import (
     MIN_PACKETS,
@@ -176,12 +177,28 @@ def _checks(flow: pl.DataFrame, strategy: Strategy, steps: Steps, step: float, r
     cands = [link, ring, late]
     if not (link or ring0):
         cands.append(_slow_group_if_tied(flow, strategy, steps, resolution_ns))
+    cands = [_costed(x, flow, strategy, step, clocks) if x else x for x in cands]
     found = [x for x in cands if x and x.get("culprit")]
     ambiguous = [x for x in cands if x and not x.get("culprit")]
     base = {"basis": "flows", "flows": FlowsChecks(link_rates=rates, late_dp_links=said),
             "not_evaluated": unread or None, "ambiguous": RingOrWorker(**crossing) if crossing else None,
             "ambiguous_flows": [{k: v for k, v in x.items() if k != "links"} for x in ambiguous] or None}
     return base, links, found, ambiguous
+
+
+def _costed(x: dict, flow: pl.DataFrame, strategy: Strategy, step: float, clocks) -> dict:
+    """The finding with its cost as a what-if on the step's structure (stragglers.flow_cost), where the flows
+    show that structure: a slow part the job does not wait for costs nothing. Else the finding's own
+    estimate stays (its whole lateness, or the step times its rate factor), and the report says so."""
+    who = {x["culprit"]} if x.get("culprit") else set(x.get("members") or [])
+    if not who:
+        return x
+    c = step_cost(flow, strategy, step, who, clocks)
+    if c["extra_ns"] is None:
+        return {**x, "cost_basis": f"the finding's own lateness or rate ({c['why']})"}
+    return {**x, "extra_ns": c["extra_ns"], "extra_ns_unreplayed": x["extra_ns"],
+            "cost_basis": "what-if: the step with the culprit at its peers' pace",
+            "cost_parts": {k: c[k] for k in ("pipeline_late_ns", "sync_tail_ns", "steps")}}
 
 
 def _group_section(x: dict, step: float, none_below: float, base: dict) -> Stragglers:
@@ -199,7 +216,10 @@ def _group_section(x: dict, step: float, none_below: float, base: dict) -> Strag
                                    if x["kind"] == "late_pipelines" else
                                    {"late_ns": x["late_ns"], "factor": s,
                                     "factor_vs": "the step without the group's lateness on its DP links"})}
-    return Stragglers(**base, slowdown=s, verdict=cause, by_cause={cause: 1.0}, top_workers=[],
+    # a TP group's endpoints run in lock step: the worker is one of them, each as right as the others
+    top = ([FlowWorker(endpoint=x["one_of"][0], slowdown=s, kind="slow_worker", one_of=list(x["one_of"]))]
+           if cause == "worker" and x.get("one_of") else [])
+    return Stragglers(**base, slowdown=s, verdict=cause, by_cause={cause: 1.0}, top_workers=top,
                       waste_fraction=round(1 - 1 / s, 4), findings_flows=[], steps=[], culprits={cause: who})
 
 

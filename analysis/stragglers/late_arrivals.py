@@ -149,7 +149,7 @@ def _late_sender_finding(bad: pl.DataFrame, off_senders: set[str], cands: list[s
         # all-reduce), and each member sits in its own DP ring (a DP16 x TP2 job on two rails: 10.0.0.6
         # and 10.1.0.6 both 0.33 s late): the group is slow, flows cannot tell which member
         group_late = float(bad["late"].median() - med)
-        return {**out, "kind": "late_tp_group", "culprit": None, "members": cands,
+        return {**out, "kind": "late_tp_group", "culprit": None, "members": cands, "one_of": cands,
                 "late_ns": group_late, "extra_ns": group_late, "ambiguous": _why_late_tp_group(len(cands))}
     return {**out, "kind": "late_links", "culprit": None, "members": cands, "ambiguous": _WHY_LATE_LINKS}
 
@@ -442,8 +442,8 @@ def _named_or_ambiguous(out: dict, z: dict, pipes: list[list[str]], late: list[i
         return {**out, "kind": "late_pipelines", "culprit": None, "pipeline": None, "members": members,
                 "ambiguous": _why_late_only_at_last_stage(out["late_ns"])}
     if len(late) > 1:
-        return {**out, "kind": "late_pipelines", "culprit": None, "pipeline": None,
-                "members": sorted(pipes[p][first] for p in late),
+        at = sorted(pipes[p][first] for p in late)
+        return {**out, "kind": "late_pipelines", "culprit": None, "pipeline": None, "members": at, "one_of": at,
                 "ambiguous": _why_pipelines_as_late(len(late), first)}
     return out
 

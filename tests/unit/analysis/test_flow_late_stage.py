@@ -119,8 +119,11 @@ def test_pipelines_as_late_from_one_stage_name_nobody_even_when_only_one_clears_
     assert x["members"] == ["10.1.1.1", "10.1.2.1"] and x["stage"] == 1
     # the report: a worker straggler on one of them, nobody named
     st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 5_000_000)
-    assert st.verdict == "worker" and not st.top_workers, st
-    assert st.culprits["worker"]["ranks"] == ["10.1.1.1", "10.1.2.1"] and st.slowdown > 1.5
+    # the top worker is one of the TP group's endpoints, each as right as the other
+    assert st.verdict == "worker" and [w.one_of for w in st.top_workers] == [["10.1.1.1", "10.1.2.1"]], st
+    # its cost is what the step waits for: the pipelines end 65 ms late (a lateness here, not a slower pace)
+    assert st.culprits["worker"]["ranks"] == ["10.1.1.1", "10.1.2.1"]
+    assert abs(st.slowdown - STEP / (STEP - 65_000_000)) < 0.003, st.slowdown
     from rankscope.analysis.report.diagnosis import Diagnosis
     from rankscope.analysis.report.summary import summary_text
 
