@@ -113,13 +113,20 @@ def score_job(cfg, realism, variant: str, faults: tuple, rank: int | None, tmp: 
     row["not_evaluated"] = str(x.get("not_evaluated", ""))
     row["below"] = str(x.get("below_threshold", ""))
     culprit = str(s.top_workers[0].endpoint) if s.top_workers and s.verdict not in ("none", "") else ""
+    # a TP group's endpoints run in lock step: a top worker given as one of them is right when the slowed
+    # rank's address is among them (V8's truth accepts any NIC of the host the same way)
+    one_of = {str(a) for a in (getattr(s.top_workers[0], "one_of", None) or [])} if culprit else set()
+    addr = t["endpoints"][str(rank)] if rank is not None else None
+    culprit = addr if addr in one_of else culprit
     # a finding listed under verdict none still shows its address to the reader
     below = [b for b in x.get("below_threshold") or [] if b.get("culprit")]
-    listed = {str(w.endpoint) for w in s.top_workers or []}
+    listed = {addr if addr in (getattr(w, "one_of", None) or []) else str(w.endpoint) for w in s.top_workers or []}
     # a cause without an address names the group it is in: the slowed rank must be among them
     group = [str(r) for c in (x.get("culprits") or {}).values() for r in c.get("ranks") or []]
     # a section that found nothing says it is not evaluated: "none" with an S is an all-clear
     row.update(verdict=s.verdict or "", evaluated=bool(x.get("evaluated", True)), culprit=culprit,
+               s_report=float(s.slowdown) if s.slowdown and x.get("evaluated", True) else None,
+               one_of=len(one_of),
                late=str(x.get("late_dp_links", "")),
                listed_wrong=bool(listed - ({t["endpoints"][str(rank)]} if rank is not None else set())),
                in_group=rank is not None and t["endpoints"][str(rank)] in group,
@@ -201,6 +208,7 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
               f"{share(d, (pl.col('verdict') == want) & (pl.col('culprit') == '') & pl.col('in_group')):>22}")
         print(f"{'  ... right cause, a group without the rank':<52}"
               f"{share(d, (pl.col('verdict') == want) & (pl.col('culprit') == '') & ~pl.col('in_group')):>22}  0")
+    _cost_error(rec)
     clean = rec.filter(pl.col("variant") == "clean")
     print(f"{'clean jobs: a culprit named (false alarm)':<52}{share(clean, pl.col('false_alarm')):>22}  0")
     print(f"{'any job: a wrong address listed, any verdict':<52}{share(rec, pl.col('listed_wrong')):>22}  0")
@@ -222,6 +230,24 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
         print("missed faults (verdict, culprit):")
         for r in misses.head(40).iter_rows():
             print("  ", *r)
+
+
+def _cost_error(rec: pl.DataFrame) -> None:
+    """S against the fault's cost measured with and without it (issue 36: within 2 points), where the report
+    gives an S for a fault it found (its verdict or a finding under the bar)."""
+    if "s_report" not in rec.columns:
+        return
+    d = rec.filter((pl.col("variant") != "clean") & pl.col("s_report").is_not_null() & pl.col("s_true").is_not_null()
+                   & (pl.col("named_right") | pl.col("below_right")))
+    if not d.height:
+        print(f"{'S vs measured cost (found faults)':<52}{'n/a':>22}")
+        return
+    err = (d["s_report"] - d["s_true"]).abs() * 100
+    print(f"{'S vs measured cost: median error, points':<52}{float(err.median()):>22.2f}")
+    within = int((err <= 2).sum())
+    print(f"{'S vs measured cost: within 2 points':<52}{within / d.height:>15.1%} ({within}/{d.height})  issue 36")
+    for r in d.filter(err > 2).select("cfg", "s_report", "s_true").iter_rows():
+        print(f"   S off by more than 2 points: {r[0]}: S {r[1]:.3f}, measured {r[2]:.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:

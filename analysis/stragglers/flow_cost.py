@@ -126,7 +126,12 @@ def step_cost(flow: pl.DataFrame, strategy: Strategy, step_ns: float, culprits: 
     pipes = [p for p in strategy.pp_groups or [] if len(p) > 1]
     bad_pipes = {i for i, p in enumerate(pipes) if culprits & set(p)}
     bad_rings = {i for i, g in enumerate(g for g in strategy.dp_groups or [] if len(g) > 1) if culprits & set(g)}
-    pipe_late = _median_late(pp, starts, bad_pipes, True) if bad_pipes and not pp.is_empty() else None
-    tail = _median_late(dp, starts, bad_rings, False) if bad_rings and not dp.is_empty() else None
-    parts = {"pipeline_late_ns": max(pipe_late or 0.0, 0.0), "sync_tail_ns": max(tail or 0.0, 0.0)}
+    pipe_late = _median_late(pp, starts, bad_pipes, True) if bad_pipes and not pp.is_empty() else 0.0
+    tail = _median_late(dp, starts, bad_rings, False) if bad_rings and not dp.is_empty() else 0.0
+    if pipe_late is None or tail is None:
+        # the culprit is in every pipeline or every ring (a TP group late to all of a pure DP job's rings):
+        # nothing on time shows when the step would end without it
+        return {"extra_ns": None, "why": f"the culprit is in every {'pipeline' if pipe_late is None else 'DP ring'}"
+                                         ": none on time to compare with"}
+    parts = {"pipeline_late_ns": max(pipe_late, 0.0), "sync_tail_ns": max(tail, 0.0)}
     return {"extra_ns": parts["pipeline_late_ns"] + parts["sync_tail_ns"], **parts, "steps": len(starts) - 1}

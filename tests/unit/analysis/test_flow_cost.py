@@ -65,3 +65,12 @@ def test_links_that_never_pause_give_no_cost_and_say_why():
     f = pl.DataFrame(rows, schema=["src_addr", "dst_addr", "start_ns", "end_ns", "exporter"], orient="row")
     c = step_cost(f, STRATEGY, STEP, {"10.0.0.1"})
     assert c["extra_ns"] is None and "never pause" in c["why"]
+
+
+def test_a_culprit_in_every_ring_has_no_reference_and_no_cost():
+    # a pure DP job's TP group late to all rings: nothing on time says when the step would end without it
+    f, step = _steps(slow_pipe=1.25)
+    strategy = Strategy(dp=4, pp=1, dp_groups=STRATEGY.dp_groups)
+    c = step_cost(f.filter(pl.col("src_addr").str.slice(0, 7) == pl.col("dst_addr").str.slice(0, 7)), strategy,
+                  step, {"10.0.0.1", "10.0.1.1"})
+    assert c["extra_ns"] is None and "every DP ring" in c["why"], c
