@@ -54,15 +54,21 @@ from rankscope.datasets.simulator import simulate_fabric  # noqa: E402
 CORPUS_SEED = 13_2026_12
 FULL = os.environ.get("BENCH_FULL") == "1"
 STEP_TOLERANCE = 0.01
+STAGES = os.environ.get("BENCH_STAGES") == "1"
+"""with BENCH_STAGES=1, pipelined jobs also run with their last stage slowed (verdict stage_imbalance)."""
 
 
 def _variants(cfg, rng: np.random.Generator) -> list[tuple[str, tuple, int | None]]:
     """(name, faults, slowed rank) for the clean job and one job per fault kind."""
     link_rank, worker_rank = (int(x) for x in rng.integers(0, cfg.world_size, 2))
-    return [("clean", (), None),
-            ("slow-link", (Fault("slow-link", {"rank": link_rank, "factor": float(rng.uniform(2, 4))}),), link_rank),
-            ("slow-worker", (Fault("slow-worker", {"rank": worker_rank, "factor": float(rng.uniform(1.3, 2))}),),
-             worker_rank)]
+    out = [("clean", (), None),
+           ("slow-link", (Fault("slow-link", {"rank": link_rank, "factor": float(rng.uniform(2, 4))}),), link_rank),
+           ("slow-worker", (Fault("slow-worker", {"rank": worker_rank, "factor": float(rng.uniform(1.3, 2))}),),
+            worker_rank)]
+    if STAGES and cfg.pp > 1:
+        # an imbalanced partition: the last stage computes 1.3-2x the others (issue 36)
+        out.append(("stage-imbalance", (Fault("stage-imbalance", {"factor": float(rng.uniform(1.3, 2))}),), None))
+    return out
 
 
 def step_outcome(steps, truth_ns: float) -> str:
@@ -135,9 +141,12 @@ def score_job(cfg, realism, variant: str, faults: tuple, rank: int | None, tmp: 
     if variant == "clean":
         row["false_alarm"] = bool(culprit)
     else:
-        want = {"slow-link": "communication", "slow-worker": "worker"}[variant]
-        row["named_right"] = s.verdict == want and culprit == t["endpoints"][str(rank)]
-        row["false_alarm"] = bool(culprit) and culprit != t["endpoints"][str(rank)]
+        want = {"slow-link": "communication", "slow-worker": "worker", "stage-imbalance": "stage_imbalance"}[variant]
+        if rank is None:  # a stage, not a rank: the verdict is the answer, and any address named is wrong
+            row["named_right"], row["false_alarm"] = s.verdict == want, bool(culprit)
+        else:
+            row["named_right"] = s.verdict == want and culprit == t["endpoints"][str(rank)]
+            row["false_alarm"] = bool(culprit) and culprit != t["endpoints"][str(rank)]
     return row
 
 
@@ -176,7 +185,7 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
     def share(d: pl.DataFrame, cond) -> str:
         return f"{d.filter(cond).height / d.height:6.1%} ({d.filter(cond).height}/{d.height})" if d.height else "n/a"
 
-    print(f"{df.height} analyses ({df.filter(pl.col('variant') == 'clean').height} jobs x 3), "
+    print(f"{df.height} analyses ({df.filter(pl.col('variant') == 'clean').height} jobs, {df['variant'].n_unique()} variants), "
           f"{secs:.0f} s, {errors} crashed; recognised {share(df, pl.col('recognised'))}; read as part of a "
           f"larger job (wrong) {share(df, pl.col('merged'))}; jobs read in background traffic alone "
           f"{int(df['spurious'].sum())}")
@@ -187,9 +196,12 @@ def report(df: pl.DataFrame, secs: float, errors: int) -> None:
           f"{share(rec, pl.col('step').is_in(['wrong', 'multiple-unflagged'])):>22}  0")
     print(f"{'step time a named multiple of the step':<52}{share(rec, pl.col('step') == 'multiple-named'):>22}")
     for v, label in (("slow-link", "slow link/NIC: communication, address named"),
-                     ("slow-worker", "slow endpoint: worker, address named")):
+                     ("slow-worker", "slow endpoint: worker, address named"),
+                     ("stage-imbalance", "last stage slow: verdict stage_imbalance")):
         d = rec.filter(pl.col("variant") == v)
-        want = "communication" if v == "slow-link" else "worker"
+        if not d.height:
+            continue
+        want = {"slow-link": "communication", "slow-worker": "worker"}.get(v, "stage_imbalance")
         print(f"{label:<52}{share(d, pl.col('named_right')):>22}")
         # a fault that costs under the report's bar is rightly reported as verdict none
         costly = d.filter(pl.col("s_true") >= 1.05)
