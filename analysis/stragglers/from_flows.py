@@ -25,7 +25,7 @@ from rankscope.analysis.report.steps import Steps
 from rankscope.analysis.report.stragglers import FlowsChecks, FlowWorker, RingOrWorker, Stragglers
 from rankscope.analysis.report.strategy import Strategy
 from rankscope.analysis.stragglers.flow_cost import step_cost
-from rankscope.analysis.stragglers.late_arrivals import late_senders, late_stage
+from rankscope.analysis.stragglers.late_arrivals import late_senders, late_stage, late_stage_unread
 from rankscope.analysis.stragglers.link_rates import (
     MIN_PACKETS,
     SLOW_FACTOR,
@@ -113,7 +113,7 @@ def _brief(x: dict, step: float) -> dict:
     return out
 
 
-def _nothing_found(base: dict) -> Stragglers:
+def _nothing_found(base: dict, strategy: Strategy) -> Stragglers:
     """A flows-only section with no finding: not evaluated, with what was checked.
 
     Flows give no ideal step time: S is measured only from a finding's cost. And finding nothing is weak
@@ -123,7 +123,8 @@ def _nothing_found(base: dict) -> Stragglers:
     checks: FlowsChecks = base["flows"]
     rates = checks.link_rates
     checked = {"link_rates": f"{rates['trusted']} of {rates['links']} links' rates compared",
-               "late_dp_links": checks.late_dp_links}
+               "late_dp_links": checks.late_dp_links,
+               "late_pipelines": late_stage_unread(strategy) or "no pipeline falls behind from a stage on"}
     return Stragglers(**base, evaluated=False, why=NOTHING_FOUND, checked=checked, findings_flows=[])
 
 
@@ -279,4 +280,4 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
         return _named_section(found, step, none_below, base, links)
     slow = [x for x in ambiguous if x["kind"] in ("slow_group", "late_pipelines", "late_tp_group")]
     x = max(slow, key=lambda y: y["extra_ns"], default=None)
-    return _nothing_found(base) if x is None else _group_section(x, step, none_below, base)
+    return _nothing_found(base, strategy) if x is None else _group_section(x, step, none_below, base)

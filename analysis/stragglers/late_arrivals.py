@@ -189,6 +189,24 @@ def _upstream_late(z: dict, pipe: int, last: int) -> float:
     return max((sum(zz for _, zz in up[i:]) / np.sqrt(len(up) - i) for i in range(len(up))), default=0.0)
 
 
+def late_stage_unread(strategy: Strategy) -> str | None:
+    """Why late_stage cannot read the job's pipelines at all (None when it can): the report says so where
+    nothing was found (a real gloo DP2 x PP2 job with rank 0 slowed has two pipelines, which tell a late one
+    from a steady difference between them no better than two DP members do)."""
+    pipes = [p for p in strategy.pp_groups or [] if len(p) > 1]
+    if not pipes:
+        return "not evaluated: no pipeline"
+    if (strategy.dp or 1) < 2:
+        return ("not evaluated: one data-parallel replica: its pipelines (copies over tensor-parallel ranks) keep "
+                "time with each other, so none runs late against another")
+    if len(pipes) < 3:
+        return (f"not evaluated: {len(pipes)} pipelines; a late one is told from a steady difference only "
+                "against at least two others")
+    if not (strategy.flows is not None and strategy.flows.stage_order_known):
+        return "not evaluated: the stage order is not known"
+    return None
+
+
 def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolution_ns: int,
                clocks: dict[str, str] | None = None) -> dict | None:
     """The endpoint whose pipeline's forward sends fall behind from its stage on, or None.
