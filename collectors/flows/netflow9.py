@@ -51,3 +51,36 @@ def parse_packet(dec, data: bytes, addr: str) -> None:
         else:
             dec.reject("netflow9: reserved flowset id", data)
         pos += set_len
+
+
+def looks_like_stream(head: bytes) -> bool:
+    """Whether a file starts as NetFlow v9 export packets written back to back (see :func:`stream_packets`)."""
+    if len(head) < HEADER.size + 4 or head[:2] != b"\x00\x09":
+        return False
+    set_id, set_len = SET_HEADER.unpack_from(head, HEADER.size)
+    return (set_id in (0, 1) or set_id >= 256) and set_len >= 4
+
+
+def stream_packets(data: bytes, dec):
+    """Yield (packet, exporter, time) of NetFlow v9 export packets written back to back (as nfcapd's raw
+    dumps and the validation corpus's flows.nf9 hold them).
+
+    v9 has no packet length: a packet ends after ``count`` records, which can be counted only with the
+    templates. But a packet's flowsets never carry the ids 2-255 (reserved), so a flowset boundary that
+    reads 0x0009 is the next packet's header: packets are split there, templates or not. Bytes that fit
+    neither are counted as rejects and end the file.
+    """
+    pos, end = 0, len(data)
+    while pos < end:
+        if end - pos < HEADER.size or data[pos:pos + 2] != b"\x00\x09":
+            dec.reject("netflow9 file: bytes after the last packet are not a NetFlow v9 packet", data[pos:pos + 32])
+            return
+        nxt = pos + HEADER.size
+        while end - nxt >= 4 and data[nxt:nxt + 2] != b"\x00\x09":
+            set_len = SET_HEADER.unpack_from(data, nxt)[1]
+            if set_len < 4 or nxt + set_len > end:
+                dec.reject("netflow9 file: flowset length runs past the end of the file", data[pos:pos + 32])
+                return
+            nxt += set_len
+        yield data[pos:nxt], "file", 0
+        pos = nxt

@@ -158,3 +158,44 @@ def test_netflow5_tcp_flags_byte():
     assert df["tcp_flags"].to_list() == [0x12, 0x11]
     # the bytes either side (pad1, prot, tos) stay where they were
     assert df["protocol"].to_list() == [6, 6] and df["src_port"].to_list() == [5, 6]
+
+
+def test_netflow9_packets_back_to_back_are_split_at_the_next_header():
+    """A raw v9 dump (flows.nf9): no packet length, so packets split where a flowset would start with
+    0x0009, a reserved flowset id; a template-less packet splits the same way, and trailing bytes are
+    counted."""
+    from rankscope.collectors.flows import netflow9
+
+    fields = [(8, 4), (12, 4), (1, 4), (2, 4), (22, 4), (21, 4), (7, 2), (11, 2), (4, 1)]
+    rec = v4("10.0.0.1") + v4("10.0.0.2") + u(3000, 4) + u(2, 4) + u(9_000, 4) + u(9_800, 4) + u(1, 2) + \
+        u(2, 2) + u(17, 1)
+    first = nf9_packet([nf9_template({260: fields}), data_set(260, [rec], pad_to=4)], uptime_ms=10_000,
+                       unix_s=1_700_000_000)
+    second = nf9_packet([data_set(260, [rec, rec], pad_to=4)], uptime_ms=11_000, unix_s=1_700_000_001)
+    assert netflow9.looks_like_stream(first) and not netflow9.looks_like_stream(b"\x00\x0a" + first[2:])
+    dec = FlowDecoder()
+    packets = [p for p, _, _ in netflow9.stream_packets(first + second + b"\x01\x02\x03", dec)]
+    assert packets == [first, second]
+    assert dec.rejects["netflow9 file: bytes after the last packet are not a NetFlow v9 packet"] == 1
+    df, dec = _decode(*packets)
+    assert df.height == 3 and not dec.rejects
+
+
+def test_the_validation_v8_raw_dump_decodes_as_its_generator_wrote_it():
+    import json
+
+    import pytest
+
+    from rankscope.collectors.flows import netflow9
+
+    case = Path(__file__).resolve().parents[4] / "shared" / "validation" / "flows" / "V8-128-slowgpu-v9"
+    if not (case / "flows.nf9").exists():
+        pytest.skip("../shared/validation is not present")
+    dec = FlowDecoder()
+    for p, addr, ts in netflow9.stream_packets((case / "flows.nf9").read_bytes(), dec):
+        dec.feed(p, addr, ts)
+    df = pl.from_arrow(dec.flush(final=True)["flow"])
+    want = json.loads((case / "expect_flows.json").read_text())
+    assert not dec.rejects and dec.datagrams == 1544
+    assert (df.height, int(df["size_bytes"].sum()), int(df["num_packets"].sum())) == \
+        (want["records"], want["octets_raw"], want["packets_raw"])
