@@ -145,3 +145,25 @@ def test_stage_order_comes_from_traffic_not_from_address_order(tmp_path):
 
     want = sorted([flip_ip(x) for x in p] for p in truth["pp_groups_ip"])
     assert sorted(rep["strategy"]["pp_groups"]) == want
+
+
+def test_v8_raw_netflow9_dump_reads_as_its_pcap(tmp_path, scorer):
+    """V8's flows.nf9 (v9 packets back to back, no lengths) is detected and read like the same packets in
+    flows.pcap: the same scored checks pass, with the same step time and cost."""
+    case = VALIDATION / "flows" / "V8-128-slowgpu-v9"
+    if not (case / "flows.nf9").exists():
+        pytest.skip("V8 has no flows.nf9")
+    reports = {}
+    for name in ("flows.nf9", "flows.pcap"):
+        store, out = tmp_path / name / "store", tmp_path / name / "out"
+        r = _cli("ingest", "--store", str(store), "--job", "cap", "-q", str(case / name))
+        assert r.returncode == 0 and "flow 55,296" in r.stdout + r.stderr, r.stdout + r.stderr
+        r = _cli("analyze", "--store", str(store), "--out-dir", str(out), "--no-html")
+        assert r.returncode == 0, r.stderr
+        reports[name] = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    truth = json.loads((case / "truth.json").read_text())
+    k, n = scorer.run_checks(truth, reports["flows.nf9"], "ip", out=lambda _: None)
+    assert k == n
+    a, b = reports["flows.nf9"][0], reports["flows.pcap"][0]
+    assert a["steps"]["median_ns"] == b["steps"]["median_ns"]
+    assert a["stragglers"]["slowdown"] == b["stragglers"]["slowdown"]
