@@ -71,8 +71,8 @@ def main() -> int:
     step_found = step_unknown = step_wrong = 0
     for case_dir in sorted((VALIDATION / "flows").iterdir()):
         truth = json.loads((case_dir / "truth.json").read_text())
-        # no importer reads .nf9 files; a case exported as NetFlow v9 is read from its pcap, as the test does
-        capture = next(p for p in (case_dir / n for n in ("flows.ipfix", "flows.pcap")) if p.exists())
+        # a case exported as NetFlow v9 is read from its raw packets (netflow9_file); the test reads its pcap
+        capture = next(p for p in (case_dir / n for n in ("flows.ipfix", "flows.nf9", "flows.pcap")) if p.exists())
         reps, secs = reports_of(capture)
         lines: list[str] = []
         k, n = sc.run_checks(truth, reps, "ip", out=lines.append)

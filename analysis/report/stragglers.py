@@ -43,9 +43,12 @@ class ArrivalWorker:
 class FlowWorker:
     """An endpoint the flows name: a slow NIC or link, or a late sender."""
 
-    endpoint: str = doc("the address.")
+    endpoint: str = doc("the address; with one_of, the first of them in address order (flows cannot tell which).")
     slowdown: float = doc("the step over the step without its cost.")
     kind: str = doc("what the flows found: slow_nic, slow_link or slow_worker.")
+    one_of: list[str] | None = doc("the addresses the culprit is one of, where flows cannot single it out (the "
+                                   "endpoints of a tensor-parallel group, which run in lock step).", None,
+                                   omit="none")
 
 
 TopWorker = ReplayWorker | ArrivalWorker | FlowWorker

@@ -24,7 +24,8 @@ from rankscope.analysis.fabric.pair_traffic import on_pairs
 from rankscope.analysis.report.steps import Steps
 from rankscope.analysis.report.stragglers import FlowsChecks, FlowWorker, RingOrWorker, Stragglers
 from rankscope.analysis.report.strategy import Strategy
-from rankscope.analysis.stragglers.late_arrivals import late_senders, late_stage
+from rankscope.analysis.stragglers.flow_cost import step_cost
+from rankscope.analysis.stragglers.late_arrivals import late_senders, late_stage, late_stage_unread
 from rankscope.analysis.stragglers.link_rates import (
     MIN_PACKETS,
     SLOW_FACTOR,
@@ -112,7 +113,7 @@ def _brief(x: dict, step: float) -> dict:
     return out
 
 
-def _nothing_found(base: dict) -> Stragglers:
+def _nothing_found(base: dict, strategy: Strategy) -> Stragglers:
     """A flows-only section with no finding: not evaluated, with what was checked.
 
     Flows give no ideal step time: S is measured only from a finding's cost. And finding nothing is weak
@@ -122,7 +123,8 @@ def _nothing_found(base: dict) -> Stragglers:
     checks: FlowsChecks = base["flows"]
     rates = checks.link_rates
     checked = {"link_rates": f"{rates['trusted']} of {rates['links']} links' rates compared",
-               "late_dp_links": checks.late_dp_links}
+               "late_dp_links": checks.late_dp_links,
+               "late_pipelines": late_stage_unread(strategy) or "no pipeline falls behind from a stage on"}
     return Stragglers(**base, evaluated=False, why=NOTHING_FOUND, checked=checked, findings_flows=[])
 
 
@@ -176,12 +178,32 @@ def _checks(flow: pl.DataFrame, strategy: Strategy, steps: Steps, step: float, r
     cands = [link, ring, late]
     if not (link or ring0):
         cands.append(_slow_group_if_tied(flow, strategy, steps, resolution_ns))
+    cands = [_costed(x, flow, strategy, step, clocks) if x else x for x in cands]
     found = [x for x in cands if x and x.get("culprit")]
     ambiguous = [x for x in cands if x and not x.get("culprit")]
     base = {"basis": "flows", "flows": FlowsChecks(link_rates=rates, late_dp_links=said),
             "not_evaluated": unread or None, "ambiguous": RingOrWorker(**crossing) if crossing else None,
             "ambiguous_flows": [{k: v for k, v in x.items() if k != "links"} for x in ambiguous] or None}
     return base, links, found, ambiguous
+
+
+def _costed(x: dict, flow: pl.DataFrame, strategy: Strategy, step: float, clocks) -> dict:
+    """The finding with its cost as a what-if on the step's structure (stragglers.flow_cost), where the flows
+    show that structure: a slow part the job does not wait for costs nothing (never more than the finding's own
+    estimate, an upper bound). Else the finding's own estimate stays (its whole lateness, or the step times its rate factor), and the report says so."""
+    who = {x["culprit"]} if x.get("culprit") else set(x.get("members") or [])
+    if not who:
+        return x
+    c = step_cost(flow, strategy, step, who, clocks)
+    if c["extra_ns"] is None:
+        return {**x, "cost_basis": f"the finding's own lateness or rate ({c['why']})"}
+    # the replay can only hide part of the culprit's own extra time: more than that is other lateness the
+    # step structure picked up (sampled or batched record times, a clean gloo job's jitter), not its cost
+    capped = c["extra_ns"] > x["extra_ns"]
+    return {**x, "extra_ns": min(c["extra_ns"], x["extra_ns"]), "extra_ns_unreplayed": x["extra_ns"],
+            "cost_basis": ("the finding's own lateness or rate: the what-if read more, which is other lateness"
+                           if capped else "what-if: the step with the culprit at its peers' pace"),
+            "cost_parts": {k: c[k] for k in ("pipeline_late_ns", "sync_tail_ns", "steps")}}
 
 
 def _group_section(x: dict, step: float, none_below: float, base: dict) -> Stragglers:
@@ -199,7 +221,10 @@ def _group_section(x: dict, step: float, none_below: float, base: dict) -> Strag
                                    if x["kind"] == "late_pipelines" else
                                    {"late_ns": x["late_ns"], "factor": s,
                                     "factor_vs": "the step without the group's lateness on its DP links"})}
-    return Stragglers(**base, slowdown=s, verdict=cause, by_cause={cause: 1.0}, top_workers=[],
+    # a TP group's endpoints run in lock step: the worker is one of them, each as right as the others
+    top = ([FlowWorker(endpoint=x["one_of"][0], slowdown=s, kind="slow_worker", one_of=list(x["one_of"]))]
+           if cause == "worker" and x.get("one_of") else [])
+    return Stragglers(**base, slowdown=s, verdict=cause, by_cause={cause: 1.0}, top_workers=top,
                       waste_fraction=round(1 - 1 / s, 4), findings_flows=[], steps=[], culprits={cause: who})
 
 
@@ -255,4 +280,4 @@ def flow_straggler_section(flow: pl.DataFrame, strategy: Strategy, steps: Steps,
         return _named_section(found, step, none_below, base, links)
     slow = [x for x in ambiguous if x["kind"] in ("slow_group", "late_pipelines", "late_tp_group")]
     x = max(slow, key=lambda y: y["extra_ns"], default=None)
-    return _nothing_found(base) if x is None else _group_section(x, step, none_below, base)
+    return _nothing_found(base, strategy) if x is None else _group_section(x, step, none_below, base)

@@ -149,7 +149,7 @@ def _late_sender_finding(bad: pl.DataFrame, off_senders: set[str], cands: list[s
         # all-reduce), and each member sits in its own DP ring (a DP16 x TP2 job on two rails: 10.0.0.6
         # and 10.1.0.6 both 0.33 s late): the group is slow, flows cannot tell which member
         group_late = float(bad["late"].median() - med)
-        return {**out, "kind": "late_tp_group", "culprit": None, "members": cands,
+        return {**out, "kind": "late_tp_group", "culprit": None, "members": cands, "one_of": cands,
                 "late_ns": group_late, "extra_ns": group_late, "ambiguous": _why_late_tp_group(len(cands))}
     return {**out, "kind": "late_links", "culprit": None, "members": cands, "ambiguous": _WHY_LATE_LINKS}
 
@@ -187,6 +187,24 @@ def _upstream_late(z: dict, pipe: int, last: int) -> float:
     its robust z at stages k..last-1 summed over the square root of their count (0 with no such stage)."""
     up = sorted((k, zz) for (p, k), (zz, _) in z.items() if p == pipe and k < last)
     return max((sum(zz for _, zz in up[i:]) / np.sqrt(len(up) - i) for i in range(len(up))), default=0.0)
+
+
+def late_stage_unread(strategy: Strategy) -> str | None:
+    """Why late_stage cannot read the job's pipelines at all (None when it can): the report says so where
+    nothing was found (a real gloo DP2 x PP2 job with rank 0 slowed has two pipelines, which tell a late one
+    from a steady difference between them no better than two DP members do)."""
+    pipes = [p for p in strategy.pp_groups or [] if len(p) > 1]
+    if not pipes:
+        return "not evaluated: no pipeline"
+    if (strategy.dp or 1) < 2:
+        return ("not evaluated: one data-parallel replica: its pipelines (copies over tensor-parallel ranks) keep "
+                "time with each other, so none runs late against another")
+    if len(pipes) < 3:
+        return (f"not evaluated: {len(pipes)} pipelines; a late one is told from a steady difference only "
+                "against at least two others")
+    if not (strategy.flows is not None and strategy.flows.stage_order_known):
+        return "not evaluated: the stage order is not known"
+    return None
 
 
 def late_stage(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolution_ns: int,
@@ -442,8 +460,8 @@ def _named_or_ambiguous(out: dict, z: dict, pipes: list[list[str]], late: list[i
         return {**out, "kind": "late_pipelines", "culprit": None, "pipeline": None, "members": members,
                 "ambiguous": _why_late_only_at_last_stage(out["late_ns"])}
     if len(late) > 1:
-        return {**out, "kind": "late_pipelines", "culprit": None, "pipeline": None,
-                "members": sorted(pipes[p][first] for p in late),
+        at = sorted(pipes[p][first] for p in late)
+        return {**out, "kind": "late_pipelines", "culprit": None, "pipeline": None, "members": at, "one_of": at,
                 "ambiguous": _why_pipelines_as_late(len(late), first)}
     return out
 

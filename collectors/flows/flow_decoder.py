@@ -163,6 +163,15 @@ class FlowDecoder:
     def base_ms(self, exporter: int) -> int:
         return self.system_init_ms.get(exporter, -1)
 
+    def note_boot_ms(self, exporter: int, lower_bound_ms: int) -> None:
+        """One packet's lower bound of its exporter's boot time (NetFlow v9: whole UNIX seconds minus
+        sysUptime): the exporter's time base is the latest bound seen, filled into its records at flush."""
+        if not 0 <= lower_bound_ms < MAX_EPOCH_MS:
+            self.reject("netflow9: header time before 1970 or beyond year 2500")
+            return
+        if lower_bound_ms > self.system_init_ms.get(exporter, -1):
+            self.system_init_ms[exporter] = lower_bound_ms
+
     # ----------------------------------------------------------- templates
     def set_template(self, proto: str, exporter: int, tid: int, layout: Layout | None) -> None:
         key = (proto, exporter, tid)

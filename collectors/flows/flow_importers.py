@@ -1,6 +1,6 @@
 """Importers (``rankscope ingest``) for flow export files; registered in collectors/formats.py.
 
-``ipfix_file`` (RFC 5655), ``flow_pcap`` (pcap/pcapng of IPFIX, NetFlow or
+``ipfix_file`` (RFC 5655), ``netflow9_file`` (NetFlow v9 packets back to back), ``flow_pcap`` (pcap/pcapng of IPFIX, NetFlow or
 sFlow export traffic), ``nfdump_csv`` and ``nfdump_json``. Binary inputs go
 through the same :class:`FlowDecoder` as the live collector and come out in
 batches of at most ``CHUNK_RECORDS`` records, so a large capture never sits
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rankscope.collectors.flows import flow_files, template_state
+from rankscope.collectors.flows import flow_files, netflow9, template_state
 from rankscope.collectors.flows.flow_decoder import FlowDecoder
 from rankscope.collectors.importers.contract import (
     ImportBatch,
@@ -71,6 +71,21 @@ class _IpfixFile:
         return _decode(flow_files.ipfix_file_messages(data, dec), dec)
 
 
+class _Netflow9File:
+    name = "netflow9_file"
+    source = "netflow9"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return netflow9.looks_like_stream(head)
+
+    def read(self, path: Path, opts: ImportOptions):
+        dec = template_state.new_decoder()
+        check_size(path)
+        with open_maybe_gzip(path) as f:
+            data = f.read()
+        return _decode(netflow9.stream_packets(data, dec), dec)
+
+
 class _FlowCapture:
     name = "flow_pcap"
     source = "ipfix"
@@ -118,6 +133,7 @@ class _NfdumpJson:
 
 
 IPFIX_FILE = _IpfixFile()
+NETFLOW9_FILE = _Netflow9File()
 FLOW_PCAP = _FlowCapture()
 NFDUMP_CSV = _NfdumpCsv()
 NFDUMP_JSON = _NfdumpJson()

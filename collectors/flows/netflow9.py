@@ -7,6 +7,12 @@ for templates and 1 for options templates (scope and option lengths in bytes,
 scope fields skipped), and times ``FIRST_SWITCHED``/``LAST_SWITCHED`` relative
 to the exporter's uptime, placed on the epoch with the header's ``sys_uptime``
 and ``unix_secs``. Templates are kept per (exporter address, source id).
+
+``unix_secs`` is whole seconds, so one packet's ``unix_secs*1000 - sys_uptime`` is the boot time
+minus up to a second (the fraction of a second when the packet left). An exporter's boot time is the
+latest such value over its packets (any packet sent just before a second ticks over is within a few ms
+of it); records take it at flush as a time base learnt late (FlowDecoder.note_boot_ms), so the records of
+one exporter share one base, and not one base per packet that jitters by up to a second.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ def parse_packet(dec, data: bytes, addr: str) -> None:
         return
     _, _, uptime_ms, unix_s, _, source_id = HEADER.unpack_from(data, 0)
     exporter = dec.exporter_id(addr, source_id)
-    base_ms = unix_s * 1000 - uptime_ms
+    dec.note_boot_ms(exporter, unix_s * 1000 - uptime_ms)
     mv = memoryview(data)
     pos, end = HEADER.size, len(data)
     while end - pos >= 4:
@@ -41,7 +47,40 @@ def parse_packet(dec, data: bytes, addr: str) -> None:
             if err:
                 dec.reject(f"netflow9: {err}", data)
         elif set_id >= 256:
-            dec.data_set("netflow9", exporter, set_id, body, unix_s, base_ms)
+            dec.data_set("netflow9", exporter, set_id, body, unix_s, -1)  # the exporter's boot time, at flush
         else:
             dec.reject("netflow9: reserved flowset id", data)
         pos += set_len
+
+
+def looks_like_stream(head: bytes) -> bool:
+    """Whether a file starts as NetFlow v9 export packets written back to back (see :func:`stream_packets`)."""
+    if len(head) < HEADER.size + 4 or head[:2] != b"\x00\x09":
+        return False
+    set_id, set_len = SET_HEADER.unpack_from(head, HEADER.size)
+    return (set_id in (0, 1) or set_id >= 256) and set_len >= 4
+
+
+def stream_packets(data: bytes, dec):
+    """Yield (packet, exporter, time) of NetFlow v9 export packets written back to back (as nfcapd's raw
+    dumps and the validation corpus's flows.nf9 hold them).
+
+    v9 has no packet length: a packet ends after ``count`` records, which can be counted only with the
+    templates. But a packet's flowsets never carry the ids 2-255 (reserved), so a flowset boundary that
+    reads 0x0009 is the next packet's header: packets are split there, templates or not. Bytes that fit
+    neither are counted as rejects and end the file.
+    """
+    pos, end = 0, len(data)
+    while pos < end:
+        if end - pos < HEADER.size or data[pos:pos + 2] != b"\x00\x09":
+            dec.reject("netflow9 file: bytes after the last packet are not a NetFlow v9 packet", data[pos:pos + 32])
+            return
+        nxt = pos + HEADER.size
+        while end - nxt >= 4 and data[nxt:nxt + 2] != b"\x00\x09":
+            set_len = SET_HEADER.unpack_from(data, nxt)[1]
+            if set_len < 4 or nxt + set_len > end:
+                dec.reject("netflow9 file: flowset length runs past the end of the file", data[pos:pos + 32])
+                return
+            nxt += set_len
+        yield data[pos:nxt], "file", 0
+        pos = nxt

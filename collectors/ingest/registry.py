@@ -23,6 +23,7 @@ IMPORTERS: dict[str, str] = {
     "nccl_inspector": "rankscope.collectors.importers.nccl_inspector:NCCL_INSPECTOR",
     "nsys_sqlite": "rankscope.collectors.importers.nsys_sqlite:NSYS_SQLITE",
     "ipfix_file": "rankscope.collectors.flows.flow_importers:IPFIX_FILE",
+    "netflow9_file": "rankscope.collectors.flows.flow_importers:NETFLOW9_FILE",
     "flow_pcap": "rankscope.collectors.flows.flow_importers:FLOW_PCAP",
     "nfdump_csv": "rankscope.collectors.flows.flow_importers:NFDUMP_CSV",
     "nfdump_json": "rankscope.collectors.flows.flow_importers:NFDUMP_JSON",

@@ -110,8 +110,23 @@ def step_period(keys: np.ndarray, times_ns: np.ndarray, max_candidates: int = 40
         return None
     order = np.lexsort((times_ns, keys))
     k, t = keys[order], times_ns[order].astype(np.int64)
-    same = k[1:] == k[:-1]
-    d = (t[1:] - t[:-1])[same].astype(np.float64)
+    # a link whose records split each step's traffic in b bursts (an idle timeout shorter than a pure
+    # pipeline's pause between its forward and backward sends: V3, PP16) repeats only every b starts
+    for lag in range(1, MAX_BURSTS_PER_STEP + 1):
+        same = k[lag:] == k[:-lag]
+        p = _period_of(t[lag:][same] - t[:-lag][same], max_candidates, max_divisor)
+        if p is not None:
+            return p
+    return None
+
+
+MAX_BURSTS_PER_STEP = 4
+"""a link's records are read as up to this many bursts a step (lag 1 first: one burst a step)."""
+
+
+def _period_of(diffs: np.ndarray, max_candidates: int, max_divisor: int) -> float | None:
+    """The longest period on which distances between record starts of one pair are phase-coherent (step_period)."""
+    d = diffs.astype(np.float64)
     d = d[d > 0]
     if len(d) < 2:
         return None

@@ -74,6 +74,27 @@ def test_netflow9_times_are_placed_on_the_epoch_with_the_header():
     assert df["exporter"][0] == "198.51.100.1/3"
 
 
+def test_netflow9_records_share_their_exporters_boot_time():
+    """unix_secs is whole seconds: packets sent 0.9 s and 0.1 s into a second give boot times 0.8 s apart.
+    Both records must be placed on the latest one (the exporter's boot time, to the packets' precision),
+    so that records exported 2.2 s apart keep their true 0.5 s distance."""
+    fields = [(8, 4), (12, 4), (1, 4), (2, 4), (22, 4), (21, 4), (7, 2), (11, 2), (4, 1)]
+    boot_ms = 1_700_000_000_000 - 50_000
+
+    def pkt(first_ms: int, sent_ms: int) -> bytes:
+        rec = v4("10.0.0.1") + v4("10.0.0.2") + u(3000, 4) + u(2, 4) + u(first_ms, 4) + u(first_ms + 10, 4) + \
+            u(1, 2) + u(2, 2) + u(17, 1)
+        unix_ms = boot_ms + sent_ms
+        return nf9_packet([nf9_template({260: fields}), data_set(260, [rec], pad_to=4)], uptime_ms=sent_ms,
+                          unix_s=unix_ms // 1000)
+
+    df, dec = _decode(pkt(40_000, 49_900), pkt(40_500, 52_100))  # the second sent 0.1 s into its second
+    assert not dec.rejects
+    start = sorted(df["start_ns"].to_list())
+    assert start[1] - start[0] == 500 * 10**6
+    assert start[0] == (boot_ms - 100 + 40_000) * 10**6  # 0.1 s below the boot time: all the header can tell
+
+
 def test_netflow9_options_sampling_and_scope_fields_skipped():
     # Scope type 1 (System) must not be read as element 1 (octets).
     opts = nf9_options_template(300, [(1, 4)], [(34, 4), (49, 1)])
@@ -137,3 +158,44 @@ def test_netflow5_tcp_flags_byte():
     assert df["tcp_flags"].to_list() == [0x12, 0x11]
     # the bytes either side (pad1, prot, tos) stay where they were
     assert df["protocol"].to_list() == [6, 6] and df["src_port"].to_list() == [5, 6]
+
+
+def test_netflow9_packets_back_to_back_are_split_at_the_next_header():
+    """A raw v9 dump (flows.nf9): no packet length, so packets split where a flowset would start with
+    0x0009, a reserved flowset id; a template-less packet splits the same way, and trailing bytes are
+    counted."""
+    from rankscope.collectors.flows import netflow9
+
+    fields = [(8, 4), (12, 4), (1, 4), (2, 4), (22, 4), (21, 4), (7, 2), (11, 2), (4, 1)]
+    rec = v4("10.0.0.1") + v4("10.0.0.2") + u(3000, 4) + u(2, 4) + u(9_000, 4) + u(9_800, 4) + u(1, 2) + \
+        u(2, 2) + u(17, 1)
+    first = nf9_packet([nf9_template({260: fields}), data_set(260, [rec], pad_to=4)], uptime_ms=10_000,
+                       unix_s=1_700_000_000)
+    second = nf9_packet([data_set(260, [rec, rec], pad_to=4)], uptime_ms=11_000, unix_s=1_700_000_001)
+    assert netflow9.looks_like_stream(first) and not netflow9.looks_like_stream(b"\x00\x0a" + first[2:])
+    dec = FlowDecoder()
+    packets = [p for p, _, _ in netflow9.stream_packets(first + second + b"\x01\x02\x03", dec)]
+    assert packets == [first, second]
+    assert dec.rejects["netflow9 file: bytes after the last packet are not a NetFlow v9 packet"] == 1
+    df, dec = _decode(*packets)
+    assert df.height == 3 and not dec.rejects
+
+
+def test_the_validation_v8_raw_dump_decodes_as_its_generator_wrote_it():
+    import json
+
+    import pytest
+
+    from rankscope.collectors.flows import netflow9
+
+    case = Path(__file__).resolve().parents[4] / "shared" / "validation" / "flows" / "V8-128-slowgpu-v9"
+    if not (case / "flows.nf9").exists():
+        pytest.skip("../shared/validation is not present")
+    dec = FlowDecoder()
+    for p, addr, ts in netflow9.stream_packets((case / "flows.nf9").read_bytes(), dec):
+        dec.feed(p, addr, ts)
+    df = pl.from_arrow(dec.flush(final=True)["flow"])
+    want = json.loads((case / "expect_flows.json").read_text())
+    assert not dec.rejects and dec.datagrams == 1544
+    assert (df.height, int(df["size_bytes"].sum()), int(df["num_packets"].sum())) == \
+        (want["records"], want["octets_raw"], want["packets_raw"])
