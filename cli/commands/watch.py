@@ -1,0 +1,133 @@
+"""``rankscope watch``: diagnose a live job window by window as its records land in the store."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import click
+
+from rankscope.analysis.live import LIVE_KINDS, LiveConfig, LiveJob
+from rankscope.analysis.report import WindowEvent, where
+from rankscope.collectors.errors import StoreError, UsageError
+from rankscope.collectors.store import Store
+from rankscope.collectors.tail import StoreTail
+
+
+def window_line(e: WindowEvent) -> str:
+    """The terminal line of one window: step, S, verdict, culprit, cost."""
+    s = "-" if e.slowdown is None else f"{e.slowdown:.2f}"
+    if e.kind == "hang":
+        head = f"step {e.window_end_step:>6}  HANG      {where(e.culprit) if e.culprit is not None else '?'}"
+        return f"{head}  {e.why}"
+    verdict = e.verdict or "not evaluated"
+    culprit = where(e.culprit) if e.culprit is not None else "-"
+    line = f"step {e.window_end_step:>6}  S {s:>5}  {verdict:<18} {culprit:<28} cost {e.analysis_s * 1e3:6.0f} ms"
+    if e.verdict is None and e.why:
+        line += f"  ({e.why})"
+    if e.dropped_windows:
+        line += f"  [{e.dropped_windows} window(s) dropped]"
+    return line
+
+
+class EventSink:
+    """Where each window goes: the terminal, the ``--events`` stream, and the store's live file."""
+
+    def __init__(self, store: Store, events: str | None):
+        self.store = store
+        self.stream = None
+        if events == "-":
+            self.stream = sys.stdout
+        elif events is not None:
+            try:
+                self.stream = open(events, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            except OSError as e:
+                raise UsageError(f"--events {events}: cannot open for writing ({e.strerror or e})") from e
+        # with --events -, stdout carries the JSON lines and the terminal lines go to stderr
+        self.lines_to_err = events == "-"
+
+    def emit(self, e: WindowEvent) -> None:
+        obj = e.to_dict()
+        click.echo(window_line(e), err=self.lines_to_err)
+        if self.stream is not None:
+            self.stream.write(json.dumps(obj, allow_nan=False) + "\n")
+            self.stream.flush()
+        try:
+            self.store.write_live(e.job, obj)
+        except StoreError as err:
+            click.echo(f"rankscope watch: {err}", err=True)
+
+    def close(self) -> None:
+        if self.stream is not None and self.stream is not sys.stdout:
+            self.stream.close()
+
+
+def follow(store: Store, job: str, config: LiveConfig, sink: EventSink, poll_s: float,
+           stop: threading.Event) -> LiveJob:
+    """Poll the store for new parts and analyse each completed window, until ``stop`` is set (then one
+    last poll, so the windows the job completed before it ended are not lost)."""
+    tail = StoreTail(store, job, LIVE_KINDS)
+    live = LiveJob(job, config)
+    while True:
+        last = stop.is_set()
+        live.add(tail.poll())
+        for e in live.windows():
+            sink.emit(e)
+        if last:
+            break
+        stop.wait(poll_s)
+    for path, why in tail.unreadable.items():
+        click.echo(f"rankscope watch: skipped part {path}: {why}", err=True)
+    return live
+
+
+@click.command()
+@click.option("--store", "store_dir", required=True, type=click.Path(file_okay=False),
+              help="trace store the job's ranks write into")
+@click.option("--job", default="default", show_default=True, help="the job to follow")
+@click.option("--window-steps", type=click.IntRange(1), default=4, show_default=True,
+              help="steps per window; a window is analysed once every rank has marked its last step")
+@click.option("--warmup-steps", type=click.IntRange(0), default=4, show_default=True,
+              help="the job's first steps (start-up) are not judged")
+@click.option("--events", default=None, metavar="FILE|-",
+              help="append one JSON object per window to FILE (- for stdout)")
+@click.option("--poll-s", type=click.FloatRange(0.01), default=0.5, show_default=True,
+              help="how often to look for new records")
+@click.option("--max-pending", type=click.IntRange(1), default=2, show_default=True,
+              help="completed windows waiting at most; older ones are dropped (and counted) when analysis lags")
+@click.option("--once", is_flag=True, help="analyse the windows the store holds now, then exit")
+def watch(store_dir, job, window_steps, warmup_steps, events, poll_s, max_pending, once):
+    """Diagnose a running job window by window: step, S, verdict, culprit and cost per window.
+
+    Each completed window of steps goes through the same analysis as ``analyze``, over that window's
+    records only (the cost per window does not grow with the job). A collective stuck past the hook's
+    timeout is reported at once with the ranks that never joined. ``rankscope metrics`` on the same store
+    serves the latest window. Stops on Ctrl-C or SIGTERM after a last look at the store.
+
+    \b
+    Example:
+      rankscope watch --store st --job llama --window-steps 4 --events windows.jsonl
+    """
+    root = Path(store_dir)
+    if not root.is_dir():
+        raise UsageError(f"--store {store_dir}: no such store directory; expected one that `rankscope attach` "
+                         "writes into")
+    config = LiveConfig(window_steps=window_steps, warmup_steps=warmup_steps, max_pending=max_pending)
+    stop = threading.Event()
+    if once:
+        stop.set()
+    else:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    sink = EventSink(Store(root), events)
+    t0 = time.monotonic()
+    try:
+        live = follow(Store(root), job, config, sink, poll_s, stop)
+    finally:
+        sink.close()
+    click.echo(f"rankscope watch: job {job}: steps up to {live.next_step - 1} analysed, "
+               f"{live.dropped} window(s) dropped, {time.monotonic() - t0:.1f} s", err=True)
