@@ -28,6 +28,7 @@ from rankscope.analysis.hangs import stuck_collectives
 from rankscope.analysis.report.diagnosis import Diagnosis, WindowEvent
 from rankscope.analysis.report.findings import OneOf, Rank
 from rankscope.analysis.report.strategy import degree_text
+from rankscope.analysis.stragglers.findings import measured_findings
 from rankscope.collectors.errors import ConfigError, RankscopeError
 from rankscope.collectors.job_frames import JobFrames
 
@@ -140,7 +141,7 @@ class LiveJob:
             self._forget(b)
             return WindowEvent(job=self.job, kind="window", window_start_step=a, window_end_step=b, slowdown=None,
                                verdict=None, culprit=None, why=f"warm-up: the job's first {self.config.warmup_steps} "
-                               "steps are not judged", analysis_s=time.perf_counter() - t0,
+                               "steps are not judged", analysis_s=time.perf_counter() - t0, at_ns=time.time_ns(),
                                dropped_windows=self.dropped)
         try:
             d = analyze_model(model_of(self._frames(rows), self.config.diagnose), self.config.diagnose)[0]
@@ -151,7 +152,7 @@ class LiveJob:
         self._forget(b)
         if d is None:
             return WindowEvent(job=self.job, kind="window", window_start_step=a, window_end_step=b, slowdown=None,
-                               verdict=None, culprit=None, why=why, analysis_s=time.perf_counter() - t0,
+                               verdict=None, culprit=None, why=why, analysis_s=time.perf_counter() - t0, at_ns=time.time_ns(),
                                dropped_windows=self.dropped)
         return self._event(d, a, b, time.perf_counter() - t0)
 
@@ -167,11 +168,14 @@ class LiveJob:
         else:
             check = "same" if text == self.strategy else f"{text or 'not evaluated'} (was {self.strategy})"
         culprit = d.findings[0].culprit if st.evaluated and st.verdict not in (None, "none") and d.findings else None
+        named, why = _straggler(d, culprit)
         return WindowEvent(job=self.job, kind="window", window_start_step=a, window_end_step=b,
                            slowdown=st.slowdown if st.evaluated else None, verdict=st.verdict if st.evaluated else None,
-                           culprit=culprit, findings=list(d.findings), hangs=list(d.hangs), basis=st.basis,
+                           culprit=culprit, findings=list(d.findings), hangs=list(d.hangs), straggler=named,
+                           basis=st.basis,
                            step_time_ns=step_ns, vs_job_median=vs, strategy=self.strategy, strategy_check=check,
-                           why=None if st.evaluated else st.why, analysis_s=cost_s, dropped_windows=self.dropped)
+                           why=why, analysis_s=cost_s, at_ns=time.time_ns(),
+                           dropped_windows=self.dropped)
 
     def _hang(self, done: int | None) -> WindowEvent | None:
         """A hang event when the hook dumped pending calls not reported yet."""
@@ -194,7 +198,24 @@ class LiveJob:
                            slowdown=None, verdict=None, culprit=culprit, hangs=hangs, strategy=self.strategy,
                            why="a collective waited past the hook's timeout: "
                                + (f"rank(s) {missing} never joined" if missing else "no member is missing"),
-                           analysis_s=time.perf_counter() - t0, dropped_windows=self.dropped)
+                           analysis_s=time.perf_counter() - t0, at_ns=time.time_ns(), dropped_windows=self.dropped)
+
+
+UNCONFIRMED = ("the verdict's culprit has no finding of its own in this window (no threshold of the section "
+               "listed it): S {s:.3f} over {n} steps is within a short window's noise, so no straggler is raised")
+
+
+def _straggler(d: Diagnosis, culprit) -> tuple[bool, str | None]:
+    """(whether the window names a straggler, why not when its verdict is a cause; see WindowEvent.straggler)."""
+    st = d.stragglers
+    if not st.evaluated:
+        return False, st.why
+    if culprit is None:
+        return False, None
+    first = d.findings[0]
+    if any(f.kind == first.kind and f.culprit == first.culprit for f in measured_findings(st)):
+        return True, None
+    return False, UNCONFIRMED.format(s=st.slowdown, n=len(st.steps or []))
 
 
 def _warmup_flags(d: Diagnosis) -> list[bool]:

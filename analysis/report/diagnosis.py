@@ -74,6 +74,10 @@ class WindowEvent:
                                   "ranks); null for verdict none.")
     findings: list[Finding] = doc("the window's findings, as the report's ``findings``.", factory=list)
     hangs: list[Hang] = doc("stuck collectives, as the report's ``hangs``.", factory=list)
+    straggler: bool = doc("the window names a straggler: its verdict is a cause whose culprit the section measured "
+                          "itself (a finding over its threshold, e.g. a rank >= 1.2x its stage peers in most of "
+                          "the window's steps). A cause verdict without such a finding is within the noise of a "
+                          "few steps on a busy host, and ``why`` says so.", False)
     basis: str | None = doc("what S was computed from, as ``stragglers.basis``.", None)
     step_time_ns: float | None = doc("the window's median step duration.", None)
     vs_job_median: float | None = doc("that over the median step of the job's earlier windows (null for the "
@@ -82,6 +86,7 @@ class WindowEvent:
     strategy_check: str | None = doc("same, or what changed against the first window's strategy.", None)
     why: str | None = doc("why the window was not evaluated.", None, omit="none")
     analysis_s: float = doc("seconds the window's analysis took (its cost).", 0.0)
+    at_ns: int = doc("when the event was made (Unix epoch, ns; the recording hosts' clock).", 0)
     dropped_windows: int = doc("windows left unanalysed so far because the analysis fell behind (the bounded "
                                "queue was full).", 0)
 

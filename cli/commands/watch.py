@@ -17,6 +17,8 @@ from rankscope.collectors.errors import StoreError, UsageError
 from rankscope.collectors.store import Store
 from rankscope.collectors.tail import StoreTail
 
+ONCE_MAX_PENDING = 1 << 30
+
 
 def window_line(e: WindowEvent) -> str:
     """The terminal line of one window: step, S, verdict, culprit, cost."""
@@ -24,10 +26,10 @@ def window_line(e: WindowEvent) -> str:
     if e.kind == "hang":
         head = f"step {e.window_end_step:>6}  HANG      {where(e.culprit) if e.culprit is not None else '?'}"
         return f"{head}  {e.why}"
-    verdict = e.verdict or "not evaluated"
+    verdict = (e.verdict or "not evaluated") + ("" if e.straggler or e.culprit is None else "?")
     culprit = where(e.culprit) if e.culprit is not None else "-"
     line = f"step {e.window_end_step:>6}  S {s:>5}  {verdict:<18} {culprit:<28} cost {e.analysis_s * 1e3:6.0f} ms"
-    if e.verdict is None and e.why:
+    if (e.verdict is None or not e.straggler) and e.why:
         line += f"  ({e.why})"
     if e.dropped_windows:
         line += f"  [{e.dropped_windows} window(s) dropped]"
@@ -116,7 +118,9 @@ def watch(store_dir, job, window_steps, warmup_steps, events, poll_s, max_pendin
     if not root.is_dir():
         raise UsageError(f"--store {store_dir}: no such store directory; expected one that `rankscope attach` "
                          "writes into")
-    config = LiveConfig(window_steps=window_steps, warmup_steps=warmup_steps, max_pending=max_pending)
+    # --once follows no live job, so it cannot fall behind one: every window is analysed
+    config = LiveConfig(window_steps=window_steps, warmup_steps=warmup_steps,
+                        max_pending=ONCE_MAX_PENDING if once else max_pending)
     stop = threading.Event()
     if once:
         stop.set()
