@@ -106,7 +106,7 @@ class LiveJob:
 
     # ------------------------------------------------------------------ windows
     def windows(self) -> list[WindowEvent]:
-        """Events of the windows completed since the last call (at most ``max_pending``), else of a hang."""
+        """Events of the windows completed since the last call (at most ``max_pending``), then of a new hang."""
         done = self.completed_step()
         n = self.config.window_steps
         ready = [] if done is None else list(range(self.next_step, done - n + 2, n))
@@ -116,10 +116,9 @@ class LiveJob:
             self._forget(ready[skip] - 1)
             ready = ready[skip:]
         events = [self._window(a, a + n - 1) for a in ready]
-        if not events:
-            hang = self._hang(done)
-            if hang is not None:
-                events.append(hang)
+        hang = self._hang(done)
+        if hang is not None:
+            events.append(hang)
         return events
 
     def _frames(self, rows: dict[str, pl.DataFrame]) -> JobFrames:
@@ -191,7 +190,9 @@ class LiveJob:
         if not new:
             return None
         self.hangs_seen.update((h.group_key, h.seq, tuple(h.missing), tuple(h.pending_ranks)) for h in hangs)
-        missing = sorted({r for h in hangs for r in h.missing})
+        # a rank that waits in another stuck call is missing as a consequence; the roots wait nowhere
+        roots = [h for h in hangs if h.root_cause] or hangs
+        missing = sorted({r for h in roots for r in h.missing})
         culprit = (Rank(missing[0]) if len(missing) == 1 else OneOf(one_of=missing, stage=None)) if missing else None
         end = done if done is not None else self.next_step - 1
         return WindowEvent(job=self.job, kind="hang", window_start_step=self.next_step, window_end_step=end,
