@@ -81,6 +81,8 @@ class LiveJob:
         self.strategy: str | None = None
         self.dropped = 0
         self.hangs_seen: set[tuple] = set()
+        self.streak: tuple[object, int] = (None, 0)
+        """the last straggler named (verdict and culprit) and in how many windows in a row."""
 
     # ------------------------------------------------------------------ input
     def add(self, new: dict[str, pl.DataFrame]) -> None:
@@ -168,10 +170,12 @@ class LiveJob:
             check = "same" if text == self.strategy else f"{text or 'not evaluated'} (was {self.strategy})"
         culprit = d.findings[0].culprit if st.evaluated and st.verdict not in (None, "none") and d.findings else None
         named, why = _straggler(d, culprit)
+        key = (st.verdict, repr(culprit)) if named else None
+        self.streak = (key, self.streak[1] + 1 if key is not None and key == self.streak[0] else int(named))
         return WindowEvent(job=self.job, kind="window", window_start_step=a, window_end_step=b,
                            slowdown=st.slowdown if st.evaluated else None, verdict=st.verdict if st.evaluated else None,
                            culprit=culprit, findings=list(d.findings), hangs=list(d.hangs), straggler=named,
-                           basis=st.basis,
+                           straggler_windows=self.streak[1], basis=st.basis,
                            step_time_ns=step_ns, vs_job_median=vs, strategy=self.strategy, strategy_check=check,
                            why=why, analysis_s=cost_s, at_ns=time.time_ns(),
                            dropped_windows=self.dropped)

@@ -78,6 +78,8 @@ class WindowEvent:
                           "itself (a finding over its threshold, e.g. a rank >= 1.2x its stage peers in most of "
                           "the window's steps). A cause verdict without such a finding is within the noise of a "
                           "few steps on a busy host, and ``why`` says so.", False)
+    straggler_windows: int = doc("consecutive windows, this one included, that named the same straggler (0 when "
+                                 "this one names none).", 0)
     basis: str | None = doc("what S was computed from, as ``stragglers.basis``.", None)
     step_time_ns: float | None = doc("the window's median step duration.", None)
     vs_job_median: float | None = doc("that over the median step of the job's earlier windows (null for the "
