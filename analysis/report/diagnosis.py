@@ -86,7 +86,8 @@ class WindowEvent:
                                       "first).", None)
     strategy: str | None = doc("the strategy of the first window, ``dp/pp/tp``.", None)
     strategy_check: str | None = doc("same, or what changed against the first window's strategy.", None)
-    why: str | None = doc("why the window was not evaluated.", None, omit="none")
+    why: str | None = doc("why the window was not evaluated, why its cause verdict raises no straggler, or which "
+                          "ranks a hang waits for.", None, omit="none")
     analysis_s: float = doc("seconds the window's analysis took (its cost).", 0.0)
     at_ns: int = doc("when the event was made (Unix epoch, ns; the recording hosts' clock).", 0)
     dropped_windows: int = doc("windows left unanalysed so far because the analysis fell behind (the bounded "
