@@ -61,12 +61,13 @@ def main(argv=None) -> int:
         for i in range(args.runs):
             ev, wall = one_run(Path(d) / f"slow{i}", True)
             delays.append(detection(ev))
+            dropped = ev[-1]["dropped_windows"] if ev else None
             ev, wall_c = one_run(Path(d) / f"clean{i}", False)
             raised = [(e["window_end_step"], e["verdict"], round(e["slowdown"], 3)) for e in ev if e["straggler"]]
             false_alarms.append(raised)
             max_clean_s.append(max((e["slowdown"] or 0) for e in ev))
             print(f"run {i}: slowed job named rank {SLOW_RANK} {delays[-1]} steps after step {SLOW_FROM} "
-                  f"({wall:.0f} s); clean job raised {raised or 'nothing'}, max window S {max_clean_s[-1]:.3f} "
+                  f"({wall:.0f} s with the lock wait, {dropped} windows dropped); clean job raised {raised or 'nothing'}, max window S {max_clean_s[-1]:.3f} "
                   f"({wall_c:.0f} s)", flush=True)
     ok_delay = all(x is not None and 0 <= x <= 3 for x in delays)
     ok_clean = not any(false_alarms)

@@ -48,8 +48,10 @@ class LiveConfig:
     """the job's first steps, not judged: start-up (rendezvous, each pair's first connection, the allocator)
     runs at no steady pace, and a window of it names whichever rank set up last (analyze leaves start-up
     steps out the same way, by the job's pace, which a live job does not know yet)."""
-    max_pending: int = 2
-    """completed windows waiting for analysis at most; older ones are dropped and counted."""
+    max_pending: int = 16
+    """completed windows waiting for analysis at most; older ones are dropped and counted. A window's rows are
+    what it holds in memory, so this bounds memory; 16 covers a busy host's stalls (a loaded 2-core machine
+    stalled the watcher for 15 s, 5 windows of a 4-rank job, with a bound of 2)."""
     diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
 
     def __post_init__(self):
@@ -138,17 +140,16 @@ class LiveJob:
         t0 = time.perf_counter()
         rows = self._in(a, b)
         if b < self.config.warmup_steps:
+            # analysed all the same, the verdict unused: the first analysis of a process is the slow one
+            # (imports, first calls), and paying it here keeps the first judged window from lagging the job
+            self._analyse(rows)
             self.context = rows
             self._forget(b)
             return WindowEvent(job=self.job, kind="window", window_start_step=a, window_end_step=b, slowdown=None,
                                verdict=None, culprit=None, why=f"warm-up: the job's first {self.config.warmup_steps} "
                                "steps are not judged", analysis_s=time.perf_counter() - t0, at_ns=time.time_ns(),
                                dropped_windows=self.dropped)
-        try:
-            d = analyze_model(model_of(self._frames(rows), self.config.diagnose), self.config.diagnose)[0]
-        except (RankscopeError, ValueError) as e:
-            d = None
-            why = f"{type(e).__name__}: {e}"
+        d, why = self._analyse(rows)
         self.context = rows
         self._forget(b)
         if d is None:
@@ -156,6 +157,12 @@ class LiveJob:
                                verdict=None, culprit=None, why=why, analysis_s=time.perf_counter() - t0, at_ns=time.time_ns(),
                                dropped_windows=self.dropped)
         return self._event(d, a, b, time.perf_counter() - t0)
+
+    def _analyse(self, rows: dict[str, pl.DataFrame]) -> tuple[Diagnosis | None, str | None]:
+        try:
+            return analyze_model(model_of(self._frames(rows), self.config.diagnose), self.config.diagnose)[0], None
+        except (RankscopeError, ValueError) as e:
+            return None, f"{type(e).__name__}: {e}"
 
     def _event(self, d: Diagnosis, a: int, b: int, cost_s: float) -> WindowEvent:
         st = d.stragglers

@@ -99,7 +99,7 @@ def follow(store: Store, job: str, config: LiveConfig, sink: EventSink, poll_s: 
               help="append one JSON object per window to FILE (- for stdout)")
 @click.option("--poll-s", type=click.FloatRange(0.01), default=0.5, show_default=True,
               help="how often to look for new records")
-@click.option("--max-pending", type=click.IntRange(1), default=2, show_default=True,
+@click.option("--max-pending", type=click.IntRange(1), default=16, show_default=True,
               help="completed windows waiting at most; older ones are dropped (and counted) when analysis lags")
 @click.option("--once", is_flag=True, help="analyse the windows the store holds now, then exit")
 def watch(store_dir, job, window_steps, warmup_steps, events, poll_s, max_pending, once):
