@@ -176,7 +176,7 @@ class LiveJob:
         else:
             check = "same" if text == self.strategy else f"{text or 'not evaluated'} (was {self.strategy})"
         culprit = d.findings[0].culprit if st.evaluated and st.verdict not in (None, "none") and d.findings else None
-        named, why = _straggler(d, culprit)
+        named, why = straggler_named(d, culprit)
         key = (st.verdict, repr(culprit)) if named else None
         self.streak = (key, self.streak[1] + 1 if key is not None and key == self.streak[0] else int(named))
         return WindowEvent(job=self.job, kind="window", window_start_step=a, window_end_step=b,
@@ -217,7 +217,7 @@ UNCONFIRMED = ("the verdict's culprit has no finding of its own in this window (
                "listed it): S {s:.3f} over {n} steps is within a short window's noise, so no straggler is raised")
 
 
-def _straggler(d: Diagnosis, culprit) -> tuple[bool, str | None]:
+def straggler_named(d: Diagnosis, culprit) -> tuple[bool, str | None]:
     """(whether the window names a straggler, why not when its verdict is a cause; see WindowEvent.straggler)."""
     st = d.stragglers
     if not st.evaluated:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from rankscope.analysis.live import LIVE_KINDS, LiveConfig, LiveJob
+from rankscope.analysis.live import LIVE_KINDS, LiveCapture, LiveConfig, LiveFlowConfig, LiveJob
 from rankscope.analysis.report import WindowEvent, where
 from rankscope.collectors.errors import StoreError, UsageError
 from rankscope.collectors.store import Store
@@ -68,12 +68,13 @@ class EventSink:
             self.stream.close()
 
 
-def follow(store: Store, job: str, config: LiveConfig, sink: EventSink, poll_s: float,
-           stop: threading.Event) -> LiveJob:
+def follow(store: Store, job: str, config: LiveConfig | LiveFlowConfig, sink: EventSink, poll_s: float,
+           stop: threading.Event) -> LiveJob | LiveCapture:
     """Poll the store for new parts and analyse each completed window, until ``stop`` is set (then one
-    last poll, so the windows the job completed before it ended are not lost)."""
-    tail = StoreTail(store, job, LIVE_KINDS)
-    live = LiveJob(job, config)
+    last poll, so the windows the job completed before it ended are not lost). A flow capture
+    (:class:`LiveFlowConfig`) is followed by time windows, per job it holds."""
+    tail = StoreTail(store, job, ("flow",) if isinstance(config, LiveFlowConfig) else LIVE_KINDS)
+    live = LiveCapture(job, config) if isinstance(config, LiveFlowConfig) else LiveJob(job, config)
     while True:
         last = stop.is_set()
         live.add(tail.poll())
@@ -101,8 +102,12 @@ def follow(store: Store, job: str, config: LiveConfig, sink: EventSink, poll_s: 
               help="how often to look for new records")
 @click.option("--max-pending", type=click.IntRange(1), default=16, show_default=True,
               help="completed windows waiting at most; older ones are dropped (and counted) when analysis lags")
+@click.option("--window-s", type=click.FloatRange(0.1), default=10.0, show_default=True,
+              help="a flow capture (--job names one): seconds of flows per window")
+@click.option("--flows", is_flag=True,
+              help="--job is a flow capture (found by itself when the store already holds its flows)")
 @click.option("--once", is_flag=True, help="analyse the windows the store holds now, then exit")
-def watch(store_dir, job, window_steps, warmup_steps, events, poll_s, max_pending, once):
+def watch(store_dir, job, window_steps, warmup_steps, events, poll_s, max_pending, window_s, flows, once):
     """Diagnose a running job window by window: step, S, verdict, culprit and cost per window.
 
     Each completed window of steps goes through the same analysis as ``analyze``, over that window's
@@ -113,6 +118,7 @@ def watch(store_dir, job, window_steps, warmup_steps, events, poll_s, max_pendin
     \b
     Example:
       rankscope watch --store st --job llama --window-steps 4 --events windows.jsonl
+      rankscope watch --store st --job fabric --window-s 10     (a flow capture: per job it holds)
     """
     root = Path(store_dir)
     if not root.is_dir():
@@ -121,6 +127,8 @@ def watch(store_dir, job, window_steps, warmup_steps, events, poll_s, max_pendin
     # --once follows no live job, so it cannot fall behind one: every window is analysed
     config = LiveConfig(window_steps=window_steps, warmup_steps=warmup_steps,
                         max_pending=ONCE_MAX_PENDING if once else max_pending)
+    if flows or is_capture(Store(root), job):
+        config = LiveFlowConfig(window_s=window_s)
     stop = threading.Event()
     if once:
         stop.set()
@@ -133,5 +141,14 @@ def watch(store_dir, job, window_steps, warmup_steps, events, poll_s, max_pendin
         live = follow(Store(root), job, config, sink, poll_s, stop)
     finally:
         sink.close()
+    if isinstance(live, LiveCapture):
+        click.echo(f"rankscope watch: capture {job}: jobs {sorted(live.jobs) or 'none'} ({live.recognitions} "
+                   f"recognition(s)), {time.monotonic() - t0:.1f} s", err=True)
+        return
     click.echo(f"rankscope watch: job {job}: steps up to {live.next_step - 1} analysed, "
                f"{live.dropped} window(s) dropped, {time.monotonic() - t0:.1f} s", err=True)
+
+
+def is_capture(store: Store, job: str) -> bool:
+    """A flow capture: flow records under the name, and none of a training job's own."""
+    return bool(store.parts("flow", job)) and not any(store.parts(k, job) for k in ("comm_op", "step_mark"))

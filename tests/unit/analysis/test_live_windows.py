@@ -116,3 +116,29 @@ def test_tail_reads_each_part_once_and_skips_a_broken_one(tmp_path, slow_job):
     Store(tmp_path / "st").write("comm_op", res.tables["comm_op"].slice(0, 5), job="live")
     again = tail.poll()
     assert again["comm_op"].height == 5 and str(part) in tail.unreadable
+
+
+def test_a_flow_capture_is_followed_by_time_windows_and_re_recognised_on_new_endpoints():
+    """A slow NIC (10.0.0.6, 4x) in a DP4 x PP2 job seen by flows alone; a second job starts mid-capture."""
+    from rankscope.analysis.live import LiveCapture, LiveFlowConfig
+
+    first = simulate(SimConfig(job="a", dp=4, pp=2, steps=12, gpus_per_host=1, flows=True,
+                               faults=(Fault("slow-link", {"rank": 5, "factor": 4.0}),)))
+    fa = pl.from_arrow(first.tables["flow"]).sort("end_ns")
+    t_mid = int(fa["end_ns"].quantile(0.5))
+    second = simulate(SimConfig(job="b", dp=2, pp=1, steps=12, gpus_per_host=1, flows=True, host_offset=16,
+                                start_ns=t_mid))
+    fb = pl.from_arrow(second.tables["flow"])
+    both = pl.concat([fa, fb.cast(fa.schema)]).sort("end_ns")
+    live = LiveCapture("fabric", LiveFlowConfig(window_s=7.0))
+    events = []
+    for chunk in both.iter_slices(50):
+        live.add({"flow": chunk})
+        events += live.windows()
+    assert live.recognitions >= 2 and len(live.jobs) == 2, live.jobs  # the second job's endpoints re-recognised
+    slow = [e for e in events if "10.0.0.6" in {a for eps in live.jobs.values() for a in eps}
+            and e.job == next(n for n, eps in live.jobs.items() if "10.0.0.6" in eps)]
+    assert slow and all(e.verdict == "communication" for e in slow if e.verdict), [(e.verdict, e.why) for e in slow]
+    assert any("10.0.0.6" in str(e.culprit) for e in slow)
+    steps = [(e.window_start_step, e.window_end_step) for e in slow]
+    assert all(b >= a for a, b in steps) and steps == sorted(steps)

@@ -77,3 +77,17 @@ def test_a_live_hang_is_a_series_per_missing_rank(tmp_path):
 
 def test_watch_on_a_missing_store_is_a_usage_error(tmp_path):
     assert main(["watch", "--store", str(tmp_path / "nope"), "--once"]) == 2
+
+
+def test_watch_follows_a_flow_capture_per_job_it_holds(tmp_path, capsys):
+    cfg = SimConfig(job="j", dp=4, pp=2, steps=10, gpus_per_host=1, flows=True,
+                    faults=(Fault("slow-link", {"rank": 5, "factor": 4.0}),))
+    write_store(simulate(cfg), tmp_path / "st")
+    assert main(["watch", "--store", str(tmp_path / "st"), "--job", "fabric", "--once", "--window-s", "6",
+                 "--events", "-"]) == 0
+    cap = capsys.readouterr()
+    events = [json.loads(x) for x in cap.out.splitlines()]
+    assert events and {e["job"] for e in events} == {"fabric"}
+    judged = [e for e in events if e["verdict"]]
+    assert judged and all(e["verdict"] == "communication" and "10.0.0.6" in json.dumps(e["culprit"]) for e in judged)
+    assert "capture fabric: jobs ['fabric']" in cap.err
