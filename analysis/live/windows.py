@@ -42,6 +42,11 @@ class LiveConfig:
 
     window_steps: int = 4
     """steps per window; a window is analysed once every rank has marked its last step."""
+    hop_steps: int | None = None
+    """steps from one window's start to the next (None: ``window_steps``, windows that do not overlap). A
+    slowdown is named once most of a window's steps are slow: at most ``window_steps // 2 + hop_steps - 1``
+    steps after it starts (3 for 4-step windows with a hop of 2), against up to ``window_steps + 1`` without
+    overlap; each step is then analysed ``window_steps / hop_steps`` times."""
     history_steps: int = 512
     """step durations kept as the job's own pace (the median a window is compared with)."""
     warmup_steps: int = 4
@@ -55,6 +60,8 @@ class LiveConfig:
     diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
 
     def __post_init__(self):
+        if self.hop_steps is not None and not 1 <= self.hop_steps <= self.window_steps:
+            raise ConfigError(f"LiveConfig: hop_steps={self.hop_steps}; expected 1 to window_steps={self.window_steps}")
         if self.window_steps < 1 or self.history_steps < 1 or self.max_pending < 1 or self.warmup_steps < 0:
             raise ConfigError(f"LiveConfig: window_steps={self.window_steps}, history_steps={self.history_steps}, "
                               f"max_pending={self.max_pending}, warmup_steps={self.warmup_steps}; expected each "
@@ -78,6 +85,9 @@ class LiveJob:
         self.context: dict[str, pl.DataFrame] = {}
         """the last analysed window's rows (for a hang's context)."""
         self.next_step = 0
+        self.hop = self.config.hop_steps or self.config.window_steps
+        self.paced_upto = -1
+        """the last step whose duration is in the pace history (overlapping windows share steps)."""
         self.ranks: set[int] = set()
         self.pace: deque[int] = deque(maxlen=self.config.history_steps)
         self.strategy: str | None = None
@@ -113,7 +123,7 @@ class LiveJob:
         """Events of the windows completed since the last call (at most ``max_pending``), then of a new hang."""
         done = self.completed_step()
         n = self.config.window_steps
-        ready = [] if done is None else list(range(self.next_step, done - n + 2, n))
+        ready = [] if done is None else list(range(self.next_step, done - n + 2, self.hop))
         if len(ready) > self.config.max_pending:
             skip = len(ready) - self.config.max_pending
             self.dropped += skip
@@ -144,14 +154,14 @@ class LiveJob:
             # (imports, first calls), and paying it here keeps the first judged window from lagging the job
             self._analyse(rows)
             self.context = rows
-            self._forget(b)
+            self._forget(a + self.hop - 1)
             return WindowEvent(job=self.job, kind="window", window_start_step=a, window_end_step=b, slowdown=None,
                                verdict=None, culprit=None, why=f"warm-up: the job's first {self.config.warmup_steps} "
                                "steps are not judged", analysis_s=time.perf_counter() - t0, at_ns=time.time_ns(),
                                dropped_windows=self.dropped)
         d, why = self._analyse(rows)
         self.context = rows
-        self._forget(b)
+        self._forget(a + self.hop - 1)
         if d is None:
             return WindowEvent(job=self.job, kind="window", window_start_step=a, window_end_step=b, slowdown=None,
                                verdict=None, culprit=None, why=why, analysis_s=time.perf_counter() - t0, at_ns=time.time_ns(),
@@ -166,10 +176,11 @@ class LiveJob:
 
     def _event(self, d: Diagnosis, a: int, b: int, cost_s: float) -> WindowEvent:
         st = d.stragglers
-        durs = [x for x, w in zip(d.steps.durations_ns or [], _warmup_flags(d)) if not w]
-        step_ns = float(pl.Series(durs).median()) if durs else None
+        steps = [(i, x) for i, x, w in _step_durations(d) if not w]
+        step_ns = float(pl.Series([x for _, x in steps]).median()) if steps else None
         vs = step_ns / float(pl.Series(list(self.pace)).median()) if step_ns and self.pace else None
-        self.pace.extend(durs)
+        self.pace.extend(x for i, x in steps if i > self.paced_upto)
+        self.paced_upto = max([self.paced_upto, *(i for i, _ in steps)])
         text = _strategy_text(d)
         if self.strategy is None:
             self.strategy, check = text, ("first" if text else None)
@@ -230,9 +241,11 @@ def straggler_named(d: Diagnosis, culprit) -> tuple[bool, str | None]:
     return False, UNCONFIRMED.format(s=st.slowdown, n=len(st.steps or []))
 
 
-def _warmup_flags(d: Diagnosis) -> list[bool]:
-    """Per step of the window's step table: whether the one step definition calls it warm-up."""
-    n = len(d.steps.durations_ns or [])
+def _step_durations(d: Diagnosis) -> list[tuple[int, int, bool]]:
+    """(step id, duration, whether the one step definition calls it warm-up) of each step of a window."""
+    durs = d.steps.durations_ns or []
     ids = d.steps.table.step_ids if d.steps.table is not None else []
+    if len(ids) != len(durs):
+        return []
     left = {w.step for w in d.steps.warmup}
-    return [i in left for i in ids] if len(ids) == n else [False] * n
+    return [(int(i), int(x), i in left) for i, x in zip(ids, durs)]

@@ -62,10 +62,11 @@ def hook_reports(store_root: Path, job: str, since_s: float) -> list:
               help="hook every Python process of the command, not only torch.distributed ranks")
 @click.option("--live", is_flag=True, help="run `rankscope watch` beside the job: a line per window of steps")
 @click.option("--window-steps", type=click.IntRange(1), default=4, show_default=True, help="with --live: steps per window")
+@click.option("--hop-steps", type=click.IntRange(1), default=None, help="with --live: steps between window starts")
 @click.option("--events", default=None, metavar="FILE|-", help="with --live: one JSON object per window to FILE")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def attach(store_dir, job, flush_interval_s, buffer_mb, hang_timeout_s, no_watchdog, all_processes, live,
-           window_steps, events, command):
+           window_steps, hop_steps, events, command):
     """Run COMMAND with rankscope's hook in every rank process; exits with COMMAND's exit code.
 
     Each rank records its torch.distributed calls (comm_op), steps (step_mark)
@@ -86,7 +87,7 @@ def attach(store_dir, job, flush_interval_s, buffer_mb, hang_timeout_s, no_watch
                         watchdog=not no_watchdog)
     output_dir(root, "--store")
     started = time.time()
-    watcher = start_watch(root, job, window_steps, events) if live else None
+    watcher = start_watch(root, job, window_steps, events, hop_steps) if live else None
     try:
         child = subprocess.Popen(list(command), env=attach_env(config, force=all_processes))
     except OSError as e:
@@ -119,7 +120,8 @@ WATCH_STOP_S = 120.0
 """how long the watcher may take to analyse the windows the job completed before it ended."""
 
 
-def start_watch(root: Path, job: str, window_steps: int, events: str | None) -> subprocess.Popen:
+def start_watch(root: Path, job: str, window_steps: int, events: str | None,
+                hop_steps: int | None = None) -> subprocess.Popen:
     """``rankscope watch`` as a separate, nicer process: the job never waits for the analysis (the ranks
     hand rows to their writer thread's bounded buffer; the watcher reads the parts it writes and drops
     windows, counted, when it falls behind)."""
@@ -127,6 +129,8 @@ def start_watch(root: Path, job: str, window_steps: int, events: str | None) -> 
            "--window-steps", str(window_steps)]
     if events is not None:
         cmd += ["--events", events]
+    if hop_steps is not None:
+        cmd += ["--hop-steps", str(hop_steps)]
     try:
         return subprocess.Popen(cmd, preexec_fn=lambda: os.nice(WATCH_NICE))  # noqa: PLW1509 - nice only
     except OSError as e:

@@ -94,6 +94,9 @@ def follow(store: Store, job: str, config: LiveConfig | LiveFlowConfig, sink: Ev
 @click.option("--job", default="default", show_default=True, help="the job to follow")
 @click.option("--window-steps", type=click.IntRange(1), default=4, show_default=True,
               help="steps per window; a window is analysed once every rank has marked its last step")
+@click.option("--hop-steps", type=click.IntRange(1), default=None,
+              help="steps between window starts (default: --window-steps); 2 with 4-step windows names a "
+                   "slowdown within 3 steps wherever it starts")
 @click.option("--warmup-steps", type=click.IntRange(0), default=4, show_default=True,
               help="the job's first steps (start-up) are not judged")
 @click.option("--events", default=None, metavar="FILE|-",
@@ -107,7 +110,7 @@ def follow(store: Store, job: str, config: LiveConfig | LiveFlowConfig, sink: Ev
 @click.option("--flows", is_flag=True,
               help="--job is a flow capture (found by itself when the store already holds its flows)")
 @click.option("--once", is_flag=True, help="analyse the windows the store holds now, then exit")
-def watch(store_dir, job, window_steps, warmup_steps, events, poll_s, max_pending, window_s, flows, once):
+def watch(store_dir, job, window_steps, hop_steps, warmup_steps, events, poll_s, max_pending, window_s, flows, once):
     """Diagnose a running job window by window: step, S, verdict, culprit and cost per window.
 
     Each completed window of steps goes through the same analysis as ``analyze``, over that window's
@@ -125,7 +128,9 @@ def watch(store_dir, job, window_steps, warmup_steps, events, poll_s, max_pendin
         raise UsageError(f"--store {store_dir}: no such store directory; expected one that `rankscope attach` "
                          "writes into")
     # --once follows no live job, so it cannot fall behind one: every window is analysed
-    config = LiveConfig(window_steps=window_steps, warmup_steps=warmup_steps,
+    if hop_steps is not None and hop_steps > window_steps:
+        raise UsageError(f"--hop-steps {hop_steps}: expected at most --window-steps ({window_steps})")
+    config = LiveConfig(window_steps=window_steps, hop_steps=hop_steps, warmup_steps=warmup_steps,
                         max_pending=ONCE_MAX_PENDING if once else max_pending)
     if flows or is_capture(Store(root), job):
         config = LiveFlowConfig(window_s=window_s)

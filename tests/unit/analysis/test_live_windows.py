@@ -142,3 +142,19 @@ def test_a_flow_capture_is_followed_by_time_windows_and_re_recognised_on_new_end
     assert any("10.0.0.6" in str(e.culprit) for e in slow)
     steps = [(e.window_start_step, e.window_end_step) for e in slow]
     assert all(b >= a for a, b in steps) and steps == sorted(steps)
+
+
+def test_overlapping_windows_hop_and_pace_each_step_once(slow_job):
+    _, frames = slow_job
+    live = LiveJob("live", LiveConfig(window_steps=4, hop_steps=2, warmup_steps=0, max_pending=100))
+    ends = []
+    for step in range(12):
+        live.add(by_steps(frames, step, step))
+        for e in live.windows():
+            ends.append(e.window_end_step)
+            assert e.window_end_step - e.window_start_step == 3
+            assert e.straggler and e.culprit.rank == 3
+    assert ends == [3, 5, 7, 9, 11] and live.next_step == 10 and live.paced_upto == 11
+    assert 11 <= len(live.pace) <= 12  # each step's duration once (step 0 may be warm-up), though windows overlap
+    with pytest.raises(ConfigError, match="hop_steps=5"):
+        LiveConfig(window_steps=4, hop_steps=5)
