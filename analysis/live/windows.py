@@ -120,8 +120,10 @@ class LiveJob:
 
     # ------------------------------------------------------------------ windows
     def windows(self) -> list[WindowEvent]:
-        """Events of the windows completed since the last call (at most ``max_pending``), then of a new hang."""
+        """Events of a new hang, then of the windows completed since the last call (at most ``max_pending``)."""
         done = self.completed_step()
+        # a hang first: it is urgent, and no window completes while ranks wait
+        hang = self._hang(done)
         n = self.config.window_steps
         ready = [] if done is None else list(range(self.next_step, done - n + 2, self.hop))
         if len(ready) > self.config.max_pending:
@@ -129,11 +131,8 @@ class LiveJob:
             self.dropped += skip
             self._forget(ready[skip] - 1)
             ready = ready[skip:]
-        events = [self._window(a, a + n - 1) for a in ready]
-        hang = self._hang(done)
-        if hang is not None:
-            events.append(hang)
-        return events
+        events = [] if hang is None else [hang]
+        return events + [self._window(a, a + n - 1) for a in ready]
 
     def _frames(self, rows: dict[str, pl.DataFrame]) -> JobFrames:
         return JobFrames.from_frames(self.job, **{k: v for k, v in rows.items() if not v.is_empty()})
