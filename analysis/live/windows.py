@@ -93,6 +93,8 @@ class LiveJob:
         self.strategy: str | None = None
         self.dropped = 0
         self.hangs_seen: set[tuple] = set()
+        self.unplaced = 0
+        """rows without a step (no window can hold them), not kept."""
         self.streak: tuple[object, int] = (None, 0)
         """the last straggler named (verdict and culprit) and in how many windows in a row."""
 
@@ -102,8 +104,10 @@ class LiveJob:
         for kind, df in new.items():
             if kind not in LIVE_KINDS or df.is_empty():
                 continue
-            if "step" in df.columns:  # rows of steps already analysed (a late flush) cannot change a window
-                df = df.filter(pl.col("step").is_null() | (pl.col("step") >= self.next_step))
+            # rows of steps already analysed (a late flush) cannot change a window, and rows without a step
+            # belong to none: neither is kept (counted, so memory stays bounded by the pending steps)
+            self.unplaced += int(df["step"].null_count())
+            df = df.filter(pl.col("step") >= self.next_step)
             self.ranks.update(int(r) for r in df["rank"].drop_nulls().unique().to_list())
             old = self.rows.get(kind)
             self.rows[kind] = df if old is None else pl.concat([old, df], how="vertical_relaxed")
@@ -141,8 +145,8 @@ class LiveJob:
         return {k: v.filter(pl.col("step").is_between(lo, hi)) for k, v in self.rows.items()}
 
     def _forget(self, last: int) -> None:
-        """Drop the rows of steps up to ``last``; rows without a step go once a later step has begun."""
-        self.rows = {k: v.filter(pl.col("step").is_null() | (pl.col("step") > last)) for k, v in self.rows.items()}
+        """Drop the rows of steps up to ``last``."""
+        self.rows = {k: v.filter(pl.col("step") > last) for k, v in self.rows.items()}
         self.next_step = last + 1
 
     def _window(self, a: int, b: int) -> WindowEvent:

@@ -169,8 +169,9 @@ def watch(store_dir, job, window_steps, hop_steps, warmup_steps, events, poll_s,
         click.echo(f"rankscope watch: capture {job}: jobs {sorted(live.jobs) or 'none'} ({live.recognitions} "
                    f"recognition(s)), {time.monotonic() - t0:.1f} s", err=True)
         return
+    unplaced = f", {live.unplaced:,} row(s) without a step left out" if live.unplaced else ""
     click.echo(f"rankscope watch: job {job}: steps up to {live.next_step - 1} analysed, "
-               f"{live.dropped} window(s) dropped, {time.monotonic() - t0:.1f} s", err=True)
+               f"{live.dropped} window(s) dropped{unplaced}, {time.monotonic() - t0:.1f} s", err=True)
 
 
 def is_capture(store: Store, job: str) -> bool:
