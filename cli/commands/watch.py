@@ -144,9 +144,9 @@ def watch(store_dir, job, window_steps, hop_steps, warmup_steps, events, poll_s,
     if not root.is_dir():
         raise UsageError(f"--store {store_dir}: no such store directory; expected one that `rankscope attach` "
                          "writes into")
-    # --once follows no live job, so it cannot fall behind one: every window is analysed
     if hop_steps is not None and hop_steps > window_steps:
         raise UsageError(f"--hop-steps {hop_steps}: expected at most --window-steps ({window_steps})")
+    # --once follows no live job, so it cannot fall behind one: every window is analysed
     config = LiveConfig(window_steps=window_steps, hop_steps=hop_steps, warmup_steps=warmup_steps,
                         max_pending=ONCE_MAX_PENDING if once else max_pending)
     if flows or is_capture(Store(root), job):
