@@ -75,8 +75,11 @@ def test_a_live_hang_is_a_series_per_missing_rank(tmp_path):
     assert "rankscope_straggler_info" not in series
 
 
-def test_watch_on_a_missing_store_is_a_usage_error(tmp_path):
+def test_watch_on_a_missing_store_or_a_hop_past_the_window_is_a_usage_error(tmp_path, capsys):
     assert main(["watch", "--store", str(tmp_path / "nope"), "--once"]) == 2
+    (tmp_path / "st").mkdir()
+    assert main(["watch", "--store", str(tmp_path / "st"), "--once", "--hop-steps", "5"]) == 2
+    assert "--hop-steps 5" in capsys.readouterr().err
 
 
 def test_watch_follows_a_flow_capture_per_job_it_holds(tmp_path, capsys):
