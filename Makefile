@@ -9,9 +9,9 @@ DEMO := demo-out
 .PHONY: setup sysdeps demo test lint bench docs clean
 
 # Debian packages the tests use (flow exporters: softflowd, nfdump's nfpcapd, pmacct's sFlow probe;
-# nfdump; headless browser; ip netns);
+# nfdump; headless browser; ip netns; promtool, from Debian's prometheus, for deploy/'s alert rules);
 # installed only when running as root and something is missing.
-SYSDEPS := softflowd nfdump pmacct chromium chromium-driver iproute2
+SYSDEPS := softflowd nfdump pmacct chromium chromium-driver iproute2 prometheus
 sysdeps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  missing=""; for p in $(SYSDEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

@@ -33,6 +33,8 @@ COMMANDS = {
     "simulate": ("rankscope.cli.commands.simulate:simulate",
                  "Simulate a training job (or several on one fabric) with ground truth."),
     "sql": ("rankscope.cli.commands.sql:sql", "Run DuckDB SQL over views named after the record kinds."),
+    "watch": ("rankscope.cli.commands.watch:watch",
+              "Diagnose a running job window by window: step, S, verdict, culprit, cost."),
 }
 
 

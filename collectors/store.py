@@ -59,6 +59,8 @@ if TYPE_CHECKING:
     import pyarrow.dataset as pads
 
 MANIFEST_DIR = "_manifest"
+LIVE_DIR = "_live"
+"""``rankscope watch`` keeps each job's latest window here (``<job>.json``), for ``rankscope metrics``."""
 LOCK_FILE = ".writer.lock"
 REMOVED_LOG = "_removed.log"
 JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -360,6 +362,26 @@ class Store:
             _atomic_write_bytes(self.manifest_dir() / f"{name}.alias", key.encode())
         except OSError as e:
             raise StoreError(f"could not write {name}.alias in {self.manifest_dir()}: {e.strerror or e}") from e
+
+    def write_live(self, job: str, data: dict) -> None:
+        """Replace a job's latest live window (``rankscope watch``) in one rename."""
+        d = self.root / LIVE_DIR
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            _atomic_write_bytes(d / f"{check_job_name(job)}.json", json.dumps(data, allow_nan=False).encode())
+        except OSError as e:
+            raise StoreError(f"cannot write the live window of job {job} under {d}: {e.strerror or e}") from e
+
+    def live(self) -> dict[str, dict]:
+        """Each job's latest live window (job -> its event object); a file that does not parse is skipped."""
+        out = {}
+        d = self.root / LIVE_DIR
+        for p in sorted(d.glob("*.json")) if d.is_dir() else []:
+            try:
+                out[p.stem] = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue  # replaced or removed while being read: the next scrape reads the new one
+        return out
 
     def manifest(self) -> list[ManifestEntry]:
         d = self.manifest_dir()

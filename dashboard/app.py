@@ -29,7 +29,7 @@ from rankscope.dashboard.figures import all_figures
 from rankscope.dashboard.report_html import key_numbers
 from rankscope.dashboard.report_text import tied_labellings
 from rankscope.dashboard.security import Access, checked_job, public_error
-from rankscope.dashboard.summary_band import summary_band
+from rankscope.dashboard.summary_band import live_text, summary_band
 from rankscope.dashboard.table_figures import empty_figure
 
 if TYPE_CHECKING:
@@ -150,6 +150,9 @@ def build_layout(access: Access, interval_s: float):
             spinner, html.Span(id="loading-text", style={"fontSize": "15px", "marginLeft": "10px"})]),
         html.Div(id="content", children=[
             html.Span(id="rendered-tag", style={"display": "none"}),
+            # the latest live window (rankscope watch), read from its file each tick, never re-analysed
+            html.Div(id="live-window", role="status", style={"fontSize": "14px", "fontWeight": 600,
+                                                              "color": "#8e4b00", "margin": "4px 0"}),
             html.Div(id="status", style={"color": "#666", "fontSize": "12px", "margin": "4px 0"}),
             html.Div(id="summary-band", style={**section, "borderLeft": "5px solid #2c6fbb", "padding": "8px 14px"}),
             html.Div(id="strategy-summary", style={"fontSize": "13px", "fontWeight": 600, "color": "#334"}),
@@ -305,6 +308,12 @@ def create_app(store_dir: str | list[str], interval_s: float = 15.0, baseline_di
     app.clientside_callback(RETRY_JS, Output("retry", "data"), Input("rendered", "data"), State("store", "value"),
                             State("job", "value"), State("retry", "data"))
 
+    @app.callback(Output("live-window", "children"), Input("store", "value"), Input("job", "value"),
+                  Input("tick", "n_intervals"))
+    def _live(store_value, job_value, _tick):
+        store = access.store(store_value)
+        return live_text(live_window(store, job_value)) if store else ""
+
     outputs = [Output(*o.split(".")) for o in OUTPUTS]
 
     @app.callback(outputs, Input("store", "value"), Input("job", "value"), Input("tick", "n_intervals"),
@@ -316,6 +325,10 @@ def create_app(store_dir: str | list[str], interval_s: float = 15.0, baseline_di
         job = checked_job(job_value, _job_options(views, store))
         baseline_job = checked_job(baseline_job, _job_options(views, baseline_store)) if baseline_store else None
         trig = {t["prop_id"] for t in dash.callback_context.triggered or []}
+        if shown and trig == {"tick.n_intervals"} and live_window(store, job) is not None:
+            # a job rankscope watch follows: the band above follows each window; the whole store is not
+            # re-analysed on every tick (choose the job again to redraw the full analysis)
+            return [dash.no_update] * len(outputs)
         content = page_content(views, store, job, baseline_store, baseline_job,
                                None if "retry.data" in trig else shown)
         # an unchanged store sends nothing back: no re-download of figures every tick
@@ -327,6 +340,13 @@ def create_app(store_dir: str | list[str], interval_s: float = 15.0, baseline_di
         return [content[o] for o in OUTPUTS]
 
     return app
+
+
+def live_window(store: str | None, job: str | None) -> dict | None:
+    """The latest live window of a job (``rankscope watch`` keeps it in the store), or None."""
+    if not store or not job or not Path(store).is_dir():
+        return None
+    return Store(store).live().get(job)
 
 
 def warm_up(stores: list[str]) -> None:

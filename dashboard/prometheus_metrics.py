@@ -78,6 +78,19 @@ FAMILIES = {f.name: f for f in (
            ("store_job",)),
     Family("rankscope_analysis_timestamp_seconds", "gauge", "when this job was last analysed (Unix time)",
            ("job",)),
+    # live: the latest window `rankscope watch` analysed (one file per job, replaced per window)
+    Family("rankscope_window_step", "gauge", "last step of the latest window rankscope watch analysed", ("job",)),
+    Family("rankscope_window_slowdown_ratio", "gauge", "the latest window's S (NaN when not evaluated)", ("job",)),
+    Family("rankscope_window_vs_median_ratio", "gauge",
+           "the latest window's median step over the job's own median step so far (NaN for the first)", ("job",)),
+    Family("rankscope_straggler_info", "gauge", "1 for the straggler the latest window names, by rank and cause",
+           ("job", "rank", "cause")),
+    Family("rankscope_straggler_windows", "gauge", "consecutive windows that named this straggler",
+           ("job", "rank", "cause")),
+    Family("rankscope_live_hang_info", "gauge", "1 for each rank a live hang names as never joining a collective",
+           ("job", "rank")),
+    Family("rankscope_window_dropped_total", "counter", "windows rankscope watch dropped because its analysis lagged",
+           ("job",)),
 )}
 
 
@@ -232,6 +245,42 @@ def store_samples(manifest: Iterable, parts_mtime: dict[str, float]) -> Samples:
     return out
 
 
+def _culprit_rank(culprit) -> str:
+    """The rank (or address, stage, group) a window's culprit names, as one label value."""
+    if isinstance(culprit, dict):
+        for key in ("rank", "endpoint", "one_of", "ranks", "stage"):
+            if culprit.get(key) is not None:
+                v = culprit[key]
+                return ",".join(map(str, v)) if isinstance(v, list) else str(v)
+        return ""
+    return "" if culprit is None else str(culprit)
+
+
+def live_samples(live: dict[str, dict]) -> Samples:
+    """Series of each job's latest live window (job -> the WindowEvent object ``rankscope watch`` keeps)."""
+    out = Samples()
+    for job, e in sorted(live.items()):
+        if e.get("kind") == "hang":
+            culprit = e.get("culprit") or {}
+            ranks = culprit.get("one_of") or [culprit.get("rank")] if isinstance(culprit, dict) else []
+            for r in [r for r in ranks if r is not None]:
+                out.add("rankscope_live_hang_info", 1, job=job, rank=r)
+        else:
+            out.add("rankscope_window_step", e["window_end_step"], job=job)
+            out.add("rankscope_window_slowdown_ratio", _num(e.get("slowdown")), job=job)
+            out.add("rankscope_window_vs_median_ratio", _num(e.get("vs_job_median")), job=job)
+        if e.get("straggler"):
+            lab = {"job": job, "rank": _culprit_rank(e.get("culprit")), "cause": e.get("verdict") or ""}
+            out.add("rankscope_straggler_info", 1, **lab)
+            out.add("rankscope_straggler_windows", e.get("straggler_windows", 1), **lab)
+        out.add("rankscope_window_dropped_total", e.get("dropped_windows", 0), job=job)
+    return out
+
+
+def _num(v) -> float:
+    return math.nan if v is None else float(v)
+
+
 def merge_samples(samples: Iterable[Sample]) -> list[Sample]:
     """One sample per series when several stores report it: counters add up, gauges keep the largest."""
     merged: dict[tuple, Sample] = {}
@@ -340,6 +389,8 @@ class StoreCollector:
                 self._cache[key] = cached
             out.extend(cached[1])
             out.extend(store_samples(store.manifest(), _parts_mtime(store)).items)
+            out.extend(live_samples({j: e for j, e in store.live().items()
+                                     if self.job is None or j == self.job}).items)
         return merge_samples(out)
 
     def collect(self):

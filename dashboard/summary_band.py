@@ -96,3 +96,23 @@ def summary_band(d: Diagnosis):
         html.Div(costs, style={"display": "flex", "gap": "22px", "flexWrap": "wrap"}),
         *others,
     ]
+
+
+def live_text(event: dict | None) -> str:
+    """One line for the latest window ``rankscope watch`` analysed (its event object), '' without one."""
+    if not event:
+        return ""
+    step = event.get("window_end_step")
+    if event.get("kind") == "hang":
+        return f"live, step {step}: HANG: {event.get('why') or 'a collective waits past the hook timeout'}"
+    s = event.get("slowdown")
+    culprit = event.get("culprit")
+    who = ""
+    if event.get("straggler") and isinstance(culprit, dict):
+        who = ", ".join(f"{k} {v}" for k, v in culprit.items() if v is not None)
+        who = f": {who} in {event.get('straggler_windows', 1)} window(s) in a row"
+    verdict = event.get("verdict") or "not evaluated"
+    vs = event.get("vs_job_median")
+    pace = f", step {vs:.2f}x the job's median" if isinstance(vs, (int, float)) else ""
+    s_text = f"S {s:.2f}" if isinstance(s, (int, float)) else "S n/a"
+    return f"live, window ending at step {step}: {s_text}, {verdict}{who}{pace}"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from rankscope.analysis.report.codec import decode, doc, encode, to_json
 from rankscope.analysis.report.data_quality import DataQuality, LayoutQuality, RankCoverage
-from rankscope.analysis.report.findings import Finding
+from rankscope.analysis.report.findings import Culprit, Finding
 from rankscope.analysis.report.hangs import Hang
 from rankscope.analysis.report.kernels import Regression
 from rankscope.analysis.report.steps import CriticalPath, Steps
@@ -57,3 +57,44 @@ class Diagnosis:
     @staticmethod
     def decoded(data: dict) -> Diagnosis:
         return decode(Diagnosis, data)
+
+
+@dataclass(frozen=True)
+class WindowEvent:
+    """One window of steps of a live job, as ``rankscope watch`` writes it (one JSON object per line): the
+    same sections as the report, over the window's steps only."""
+
+    job: str = doc("the job's name.")
+    kind: str = doc("window (a completed window of steps) or hang (a collective waited past the hook's "
+                    "timeout; no window completes while it waits).")
+    window_start_step: int = doc("the window's first step.")
+    window_end_step: int = doc("the window's last step (for a hang, the last step every rank completed).")
+    slowdown: float | None = doc("the window's S, as ``stragglers.slowdown`` (null when not evaluated).")
+    verdict: str | None = doc("as ``stragglers.verdict``: none, a cause, or mixed; null when not evaluated "
+                              "(``why`` says why) and for a hang.")
+    culprit: Culprit | None = doc("the verdict's culprit, as the first of ``findings`` (for a hang: the missing "
+                                  "ranks); null for verdict none.")
+    findings: list[Finding] = doc("the window's findings, as the report's ``findings``.", factory=list)
+    hangs: list[Hang] = doc("stuck collectives, as the report's ``hangs``.", factory=list)
+    straggler: bool = doc("the window names a straggler: its verdict is a cause whose culprit the section measured "
+                          "itself (a finding over its threshold, e.g. a rank >= 1.2x its stage peers in most of "
+                          "the window's steps). A cause verdict without such a finding is within the noise of a "
+                          "few steps on a busy host, and ``why`` says so.", False)
+    straggler_windows: int = doc("consecutive windows, this one included, that named the same straggler (0 when "
+                                 "this one names none).", 0)
+    basis: str | None = doc("what S was computed from, as ``stragglers.basis``.", None)
+    step_time_ns: float | None = doc("the window's median step duration.", None)
+    vs_job_median: float | None = doc("that over the median step of the job's earlier windows (null for the "
+                                      "first).", None)
+    strategy: str | None = doc("the strategy of the first window, ``dp/pp/tp``.", None)
+    strategy_check: str | None = doc("same, or what changed against the first window's strategy.", None)
+    why: str | None = doc("why the window was not evaluated, why its cause verdict raises no straggler, or which "
+                          "ranks a hang waits for.", None, omit="none")
+    analysis_s: float = doc("seconds the window's analysis took (its cost).", 0.0)
+    at_ns: int = doc("when the event was made (Unix epoch, ns; the recording hosts' clock).", 0)
+    dropped_windows: int = doc("windows left unanalysed so far because the analysis fell behind (the bounded "
+                               "queue was full).", 0)
+
+    def to_dict(self) -> dict:
+        """The event's JSON object."""
+        return to_json(self)

@@ -15,7 +15,7 @@ from dataclasses import is_dataclass
 from typing import Any
 
 from rankscope.analysis.report.codec import declared
-from rankscope.analysis.report.diagnosis import Diagnosis
+from rankscope.analysis.report.diagnosis import Diagnosis, WindowEvent
 
 SCHEMA_ID = "https://json-schema.org/draft/2020-12/schema"
 PRIMITIVES = {int: "integer", float: "number", str: "string", bool: "boolean"}
@@ -147,11 +147,21 @@ def markdown() -> str:
              "A field marked *optional* is left out of the JSON while it has no value. A *group* is a set of "
              "keys that one input path writes together; they sit in the object that holds the group, not in "
              "an object of their own.", ""]
-    for cls in _reachable(Diagnosis, []):
-        doc = (cls.__doc__ or "").strip().replace("\n", " ")
-        lines += [f"## {cls.__name__}", "", doc, "", "| key | type | meaning |", "| --- | --- | --- |"]
-        for f in declared(cls):
-            kind = "group: " if f.flatten else ("optional " if f.omit else "")
-            lines.append(f"| `{f.name}` | {kind}{_type_text(f.type)} | {f.doc.replace('|', '/')} |")
-        lines.append("")
+    report = _reachable(Diagnosis, [])
+    for cls in report:
+        lines += _type_lines(cls)
+    lines += ["# The live window", "",
+              "What `rankscope watch --events FILE` writes, one object per line, for each window of steps (and each "
+              "live hang). Its nested types are the report's, above.", ""]
+    for cls in _reachable(WindowEvent, list(report))[len(report):]:
+        lines += _type_lines(cls)
     return "\n".join(lines)
+
+
+def _type_lines(cls: type) -> list[str]:
+    doc = (cls.__doc__ or "").strip().replace("\n", " ")
+    lines = [f"## {cls.__name__}", "", doc, "", "| key | type | meaning |", "| --- | --- | --- |"]
+    for f in declared(cls):
+        kind = "group: " if f.flatten else ("optional " if f.omit else "")
+        lines.append(f"| `{f.name}` | {kind}{_type_text(f.type)} | {f.doc.replace('|', '/')} |")
+    return [*lines, ""]

@@ -24,7 +24,9 @@ F-fold; ``--slow-stage S:F`` stretches the forward/backward work of stage S
 F-fold but not its optimizer (more layers, not slower hardware);
 ``--seq-skew`` makes one microbatch of each step's global batch long (its
 DP rank and position move from step to step; work proportional to length; no
-batch_meta is written); ``--skip-collective`` makes one rank skip its DP all_reduce (a hang).
+batch_meta is written); ``--skip-collective`` makes one rank skip its DP all_reduce (a hang). The environment variable
+``TRAIN_SLOW_RANK_FROM=RANK:FACTOR:STEP`` stretches rank RANK's compute FACTOR-fold from step STEP on (a
+GPU that degrades mid-run, for the live tests; set in the environment so a launcher passes it to every rank).
 
 ``--ep K`` makes it a Mixture-of-Experts job, expert parallelism carved out of DP (Megatron): an
 expert-parallel group is K consecutive DP ranks of one stage and TP rank; every forward and backward
@@ -217,6 +219,21 @@ def seq_factor(step, dp_rank, mb, m, dp):
     return LONG_SEQ if dp_rank * m + mb == heavy else (n - LONG_SEQ) / (n - 1)
 
 
+SLOW_FROM_ENV = "TRAIN_SLOW_RANK_FROM"
+
+
+def _slow_from(text, rank):
+    """(factor, from_step) of ``TRAIN_SLOW_RANK_FROM=RANK:FACTOR:STEP`` for this rank, else None."""
+    if not text:
+        return None
+    try:
+        r, f, st = text.split(":")
+        r, f, st = int(r), float(f), int(st)
+    except ValueError:
+        sys.exit(f"{SLOW_FROM_ENV}={text!r}: expected RANK:FACTOR:STEP")
+    return (f, st) if r == rank else None
+
+
 class Work:
     """Sleep-based device time: what a GPU kernel costs the host, unaffected by CPU contention."""
 
@@ -226,6 +243,7 @@ class Work:
         self.slow_rank = _pair(args.slow_rank, "--slow-rank")
         self.slow_stage = _pair(args.slow_stage, "--slow-stage")
         self.hw = self.slow_rank[1] if self.slow_rank and self.slow_rank[0] == rank else 1.0
+        self.hw_from = _slow_from(os.environ.get(SLOW_FROM_ENV), rank)
         self.more = self.slow_stage[1] if self.slow_stage and self.slow_stage[0] == stage else 1.0
         self.skew = args.seq_skew
 
@@ -234,7 +252,8 @@ class Work:
         base = {"F": 1.0, "B": 2.0, "O": 0.5}[kind] * self.ms / 1000
         if kind in ("F", "B"):
             base *= self.more * (seq_factor(step, dp_rank, mb, m, self.dp) if self.skew else 1.0)
-        extra = base * self.hw + t_real * (self.hw - 1)
+        hw = self.hw * (self.hw_from[0] if self.hw_from and step >= self.hw_from[1] else 1.0)
+        extra = base * hw + t_real * (hw - 1)
         if extra > 0:
             time.sleep(extra)
 

@@ -208,3 +208,25 @@ def test_dashboard_reads_the_analysis_rankscope_analyze_cached(tmp_path, monkeyp
     analysis_source.clear_cache()
     d = JobViews().get(str(root), "handjob").diagnosis
     assert calls == [] and d.stragglers.verdict == report["stragglers"]["verdict"]
+
+
+def test_the_page_follows_the_live_window_from_its_file(hand_store, tmp_path):
+    """The band of a job `rankscope watch` follows reads the latest window's file, not the analysis."""
+    from rankscope.collectors.store import Store
+    from rankscope.dashboard.app import live_window
+    from rankscope.dashboard.summary_band import live_text
+
+    assert live_window(str(hand_store), "handjob") is None and live_text(None) == ""
+    st = Store(tmp_path / "st")
+    event = {"job": "j", "kind": "window", "window_end_step": 23, "slowdown": 1.7, "verdict": "worker",
+             "culprit": {"rank": 3, "stage": 1, "dp_rank": 1}, "straggler": True, "straggler_windows": 2,
+             "vs_job_median": 1.66, "findings": []}
+    st.write_live("j", event)
+    assert live_window(str(st.root), "j") == event
+    text = live_text(event)
+    assert "step 23" in text and "S 1.70" in text and "worker: rank 3" in text and "2 window(s)" in text
+    assert "1.66x" in text
+    hang = live_text({"kind": "hang", "window_end_step": 7, "why": "rank(s) [1] never joined"})
+    assert "HANG" in hang and "[1]" in hang
+    app = create_app(str(hand_store), interval_s=2)
+    assert "live-window.children" in app.callback_map

@@ -1,0 +1,117 @@
+"""Live diagnosis of a flow capture: windows of time (flows carry no step marks), each analysed per job
+the capture holds, by the same job model and sections as ``analyze`` over that window's flows only.
+
+Job recognition runs on the first window and again only when a window shows endpoints no recognised job
+holds (a job started, or moved onto new NICs); otherwise each job keeps its endpoints. Flows are held only
+for the window being filled, so a window's cost follows the capture's rate, not its length. A window's
+steps are the ones the flows' period gives inside it; ``window_end_step`` counts them over the windows so
+far (the capture's own step count, not the job's step numbers, which flows do not carry).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from rankscope.analysis.diagnose import DiagnoseConfig, analyze_model, model_of
+from rankscope.analysis.fabric.recognise import job_flows, recognise_jobs
+from rankscope.analysis.live.windows import straggler_named
+from rankscope.analysis.report.diagnosis import WindowEvent
+from rankscope.collectors.errors import ConfigError, RankscopeError
+from rankscope.collectors.job_frames import JobFrames
+
+
+@dataclass(frozen=True)
+class LiveFlowConfig:
+    """Options of the live diagnosis of a flow capture."""
+
+    window_s: float = 10.0
+    """seconds of flows per window (by the flows' end times); a window closes once a later flow has ended."""
+    diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
+
+    def __post_init__(self):
+        if not self.window_s > 0:
+            raise ConfigError(f"LiveFlowConfig: window_s={self.window_s!r}; expected seconds > 0")
+
+
+class LiveCapture:
+    """One flow capture's carried state: its recognised jobs and the flows of the window being filled."""
+
+    def __init__(self, capture: str, config: LiveFlowConfig | None = None):
+        self.capture = capture
+        self.config = config or LiveFlowConfig()
+        self.flows: pl.DataFrame | None = None
+        self.window_start_ns: int | None = None
+        self.jobs: dict[str, tuple[str, ...]] = {}
+        """job name -> its endpoints, as last recognised."""
+        self.recognitions = 0
+        self.steps: dict[str, int] = {}
+        self.streak: dict[str, tuple[object, int]] = {}
+
+    def add(self, new: dict[str, pl.DataFrame]) -> None:
+        df = new.get("flow")
+        if df is None or df.is_empty():
+            return
+        self.flows = df if self.flows is None else pl.concat([self.flows, df], how="vertical_relaxed")
+        if self.window_start_ns is None:
+            self.window_start_ns = int(df["end_ns"].min())
+
+    def windows(self) -> list[WindowEvent]:
+        """Events of every window closed since the last call (one per recognised job and window)."""
+        out: list[WindowEvent] = []
+        width = int(self.config.window_s * 1e9)
+        while self.flows is not None and self.window_start_ns is not None \
+                and int(self.flows["end_ns"].max()) >= self.window_start_ns + width:
+            end = self.window_start_ns + width
+            inside = self.flows.filter(pl.col("end_ns") < end)
+            self.flows = self.flows.filter(pl.col("end_ns") >= end)
+            self.window_start_ns = end
+            if not inside.is_empty():
+                out.extend(self._window(inside))
+        return out
+
+    def _recognise(self, flows: pl.DataFrame) -> None:
+        seen = set(flows["src_addr"].to_list()) | set(flows["dst_addr"].to_list())
+        known = {a for eps in self.jobs.values() for a in eps}
+        if self.jobs and seen <= known:
+            return
+        found = recognise_jobs(flows, self.capture, self.config.diagnose.flow)
+        self.recognitions += 1
+        if found.jobs:
+            self.jobs = {j.name: tuple(j.endpoints) for j in found.jobs}
+
+    def _window(self, flows: pl.DataFrame) -> list[WindowEvent]:
+        t0 = time.perf_counter()
+        self._recognise(flows)
+        events = []
+        for name, endpoints in sorted(self.jobs.items()):
+            frames = JobFrames.from_frames(name, flow=job_flows(flows, list(endpoints)))
+            frames.job_endpoints = endpoints
+            try:
+                d = analyze_model(model_of(frames, self.config.diagnose), self.config.diagnose)[0]
+            except (RankscopeError, ValueError) as e:
+                events.append(self._event(name, None, f"{type(e).__name__}: {e}", t0))
+                continue
+            events.append(self._event(name, d, None, t0))
+        return events
+
+    def _event(self, name: str, d, why: str | None, t0: float) -> WindowEvent:
+        first = self.steps.get(name, 0)
+        count = d.steps.count if d is not None and d.steps.evaluated else 0
+        self.steps[name] = first + count
+        common = {"job": name, "kind": "window", "window_start_step": first, "window_end_step": first + max(count, 1) - 1,
+                  "analysis_s": time.perf_counter() - t0, "at_ns": time.time_ns()}
+        if d is None or not d.stragglers.evaluated:
+            self.streak[name] = (None, 0)
+            return WindowEvent(slowdown=None, verdict=None, culprit=None, why=why or d.stragglers.why, **common)
+        st = d.stragglers
+        culprit = d.findings[0].culprit if st.verdict not in (None, "none") and d.findings else None
+        named, why = straggler_named(d, culprit)
+        key = (st.verdict, repr(culprit)) if named else None
+        prev = self.streak.get(name, (None, 0))
+        self.streak[name] = (key, prev[1] + 1 if key is not None and key == prev[0] else int(named))
+        return WindowEvent(slowdown=st.slowdown, verdict=st.verdict, culprit=culprit, findings=list(d.findings),
+                           straggler=named, straggler_windows=self.streak[name][1], basis=st.basis,
+                           step_time_ns=d.steps.median_ns or None, why=why, **common)

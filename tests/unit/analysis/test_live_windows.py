@@ -1,0 +1,160 @@
+"""The live diagnosis (analysis/live): windows analysed as records arrive, state carried over, drops counted,
+hangs named at once; and the store tail that feeds it reads only new parts."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from rankscope.analysis.live import LiveConfig, LiveJob
+from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.store import Store
+from rankscope.collectors.tail import StoreTail
+from rankscope.datasets.simulator import Fault, SimConfig, simulate, write_store
+
+KINDS = ("comm_op", "compute_op", "step_mark", "batch_meta")
+
+
+@pytest.fixture(scope="module")
+def slow_job():
+    """A simulated DP2 x PP2 job whose rank 3 computes 2x slower, 12 steps."""
+    cfg = SimConfig(job="live", dp=2, pp=2, steps=12, flows=False, hidden=512, layers=4, seq_len=512,
+                    faults=(Fault("slow-worker", {"rank": 3, "factor": 2.0}),))
+    res = simulate(cfg)
+    return res, {k: pl.from_arrow(res.tables[k]) for k in KINDS}
+
+
+def by_steps(frames: dict, lo: int, hi: int) -> dict:
+    return {k: v.filter(pl.col("step").is_between(lo, hi)) for k, v in frames.items()}
+
+
+def test_windows_name_the_slow_worker_and_match_fed_at_once_or_step_by_step(slow_job):
+    _, frames = slow_job
+    config = LiveConfig(window_steps=4, warmup_steps=0, max_pending=10)
+    whole = LiveJob("live", config)
+    whole.add(frames)
+    at_once = whole.windows()
+    live = LiveJob("live", config)
+    stepwise = []
+    for step in range(12):
+        live.add(by_steps(frames, step, step))
+        stepwise += live.windows()
+    assert [e.window_end_step for e in at_once] == [3, 7, 11] == [e.window_end_step for e in stepwise]
+    for a, b in zip(at_once, stepwise):
+        assert (a.slowdown, a.verdict, a.culprit) == (b.slowdown, b.verdict, b.culprit)
+        assert a.straggler and a.verdict == "worker" and a.culprit.rank == 3, (a.verdict, a.culprit, a.why)
+        assert a.findings[0].kind == "slow_worker" and a.slowdown > 1.05
+    assert stepwise[0].strategy == "2/2/1" and stepwise[0].strategy_check == "first"
+    assert {e.strategy_check for e in stepwise[1:]} == {"same"}
+    # old steps summarised: the job's pace is carried, the rows of analysed steps are gone
+    assert stepwise[1].vs_job_median == pytest.approx(1.0, abs=0.1)
+    assert all(v.is_empty() for v in live.rows.values())
+    json.dumps(stepwise[0].to_dict(), allow_nan=False)  # the --events object is plain JSON
+
+
+def test_a_window_waits_for_every_rank(slow_job):
+    _, frames = slow_job
+    live = LiveJob("live", LiveConfig(window_steps=4, warmup_steps=0))
+    first = by_steps(frames, 0, 3)
+    live.add({k: v.filter(pl.col("rank") != 2) for k, v in first.items()})
+    live.add({k: v.filter((pl.col("rank") == 2) & (pl.col("step") < 3)) for k, v in first.items()})
+    assert live.windows() == []  # rank 2 has not marked step 3
+    live.add({k: v.filter((pl.col("rank") == 2) & (pl.col("step") == 3)) for k, v in first.items()})
+    assert [e.window_end_step for e in live.windows()] == [3]
+
+
+def test_warmup_and_drops_are_reported_not_judged(slow_job):
+    _, frames = slow_job
+    live = LiveJob("live", LiveConfig(window_steps=2, warmup_steps=2, max_pending=2))
+    live.add(frames)  # 6 windows complete at once; the analysis keeps the newest 2
+    events = live.windows()
+    assert [e.window_end_step for e in events] == [9, 11]
+    assert live.dropped == 4 and events[-1].dropped_windows == 4
+    fresh = LiveJob("live", LiveConfig(window_steps=2, warmup_steps=2))
+    fresh.add(by_steps(frames, 0, 1))
+    (w,) = fresh.windows()
+    assert w.verdict is None and not w.straggler and "warm-up" in w.why
+
+
+def test_a_hang_names_the_rank_that_never_joined():
+    """Rank 1 never reaches the all_reduce that rank 0 waits in (the watchdog's pending row)."""
+    rows = []
+    for rank in (0, 1):
+        for seq in range(3):
+            rows.append({"job": "h", "rank": rank, "op": "all_reduce", "group_id": "0", "group_ranks": [0, 1],
+                         "size_bytes": 64, "dtype": "float32", "start_ns": 1000 * seq + rank, "end_ns": 1000 * seq + 500,
+                         "state": "completed", "seq": seq, "step": seq, "source": "hook"})
+    rows.append({"job": "h", "rank": 0, "op": "all_reduce", "group_id": "0", "group_ranks": [0, 1], "size_bytes": 64,
+                 "dtype": "float32", "start_ns": 3000, "end_ns": None, "state": "pending", "seq": 3, "step": 3,
+                 "source": "hook"})
+    from rankscope.collectors.schema import empty
+
+    comm = pl.concat([pl.from_arrow(empty("comm_op")), pl.DataFrame(rows)], how="diagonal_relaxed")
+    live = LiveJob("h", LiveConfig(window_steps=4))
+    live.add({"comm_op": comm})
+    (h,) = live.windows()
+    assert h.kind == "hang" and h.culprit.rank == 1 and h.hangs[0].missing == [1]
+    assert live.windows() == []  # reported once
+
+
+def test_config_is_checked():
+    with pytest.raises(ConfigError, match="window_steps=0"):
+        LiveConfig(window_steps=0)
+
+
+def test_tail_reads_each_part_once_and_skips_a_broken_one(tmp_path, slow_job):
+    res, _ = slow_job
+    write_store(res, tmp_path / "st")
+    tail = StoreTail(Store(tmp_path / "st"), "live", KINDS)
+    first = tail.poll()
+    assert first["comm_op"].height == res.tables["comm_op"].num_rows
+    assert tail.poll() == {}
+    part = tmp_path / "st" / "comm_op" / "job=live" / "part-99999999999999999999-broken.parquet"
+    part.write_bytes(b"not parquet")
+    Store(tmp_path / "st").write("comm_op", res.tables["comm_op"].slice(0, 5), job="live")
+    again = tail.poll()
+    assert again["comm_op"].height == 5 and str(part) in tail.unreadable
+
+
+def test_a_flow_capture_is_followed_by_time_windows_and_re_recognised_on_new_endpoints():
+    """A slow NIC (10.0.0.6, 4x) in a DP4 x PP2 job seen by flows alone; a second job starts mid-capture."""
+    from rankscope.analysis.live import LiveCapture, LiveFlowConfig
+
+    first = simulate(SimConfig(job="a", dp=4, pp=2, steps=12, gpus_per_host=1, flows=True,
+                               faults=(Fault("slow-link", {"rank": 5, "factor": 4.0}),)))
+    fa = pl.from_arrow(first.tables["flow"]).sort("end_ns")
+    t_mid = int(fa["end_ns"].quantile(0.5))
+    second = simulate(SimConfig(job="b", dp=2, pp=1, steps=12, gpus_per_host=1, flows=True, host_offset=16,
+                                start_ns=t_mid))
+    fb = pl.from_arrow(second.tables["flow"])
+    both = pl.concat([fa, fb.cast(fa.schema)]).sort("end_ns")
+    live = LiveCapture("fabric", LiveFlowConfig(window_s=7.0))
+    events = []
+    for chunk in both.iter_slices(50):
+        live.add({"flow": chunk})
+        events += live.windows()
+    assert live.recognitions >= 2 and len(live.jobs) == 2, live.jobs  # the second job's endpoints re-recognised
+    slow = [e for e in events if "10.0.0.6" in {a for eps in live.jobs.values() for a in eps}
+            and e.job == next(n for n, eps in live.jobs.items() if "10.0.0.6" in eps)]
+    assert slow and all(e.verdict == "communication" for e in slow if e.verdict), [(e.verdict, e.why) for e in slow]
+    assert any("10.0.0.6" in str(e.culprit) for e in slow)
+    steps = [(e.window_start_step, e.window_end_step) for e in slow]
+    assert all(b >= a for a, b in steps) and steps == sorted(steps)
+
+
+def test_overlapping_windows_hop_and_pace_each_step_once(slow_job):
+    _, frames = slow_job
+    live = LiveJob("live", LiveConfig(window_steps=4, hop_steps=2, warmup_steps=0, max_pending=100))
+    ends = []
+    for step in range(12):
+        live.add(by_steps(frames, step, step))
+        for e in live.windows():
+            ends.append(e.window_end_step)
+            assert e.window_end_step - e.window_start_step == 3
+            assert e.straggler and e.culprit.rank == 3
+    assert ends == [3, 5, 7, 9, 11] and live.next_step == 10 and live.paced_upto == 11
+    assert 11 <= len(live.pace) <= 12  # each step's duration once (step 0 may be warm-up), though windows overlap
+    with pytest.raises(ConfigError, match="hop_steps=5"):
+        LiveConfig(window_steps=4, hop_steps=5)
