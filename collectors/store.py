@@ -473,8 +473,10 @@ class Store:
                 out.append(n)
         return out
 
-    def parts(self, kind: str, job: str | None = None) -> list[Path]:
-        """Committed part files of one kind (and job). The job name is checked like on write."""
+    def parts(self, kind: str, job: str | None = None, verify: bool = True) -> list[Path]:
+        """Committed part files of one kind (and job), each checked (:meth:`checked`) unless ``verify`` is
+        False (a caller that checks part by part, to go on past a damaged one). The job name is checked
+        like on write."""
         schema(kind)
         if job is not None:
             check_job_name(job)
@@ -487,7 +489,7 @@ class Store:
         for d in dirs:
             if d.name[4:] and JOB_NAME_RE.fullmatch(d.name[4:]) and d.is_dir() and not d.is_symlink():
                 out.extend(d / n for n in self._visible(os.listdir(d), keys))
-        return self.checked(sorted(out))
+        return self.checked(sorted(out)) if verify else sorted(out)
 
     def jobs(self, kind: str | None = None) -> list[str]:
         """Jobs with at least one committed part (of one kind, or of any)."""
