@@ -162,3 +162,58 @@ class Strategy:
     def tied_labellings(self) -> list[Labelling]:
         """The other labellings of a standing tie (none when a tie was broken or there was none)."""
         return list(self.flows.alternatives) if self.flows is not None and self.flows.ambiguous else []
+
+
+@dataclass(frozen=True)
+class TrafficPair:
+    """One directed endpoint pair: what the strategy implies against what the flows show."""
+
+    src: str = doc("the sending endpoint.")
+    dst: str = doc("the receiving endpoint.")
+    classes: list[str] = doc("the traffic classes the strategy sends over it (dp, pp_activation, pp_gradient, "
+                             "pp_wrap, ep, expert_dp); empty for an unexpected pair.")
+    expected: float | None = doc("expected payload bytes per step; null for an unexpected pair.")
+    observed: float | None = doc("payload bytes per step the flows show (sampling-scaled); null when none.")
+    ratio: float | None = doc("observed / expected; null when either is missing.")
+    kind: str = doc("ok, missing (expected, not seen), unexpected (seen, not expected), slow (its rate is below "
+                    "its peers') or rerouted (metered at an exporter its leaf does not own).")
+    within_error: bool = doc("observed matches expected within the sampling error and its class's own spread "
+                             "(a two-sided band, Bonferroni over the job's pairs at 1 %).")
+    rate: float | None = doc("payload bytes per second of record time; null without timed records.")
+    peer_rate: float | None = doc("the median rate of its peers (same class and stage).")
+    rel_error: float = doc("the relative sampling error of the observed bytes (0 unsampled).")
+    model_error: float = doc("the relative spread of its class's single-class links (0 where they agree to the "
+                             "byte; all-to-all sizes follow the routing).")
+    cost_ns: float = doc("its cost to the step (``bytes_per``): for slow, the extra time its bytes take at its rate against "
+                         "its peers'; for the other kinds, the time its bytes take at the peers' rate.")
+    exporters: list[str] = doc("the exporters that metered its payload.", factory=list)
+
+
+@dataclass(frozen=True)
+class TrafficClass:
+    """One traffic class over all its pairs."""
+
+    name: str = doc("dp, pp_activation, pp_gradient, pp_wrap, ep or expert_dp.")
+    pairs: int = doc("pairs the strategy sends it over.")
+    seen: int = doc("of those, pairs the flows show.")
+    within_error: int = doc("of those, pairs whose observed bytes match expected within the sampling error.")
+    median_ratio: float | None = doc("median observed / expected.")
+    max_deviation: float | None = doc("largest |ratio - 1|.")
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Expected traffic from the strategy against the flows, pair by pair, ranked by cost to the step."""
+
+    evaluated: bool = doc("a strategy with links and flow records were there to compare.")
+    why: str | None = doc("why not, when not evaluated.", None, omit="none")
+    topology: str | None = doc("where the topology came from: a file, or inferred from the exporters.", None)
+    sizing: str = doc("how expected bytes were sized (the strategy gives links, not message sizes).", "")
+    bytes_per: str = doc("step, or capture when no steps were found (expected, observed and cost are then per "
+                         "capture; the ratios stand).", "step")
+    pairs_total: int = doc("expected pairs plus unexpected ones.", 0)
+    kinds: dict[str, int] = doc("pairs per kind.", factory=dict)
+    classes: list[TrafficClass] = doc("per class, how the pairs compare.", factory=list)
+    pairs: list[TrafficPair] = doc("every pair that is not ok, then the costliest ok ones, by cost to the step "
+                                   "(at most ``listed``).", factory=list)
+    listed: int = doc("the most pairs listed.", 0)

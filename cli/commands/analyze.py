@@ -119,8 +119,11 @@ def _ingest_first(store_dir, paths, job):
 @click.option("--control-port", "control_ports", multiple=True, type=click.IntRange(1, 65535),
               help="a job's rendezvous port other than 29500 (torchrun --master_port), repeatable: flows on it "
                    "are control traffic, not training links, and join the ranks that talk to it into one job")
+@click.option("--topology", "topology_path", default=None, type=click.Path(dir_okay=False),
+              help="CSV endpoint,host,leaf,pod[,spine]: where each NIC address (or rank) hangs, for the traffic "
+                   "section (default: inferred from the flow exporters, one per leaf)")
 def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below, regression_threshold, engine,
-            address, fmt, control_ports):
+            address, fmt, control_ports, topology_path):
     """Diagnose every job of a store: strategy, steps, stragglers, regressions, hangs.
 
     Writes OUT/<job>.json (the report contract) and OUT/<job>.html per job.
@@ -137,11 +140,17 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
       rankscope analyze --store st --out-dir reports --format text
       rankscope analyze --store st --job fabric --out-dir reports
       rankscope analyze --store st --out-dir reports --control-port 29671
+      rankscope analyze --store st --out-dir reports --topology topo.csv
       rankscope analyze --store st --out-dir reports --engine ray --address 10.0.0.5:6379
     """
     _load(with_ingest=bool(ingest_paths), inputs=[p for p in (store_dir, *ingest_paths) if os.path.exists(p)])
     fresh = _ingest_first(store_dir, ingest_paths, job) if ingest_paths else None
     from rankscope.analysis.diagnose import DiagnoseConfig
+    from rankscope.analysis.network import read_topology
+
+    topology = read_topology(topology_path) if topology_path else None
+    for note in topology.notes if topology else ():
+        click.echo(f"warning: {note}", err=True)
 
     store = existing_store(store_dir)  # hardstore: missing store is a usage error (2) everywhere
     if not store.jobs():
@@ -155,7 +164,7 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
     config = DiagnoseConfig(
         stragglers=StragglerConfig(none_below=none_below),
         regressions=RegressionConfig(throughput=ThroughputConfig(threshold=regression_threshold)),
-        flow=FlowConfig.with_rendezvous(*control_ports))
+        flow=FlowConfig.with_rendezvous(*control_ports), topology=topology)
     from rankscope.analysis.runner import plan_jobs
 
     plan = plan_jobs(store, job, flow_job, config.flow)
