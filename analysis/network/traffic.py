@@ -29,8 +29,12 @@ UNEXPECTED_SHARE = 0.1
 and set-up chatter)."""
 SLOW_MADS = 5.0
 """a rate this many scaled median absolute deviations below its peers' median is slow."""
-SLOW_FLOOR = 0.1
-"""and at least this share below it (peers that agree to the byte have a MAD of zero)."""
+SLOW_FLOOR = 0.25
+"""and at least this share below it: peers that agree to the byte have a MAD of zero, and a link's rate
+moves by 10-15 % with transfer-time jitter and millisecond record stamps alone (11 % on a fault-free
+capture); a bad NIC or cable that matters (a lane of four down, a link at half rate) is a quarter or more."""
+MIN_PEERS = 3
+"""timed links a (class, stage) needs before one of them can be called slow against the others."""
 SIZING = ("each (class, stage) sized by the median observed bytes per step of its single-class links; "
           "a pair with several classes expects their sum")
 
@@ -70,7 +74,10 @@ def _peer_rates(j: pl.DataFrame) -> pl.DataFrame:
     """per pair, the median rate and scaled MAD of the links of its first (class, stage)."""
     k = j.filter(pl.col("key").is_not_null()).with_columns(pl.col("key").list.first().alias("k"))
     stats = k.group_by("k").agg(pl.col("rate").median().alias("peer_rate"),
-                                ((pl.col("rate") - pl.col("rate").median()).abs().median() * 1.4826).alias("mad"))
+                                ((pl.col("rate") - pl.col("rate").median()).abs().median() * 1.4826).alias("mad"),
+                                pl.col("rate").drop_nulls().len().alias("peers"))
+    # with fewer than MIN_PEERS timed links a median cannot single one out: slow is not evaluated there
+    stats = stats.with_columns(pl.when(pl.col("peers") >= MIN_PEERS).then(pl.col("mad")).otherwise(None))
     return k.join(stats, on="k", how="left").select("src", "dst", "peer_rate", "mad")
 
 
@@ -173,10 +180,19 @@ def traffic_section(strategy, job_flows: pl.DataFrame | None, steps: int,
     j = j.with_columns((pl.col("kind") == "ok").alias("_ok")).sort(["_ok", "cost_ns", "src", "dst"],
                                                                     descending=[False, True, False, False])
     flagged = int((~j["_ok"]).sum())
+    few = _few_peers(j)
     listed = j.head(flagged + LISTED)
     return Traffic(evaluated=True, topology=topo.source, sizing=SIZING, bytes_per=per, pairs_total=j.height,
                    kinds=dict(sorted(j.group_by("kind").len().iter_rows())), classes=_classes(j),
-                   pairs=[_pair(r) for r in listed.iter_rows(named=True)], listed=flagged + LISTED)
+                   pairs=[_pair(r) for r in listed.iter_rows(named=True)], listed=flagged + LISTED,
+                   slow_not_evaluated=few)
+
+
+def _few_peers(j: pl.DataFrame) -> list[str]:
+    """The (class@stage) whose timed links are too few to call one slow."""
+    k = j.filter(pl.col("key").is_not_null()).with_columns(pl.col("key").list.first().alias("k"))
+    n = k.group_by("k").agg(pl.col("rate").drop_nulls().len().alias("n")).filter(pl.col("n") < MIN_PEERS)
+    return sorted(f"{key}: {c} timed link(s), slow needs {MIN_PEERS}" for key, c in n.iter_rows())
 
 
 def _shared_endpoint(pairs: list[TrafficPair]) -> tuple[str | None, int]:

@@ -217,3 +217,5 @@ class Traffic:
     pairs: list[TrafficPair] = doc("every pair that is not ok, then the costliest ok ones, by cost to the step "
                                    "(at most ``listed``).", factory=list)
     listed: int = doc("the most pairs listed.", 0)
+    slow_not_evaluated: list[str] = doc("the class@stage whose links are too few to call one slow against the "
+                                        "others (slow is not evaluated there).", factory=list, omit="empty")

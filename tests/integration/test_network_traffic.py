@@ -54,7 +54,7 @@ def test_fault_free_capture_matches_expected_traffic(case, tmp_path):
         t = rep["traffic"]
         assert t["evaluated"], t.get("why")
         assert t["topology"].startswith("file: ")
-        assert set(t["kinds"]) <= {"ok", "slow"}, t["kinds"]
+        assert set(t["kinds"]) == {"ok"}, t["kinds"]
         for c in t["classes"]:
             assert c["seen"] == c["pairs"] == c["within_error"], c
         assert rep["data_quality"]["flows"]["topology"]["source"] == t["topology"]
