@@ -23,7 +23,7 @@ from rankscope.analysis.model.data_quality import data_quality
 from rankscope.analysis.model.job_model import JobModel, build_job_model
 from rankscope.analysis.model.steps import steps_frame
 from rankscope.analysis.model.timelines import rank_timelines
-from rankscope.analysis.network import Topology, traffic_findings, traffic_section
+from rankscope.analysis.network import Topology, network_view, traffic_findings
 from rankscope.analysis.report.diagnosis import Diagnosis
 from rankscope.analysis.report.steps import RankPhases, Steps
 from rankscope.analysis.stragglers.config import StragglerConfig
@@ -102,20 +102,22 @@ def analyze_model(model: JobModel, config: DiagnoseConfig | None = None,
     inter: dict = {}
     stragglers = straggler_section(model, config.stragglers, inter)
     regressions = regression_section(model, baseline, config.regressions)
-    traffic = _traffic(model, config.topology)
+    traffic, placement = _network(model, config.topology)
     d = Diagnosis(job=model.frames.job, sources=list(model.frames.sources), strategy=model.strategy, steps=steps,
                   stragglers=stragglers, regressions=regressions, hangs=hang_section(model),
                   data_quality=_with_topology(data_quality(model), traffic, config.topology),
                   critical_path=critical_path_section(model, inter),
-                  findings=findings_of(stragglers, regressions) + traffic_findings(traffic), traffic=traffic)
+                  findings=findings_of(stragglers, regressions) + traffic_findings(traffic), traffic=traffic,
+                  placement=placement)
     return d, tables
 
 
-def _traffic(model: JobModel, topology: Topology | None):
-    """The traffic section of a flow job (None without flows: white-box reports keep their shape)."""
+def _network(model: JobModel, topology: Topology | None):
+    """The traffic and placement sections of a flow job (None without flows: white-box reports keep their
+    shape)."""
     if model.flows is None or model.per_rank:
-        return None
-    return traffic_section(model.strategy, model.flows.inference.job_flows, model.steps_section.count, topology)
+        return None, None
+    return network_view(model.strategy, model.flows.inference.job_flows, model.steps_section.count, topology)
 
 
 def _with_topology(quality, traffic, topology: Topology | None):

@@ -17,7 +17,7 @@ from rankscope.analysis.report.hangs import Hang
 from rankscope.analysis.report.kernels import Regression
 from rankscope.analysis.report.steps import CriticalPath, Steps
 from rankscope.analysis.report.stragglers import Stragglers
-from rankscope.analysis.report.strategy import Strategy, Traffic
+from rankscope.analysis.report.strategy import Placement, Strategy, Traffic
 
 
 def _no_data_quality() -> DataQuality:
@@ -42,6 +42,9 @@ class Diagnosis:
                                       "and the edits that would shorten it.", factory=CriticalPath)
     traffic: Traffic | None = doc("flow jobs: the traffic the strategy implies against the flows, pair by pair; "
                                   "absent without flow records.", None, omit="none")
+    placement: Placement | None = doc("flow jobs: where each traffic class's bytes go in the fabric (in a leaf, "
+                                      "across leaves, across pods) and what spans pods; absent without flow "
+                                      "records.", None, omit="none")
     findings: list[Finding] = doc("anomalies named with their culprit, from every section; the verdict's "
                                   "culprit first.", factory=list)
 

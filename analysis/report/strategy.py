@@ -219,3 +219,50 @@ class Traffic:
     listed: int = doc("the most pairs listed.", 0)
     slow_not_evaluated: list[str] = doc("the class@stage whose links are too few to call one slow against the "
                                         "others (slow is not evaluated there).", factory=list, omit="empty")
+
+
+@dataclass(frozen=True)
+class PlacementClass:
+    """Where one traffic class's bytes go in the fabric."""
+
+    name: str = doc("dp, pp_activation, pp_gradient, pp_wrap, ep or expert_dp.")
+    bytes_per_step: float = doc("its observed payload bytes per step (``traffic.bytes_per``).")
+    in_leaf: float | None = doc("share of those bytes between endpoints of one leaf.")
+    across_leaves: float | None = doc("share between leaves of one pod (through a spine).")
+    across_pods: float | None = doc("share between pods; null when the topology has no pods.")
+
+
+@dataclass(frozen=True)
+class GroupSpan:
+    """A group or pipeline whose members sit in more than one pod."""
+
+    kind: str = doc("dp, ep or pipeline.")
+    index: int = doc("its index in the strategy's dp_groups, ep_groups or pp_groups.")
+    pods: list[str] = doc("the pods its members sit in.")
+
+
+@dataclass(frozen=True)
+class PipelineCrossing:
+    """A pipeline link between stages in different pods, in stage order."""
+
+    pipeline: int = doc("the pipeline's index in pp_groups.")
+    stage: int = doc("the sending stage (the link is stage -> stage + 1).")
+    src: str = doc("the endpoint of that stage.")
+    dst: str = doc("the endpoint of the next stage.")
+    src_pod: str = doc("its pod.")
+    dst_pod: str = doc("the next stage's pod.")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How the job's traffic sits in the fabric: per class in a leaf, across leaves, across pods."""
+
+    evaluated: bool = doc("a topology with leaves and the flows' pairs were there.")
+    why: str | None = doc("why not, when not evaluated.", None, omit="none")
+    topology: str | None = doc("where the topology came from.", None)
+    classes: list[PlacementClass] = doc("per class, the shares of its bytes.", factory=list)
+    groups_across_pods: list[GroupSpan] = doc("DP and EP groups and pipelines spanning pods (none when the "
+                                              "topology has no pods).", factory=list)
+    pipeline_links_across_pods: list[PipelineCrossing] = doc("pipeline links crossing pods, by pipeline then "
+                                                             "stage.", factory=list)
+    unplaced: int = doc("endpoints of the job the topology does not place.", 0)

@@ -70,3 +70,31 @@ def test_slow_nic_is_the_top_slow_pair(tmp_path):
     assert f["evidence"]["shared_endpoint"] == "10.0.30.4"
     # the verdict's culprit stays first (the scorer reads findings[0])
     assert rep["findings"][0]["kind"] != "traffic_slow" or len(rep["findings"]) == 1
+
+
+def test_placement_of_a_job_over_two_pods(tmp_path):
+    """V5 spans pods 0 and 1 (48 hosts of 32 per pod): the truth's groups and pipelines that span pods,
+    and the DP ring links that cross, are counted here from the truth and the address plan."""
+    truth = json.loads((VALIDATION / "flows" / "V5-384-slowlink" / "truth.json").read_text())["jobs"][0]
+    (rep,) = _reports("V5-384-slowlink", tmp_path)
+    pl_ = rep["placement"]
+    assert pl_["evaluated"] and pl_["unplaced"] == 0
+
+    def pod(a):
+        return a.split(".")[1]
+
+    spans = {tuple(sorted(g)) for g in truth["dp_groups_ip"] if len({pod(a) for a in g}) > 1}
+    got = {tuple(sorted(rep["strategy"]["dp_groups"][s["index"]])) for s in pl_["groups_across_pods"]
+           if s["kind"] == "dp"}
+    assert got == spans and spans
+    pipes = [p for p in truth["pp_groups_ip"] if len({pod(a) for a in p}) > 1]
+    assert len([s for s in pl_["groups_across_pods"] if s["kind"] == "pipeline"]) == len(pipes)
+    crossing = sum(pod(p[i]) != pod(p[i + 1]) for p in truth["pp_groups_ip"] for i in range(len(p) - 1))
+    assert len(pl_["pipeline_links_across_pods"]) == crossing
+    # ring links in DP-rank order: a ring over both pods crosses twice; every DP link carries the same bytes
+    # per stage, so the cross-pod share is the crossing links' share of the ring links
+    links = [(g[i], g[(i + 1) % len(g)]) for g in truth["dp_groups_ip"] for i in range(len(g))]
+    want = sum(pod(a) != pod(b) for a, b in links) / len(links)
+    (dp,) = [c for c in pl_["classes"] if c["name"] == "dp"]
+    assert abs(dp["across_pods"] - want) < 0.02
+    assert dp["in_leaf"] + dp["across_leaves"] + dp["across_pods"] == pytest.approx(1.0)

@@ -98,3 +98,20 @@ def test_topology_file_errors_name_file_line_and_expectation(tmp_path):
     topo = read_topology(p)
     assert [r[0] for r in topo.rows] == ["10.0.0.1"] and topo.rows[0][4] == "s0"
     assert any("line 3" in n and "host" in n for n in topo.notes) and any("line 4" in n for n in topo.notes)
+
+
+def test_placement_shares_spans_and_crossings(tmp_path):
+    p = tmp_path / "topo.csv"
+    # stage 0 in pod A, stage 1 in pod B; NIC i of every host on leaf i of its pod
+    p.write_text("endpoint,host,leaf,pod\n" + "".join(
+        f"{a},h{a.split('.')[2]},{'AB'[int(a.split('.')[2])]}{LEAF[a]},{'AB'[int(a.split('.')[2])]}\n" for a in S0 + S1))
+    from rankscope.analysis.network import network_view
+    _, place = network_view(STRATEGY, _flows(), 4, read_topology(p))
+    share = {c.name: (c.in_leaf, c.across_leaves, c.across_pods) for c in place.classes}
+    assert share["dp"] == (0.0, 1.0, 0.0)  # a ring over four leaves of one pod
+    assert share["pp_activation"] == (0.0, 0.0, 1.0) and share["pp_gradient"] == (0.0, 0.0, 1.0)
+    assert [(s.kind, s.pods) for s in place.groups_across_pods] == [("pipeline", ["A", "B"])] * 4
+    assert [(c.pipeline, c.stage, c.src_pod, c.dst_pod) for c in place.pipeline_links_across_pods] == \
+        [(i, 0, "A", "B") for i in range(4)]
+    _, inferred = network_view(STRATEGY, _flows(), 4)
+    assert all(c.across_pods is None for c in inferred.classes) and not inferred.groups_across_pods
