@@ -102,10 +102,10 @@ def analyze_model(model: JobModel, config: DiagnoseConfig | None = None,
     inter: dict = {}
     stragglers = straggler_section(model, config.stragglers, inter)
     regressions = regression_section(model, baseline, config.regressions)
-    traffic, placement = _network(model, config.topology)
+    traffic, placement, topology = _network(model, config.topology)
     d = Diagnosis(job=model.frames.job, sources=list(model.frames.sources), strategy=model.strategy, steps=steps,
                   stragglers=stragglers, regressions=regressions, hangs=hang_section(model),
-                  data_quality=_with_topology(data_quality(model), traffic, config.topology),
+                  data_quality=_with_topology(data_quality(model), topology),
                   critical_path=critical_path_section(model, inter),
                   findings=findings_of(stragglers, regressions) + traffic_findings(traffic), traffic=traffic,
                   placement=placement)
@@ -116,17 +116,18 @@ def _network(model: JobModel, topology: Topology | None):
     """The traffic and placement sections of a flow job (None without flows: white-box reports keep their
     shape)."""
     if model.flows is None or model.per_rank:
-        return None, None
+        return None, None, None
     return network_view(model.strategy, model.flows.inference.job_flows, model.steps_section.count, topology)
 
 
-def _with_topology(quality, traffic, topology: Topology | None):
-    """data_quality.flows says where the topology came from (a file, or inferred from the exporters)."""
-    if traffic is None or quality.flows is None:
+def _with_topology(quality, topology: Topology | None):
+    """data_quality.flows says where the topology came from (a file, or inferred from the exporters: how
+    many endpoints were placed, and which only as a guess)."""
+    if topology is None or quality.flows is None:
         return quality
-    notes = list(topology.notes) if topology is not None else ["no --topology: each endpoint placed at the "
-                                                               "exporter that meters its traffic"]
-    return replace(quality, flows={**quality.flows, "topology": {"source": traffic.topology, "notes": notes}})
+    return replace(quality, flows={**quality.flows, "topology": {"source": topology.source,
+                                                                 "endpoints": len(topology.rows),
+                                                                 "notes": list(topology.notes)}})
 
 
 def analyze_job(frames: JobFrames, config: DiagnoseConfig | None = None,

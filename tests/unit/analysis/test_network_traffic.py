@@ -106,12 +106,13 @@ def test_placement_shares_spans_and_crossings(tmp_path):
     p.write_text("endpoint,host,leaf,pod\n" + "".join(
         f"{a},h{a.split('.')[2]},{'AB'[int(a.split('.')[2])]}{LEAF[a]},{'AB'[int(a.split('.')[2])]}\n" for a in S0 + S1))
     from rankscope.analysis.network import network_view
-    _, place = network_view(STRATEGY, _flows(), 4, read_topology(p))
+    _, place, _ = network_view(STRATEGY, _flows(), 4, read_topology(p))
     share = {c.name: (c.in_leaf, c.across_leaves, c.across_pods) for c in place.classes}
     assert share["dp"] == (0.0, 1.0, 0.0)  # a ring over four leaves of one pod
     assert share["pp_activation"] == (0.0, 0.0, 1.0) and share["pp_gradient"] == (0.0, 0.0, 1.0)
     assert [(s.kind, s.pods) for s in place.groups_across_pods] == [("pipeline", ["A", "B"])] * 4
     assert [(c.pipeline, c.stage, c.src_pod, c.dst_pod) for c in place.pipeline_links_across_pods] == \
         [(i, 0, "A", "B") for i in range(4)]
-    _, inferred = network_view(STRATEGY, _flows(), 4)
+    _, inferred, topo = network_view(STRATEGY, _flows(), 4)
     assert all(c.across_pods is None for c in inferred.classes) and not inferred.groups_across_pods
+    assert topo.source.startswith("inferred") and "8 sending endpoints" in topo.notes[0]
