@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -198,3 +199,42 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
             bar.update(1)
             bar.clear()
             click.echo(render_text(d) if fmt == "text" else _summary(d))
+
+
+@click.command()
+@click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="YAML job: tp, dp, pp, ep, cp, microbatches, virtual_stages, activation_bytes, gradient_bytes, "
+                   "data_parallel (ring, zero, fsdp), expert_bytes, moe_layers, expert_gradient_bytes, "
+                   "rank_order (fastest axis first), endpoints (one per rank)")
+@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
+              help="CSV to write (default: standard output)")
+def expect(config_path, out_path):
+    """Expected bytes per endpoint pair per step of a declared job, per traffic class.
+
+    \b
+    Example:
+      rankscope expect --config job.yaml --out expected.csv
+    """
+    import csv
+    import io
+
+    import yaml
+
+    from rankscope.analysis.network import declared_traffic
+
+    try:
+        config = yaml.safe_load(open(config_path).read()) or {}
+    except yaml.YAMLError as e:
+        raise UsageError(f"--config {config_path}: not YAML ({e})") from e
+    if not isinstance(config, dict):
+        raise UsageError(f"--config {config_path}: expected a mapping of job keys, got {type(config).__name__}")
+    rows = declared_traffic(config, f"--config {config_path}")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=["src", "dst", "class", "bytes_per_step"], lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    if out_path:
+        write_atomic(Path(out_path), buf.getvalue(), "--out")
+        click.echo(f"{len(rows)} pair classes -> {out_path}", err=True)
+    else:
+        click.echo(buf.getvalue(), nl=False)
