@@ -1,4 +1,4 @@
-"""The report's ``traffic`` section: the strategy's expected pairs against the flows, ranked by cost.
+"""The report's ``traffic`` section: the strategy's expected pairs against the flows, ranked by extra transfer time
 
 Sizing: the strategy gives links, not message sizes, so each (class, stage) is sized by the median
 observed bytes per step of its links that carry that class alone (the rings of one stage hold the same
@@ -221,7 +221,7 @@ def traffic_findings(traffic: Traffic | None) -> list[Finding]:
         factor = (top.peer_rate / top.rate) if kind == "slow" and top.rate else (top.ratio or 0.0)
         ev = {"src": top.src, "dst": top.dst, "classes": top.classes, "expected_bytes_per_step": top.expected,
               "observed_bytes_per_step": top.observed, "rate": top.rate, "peer_rate": top.peer_rate,
-              "cost_ns_per_step": top.cost_ns, "exporters": top.exporters, "pairs_of_this_kind": len(bad)}
+              "extra_transfer_ns_per_step": top.cost_ns, "exporters": top.exporters, "pairs_of_this_kind": len(bad)}
         if kind == "slow":
             ev["shared_endpoint"], ev["shared_by_pairs"] = _shared_endpoint(bad)
         out.append(Finding(kind=f"traffic_{kind}", culprit=f"{top.src} -> {top.dst}", factor=float(factor), steps=[],

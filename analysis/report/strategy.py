@@ -184,8 +184,10 @@ class TrafficPair:
     rel_error: float = doc("the relative sampling error of the observed bytes (0 unsampled).")
     model_error: float = doc("the relative spread of its class's single-class links (0 where they agree to the "
                              "byte; all-to-all sizes follow the routing).")
-    cost_ns: float = doc("its cost to the step (``bytes_per``): for slow, the extra time its bytes take at its rate against "
-                         "its peers'; for the other kinds, the time its bytes take at the peers' rate.")
+    cost_ns: float = doc("what the ranking uses (per ``bytes_per``): for slow, the extra transfer time its bytes "
+                         "take at its rate against its peers'; for the other kinds, the time its bytes take at "
+                         "the peers' rate. An upper bound of its cost to the step, not that cost: transfers "
+                         "overlap each other and compute (the straggler section's what-if gives the step's).")
     exporters: list[str] = doc("the exporters that metered its payload.", factory=list)
 
 
@@ -203,7 +205,7 @@ class TrafficClass:
 
 @dataclass(frozen=True)
 class Traffic:
-    """Expected traffic from the strategy against the flows, pair by pair, ranked by cost to the step."""
+    """Expected traffic from the strategy against the flows, pair by pair, ranked by extra transfer time."""
 
     evaluated: bool = doc("a strategy with links and flow records were there to compare.")
     why: str | None = doc("why not, when not evaluated.", None, omit="none")
@@ -214,7 +216,7 @@ class Traffic:
     pairs_total: int = doc("expected pairs plus unexpected ones.", 0)
     kinds: dict[str, int] = doc("pairs per kind.", factory=dict)
     classes: list[TrafficClass] = doc("per class, how the pairs compare.", factory=list)
-    pairs: list[TrafficPair] = doc("every pair that is not ok, then the costliest ok ones, by cost to the step "
+    pairs: list[TrafficPair] = doc("every pair that is not ok, then the costliest ok ones, by ``cost_ns`` "
                                    "(at most ``listed``).", factory=list)
     listed: int = doc("the most pairs listed.", 0)
     slow_not_evaluated: list[str] = doc("the class@stage whose links are too few to call one slow against the "
