@@ -98,3 +98,41 @@ def test_placement_of_a_job_over_two_pods(tmp_path):
     (dp,) = [c for c in pl_["classes"] if c["name"] == "dp"]
     assert abs(dp["across_pods"] - want) < 0.02
     assert dp["in_leaf"] + dp["across_leaves"] + dp["across_pods"] == pytest.approx(1.0)
+
+
+def test_edited_v1_records_name_the_edited_pair_first(tmp_path):
+    """V1's records with three edits (not simulator faults: the records are changed after the fact): one
+    ring link's records dropped (a dead link), another's metered at a leaf of another rail (its traffic
+    rerouted), and one stage-0 NIC sending a ring's worth to another ring's member (a misplaced rank).
+    Each edited pair is the first of its kind, and nothing else is flagged."""
+    import polars as pl
+
+    from rankscope.analysis.diagnose import model_of
+    from rankscope.analysis.network import network_view, read_topology
+    from rankscope.analysis.runner import plan_jobs
+    from rankscope.analysis.runner.plan import load_planned
+    from rankscope.collectors.store import Store
+
+    case = "V1-128-pp4-dp4"
+    truth = json.loads((VALIDATION / "flows" / case / "truth.json").read_text())["jobs"][0]
+    topo = tmp_path / "topo.csv"
+    topo.write_text(address_plan_topology({a for g in truth["dp_groups_ip"] for a in g}))
+    r = _cli("ingest", "--store", str(tmp_path / "st"), "--job", "cap", "-q", str(VALIDATION / "flows" / case / "flows.ipfix"))
+    assert r.returncode == 0, r.stderr
+    store = Store(tmp_path / "st")
+    model = model_of(load_planned(store, plan_jobs(store)[0]))
+    flows, s = model.flows.inference.job_flows, model.strategy
+    dead = (s.dp_groups[0][0], s.dp_groups[0][1])
+    moved = (s.dp_groups[1][1], s.dp_groups[1][2])
+    odd_src, odd_dst = s.dp_groups[2][0], s.dp_groups[3][1]
+    other_rail = flows.filter(pl.col("src_addr") == s.dp_groups[2][0])["exporter"][0]
+    is_pair = lambda p: (pl.col("src_addr") == p[0]) & (pl.col("dst_addr") == p[1])  # noqa: E731
+    extra = flows.filter(is_pair((s.dp_groups[2][0], s.dp_groups[2][1]))).with_columns(dst_addr=pl.lit(odd_dst))
+    edited = pl.concat([flows.filter(~is_pair(dead)).with_columns(
+        exporter=pl.when(is_pair(moved)).then(pl.lit(other_rail)).otherwise(pl.col("exporter"))), extra])
+    traffic, _, _ = network_view(s, edited, model.steps_section.count, read_topology(topo))
+    first = {}
+    for p in traffic.pairs:
+        first.setdefault(p.kind, (p.src, p.dst))
+    assert first["missing"] == dead and first["rerouted"] == moved and first["unexpected"] == (odd_src, odd_dst)
+    assert traffic.kinds == {"ok": traffic.pairs_total - 3, "missing": 1, "rerouted": 1, "unexpected": 1}
