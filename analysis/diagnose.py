@@ -23,6 +23,7 @@ from rankscope.analysis.model.data_quality import data_quality
 from rankscope.analysis.model.job_model import JobModel, build_job_model
 from rankscope.analysis.model.steps import steps_frame
 from rankscope.analysis.model.timelines import rank_timelines
+from rankscope.analysis.network import Topology, network_view, traffic_findings
 from rankscope.analysis.report.diagnosis import Diagnosis
 from rankscope.analysis.report.steps import RankPhases, Steps
 from rankscope.analysis.stragglers.config import StragglerConfig
@@ -46,11 +47,15 @@ class DiagnoseConfig:
     """rank clock alignment."""
     flow: FlowConfig = field(default_factory=FlowConfig)
     """black-box strategy inference and job recognition from flows."""
+    topology: Topology | None = None
+    """where each flow endpoint hangs (``--topology``); None: inferred from the flow exporters."""
 
     def __post_init__(self):
         kinds = ((self.stragglers, StragglerConfig), (self.regressions, RegressionConfig),
                  (self.clock, ClockConfig), (self.flow, FlowConfig))
         bad = [type(v).__name__ for v, k in kinds if not isinstance(v, k)]
+        if self.topology is not None and not isinstance(self.topology, Topology):
+            bad.append(type(self.topology).__name__)
         if bad:
             raise ConfigError(f"DiagnoseConfig: got {', '.join(bad)}; expected StragglerConfig, RegressionConfig, "
                               "ClockConfig and FlowConfig")
@@ -97,11 +102,32 @@ def analyze_model(model: JobModel, config: DiagnoseConfig | None = None,
     inter: dict = {}
     stragglers = straggler_section(model, config.stragglers, inter)
     regressions = regression_section(model, baseline, config.regressions)
+    traffic, placement, topology = _network(model, config.topology)
     d = Diagnosis(job=model.frames.job, sources=list(model.frames.sources), strategy=model.strategy, steps=steps,
                   stragglers=stragglers, regressions=regressions, hangs=hang_section(model),
-                  data_quality=data_quality(model), critical_path=critical_path_section(model, inter),
-                  findings=findings_of(stragglers, regressions))
+                  data_quality=_with_topology(data_quality(model), topology),
+                  critical_path=critical_path_section(model, inter),
+                  findings=findings_of(stragglers, regressions) + traffic_findings(traffic), traffic=traffic,
+                  placement=placement)
     return d, tables
+
+
+def _network(model: JobModel, topology: Topology | None):
+    """The traffic and placement sections of a flow job (None without flows: white-box reports keep their
+    shape)."""
+    if model.flows is None or model.per_rank:
+        return None, None, None
+    return network_view(model.strategy, model.flows.inference.job_flows, model.steps_section.count, topology)
+
+
+def _with_topology(quality, topology: Topology | None):
+    """data_quality.flows says where the topology came from (a file, or inferred from the exporters: how
+    many endpoints were placed, and which only as a guess)."""
+    if topology is None or quality.flows is None:
+        return quality
+    return replace(quality, flows={**quality.flows, "topology": {"source": topology.source,
+                                                                 "endpoints": len(topology.rows),
+                                                                 "notes": list(topology.notes)}})
 
 
 def analyze_job(frames: JobFrames, config: DiagnoseConfig | None = None,

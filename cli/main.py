@@ -25,6 +25,8 @@ COMMANDS = {
     "dashboard": ("rankscope.cli.commands.dashboard:dashboard",
                   "Serve the rankscope dashboard: strategy, timelines, stragglers, regressions."),
     "diff": ("rankscope.cli.commands.diff:diff", "Compare two runs: step time, phases, GEMM throughput, bandwidth."),
+    "expect": ("rankscope.cli.commands.analyze:expect",
+               "Expected bytes per endpoint pair per step of a declared job (degrees, sizes, rank order)."),
     "export": ("rankscope.cli.commands.export:export", "Export a job's timelines for other tools."),
     "info": ("rankscope.cli.commands.info:info", "Summarise a trace store: jobs, record kinds, counts, time range."),
     "ingest": ("rankscope.cli.commands.ingest:ingest", "Import trace files (and directories of them) into a trace store."),

@@ -27,6 +27,29 @@ def tied_labellings(strategy) -> str:
     return "; ".join(out)
 
 
+def _share(x) -> str:
+    return "?" if x is None else f"{x:.0%}"
+
+
+def _network_lines(d: Diagnosis) -> list[str]:
+    """Traffic (kinds, the costliest pairs that are not ok) and placement (shares per class), flow jobs only."""
+    out, t, p = [], d.traffic, d.placement
+    if t is not None and t.evaluated:
+        out.append(f"traffic      {', '.join(f'{k} {v}' for k, v in t.kinds.items())} pairs  ({t.topology})")
+        out += [f"  {x.kind:<10} {x.src} -> {x.dst} {'/'.join(x.classes) or '-'}: ratio "
+                f"{'?' if x.ratio is None else f'{x.ratio:.2f}'}, {x.cost_ns / 1e6:.1f} ms extra transfer per {t.bytes_per}"
+                for x in t.pairs[:MAX_ROWS] if x.kind != "ok"]
+    elif t is not None:
+        out.append(f"traffic      not evaluated: {t.why}")
+    if p is not None and p.evaluated:
+        out.append("placement    " + "; ".join(f"{c.name} leaf {_share(c.in_leaf)} / spine {_share(c.across_leaves)} / "
+                                               f"pods {_share(c.across_pods)}" for c in p.classes))
+        if p.groups_across_pods:
+            out.append(f"  across pods {len(p.groups_across_pods)} groups/pipelines, "
+                       f"{len(p.pipeline_links_across_pods)} pipeline links")
+    return out
+
+
 def render_text(d: Diagnosis) -> str:
     """Strategy, steps, straggler verdict with its evidence, findings, regressions, hangs, data quality."""
     lines = [f"== {d.job}  (sources: {', '.join(d.sources) or 'none'})"]
@@ -68,6 +91,7 @@ def render_text(d: Diagnosis) -> str:
               for r in d.regressions[:MAX_ROWS]]
     lines.append(f"hangs        {len(d.hangs)}")
     lines += [f"  group {h.group} seq {h.seq} {h.op}: missing {h.missing}" for h in d.hangs[:MAX_ROWS]]
+    lines += _network_lines(d)
     dq = d.data_quality
     missing = dq.missing_ranks
     lines.append(f"data quality {dq.num_rejected:,} records rejected"

@@ -17,7 +17,7 @@ from rankscope.analysis.report.hangs import Hang
 from rankscope.analysis.report.kernels import Regression
 from rankscope.analysis.report.steps import CriticalPath, Steps
 from rankscope.analysis.report.stragglers import Stragglers
-from rankscope.analysis.report.strategy import Strategy
+from rankscope.analysis.report.strategy import Placement, Strategy, Traffic
 
 
 def _no_data_quality() -> DataQuality:
@@ -40,6 +40,11 @@ class Diagnosis:
     data_quality: DataQuality = doc("what the report rests on.", factory=_no_data_quality)
     critical_path: CriticalPath = doc("the chain of ops across ranks that sets each step's end, its shares, "
                                       "and the edits that would shorten it.", factory=CriticalPath)
+    traffic: Traffic | None = doc("flow jobs: the traffic the strategy implies against the flows, pair by pair; "
+                                  "absent without flow records.", None, omit="none")
+    placement: Placement | None = doc("flow jobs: where each traffic class's bytes go in the fabric (in a leaf, "
+                                      "across leaves, across pods) and what spans pods; absent without flow "
+                                      "records.", None, omit="none")
     findings: list[Finding] = doc("anomalies named with their culprit, from every section; the verdict's "
                                   "culprit first.", factory=list)
 

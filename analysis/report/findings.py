@@ -82,8 +82,9 @@ Culprit = Worker | Rank | Stage | Endpoint | OneOf | Group | Batches | int | lis
 class Finding:
     """One anomaly, named with its culprit."""
 
-    kind: str = doc("slow_worker, slow_stage, slow_link, sequence_imbalance, kernel_regression or "
-                    "misaligned_gemm.")
+    kind: str = doc("slow_worker, slow_stage, slow_link, sequence_imbalance, kernel_regression, "
+                    "misaligned_gemm, or from the traffic section traffic_slow, traffic_missing, traffic_unexpected "
+                    "or traffic_rerouted.")
     culprit: Culprit = doc("who or what is anomalous: a rank, an address, a stage, a group, the batches, or "
                            "a kernel (a rank, ranks, or a kernel name).")
     factor: float = doc("how many times slower than its peers or its expectation (for the verdict's culprit "
@@ -177,6 +178,11 @@ def describe(f: Finding) -> str:
         return f"{who} computes {x} the other stages'"
     if kind == "slow_link":
         return f"transfers of {who} run {x} their typical"
+    if kind == "traffic_slow":
+        nic = f" (the pairs share {ev['shared_endpoint']})" if ev.get("shared_by_pairs", 0) > 1 else ""
+        return f"link {who} runs {x} slower than its peers{nic}"
+    if kind.startswith("traffic_"):
+        return f"link {who}: {kind[8:]} traffic ({x} the expected bytes)"
     if kind == "sequence_imbalance":
         return f"sequence-length imbalance: balanced microbatches would run {x} faster"
     if kind in KERNEL_KINDS:

@@ -162,3 +162,109 @@ class Strategy:
     def tied_labellings(self) -> list[Labelling]:
         """The other labellings of a standing tie (none when a tie was broken or there was none)."""
         return list(self.flows.alternatives) if self.flows is not None and self.flows.ambiguous else []
+
+
+@dataclass(frozen=True)
+class TrafficPair:
+    """One directed endpoint pair: what the strategy implies against what the flows show."""
+
+    src: str = doc("the sending endpoint.")
+    dst: str = doc("the receiving endpoint.")
+    classes: list[str] = doc("the traffic classes the strategy sends over it (dp, pp_activation, pp_gradient, "
+                             "pp_wrap, ep, expert_dp); empty for an unexpected pair.")
+    expected: float | None = doc("expected payload bytes per step; null for an unexpected pair.")
+    observed: float | None = doc("payload bytes per step the flows show (sampling-scaled); null when none.")
+    ratio: float | None = doc("observed / expected; null when either is missing.")
+    kind: str = doc("ok, missing (expected, not seen), unexpected (seen, not expected), slow (its rate is below "
+                    "its peers') or rerouted (metered at an exporter its leaf does not own).")
+    within_error: bool = doc("observed matches expected within the sampling error and its class's own spread "
+                             "(a two-sided band, Bonferroni over the job's pairs at 1 %).")
+    rate: float | None = doc("payload bytes per second of record time; null without timed records.")
+    peer_rate: float | None = doc("the median rate of its peers (same class and stage).")
+    rel_error: float = doc("the relative sampling error of the observed bytes (0 unsampled).")
+    model_error: float = doc("the relative spread of its class's single-class links (0 where they agree to the "
+                             "byte; all-to-all sizes follow the routing).")
+    cost_ns: float = doc("what the ranking uses (per ``bytes_per``): for slow, the extra transfer time its bytes "
+                         "take at its rate against its peers'; for the other kinds, the time its bytes take at "
+                         "the peers' rate. An upper bound of its cost to the step, not that cost: transfers "
+                         "overlap each other and compute (the straggler section's what-if gives the step's).")
+    exporters: list[str] = doc("the exporters that metered its payload.", factory=list)
+
+
+@dataclass(frozen=True)
+class TrafficClass:
+    """One traffic class over all its pairs."""
+
+    name: str = doc("dp, pp_activation, pp_gradient, pp_wrap, ep or expert_dp.")
+    pairs: int = doc("pairs the strategy sends it over.")
+    seen: int = doc("of those, pairs the flows show.")
+    within_error: int = doc("of those, pairs whose observed bytes match expected within the sampling error.")
+    median_ratio: float | None = doc("median observed / expected.")
+    max_deviation: float | None = doc("largest |ratio - 1|.")
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Expected traffic from the strategy against the flows, pair by pair, ranked by extra transfer time."""
+
+    evaluated: bool = doc("a strategy with links and flow records were there to compare.")
+    why: str | None = doc("why not, when not evaluated.", None, omit="none")
+    topology: str | None = doc("where the topology came from: a file, or inferred from the exporters.", None)
+    sizing: str = doc("how expected bytes were sized (the strategy gives links, not message sizes).", "")
+    bytes_per: str = doc("step, or capture when no steps were found (expected, observed and cost are then per "
+                         "capture; the ratios stand).", "step")
+    pairs_total: int = doc("expected pairs plus unexpected ones.", 0)
+    kinds: dict[str, int] = doc("pairs per kind.", factory=dict)
+    classes: list[TrafficClass] = doc("per class, how the pairs compare.", factory=list)
+    pairs: list[TrafficPair] = doc("every pair that is not ok, then the costliest ok ones, by ``cost_ns`` "
+                                   "(at most ``listed``).", factory=list)
+    listed: int = doc("the most pairs listed.", 0)
+    slow_not_evaluated: list[str] = doc("the class@stage whose links are too few to call one slow against the "
+                                        "others (slow is not evaluated there).", factory=list, omit="empty")
+
+
+@dataclass(frozen=True)
+class PlacementClass:
+    """Where one traffic class's bytes go in the fabric."""
+
+    name: str = doc("dp, pp_activation, pp_gradient, pp_wrap, ep or expert_dp.")
+    bytes_per_step: float = doc("its observed payload bytes per step (``traffic.bytes_per``).")
+    in_leaf: float | None = doc("share of those bytes between endpoints of one leaf.")
+    across_leaves: float | None = doc("share between leaves of one pod (through a spine).")
+    across_pods: float | None = doc("share between pods; null when the topology has no pods.")
+
+
+@dataclass(frozen=True)
+class GroupSpan:
+    """A group or pipeline whose members sit in more than one pod."""
+
+    kind: str = doc("dp, ep or pipeline.")
+    index: int = doc("its index in the strategy's dp_groups, ep_groups or pp_groups.")
+    pods: list[str] = doc("the pods its members sit in.")
+
+
+@dataclass(frozen=True)
+class PipelineCrossing:
+    """A pipeline link between stages in different pods, in stage order."""
+
+    pipeline: int = doc("the pipeline's index in pp_groups.")
+    stage: int = doc("the sending stage (the link is stage -> stage + 1).")
+    src: str = doc("the endpoint of that stage.")
+    dst: str = doc("the endpoint of the next stage.")
+    src_pod: str = doc("its pod.")
+    dst_pod: str = doc("the next stage's pod.")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How the job's traffic sits in the fabric: per class in a leaf, across leaves, across pods."""
+
+    evaluated: bool = doc("a topology with leaves and the flows' pairs were there.")
+    why: str | None = doc("why not, when not evaluated.", None, omit="none")
+    topology: str | None = doc("where the topology came from.", None)
+    classes: list[PlacementClass] = doc("per class, the shares of its bytes.", factory=list)
+    groups_across_pods: list[GroupSpan] = doc("DP and EP groups and pipelines spanning pods (none when the "
+                                              "topology has no pods).", factory=list)
+    pipeline_links_across_pods: list[PipelineCrossing] = doc("pipeline links crossing pods, by pipeline then "
+                                                             "stage.", factory=list)
+    unplaced: int = doc("endpoints of the job the topology does not place.", 0)

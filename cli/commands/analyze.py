@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -119,8 +120,11 @@ def _ingest_first(store_dir, paths, job):
 @click.option("--control-port", "control_ports", multiple=True, type=click.IntRange(1, 65535),
               help="a job's rendezvous port other than 29500 (torchrun --master_port), repeatable: flows on it "
                    "are control traffic, not training links, and join the ranks that talk to it into one job")
+@click.option("--topology", "topology_path", default=None, type=click.Path(dir_okay=False),
+              help="CSV endpoint,host,leaf,pod[,spine]: where each NIC address (or rank) hangs, for the traffic "
+                   "section (default: inferred from the flow exporters, one per leaf)")
 def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below, regression_threshold, engine,
-            address, fmt, control_ports):
+            address, fmt, control_ports, topology_path):
     """Diagnose every job of a store: strategy, steps, stragglers, regressions, hangs.
 
     Writes OUT/<job>.json (the report contract) and OUT/<job>.html per job.
@@ -137,11 +141,17 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
       rankscope analyze --store st --out-dir reports --format text
       rankscope analyze --store st --job fabric --out-dir reports
       rankscope analyze --store st --out-dir reports --control-port 29671
+      rankscope analyze --store st --out-dir reports --topology topo.csv
       rankscope analyze --store st --out-dir reports --engine ray --address 10.0.0.5:6379
     """
     _load(with_ingest=bool(ingest_paths), inputs=[p for p in (store_dir, *ingest_paths) if os.path.exists(p)])
     fresh = _ingest_first(store_dir, ingest_paths, job) if ingest_paths else None
     from rankscope.analysis.diagnose import DiagnoseConfig
+    from rankscope.analysis.network import read_topology
+
+    topology = read_topology(topology_path) if topology_path else None
+    for note in topology.notes if topology else ():
+        click.echo(f"warning: {note}", err=True)
 
     store = existing_store(store_dir)  # hardstore: missing store is a usage error (2) everywhere
     if not store.jobs():
@@ -155,7 +165,7 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
     config = DiagnoseConfig(
         stragglers=StragglerConfig(none_below=none_below),
         regressions=RegressionConfig(throughput=ThroughputConfig(threshold=regression_threshold)),
-        flow=FlowConfig.with_rendezvous(*control_ports))
+        flow=FlowConfig.with_rendezvous(*control_ports), topology=topology)
     from rankscope.analysis.runner import plan_jobs
 
     plan = plan_jobs(store, job, flow_job, config.flow)
@@ -189,3 +199,42 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
             bar.update(1)
             bar.clear()
             click.echo(render_text(d) if fmt == "text" else _summary(d))
+
+
+@click.command()
+@click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="YAML job: tp, dp, pp, ep, cp, microbatches, virtual_stages, activation_bytes, gradient_bytes, "
+                   "data_parallel (ring, zero, fsdp), expert_bytes, moe_layers, expert_gradient_bytes, "
+                   "rank_order (fastest axis first), endpoints (one per rank)")
+@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
+              help="CSV to write (default: standard output)")
+def expect(config_path, out_path):
+    """Expected bytes per endpoint pair per step of a declared job, per traffic class.
+
+    \b
+    Example:
+      rankscope expect --config job.yaml --out expected.csv
+    """
+    import csv
+    import io
+
+    import yaml
+
+    from rankscope.analysis.network import declared_traffic
+
+    try:
+        config = yaml.safe_load(open(config_path).read()) or {}
+    except yaml.YAMLError as e:
+        raise UsageError(f"--config {config_path}: not YAML ({e})") from e
+    if not isinstance(config, dict):
+        raise UsageError(f"--config {config_path}: expected a mapping of job keys, got {type(config).__name__}")
+    rows = declared_traffic(config, f"--config {config_path}")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=["src", "dst", "class", "bytes_per_step"], lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    if out_path:
+        write_atomic(Path(out_path), buf.getvalue(), "--out")
+        click.echo(f"{len(rows)} pair classes -> {out_path}", err=True)
+    else:
+        click.echo(buf.getvalue(), nl=False)
