@@ -13,15 +13,17 @@ from tests.unit.collectors.test_flight_recorder import nccl_dump
 
 MAX_RSS_BYTES = 1 << 30
 
+# The child reports its own VmHWM: ru_maxrss would start at the RSS of the pytest process that forked it
+# (Linux keeps the high-water mark across exec), which a full run grows past 1 GiB.
 PROBE = """
-import resource, sys
+import sys
 from pathlib import Path
 from rankscope.collectors.ingest.files import ingest
 from rankscope.collectors.store import Store
 s = ingest(Store(sys.argv[1]), [Path(sys.argv[2])])
 f = s.files[0]
 print(f.status, '|', f.error, '|', sum(f.records.values()))
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+print(next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM')) * 1024)
 """
 
 
