@@ -30,10 +30,16 @@ from rankscope.analysis.report.findings import OneOf, Rank
 from rankscope.analysis.report.strategy import degree_text
 from rankscope.analysis.stragglers.findings import measured_findings
 from rankscope.collectors.errors import ConfigError, RankscopeError
+from rankscope.collectors.hooks.hook_config import HookConfig
+from rankscope.collectors.hooks.hook_watchdog import watchdog_period_s
 from rankscope.collectors.job_frames import JobFrames
 
 LIVE_KINDS = ("comm_op", "compute_op", "step_mark", "batch_meta")
 """the per-rank record kinds a window reads (flows are followed by their own capture)."""
+
+DEFAULT_HANG_TIMEOUT_S = HookConfig.hang_timeout_s
+HANG_SLACK_S = 2.0
+"""for one flush of the hook's writer (0.5 s under ``attach --live``) and one poll of the watcher (0.5 s)."""
 
 
 @dataclass(frozen=True)
@@ -57,11 +63,18 @@ class LiveConfig:
     """completed windows waiting for analysis at most; older ones are dropped and counted. A window's rows are
     what it holds in memory, so this bounds memory; 16 covers a busy host's stalls (a loaded 2-core machine
     stalled the watcher for 15 s, 5 windows of a 4-rank job, with a bound of 2)."""
+    hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S
+    """the hook's hang timeout (``attach --hang-timeout-s``). A rank that a hang would name missing, with no
+    pending call of its own, is named only once it has been silent for this timeout plus the watchdog's
+    period and :data:`HANG_SLACK_S`: until then it may be stuck elsewhere with its own dump on the way, and
+    naming it would blame a rank that waits (a peer's dump can land first)."""
     diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
 
     def __post_init__(self):
         if self.hop_steps is not None and not 1 <= self.hop_steps <= self.window_steps:
             raise ConfigError(f"LiveConfig: hop_steps={self.hop_steps}; expected 1 to window_steps={self.window_steps}")
+        if not self.hang_timeout_s > 0:
+            raise ConfigError(f"LiveConfig: hang_timeout_s={self.hang_timeout_s}; expected seconds > 0")
         if self.window_steps < 1 or self.history_steps < 1 or self.max_pending < 1 or self.warmup_steps < 0:
             raise ConfigError(f"LiveConfig: window_steps={self.window_steps}, history_steps={self.history_steps}, "
                               f"max_pending={self.max_pending}, warmup_steps={self.warmup_steps}; expected each "
@@ -202,11 +215,15 @@ class LiveJob:
                            dropped_windows=self.dropped)
 
     def _hang(self, done: int | None) -> WindowEvent | None:
-        """A hang event when the hook dumped pending calls not reported yet."""
+        """A hang event when the hook dumped pending calls not reported yet, once every rank it would name
+        missing is known to wait nowhere (see ``LiveConfig.hang_settle_s``)."""
         comm = self.rows.get("comm_op")
-        if comm is None or comm.filter(pl.col("state") == "pending").is_empty():
+        if comm is None:
             return None
-        t0 = time.perf_counter()
+        pending = comm.filter(pl.col("state") == "pending")
+        if pending.is_empty():
+            return None
+        t0, now = time.perf_counter(), time.time_ns()
         rows = {k: pl.concat([self.context[k], v], how="vertical_relaxed") if k in self.context else v
                 for k, v in self.rows.items()}
         hangs = stuck_collectives(self._frames(rows))
@@ -214,17 +231,45 @@ class LiveJob:
                not in self.hangs_seen]
         if not new:
             return None
-        self.hangs_seen.update((h.group_key, h.seq, tuple(h.missing), tuple(h.pending_ranks)) for h in hangs)
         # a rank that waits in another stuck call is missing as a consequence; the roots wait nowhere
         roots = [h for h in hangs if h.root_cause] or hangs
         missing = sorted({r for h in roots for r in h.missing})
+        if self._unsettled(missing, rows, pending, now):
+            return None
+        self.hangs_seen.update((h.group_key, h.seq, tuple(h.missing), tuple(h.pending_ranks)) for h in hangs)
         culprit = (Rank(missing[0]) if len(missing) == 1 else OneOf(one_of=missing, stage=None)) if missing else None
         end = done if done is not None else self.next_step - 1
         return WindowEvent(job=self.job, kind="hang", window_start_step=self.next_step, window_end_step=end,
                            slowdown=None, verdict=None, culprit=culprit, hangs=hangs, strategy=self.strategy,
                            why="a collective waited past the hook's timeout: "
                                + (f"rank(s) {missing} never joined" if missing else "no member is missing"),
-                           analysis_s=time.perf_counter() - t0, at_ns=time.time_ns(), dropped_windows=self.dropped)
+                           analysis_s=time.perf_counter() - t0, at_ns=now, dropped_windows=self.dropped)
+
+    @property
+    def settle_ns(self) -> int:
+        """How long a missing rank without a pending call must have been silent to be known to wait nowhere."""
+        t = self.config.hang_timeout_s
+        return int((t + watchdog_period_s(t) + HANG_SLACK_S) * 1e9)
+
+    def _unsettled(self, missing: list[int], rows: dict[str, pl.DataFrame], pending: pl.DataFrame,
+                   now: int) -> list[int]:
+        """Missing ranks with no pending call that were active too recently to be known to wait nowhere."""
+        waiting = set(pending["rank"].to_list())
+        quiet = [r for r in missing if r not in waiting]
+        if not quiet:
+            return []
+        settle = self.settle_ns
+        last: dict[int, int] = {}
+        for df in rows.values():
+            cols = [c for c in ("end_ns", "start_ns", "ts_ns") if c in df.columns]
+            if not cols or "rank" not in df.columns:
+                continue
+            got = (df.filter(pl.col("rank").is_in(quiet))
+                   .group_by("rank").agg(pl.max_horizontal(*[pl.col(c).max() for c in cols]).alias("t")))
+            for r, t in got.iter_rows():
+                if t is not None:
+                    last[int(r)] = max(last.get(int(r), t), int(t))
+        return [r for r in quiet if r in last and now - last[r] < settle]
 
 
 UNCONFIRMED = ("the verdict's culprit has no finding of its own in this window (no threshold of the section "

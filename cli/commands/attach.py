@@ -87,7 +87,7 @@ def attach(store_dir, job, flush_interval_s, buffer_mb, hang_timeout_s, no_watch
                         watchdog=not no_watchdog)
     output_dir(root, "--store")
     started = time.time()
-    watcher = start_watch(root, job, window_steps, events, hop_steps) if live else None
+    watcher = start_watch(root, job, window_steps, events, hop_steps, hang_timeout_s) if live else None
     try:
         child = subprocess.Popen(list(command), env=attach_env(config, force=all_processes))
     except OSError as e:
@@ -121,7 +121,7 @@ WATCH_STOP_S = 120.0
 
 
 def start_watch(root: Path, job: str, window_steps: int, events: str | None,
-                hop_steps: int | None = None) -> subprocess.Popen:
+                hop_steps: int | None = None, hang_timeout_s: float | None = None) -> subprocess.Popen:
     """``rankscope watch`` as a separate, nicer process: the job never waits for the analysis (the ranks
     hand rows to their writer thread's bounded buffer; the watcher reads the parts it writes and drops
     windows, counted, when it falls behind)."""
@@ -131,6 +131,8 @@ def start_watch(root: Path, job: str, window_steps: int, events: str | None,
         cmd += ["--events", events]
     if hop_steps is not None:
         cmd += ["--hop-steps", str(hop_steps)]
+    if hang_timeout_s is not None:
+        cmd += ["--hang-timeout-s", repr(hang_timeout_s)]
     try:
         return subprocess.Popen(cmd, preexec_fn=lambda: os.nice(WATCH_NICE))  # noqa: PLW1509 - nice only
     except OSError as e:

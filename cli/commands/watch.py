@@ -12,7 +12,14 @@ from pathlib import Path
 import click
 import polars as pl
 
-from rankscope.analysis.live import LIVE_KINDS, LiveCapture, LiveConfig, LiveFlowConfig, LiveJob
+from rankscope.analysis.live import (
+    DEFAULT_HANG_TIMEOUT_S,
+    LIVE_KINDS,
+    LiveCapture,
+    LiveConfig,
+    LiveFlowConfig,
+    LiveJob,
+)
 from rankscope.analysis.report import WindowEvent, where
 from rankscope.collectors.errors import StoreError, UsageError
 from rankscope.collectors.store import Store
@@ -126,8 +133,13 @@ def follow(store: Store, job: str, config: LiveConfig | LiveFlowConfig, sink: Ev
               help="a flow capture (--job names one): seconds of flows per window")
 @click.option("--flows", is_flag=True,
               help="--job is a flow capture (found by itself when the store already holds its flows)")
+@click.option("--hang-timeout-s", type=click.FloatRange(0.01), default=DEFAULT_HANG_TIMEOUT_S, show_default=True,
+              help="the hook's hang timeout (attach --hang-timeout-s): a rank with no pending call of its own is "
+                   "named missing from a hang only once it has been silent this long, plus the watchdog's period "
+                   "and 2 s")
 @click.option("--once", is_flag=True, help="analyse the windows the store holds now, then exit")
-def watch(store_dir, job, window_steps, hop_steps, warmup_steps, events, poll_s, max_pending, window_s, flows, once):
+def watch(store_dir, job, window_steps, hop_steps, warmup_steps, events, poll_s, max_pending, window_s, flows,
+          hang_timeout_s, once):
     """Diagnose a running job window by window: step, S, verdict, culprit and cost per window.
 
     Each completed window of steps goes through the same analysis as ``analyze``, over that window's
@@ -148,7 +160,7 @@ def watch(store_dir, job, window_steps, hop_steps, warmup_steps, events, poll_s,
         raise UsageError(f"--hop-steps {hop_steps}: expected at most --window-steps ({window_steps})")
     # --once follows no live job, so it cannot fall behind one: every window is analysed
     config = LiveConfig(window_steps=window_steps, hop_steps=hop_steps, warmup_steps=warmup_steps,
-                        max_pending=ONCE_MAX_PENDING if once else max_pending)
+                        max_pending=ONCE_MAX_PENDING if once else max_pending, hang_timeout_s=hang_timeout_s)
     if flows or is_capture(Store(root), job):
         config = LiveFlowConfig(window_s=window_s)
     stop = threading.Event()

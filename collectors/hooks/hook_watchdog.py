@@ -26,7 +26,7 @@ class Watchdog:
     def __init__(self, session, timeout_s: float):
         self.session = session
         self.timeout_ns = int(timeout_s * 1e9)
-        self.period_s = min(max(timeout_s / 4, 0.01), 5.0)
+        self.period_s = watchdog_period_s(timeout_s)
         self.dumped: set[int] = set()
         self.num_dumped = 0
         self._stop = threading.Event()
@@ -76,6 +76,11 @@ class Watchdog:
             self.num_dumped += len(new)
             return len(new)
         return 0
+
+
+def watchdog_period_s(timeout_s: float) -> float:
+    """How often the watchdog looks: a call is dumped at most this long after it passed the timeout."""
+    return min(max(timeout_s / 4, 0.01), 5.0)
 
 
 def _key(r: list) -> tuple:

@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from rankscope.analysis.live import LiveConfig, LiveJob
+from rankscope.analysis.report.findings import Rank
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.store import Store
 from rankscope.collectors.tail import StoreTail
@@ -97,6 +98,55 @@ def test_a_hang_names_the_rank_that_never_joined():
     (h,) = live.windows()
     assert h.kind == "hang" and h.culprit.rank == 1 and h.hangs[0].missing == [1]
     assert live.windows() == []  # reported once
+
+
+def _hang_rows(t0: int, rank0_dumped: bool) -> pl.DataFrame:
+    """Rank 1 skipped the all_reduce of group {0, 1} (seq 3) that rank 0 waits in; rank 2 waits to receive
+    from rank 0, which will never send. Every rank last finished something at ``t0``."""
+    from rankscope.collectors.schema import empty
+
+    base = {"job": "h", "size_bytes": 64, "dtype": "float32", "source": "hook"}
+    rows = []
+    for seq in range(3):
+        t = t0 - (3 - seq) * 10**6
+        for rank in (0, 1):
+            rows.append({**base, "rank": rank, "op": "all_reduce", "group_id": "0", "group_ranks": [0, 1],
+                         "start_ns": t, "end_ns": t + 500, "state": "completed", "seq": seq, "step": seq})
+        rows.append({**base, "rank": 0, "op": "send", "peer": 2, "group_id": "p", "start_ns": t + 600,
+                     "end_ns": t + 900, "state": "completed", "seq": seq, "step": seq})
+        rows.append({**base, "rank": 2, "op": "recv", "peer": 0, "group_id": "p", "start_ns": t + 600,
+                     "end_ns": t0 if seq == 2 else t + 900, "state": "completed", "seq": seq, "step": seq})
+    rows[-3]["end_ns"] = rows[-2]["end_ns"] = t0  # ranks 0 and 1 last finished something at t0
+    rows.append({**base, "rank": 2, "op": "recv", "peer": 0, "group_id": "p", "start_ns": t0 + 10**6,
+                 "end_ns": None, "state": "pending", "seq": 3, "step": 3})
+    if rank0_dumped:
+        rows.append({**base, "rank": 0, "op": "all_reduce", "group_id": "0", "group_ranks": [0, 1],
+                     "start_ns": t0 + 1000, "end_ns": None, "state": "pending", "seq": 3, "step": 3})
+    return pl.concat([pl.from_arrow(empty("comm_op")), pl.DataFrame(rows)], how="diagonal_relaxed")
+
+
+def test_a_hang_waits_for_the_dump_of_a_rank_that_may_still_be_waiting():
+    """Rank 2's dump lands before rank 0's: rank 0 looks missing from rank 2's receive, but it was active
+    within the hook's timeout, so it may wait elsewhere with its dump on the way. Nothing is named until it
+    is in (then rank 1, the rank that waits nowhere) or until rank 0 has been silent past the timeout."""
+    import time
+
+    cfg = LiveConfig(window_steps=4, hang_timeout_s=1.0)
+    now = time.time_ns()
+    early = LiveJob("h", cfg)
+    early.add({"comm_op": _hang_rows(now - 10**9, rank0_dumped=False)})
+    assert early.windows() == []
+    early.add({"comm_op": _hang_rows(now - 10**9, rank0_dumped=True).filter(pl.col("state") == "pending")
+               .filter(pl.col("rank") == 0)})
+    assert early.windows() == []  # rank 1 too was active 1 s ago: settle is 1 + 0.25 + 2 s
+    late = LiveJob("h", cfg)
+    late.add({"comm_op": _hang_rows(now - 4 * 10**9, rank0_dumped=True)})
+    (h,) = late.windows()
+    assert h.culprit == Rank(1), (h.culprit, h.why)
+    silent = LiveJob("h", cfg)  # rank 0 silent past the timeout with no dump: it waits nowhere
+    silent.add({"comm_op": _hang_rows(now - 4 * 10**9, rank0_dumped=False)})
+    (h,) = silent.windows()
+    assert h.culprit == Rank(0), (h.culprit, h.why)
 
 
 def test_config_is_checked():
