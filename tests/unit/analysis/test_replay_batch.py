@@ -92,9 +92,11 @@ def test_graph_step_times_many_equals_step_times():
         np.testing.assert_array_equal(many[:, k], graph.step_times(d, delay))
 
 
+@pytest.mark.parametrize("block_ops", [1, 300, 1 << 20])
 @pytest.mark.parametrize("joined", [False, True])
-def test_blocks_replay_like_one_graph(joined):
-    # two independent copies of a random graph as blocks; joined: an edge across them (blocks ignored)
+def test_blocks_replay_like_one_graph(joined, block_ops):
+    # two independent copies of a random graph as blocks; joined: an edge across them (blocks ignored);
+    # block_ops: each block its own (1), or merged into one (the copies hold fewer ops than block_ops)
     rng = np.random.default_rng(5)
     src, dst, group = _random_graph(rng, n=200)
     n = len(group)
@@ -108,8 +110,11 @@ def test_blocks_replay_like_one_graph(joined):
     except CycleError:
         pytest.skip("random groups formed a cycle")
     block = np.r_[np.zeros(n, int), np.ones(n, int)]
-    got = replay_many(plan_replay(2 * n, src2, dst2, group2, block=block), dur)
-    np.testing.assert_array_equal(got, expected)
+    plan = plan_replay(2 * n, src2, dst2, group2, block=block, block_ops=block_ops)
+    np.testing.assert_array_equal(replay_many(plan, dur), expected)
+    if not joined:  # separate blocks are processed apart: their waves do not mix
+        one = plan_replay(2 * n, src2, dst2, group2)
+        assert (len(plan.waves) > len(one.waves)) == (block_ops < n), (len(plan.waves), len(one.waves), n)
 
 
 def test_choice_replayer_equals_step_times_of_the_scenario_durations():
