@@ -18,6 +18,7 @@ through JSON and back exactly (the result cache): groups stay nested and a union
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -100,9 +101,16 @@ def encode(x: Any) -> Any:
 
 def decode(cls: type, data: dict) -> Any:
     """The value of dataclass ``cls`` that :func:`encode` wrote as ``data``."""
-    hints = typing.get_type_hints(cls)
-    kwargs = {f.name: _value(hints[f.name], data[f.name]) for f in fields(cls) if f.name in data}
+    kwargs = {name: _value(tp, data[name]) for name, tp in _field_types(cls) if name in data}
     return cls(**kwargs)
+
+
+@functools.cache
+def _field_types(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, resolved type) of each field: ``get_type_hints`` re-resolves every annotation per call, and a
+    4,096-GPU report's cached result decodes 6,000 dataclasses (1.4 s of a 4.5 s re-run)."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name]) for f in fields(cls))
 
 
 def _value(tp: Any, v: Any) -> Any:

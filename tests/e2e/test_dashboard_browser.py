@@ -55,7 +55,7 @@ def test_dashboard_shows_strategy_and_figures(browser, dashboard_url, tmp_path):
     drawn = browser.execute_script("""
         const gd = document.querySelector('#fig-critical_path .js-plotly-plot');
         const line = gd._fullData.filter(t => t.type === 'scatter' && t.visible === true);
-        return {ranks: line.length ? Array.from(line[0].y) : [],
+        return {ranks: line.length ? Array.from(line[0].y, String) : [],
                 steps: gd._fullLayout.updatemenus[0].buttons.length,
                 first: document.querySelector('#fig-path_shares .js-plotly-plot').data[0].cells.values[1][0]};""")
     assert "5" in drawn["ranks"] and drawn["steps"] >= 1 and str(drawn["first"]) == "5"

@@ -36,7 +36,7 @@ def test_the_chosen_steps_path_is_drawn_over_the_timeline(analysed):
         assert any(b.args[0]["visible"]) and not all(b.args[0]["visible"])
     shown = [t for t in fig.data if t.visible]
     line = [t for t in shown if isinstance(t, go.Scatter)]
-    assert len(line) == 1 and "3" in set(line[0].y)  # the slow rank is on the first step's path
+    assert len(line) == 1 and 3 in {int(v) for v in line[0].y}  # the slow rank is on the first step's path
     # the backdrop: the step's per-rank phases from the timeline table
     assert any(isinstance(t, go.Bar) and t.hoverinfo == "skip" for t in shown)
     bars = [t for t in shown if isinstance(t, go.Bar) and t.hoverinfo != "skip"]
