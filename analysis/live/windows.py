@@ -216,7 +216,7 @@ class LiveJob:
 
     def _hang(self, done: int | None) -> WindowEvent | None:
         """A hang event when the hook dumped pending calls not reported yet, once every rank it would name
-        missing is known to wait nowhere (see ``LiveConfig.hang_settle_s``)."""
+        missing is known to wait nowhere (see ``LiveConfig.hang_timeout_s``)."""
         comm = self.rows.get("comm_op")
         if comm is None:
             return None
@@ -243,7 +243,7 @@ class LiveJob:
                            slowdown=None, verdict=None, culprit=culprit, hangs=hangs, strategy=self.strategy,
                            why="a collective waited past the hook's timeout: "
                                + (f"rank(s) {missing} never joined" if missing else "no member is missing"),
-                           analysis_s=time.perf_counter() - t0, at_ns=now, dropped_windows=self.dropped)
+                           analysis_s=time.perf_counter() - t0, at_ns=time.time_ns(), dropped_windows=self.dropped)
 
     @property
     def settle_ns(self) -> int:
