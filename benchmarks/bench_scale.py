@@ -21,8 +21,8 @@ import polars as pl
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_whatif import ANALYZER, ANALYZER_REQUIREMENTS, OSDI  # noqa: E402
-from whole_process import BENCH_OUT, RANKSCOPE, RUNS, anchor_python, interleaved, print_rows  # noqa: E402
+from bench_whatif import ANALYZER, ANALYZER_REQUIREMENTS, OSDI, analyzer_job, one_process_job  # noqa: E402
+from whole_process import BENCH_OUT, RUNS, anchor_python, interleaved, print_rows  # noqa: E402
 
 SIZES = [int(x) for x in os.environ.get("BENCH_SCALE", "1,4,8,16").split(",")]
 
@@ -55,25 +55,12 @@ def main() -> int:
     base["PYTHONPYCACHEPREFIX"] = str(BENCH_OUT / "pycache")
     env = {**base, "RANKSCOPE_NO_CACHE": "1"}
     tmp = Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    rs = " ".join(RANKSCOPE)
     jobs, ops = {}, {}
     for n in SIZES:
         trace, meta, ops[n] = tiled_trace(n, out)
-        st, res = tmp / f"st-{n}", tmp / f"out-{n}"
-
-        def fresh(st=st, res=res):
-            shutil.rmtree(st, ignore_errors=True)
-            shutil.rmtree(res, ignore_errors=True)
-
-        jobs[f"{n} ours"] = (f"{rs} analyze --ingest {trace} --store {st} --out-dir {res} --no-html",
-                             {"before": fresh, "env": env})
+        jobs[f"{n} ours"] = one_process_job(trace, tmp / f"st-{n}", tmp / f"out-{n}", env)
         if py is not None:
-            dump = tmp / f"wia-{n}"
-            jobs[f"{n} anchor"] = (
-                [str(py), "analyzer/wia.py", "--metadata", str(meta), "--trace", str(trace), "--dump-dir", str(dump),
-                 "--root", str(dump)],
-                {"cwd": ANALYZER, "env": {**base, "PYTHONPATH": "."},
-                 "before": lambda dump=dump: shutil.rmtree(dump, ignore_errors=True)})
+            jobs[f"{n} anchor"] = analyzer_job(py, meta, trace, tmp / f"wia-{n}", base)
     print(f"AR tiled along DP, sizes {SIZES}: whole processes, {RUNS} interleaved runs each, same files on both sides")
     m = interleaved(jobs, RUNS)
     rows = []

@@ -111,22 +111,12 @@ def whole_process() -> None:
     for name in ("ST", "AR", "SE"):
         trace, meta = OSDI / f"trace-{name}.parquet", OSDI / f"meta-{name}.yaml"
         st, out = tmp / f"st-{name}", tmp / f"out-{name}"
-
-        def fresh(st=st, out=out):
-            shutil.rmtree(st, ignore_errors=True)
-            shutil.rmtree(out, ignore_errors=True)
-
-        jobs[f"{name} one"] = (f"{rs} analyze --ingest {trace} --store {st} --out-dir {out} --no-html",
-                               {"before": fresh, "env": env})
+        jobs[f"{name} one"] = one_process_job(trace, st, out, env)
         jobs[f"{name} two"] = (f"{rs} ingest -q {trace} --store {st} && "
-                               f"{rs} analyze --store {st} --out-dir {out} --no-html", {"before": fresh, "env": env})
+                               f"{rs} analyze --store {st} --out-dir {out} --no-html",
+                               {"before": jobs[f"{name} one"][1]["before"], "env": env})
         if py is not None:
-            dump = tmp / f"wia-{name}"
-            jobs[f"{name} anchor"] = (
-                [str(py), "analyzer/wia.py", "--metadata", str(meta), "--trace", str(trace), "--dump-dir", str(dump),
-                 "--root", str(dump)],
-                {"cwd": ANALYZER, "env": {**base, "PYTHONPATH": "."},
-                 "before": lambda dump=dump: shutil.rmtree(dump, ignore_errors=True)})
+            jobs[f"{name} anchor"] = analyzer_job(py, meta, trace, tmp / f"wia-{name}", base)
     m = interleaved(jobs, RUNS)
     rows = []
     for name in ("ST", "AR", "SE"):
@@ -155,6 +145,27 @@ def whole_process() -> None:
         elif imports.ok:
             print(f"    {name}: 3x the analyzer is {budget:.2f} s CPU: {budget - imports.cpu_s:.2f} s left for ingest "
                   f"and analysis after the imports")
+
+
+def one_process_job(trace: Path, store: Path, out: Path, env: dict) -> tuple[str, dict]:
+    """``rankscope analyze --ingest TRACE --no-html`` as a job of ``whole_process.interleaved`` (fresh store
+    and output folder before each run)."""
+    from whole_process import RANKSCOPE
+
+    def fresh():
+        shutil.rmtree(store, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+
+    return (f"{' '.join(RANKSCOPE)} analyze --ingest {trace} --store {store} --out-dir {out} --no-html",
+            {"before": fresh, "env": env})
+
+
+def analyzer_job(py: Path, meta: Path, trace: Path, dump: Path, env: dict) -> tuple[list[str], dict]:
+    """The authors' analyzer on one trace, as a job of ``whole_process.interleaved`` (fresh dump folder)."""
+    return ([str(py), "analyzer/wia.py", "--metadata", str(meta), "--trace", str(trace), "--dump-dir", str(dump),
+             "--root", str(dump)],
+            {"cwd": ANALYZER, "env": {**env, "PYTHONPATH": "."},
+             "before": lambda: shutil.rmtree(dump, ignore_errors=True)})
 
 
 def tiled(frames: JobFrames, times: int) -> JobFrames:
