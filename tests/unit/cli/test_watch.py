@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("prometheus_client")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from rankscope.cli.main import main  # noqa: E402
 from rankscope.collectors.store import Store  # noqa: E402
 from rankscope.datasets.simulator import Fault, SimConfig, simulate, write_store  # noqa: E402
+from tests.unit.dashboard.test_prometheus_metrics import metric_series  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -22,14 +22,6 @@ def store(tmp_path_factory) -> Path:
                     faults=(Fault("slow-worker", {"rank": 3, "factor": 2.0}),))
     out = tmp_path_factory.mktemp("watch") / "st"
     write_store(simulate(cfg), out)
-    return out
-
-
-def _series(text: str) -> dict[str, list]:
-    out: dict[str, list] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append(s)
     return out
 
 
@@ -52,7 +44,7 @@ def test_metrics_serve_the_latest_window(store, tmp_path, capsys):
     assert main(["watch", "--store", str(store), "--job", "live", "--once"]) == 0
     out = tmp_path / "m.prom"
     assert main(["metrics", "--store", str(store), "--textfile", str(out)]) == 0
-    series = _series(out.read_text())
+    series = metric_series(out.read_text())
     (step,) = series["rankscope_window_step"]
     assert step.labels == {"job": "live"} and step.value == 11
     (info,) = series["rankscope_straggler_info"]
@@ -69,7 +61,7 @@ def test_a_live_hang_is_a_series_per_missing_rank(tmp_path):
                         "dropped_windows": 0})
     out = tmp_path / "m.prom"
     assert main(["metrics", "--store", str(st.root), "--textfile", str(out)]) == 0
-    series = _series(out.read_text())
+    series = metric_series(out.read_text())
     (hang,) = series["rankscope_live_hang_info"]
     assert hang.labels == {"job": "h", "rank": "1"} and hang.value == 1
     assert "rankscope_straggler_info" not in series

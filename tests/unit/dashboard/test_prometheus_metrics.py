@@ -31,7 +31,8 @@ def store(tmp_path_factory) -> Path:
     return out
 
 
-def _series(text: str) -> dict[str, list]:
+def metric_series(text: str) -> dict[str, list]:
+    """Prometheus exposition text parsed into samples by series name (also used by the watch tests)."""
     out: dict[str, list] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -61,7 +62,7 @@ def test_textfile_parses_and_names_the_slow_rank(store, tmp_path):
     r = subprocess.run([str(BIN / "rankscope"), "metrics", "--store", str(store), "--textfile", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    _check(_series(out.read_text()))
+    _check(metric_series(out.read_text()))
 
 
 def test_http_endpoint_serves_the_same_series(store):
@@ -80,7 +81,7 @@ def test_http_endpoint_serves_the_same_series(store):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        _check(_series(body))
+        _check(metric_series(body))
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
