@@ -3,7 +3,9 @@
 1. Added latency per call: a hooked call against the very same call unhooked, interleaved one by
    one (so machine load hits both alike), on a one-rank gloo group; the median and p99 of the
    per-pair difference. Also on a no-op stand-in collective, which isolates the hook's own cost
-   from gloo's jitter. Target: median < 3 us.
+   from gloo's jitter. Each row is measured for the C hot path (collectors/hooks/_fastcall.c) and for
+   the Python wrapper it falls back to, in the same session; then again with ``rankscope watch``
+   following the store in another process, as ``attach --live`` runs it. Target: median < 3 us.
 2. Step-time overhead on the real DP2 x PP2 job (tests/jobs/train_dp_pp.py under torchrun):
    unhooked, hooked (``rankscope attach``), unhooked again; the median step time of each, the
    hooked run against the mean of the two unhooked ones, and the unhooked-vs-unhooked spread as
@@ -58,7 +60,8 @@ def paired_ns(plain, hooked, n):
     return diffs, base
 
 
-def call_latency(store: str) -> list[tuple]:
+def call_latency(store: str) -> tuple[list[tuple], int | None, int]:
+    """(name, unhooked median ns, per-pair added ns) rows, each path measured in the same session."""
     import torch
     import torch.distributed as dist
 
@@ -70,21 +73,49 @@ def call_latency(store: str) -> list[tuple]:
     hooks.enable(store=store, job="bench", flush_interval_s=1.0, watchdog=True, signals=False,
                  buffer_bytes=256 << 20)
     t = torch.ones(1)
-    hooked = dist.all_reduce
-    noop = hook_comm._make_wrapper(lambda tensor, op=None, group=None, async_op=False: None,
-                                   hook_comm.SPECS["all_reduce"], hook_comm.HUB)
-    for _ in range(200):  # warm up both paths and the group cache
-        orig(t)
-        hooked(t)
+    spec, hub = hook_comm.SPECS["all_reduce"], hook_comm.HUB
+    c_path = dist.all_reduce  # what patch() installed: the C hot path where it is built
+    py_path = hook_comm.make_hook(orig, spec, hub, nests=False, fast=False)
+
+    def stand_in(tensor, op=None, group=None, async_op=False):
+        return None
+
+    noop_c = hook_comm.make_hook(stand_in, spec, hub, nests=False)
+    noop_py = hook_comm.make_hook(stand_in, spec, hub, nests=False, fast=False)
+    for _ in range(200):  # warm up every path and the group cache
+        for f in (orig, c_path, py_path, noop_c, noop_py):
+            f(t)
+    c_name = "C hot path" if type(c_path).__name__ == "FastHook" else "Python (C path off)"
     rows = []
-    d, base = paired_ns(lambda: orig(t), lambda: hooked(t), CALLS)
-    rows.append(("gloo all_reduce 4 B, 1 rank", statistics.median(base), d))
-    d, base = paired_ns(lambda: None, lambda: noop(t), CALLS)
-    rows.append(("no-op stand-in collective", statistics.median(base), d))
+    for name, plain, hooked in ((f"gloo all_reduce, {c_name}", orig, c_path),
+                                ("gloo all_reduce, Python wrapper", orig, py_path),
+                                (f"no-op stand-in, {c_name}", stand_in, noop_c),
+                                ("no-op stand-in, Python wrapper", stand_in, noop_py)):
+        d, base = paired_ns(lambda p=plain: p(t), lambda h=hooked: h(t), CALLS)
+        rows.append((name, statistics.median(base), d))
     rep = hooks.disable()
     dist.destroy_process_group()
     lost = rep["lost_total"] if rep else None
     return rows, lost, rep["recorded"] if rep else 0
+
+
+def latency_table(store: str, title: str) -> list[tuple]:
+    rows, lost, recorded = call_latency(store)
+    print(f"added latency per call, {title} ({CALLS:,} interleaved pairs per row; {recorded:,} rows recorded, "
+          f"{lost} lost)")
+    print(f"{'call':<40}{'unhooked med':>14}{'added med':>12}{'added p99':>12}{'ratio':>8}{'target':>10}")
+    for name, base_ns, d in rows:
+        med, p99 = statistics.median(d), pct(d, 0.99)
+        ratio = (base_ns + med) / base_ns if base_ns > 0 else float("nan")
+        print(f"{name:<40}{base_ns / 1e3:>11.2f} us{med / 1e3:>9.2f} us{p99 / 1e3:>9.2f} us{ratio:>8.3f}"
+              f"{'< 3 us':>10}")
+    return rows
+
+
+def with_watch(store: Path):
+    """`rankscope watch` following ``store`` (what ``attach --live`` runs beside a job)."""
+    return subprocess.Popen([str(BIN / "rankscope"), "watch", "--store", str(store), "--job", "bench"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def job_run(out: Path, store: Path | None) -> list[float]:
@@ -111,14 +142,18 @@ def _calls_per_step(out: Path) -> float:
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        rows, lost, recorded = call_latency(str(tmp / "lat"))
-        print(f"added latency per call ({CALLS:,} interleaved pairs; {recorded:,} rows recorded, {lost} lost)")
-        print(f"{'call':<30}{'unhooked med':>14}{'added med':>12}{'added p99':>12}{'ratio':>8}{'target':>10}")
-        for name, base_ns, d in rows:
-            med, p99 = statistics.median(d), pct(d, 0.99)
-            ratio = (base_ns + med) / base_ns if base_ns > 0 else float("nan")
-            print(f"{name:<30}{base_ns / 1e3:>11.2f} us{med / 1e3:>9.2f} us{p99 / 1e3:>9.2f} us{ratio:>8.3f}"
-                  f"{'< 3 us':>10}")
+        rows = latency_table(str(tmp / "lat"), "one-rank gloo group, this process")
+        (tmp / "live").mkdir()
+        watch = with_watch(tmp / "live")
+        try:
+            time.sleep(2.0)  # let it start and poll
+            if watch.poll() is not None:
+                print(f"warning: rankscope watch exited ({watch.returncode}); the live table ran without it")
+            print()
+            latency_table(str(tmp / "live"), "with `rankscope watch` following the store (attach --live)")
+        finally:
+            watch.terminate()
+            watch.wait(30)
         if not (REPO / "tests/jobs/train_dp_pp.py").is_file():
             print("step-time overhead: skipped (tests/jobs/train_dp_pp.py missing)")
             return 0

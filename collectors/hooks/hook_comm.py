@@ -18,11 +18,16 @@ job's own exceptions pass through unchanged (recorded as ``failed``).
 
 from __future__ import annotations
 
-import threading
+import ast
+import inspect
+import os
+import textwrap
 import time
 from dataclasses import dataclass
+from threading import get_ident
 
-_tls = threading.local()
+_busy: set[int] = set()
+"""Threads inside a hooked call that itself calls hooked functions (their inner calls are not recorded)."""
 _now = time.time_ns
 
 
@@ -173,11 +178,17 @@ class HookedWork:
             pass
 
 
-def _make_wrapper(orig, spec: OpSpec, hub):
+def _make_wrapper(orig, spec: OpSpec, hub, nests: bool = True):
     """The function that replaces ``orig``; ``hub.session`` is looked up per call (None: pass through).
 
-    The body is deliberately flat (argument positions bound as locals, the session's dicts used
-    directly): every Python-level call saved here is ~50-100 ns off each collective.
+    ``nests``: whether ``orig`` itself calls hooked functions (torch's ``send`` calls ``isend``), so the
+    thread is marked busy while it runs and the inner calls pass through unrecorded. Leaf calls skip
+    the mark: they are the hot ones.
+
+    The body is deliberately flat (argument positions bound as locals, the session's containers used
+    directly, the finished row built once as a tuple). Measured on a 1-rank gloo all_reduce, whose
+    ~100 us of syscalls leave the caches cold, each line here costs several times its warm price:
+    every attribute load and call saved is ~0.1-0.5 us off each collective (benchmarks/bench_hooks.py).
     """
     op, is_p2p, always_async, tensor_list = spec.op, spec.is_p2p, spec.always_async, spec.tensor_list
     gpos, gname = spec.group
@@ -189,8 +200,8 @@ def _make_wrapper(orig, spec: OpSpec, hub):
 
     def hooked(*args, **kwargs):
         s = hub.session
-        if s is None or not s.active or getattr(_tls, "busy", False):
-            if s is not None and s.disabled_reason is not None and not getattr(_tls, "busy", False):
+        if s is None or not s.active or (_busy and get_ident() in _busy):
+            if s is not None and s.disabled_reason is not None and not (_busy and get_ident() in _busy):
                 s.counts["calls after disable"] += 1
             return orig(*args, **kwargs)
         try:
@@ -199,8 +210,8 @@ def _make_wrapper(orig, spec: OpSpec, hub):
             info = s.groups.get(id(group) if group is not None else None)
             if info is None or info[1] is None:
                 info = s.group_info(group)
-            if not info:  # this rank is not in the group: torch returns without communicating
-                return orig(*args, **kwargs)
+                if not info:  # this rank is not in the group: torch returns without communicating
+                    return orig(*args, **kwargs)
             gid, ranks = info[0], info[1]
             peer = None
             if is_p2p:
@@ -229,27 +240,33 @@ def _make_wrapper(orig, spec: OpSpec, hub):
                 out_size = _list_nbytes(o) if out_list else _nbytes(o)
             is_async = always_async or (apos is not None and bool(args[apos] if apos < n else kwargs.get(aname)))
             seqs = s.seqs
-            if is_p2p and peer is None:
-                seq = None  # receive from any source: numbered once the sender is known
+            if is_p2p:
+                # receive from any source: numbered once the sender is known
+                seq = None if peer is None else next(seqs[gid, op, peer])
             else:
-                key = (gid, op, peer) if is_p2p else gid
-                seq = seqs[key] = seqs.get(key, -1) + 1
+                seq = next(seqs[gid])
+            step = s.step_no
             launch = _now()
             rec = ["c", op, gid, ranks, peer, size, dtype, cuda_event() if cuda else launch, None, "pending", seq,
-                   s.step_no, numel, out_size, None, launch if cuda else None]
+                   step, numel, out_size, None, launch if cuda else None]
             pending = s.pending
-            pending[id(rec)] = rec
+            key = id(rec)
+            pending[key] = rec
         except Exception:  # noqa: BLE001 - our bookkeeping failed; the call itself must still run
             s.internal_error()
             return orig(*args, **kwargs)
-        _tls.busy = True
+        if nests:
+            tid = get_ident()
+            _busy.add(tid)
         try:
             result = orig(*args, **kwargs)
         except BaseException:
-            _tls.busy = False
+            if nests:
+                _busy.discard(tid)
             s.finish(rec, "failed")
             raise
-        _tls.busy = False
+        if nests:
+            _busy.discard(tid)
         if is_async:
             if result is None:
                 s.abandon([rec])
@@ -260,16 +277,15 @@ def _make_wrapper(orig, spec: OpSpec, hub):
                 s.internal_error()
                 return result
         try:
-            if is_p2p and peer is None and isinstance(result, int) and result >= 0:
-                rec[4] = result  # recv from any source returns the sender's global rank
-                key = (gid, op, result)
-                rec[10] = seqs[key] = seqs.get(key, -1) + 1
-            rec[8] = cuda_event() if cuda else _now()
-            rec[9] = "completed"
-            del pending[id(rec)]
+            end = cuda_event() if cuda else _now()
+            del pending[key]
+            if peer is None and is_p2p and isinstance(result, int) and result >= 0:
+                peer = result  # recv from any source returns the sender's global rank
+                seq = next(seqs[gid, op, result])
             if s.active:
                 buf = s.buffer  # RowBuffer.append, inlined: this is the hottest line of the hook
-                buf.q.append(tuple(rec))  # a tuple of plain values leaves the GC's lists
+                buf.q.append(("c", op, gid, ranks, peer, size, dtype, rec[7], end, "completed", seq, step, numel,
+                              out_size, None, rec[15]))
                 buf.appended_at = next(buf.counter)
         except Exception:  # noqa: BLE001
             s.internal_error()
@@ -283,12 +299,86 @@ def _make_wrapper(orig, spec: OpSpec, hub):
     return hooked
 
 
+def fast_path_available() -> str | None:
+    """Why the C hot path is off (None: it is on). ``RANKSCOPE_HOOK_PURE_PYTHON=1`` turns it off."""
+    if os.environ.get("RANKSCOPE_HOOK_PURE_PYTHON") == "1":
+        return "RANKSCOPE_HOOK_PURE_PYTHON=1"
+    try:
+        from rankscope.collectors.hooks import _fastcall  # noqa: F401
+    except ImportError as e:
+        return f"the C extension is not built ({e})"
+    return None
+
+
+def new_ring(max_rows: int):
+    """A ring for the C hot path's calls, or None when that path is off."""
+    if fast_path_available() is not None:
+        return None
+    from rankscope.collectors.hooks._fastcall import Ring
+
+    return Ring(max_rows)
+
+
+def use_ring(ring, unless_other=None) -> None:
+    """Make ``ring`` the one the C hot path records into (None: none). With ``unless_other``, only clear
+    it when that ring is still the current one (a newer session may have taken over)."""
+    try:
+        from rankscope.collectors.hooks import _fastcall
+    except ImportError:
+        return
+    if unless_other is not None and _fastcall.get_current() is not unless_other:
+        return
+    _fastcall.set_current(ring)
+
+
+def fast_eligible(spec: OpSpec) -> bool:
+    """Whether a call of ``spec`` can take the C hot path: one tensor in, at most one tensor out."""
+    return (spec.tensor is not None and not spec.tensor_list and not spec.out_list and not spec.obj
+            and not spec.always_async)
+
+
+def make_hook(orig, spec: OpSpec, hub, nests: bool = True, fast: bool | None = None):
+    """The wrapper for ``orig``: the Python one, fronted by the C hot path where the call allows it.
+
+    ``fast``: None uses the C path when it is built and not turned off (:func:`fast_path_available`).
+    """
+    slow = _make_wrapper(orig, spec, hub, nests)
+    if fast is None:
+        fast = fast_path_available() is None
+    if not fast or not fast_eligible(spec):
+        return slow
+    from rankscope.collectors.hooks._fastcall import FastHook
+
+    ppos, pname = spec.peer[:2] if spec.is_p2p else (None, None)
+    hook = FastHook(orig=orig, slow=slow, hub=hub, busy=_busy, op=spec.op, group=spec.group, tensor=spec.tensor,
+                    async_arg=spec.async_arg or (None, None), peer=(ppos, pname), out=spec.out or (None, None),
+                    p2p=spec.is_p2p, nests=nests)
+    for name in ("__wrapped__", "__name__", "__qualname__", "__doc__", "_rankscope_hook"):
+        setattr(hook, name, getattr(slow, name))
+    hook.__module__ = getattr(orig, "__module__", None)
+    return hook
+
+
+def calls_hooked(fn, names) -> bool:
+    """Whether ``fn``'s own source calls one of ``names`` as a module-level function (so it nests).
+
+    Without readable source the answer is True: marking a leaf busy only costs time, while missing a
+    nesting call would record its inner calls twice.
+    """
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn))))
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return True
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names
+               for node in ast.walk(tree))
+
+
 def _make_batch_wrapper(orig, hub, c10d):
     """``batch_isend_irecv``: one row per P2POp, completed by whichever returned Work is waited on."""
 
     def hooked(p2p_op_list):
         s = hub.session
-        if s is None or not s.active or getattr(_tls, "busy", False):
+        if s is None or not s.active or (_busy and get_ident() in _busy):
             return orig(p2p_op_list)
         recs = []
         try:
@@ -310,15 +400,16 @@ def _make_batch_wrapper(orig, hub, c10d):
             s.internal_error()
             s.abandon(recs)
             return orig(p2p_op_list)
-        _tls.busy = True
+        tid = get_ident()
+        _busy.add(tid)
         try:
             works = orig(p2p_op_list)
         except BaseException:
-            _tls.busy = False
+            _busy.discard(tid)
             for r in recs:
                 s.finish(r, "failed")
             raise
-        _tls.busy = False
+        _busy.discard(tid)
         try:
             if not works:
                 s.abandon(recs)
@@ -358,11 +449,12 @@ def patch() -> int:
 
     if _patched:
         return len(_patched)
+    hooked_names = {*SPECS, "batch_isend_irecv"}
     for name, spec in SPECS.items():
         orig = getattr(c10d, name, None)
         if orig is None or getattr(orig, "_rankscope_hook", False):
             continue
-        wrapper = _make_wrapper(orig, spec, HUB)
+        wrapper = make_hook(orig, spec, HUB, nests=spec.obj or calls_hooked(orig, hooked_names))
         for mod in (c10d, dist):
             if getattr(mod, name, None) is orig:
                 setattr(mod, name, wrapper)

@@ -15,7 +15,8 @@ import signal
 import socket
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
+from itertools import count
 
 from rankscope.collectors.hooks import hook_comm
 from rankscope.collectors.hooks.hook_config import HookConfig
@@ -35,13 +36,16 @@ class HookSession:
         self.host = socket.gethostname()
         self.active = True
         self.started_ns = _now()
-        self.buffer = RowBuffer(config.buffer_rows)
+        self.ring = hook_comm.new_ring(config.buffer_rows)
+        """The C hot path's ring of calls (None without it); part of the buffer."""
+        self.buffer = RowBuffer(config.buffer_rows, ring=self.ring)
         self.identity = {"job": config.job, "rank": self.rank, "host": self.host, "pid": self.pid}
         # The store (and pyarrow with it) is opened by the writer thread, off the job's thread.
         self.writer = HookWriter(self.buffer, store if store is not None else config.store, self.identity,
                                  config.flush_interval_s, self._on_write_failure, clock=writer_clock)
         self.pending: dict[int, list] = {}
-        self.seqs: dict = {}
+        self.seqs: defaultdict = defaultdict(count)
+        """Next sequence number per group (per group, op and peer for point-to-point), as counters."""
         self.groups: dict = {}
         self.dtypes: dict = {}
         self.cuda = _cuda_possible()
@@ -60,6 +64,8 @@ class HookSession:
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self.writer.start()
+        if self.ring is not None:
+            hook_comm.use_ring(self.ring)
         if self.config.watchdog:
             from rankscope.collectors.hooks.hook_watchdog import Watchdog
 
@@ -113,7 +119,7 @@ class HookSession:
 
     def after_fork_in_child(self) -> None:
         """A forked child (DataLoader worker) inherits the session but not its threads: stay silent."""
-        self.active = False
+        self._deactivate()
         self._closed = True
 
     def close(self, reason: str = "exit", join_timeout_s: float = 10.0) -> dict:
@@ -121,7 +127,7 @@ class HookSession:
         if self._closed or os.getpid() != self.pid:
             return self.report()
         self._closed = True
-        self.active = False
+        self._deactivate()
         if self.watchdog is not None:
             self.watchdog.stop()
         for h in self._handles:
@@ -130,7 +136,7 @@ class HookSession:
             except Exception:  # noqa: BLE001
                 pass
         # Async ops still open at exit were never waited on: they are lost, not guessed.
-        open_ops = len(self.pending)
+        open_ops = len(self.pending) + (len(self.ring.pending()) if self.ring is not None else 0)
         if open_ops:
             self.counts["ops still open at exit"] += open_ops
             self.pending.clear()
@@ -180,8 +186,15 @@ class HookSession:
                             self.config.store, e)
 
     # ------------------------------------------------------------- failures
-    def _on_write_failure(self, reason: str) -> None:
+    def _deactivate(self) -> None:
+        """Stop recording new calls, on both paths."""
         self.active = False
+        if self.ring is not None:
+            self.ring.active = False
+            hook_comm.use_ring(None, unless_other=self.ring)
+
+    def _on_write_failure(self, reason: str) -> None:
+        self._deactivate()
         self.disabled_reason = reason
         self._warn_once("write", "rankscope hook: rank %d cannot write to the trace store %s (%s); "
                         "recording stops here, the job runs on unaffected", self.rank, self.config.store, reason)
@@ -229,6 +242,8 @@ class HookSession:
 
     def forget_groups(self) -> None:
         self.groups.clear()
+        if self.ring is not None:
+            self.ring.forget()
 
     def dtype_info(self, tensor) -> tuple[str, int]:
         """(dtype name without ``torch.``, bytes per element), cached per dtype."""
@@ -239,7 +254,7 @@ class HookSession:
 
     def begin(self, op, gid, ranks, peer, size, dtype, numel, out_size, is_p2p, cuda) -> list:
         key = (gid, op, peer) if is_p2p else gid
-        seq = self.seqs[key] = self.seqs.get(key, -1) + 1
+        seq = next(self.seqs[key])
         now = _now()
         start = hook_comm.cuda_event() if cuda else now
         rec = ["c", op, gid, ranks, peer, size, dtype, start, None, "pending", seq, self.step_no, numel,
@@ -282,6 +297,8 @@ class HookSession:
             self.buffer.append(("s", self.step_no, self.step_start_ns, now))
         self.step_no += 1
         self.step_start_ns = now
+        if self.ring is not None:
+            self.ring.step = self.step_no
         self.check_writer()
 
     def batch_meta(self, seq_lens, step: int | None = None) -> None:
@@ -292,7 +309,10 @@ class HookSession:
 
     def pending_rows(self) -> list[list]:
         """Snapshot of the calls not completed yet (copies: the job may complete them meanwhile)."""
-        return [list(r) for r in self.pending.copy().values()]
+        rows = [list(r) for r in self.pending.copy().values()]
+        if self.ring is not None:
+            rows.extend(self.ring.pending())
+        return rows
 
 
 def _cuda_possible() -> bool:

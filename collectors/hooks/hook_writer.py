@@ -36,23 +36,32 @@ KIND_OF_TAG = {"c": "comm_op", "s": "step_mark", "b": "batch_meta", "k": "comput
 
 
 class RowBuffer:
-    """Bounded FIFO of row tuples; append is the only thing the hot path does."""
+    """Bounded FIFO of row tuples; append is the only thing the hot path does.
 
-    def __init__(self, max_rows: int):
+    With ``ring`` (the C hot path's :class:`~rankscope.collectors.hooks._fastcall.Ring`), the calls the
+    C path records wait there as structs, and :meth:`take`, :attr:`appended`, :attr:`dropped` and
+    ``len`` count both. Each holds up to ``max_rows``.
+    """
+
+    def __init__(self, max_rows: int, ring=None):
         self.q: deque = deque(maxlen=max_rows)
         self.counter = itertools.count(1)
         self.appended_at = 0
         """Rows appended so far (the hook's wrappers inline :meth:`append` as these two lines)."""
         self._taken = 0
         self.max_rows = max_rows
+        self.ring = ring
 
     def append(self, row) -> None:
         self.q.append(row)
         # next() on itertools.count is atomic under the GIL, unlike ``+= 1`` from several threads.
         self.appended_at = next(self.counter)
 
-    def take(self, limit: int | None = None) -> list[tuple]:
-        """Remove and return up to ``limit`` of the oldest rows (all when None)."""
+    def take(self, limit: int | None = None, final: bool = False) -> list[tuple]:
+        """Remove and return up to ``limit`` of the oldest rows (all when None).
+
+        The ring's rows stop at a call still running (it ends later); ``final`` drops those instead.
+        """
         q, out = self.q, []
         n = len(q) if limit is None else min(limit, len(q))
         pop = q.popleft
@@ -62,19 +71,22 @@ class RowBuffer:
         except IndexError:  # emptied by a concurrent taker
             pass
         self._taken += len(out)
+        if self.ring is not None and (limit is None or len(out) < limit):
+            out.extend(self.ring.take(None if limit is None else limit - len(out), final=final))
         return out
 
     def __len__(self) -> int:
-        return len(self.q)
+        return len(self.q) + (len(self.ring) if self.ring is not None else 0)
 
     @property
     def appended(self) -> int:
-        return self.appended_at
+        return self.appended_at + (self.ring.appended if self.ring is not None else 0)
 
     @property
     def dropped(self) -> int:
         """Rows pushed out by newer ones because the buffer was full."""
-        return max(0, self.appended_at - self._taken - len(self.q))
+        return max(0, self.appended_at - self._taken - len(self.q)) + (self.ring.dropped if self.ring is not None
+                                                                         else 0)
 
 
 class EventClock:
@@ -182,7 +194,7 @@ class HookWriter:
             if self.failed:
                 self.lost_on_failure += len(self.buffer.take()) + len(extra_rows or ())
                 return False
-            rows = self._unresolved + self.buffer.take() + list(extra_rows or ())
+            rows = self._unresolved + self.buffer.take(final=final) + list(extra_rows or ())
             self._unresolved = []
             if not rows:
                 return True
