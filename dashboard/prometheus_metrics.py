@@ -323,10 +323,10 @@ def _metric_inputs(store, planned) -> tuple[pl.DataFrame | None, pl.DataFrame | 
     return comm, em
 
 
-def _store_version(store) -> tuple:
-    """Changes whenever records land: the manifest entries and the newest part per job."""
-    man = tuple(sorted((m.key, m.ingested_at) for m in store.manifest()))
-    return man, tuple(sorted(_parts_mtime(store).items()))
+def _job_version(store, source: str, mtimes: dict[str, float]) -> tuple:
+    """Changes whenever records of one store job land: its manifest entries and its newest part."""
+    man = tuple(sorted((m.key, m.ingested_at) for m in store.manifest() if m.job == source))
+    return man, mtimes.get(source, 0.0)
 
 
 def _parts_mtime(store) -> dict[str, float]:
@@ -339,58 +339,77 @@ def _parts_mtime(store) -> dict[str, float]:
 
 
 class StoreCollector:
-    """A prometheus_client collector over one or more stores; each job is analysed once per store version."""
+    """A prometheus_client collector over one or more stores; each job is analysed once per version of its
+    records.
 
-    def __init__(self, stores: list, job: str | None = None, config=None):
+    A job that ``rankscope watch`` follows is not re-analysed while its records keep landing: its window
+    series come from watch, once per window, so a scrape's cost does not grow with the job's length. It is
+    analysed whole once its records have been still for ``settle_s`` (the job ended or paused), and before
+    that only if it was never analysed. Any other job is re-analysed when its records change.
+    """
+
+    def __init__(self, stores: list, job: str | None = None, config=None, settle_s: float = 30.0,
+                 clock=time.time):
         self.stores = stores
         self.job = job
         self.config = config
-        self._cache: dict[str, tuple[tuple, list[Sample]]] = {}
+        self.settle_s = settle_s
+        self.clock = clock
+        self._cache: dict[tuple[str, str], tuple[tuple, list[Sample]]] = {}
+        self.analyses = 0
+        """whole-job analyses run so far (the figure that must not grow per scrape of a live job)."""
 
-    def _analyse(self, store) -> list[Sample]:
+    def _followed_live(self, planned, live: dict[str, dict], mtimes: dict[str, float]) -> bool:
+        """Whether watch follows this job and its records are still landing."""
+        e = live.get(planned.name) or live.get(planned.source)
+        if not e:
+            return False
+        return self.clock() - mtimes.get(planned.source, 0.0) < self.settle_s
+
+    def _analyse_job(self, store, planned) -> list[Sample]:
         from rankscope.analysis.diagnose import analyze_job
-        from rankscope.analysis.runner import (
-            ResultCache,
-            cached_analysis,
-            load_planned,
-            plan_jobs,
-            with_capture,
-        )
+        from rankscope.analysis.runner import ResultCache, cached_analysis, load_planned, with_capture
+
+        loaded = {}
+
+        def compute():
+            frames = load_planned(store, planned)
+            d, tables = analyze_job(frames, self.config)
+            loaded["frames"] = frames
+            return with_capture(d, planned), tables
+
+        # the one computation `analyze` also caches: a store analysed there is not analysed again here
+        d, tables, _hit = cached_analysis(store, planned, self.config, compute, ResultCache(store))
+        self.analyses += 1
+        if "frames" in loaded:
+            comm_op, endpoint_map = loaded["frames"].comm_op, loaded["frames"].endpoint_map
+        else:
+            comm_op, endpoint_map = _metric_inputs(store, planned)
+        return job_samples(d, tables, comm_op, endpoint_map).items
+
+    def _store_samples(self, store, live: dict[str, dict]) -> list[Sample]:
+        from rankscope.analysis.runner import plan_jobs
 
         store = store.snapshot()  # one set of commits for the plan, every job's frames and the manifest
-        samples: list[Sample] = []
-        cache = ResultCache(store)
+        mtimes = _parts_mtime(store)
+        out: list[Sample] = []
         for planned in plan_jobs(store, self.job):
-            loaded = {}
-
-            def compute(planned=planned, loaded=loaded):
-                frames = load_planned(store, planned)
-                d, tables = analyze_job(frames, self.config)
-                loaded["frames"] = frames
-                return with_capture(d, planned), tables
-
-            # the one computation `analyze` also caches: a store analysed there is not analysed again here
-            d, tables, _hit = cached_analysis(store, planned, self.config, compute, cache)
-            if "frames" in loaded:
-                comm_op, endpoint_map = loaded["frames"].comm_op, loaded["frames"].endpoint_map
-            else:
-                comm_op, endpoint_map = _metric_inputs(store, planned)
-            samples.extend(job_samples(d, tables, comm_op, endpoint_map).items)
-        return samples
+            key = (str(store.root), f"{planned.source}/{planned.name}")
+            version = _job_version(store, planned.source, mtimes)
+            cached = self._cache.get(key)
+            if cached is None or (cached[0] != version and not self._followed_live(planned, live, mtimes)):
+                cached = (version, self._analyse_job(store, planned))
+                self._cache[key] = cached
+            out.extend(cached[1])
+        return out
 
     def samples(self) -> list[Sample]:
         out: list[Sample] = []
         for store in self.stores:
-            version = _store_version(store)
-            key = str(store.root)
-            cached = self._cache.get(key)
-            if cached is None or cached[0] != version:
-                cached = (version, self._analyse(store))
-                self._cache[key] = cached
-            out.extend(cached[1])
+            live = {j: e for j, e in store.live().items() if self.job is None or j == self.job}
+            out.extend(self._store_samples(store, live))
             out.extend(store_samples(store.manifest(), _parts_mtime(store)).items)
-            out.extend(live_samples({j: e for j, e in store.live().items()
-                                     if self.job is None or j == self.job}).items)
+            out.extend(live_samples(live).items)
         return merge_samples(out)
 
     def collect(self):

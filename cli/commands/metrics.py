@@ -20,10 +20,14 @@ from rankscope.collectors.errors import StoreError, UsageError
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to bind the endpoint to")
 @click.option("--textfile", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the series to this file once (node-exporter textfile collector) and exit")
-def metrics(store_dirs, job, port, host, textfile):
+@click.option("--settle-s", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="a job `rankscope watch` follows is analysed whole only once its records were still this long")
+def metrics(store_dirs, job, port, host, textfile, settle_s):
     """Prometheus metrics: step time, slowdown S, per-rank straggler scores, bytes, collector counts.
 
-    Each job is analysed once per store version (re-analysed when records land).
+    Each job is analysed once per version of its records (re-analysed when records land). A job that
+    `rankscope watch` follows is not re-analysed while it runs: its window series update once per window,
+    and it is analysed whole once its records have been still for --settle-s.
 
     \b
     Example:
@@ -41,7 +45,7 @@ def metrics(store_dirs, job, port, host, textfile):
             raise UsageError(f"--store {d}: no such store directory")
         stores.append(Store(d))
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreCollector(stores, job))
+    registry.register(StoreCollector(stores, job, settle_s=settle_s))
     if textfile is not None:
         try:
             write_to_textfile(str(textfile), registry)

@@ -107,3 +107,43 @@ def test_scores_leave_warmup_out_and_compare_a_rank_with_its_own_best():
 def test_size_buckets_are_few_and_bounded():
     assert size_bucket(1) == "le_1KiB" and size_bucket(1024) == "le_1KiB" and size_bucket(1025) == "le_4KiB"
     assert size_bucket(1 << 40) == "gt_256MiB"
+
+
+def test_a_job_watch_follows_is_not_reanalysed_per_scrape_until_it_settles(store, tmp_path):
+    import os
+    import shutil
+
+    from rankscope.collectors.store import Store
+    from rankscope.dashboard.prometheus_metrics import StoreCollector
+
+    root = tmp_path / "st"
+    shutil.copytree(store, root)
+    st = Store(root)
+    (job,) = st.jobs()
+    part = next(root.glob("comm_op/job=*/*.parquet"))
+    now = [part.stat().st_mtime]
+
+    def land():  # records land: the job's newest part is now
+        now[0] += 1.0
+        os.utime(part, (now[0], now[0]))
+
+    col = StoreCollector([st], settle_s=30.0, clock=lambda: now[0])
+    col.samples()
+    assert col.analyses == 1
+    land()
+    col.samples()
+    assert col.analyses == 2  # no watch follows it: records that land are analysed
+    st.write_live(job, {"kind": "window", "job": job, "window_end_step": 3, "slowdown": 1.4, "straggler": True,
+                        "verdict": "worker", "culprit": {"rank": SLOW_RANK}, "straggler_windows": 2})
+    for step in (4, 5, 6):
+        land()
+        st.write_live(job, {"kind": "window", "job": job, "window_end_step": step, "slowdown": 1.4})
+        series = {s.family: s for s in col.samples()}
+        assert series["rankscope_window_step"].value == step  # the window series follow watch
+        assert "rankscope_step_time_seconds" in series  # the last whole analysis is still served
+    assert col.analyses == 2  # and the job was not analysed again while it ran
+    now[0] += 31.0  # still for longer than settle_s: the job ended
+    col.samples()
+    assert col.analyses == 3
+    col.samples()
+    assert col.analyses == 3
