@@ -39,7 +39,7 @@ typedef struct {
     Slot *slots;
     uint64_t cap, max_cap, head, tail; /* head, tail: calls written and taken (or dropped) so far */
     long long step, dropped;
-    int active;
+    int active, cuda; /* cuda: tensors may live on a GPU (their calls need CUDA events: the slow path) */
     unsigned long long generation; /* bumped when the session forgets its groups */
     unsigned long long id;         /* unique per ring in this process: caches compare ids, never addresses */
     PyObject *registry; /* op names, (group id, ranks) pairs and dtype names, by index */
@@ -48,7 +48,7 @@ typedef struct {
 static PyTypeObject RingType;
 static Ring *current_ring = NULL;
 static unsigned long long ring_ids = 0; /* the recording session's ring; NULL: every call takes the slow path */
-static PyObject *s_session, *s_groups, *s_dtypes, *s_seqs, *s_dtype, *s_numel, *s_nbytes, *s_c, *s_pending,
+static PyObject *s_is_cuda, *s_session, *s_groups, *s_dtypes, *s_seqs, *s_dtype, *s_numel, *s_nbytes, *s_c, *s_pending,
     *s_completed, *s_failed;
 
 static inline int64_t now_ns(void)
@@ -296,6 +296,7 @@ static PyMethodDef ring_methods[] = {
 static PyMemberDef ring_members[] = {
     {"step", T_LONGLONG, offsetof(Ring, step), 0, "step number stamped on new calls"},
     {"active", T_INT, offsetof(Ring, active), 0, "0: every call takes the slow path"},
+    {"cuda", T_INT, offsetof(Ring, cuda), 0, "1: a CUDA tensor's call takes the slow path (CUDA events)"},
     {"dropped", T_LONGLONG, offsetof(Ring, dropped), READONLY, "oldest calls pushed out at the cap"},
     {"generation", T_ULONGLONG, offsetof(Ring, generation), READONLY, NULL},
     {"registry", T_OBJECT, offsetof(Ring, registry), READONLY, NULL},
@@ -497,6 +498,12 @@ static PyObject *fasthook_call(PyObject *callable, PyObject *const *args, size_t
     tensor = arg(args, nargs, kwnames, self->tpos, self->tname);
     if (tensor == NULL || tensor == Py_None)
         goto slow;
+    if (ring->cuda) {
+        PyObject *on_gpu = PyObject_GetAttr(tensor, s_is_cuda);
+        Py_XDECREF(on_gpu); /* only its identity is compared */
+        if (on_gpu != Py_False)
+            goto slow;
+    }
     group = arg(args, nargs, kwnames, self->gpos, self->gname);
     if (group == NULL)
         group = Py_None;
@@ -788,6 +795,7 @@ static struct PyModuleDef fastcall_module = {PyModuleDef_HEAD_INIT, "_fastcall",
 
 PyMODINIT_FUNC PyInit__fastcall(void)
 {
+    INTERN(s_is_cuda, "is_cuda");
     INTERN(s_session, "session");
     INTERN(s_groups, "groups");
     INTERN(s_dtypes, "dtypes");

@@ -49,6 +49,8 @@ class HookSession:
         self.groups: dict = {}
         self.dtypes: dict = {}
         self.cuda = _cuda_possible()
+        if self.ring is not None:
+            self.ring.cuda = int(self.cuda)
         self.step_no = 0
         self.step_start_ns = self.started_ns
         self.user_steps = False

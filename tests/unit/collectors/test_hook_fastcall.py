@@ -167,3 +167,31 @@ def test_a_new_session_or_forgotten_groups_never_reuse_stale_caches(pg, tmp_path
         gids = [r[2] for r in rows]
         assert [r[10] for r in rows] == [0, 0, 0]
         assert gids[1] != gids[2] and len(set(gids)) == 3
+
+
+def test_cuda_tensors_take_the_python_path_and_its_cuda_events(pg, tmp_path):
+    from rankscope.collectors.hooks._fastcall import FastHook
+
+    class OnGpu:  # what the C path reads of a tensor, on a GPU
+        dtype, is_cuda = torch.float32, True
+
+        def numel(self):
+            return 1
+
+    assert hooks.enable(store=str(tmp_path), job="unit", flush_interval_s=60, watchdog=False, signals=False)
+    try:
+        ring = HUB.session.ring
+        dist.all_reduce(torch.ones(1))  # caches the group and dtype
+        slow_calls = []
+        hook = FastHook(orig=lambda *a, **k: None, slow=lambda *a, **k: slow_calls.append(a), hub=HUB,
+                        busy=hook_comm._busy, op="all_reduce", group=(2, "group"), tensor=(0, "tensor"),
+                        async_arg=(3, "async_op"), peer=(None, None), out=(None, None), p2p=False, nests=False)
+        ring.cuda = 1  # as on a machine with CUDA
+        before = ring.appended
+        gpu = OnGpu()
+        hook(gpu)
+        assert slow_calls == [(gpu,)] and ring.appended == before
+        hook(torch.ones(1))  # a CPU tensor on that machine: still the C path
+        assert len(slow_calls) == 1 and ring.appended == before + 1
+    finally:
+        hooks.disable()
