@@ -588,6 +588,7 @@ static PyObject *fasthook_call(PyObject *callable, PyObject *const *args, size_t
             Py_CLEAR(tid);
         }
     }
+    Py_INCREF(ring); /* the session may close and drop its ring while the call runs */
     PyObject *result = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
     int64_t end = now_ns();
     if (tid != NULL) {
@@ -603,6 +604,7 @@ static PyObject *fasthook_call(PyObject *callable, PyObject *const *args, size_t
         s->end = end;
         s->state = result == NULL ? ST_FAILED : ST_COMPLETED;
     }
+    Py_DECREF(ring);
     Py_XDECREF(dtype);
     Py_XDECREF(numel_obj);
     Py_XDECREF(out_obj);
