@@ -195,3 +195,47 @@ def test_cuda_tensors_take_the_python_path_and_its_cuda_events(pg, tmp_path):
         assert len(slow_calls) == 1 and ring.appended == before + 1
     finally:
         hooks.disable()
+
+
+def test_threads_calling_at_once_lose_nothing_and_share_the_counter(pg, tmp_path):
+    import threading
+    import time
+
+    assert hooks.enable(store=str(tmp_path), job="unit", flush_interval_s=60, watchdog=False, signals=False)
+    try:
+        s = HUB.session
+        t = torch.ones(1)
+        dist.all_reduce(t)  # caches the group and dtype
+        ring = _fastcall().Ring(1 << 12, initial_rows=1)  # grows while the threads run
+        hook_comm.use_ring(ring)
+
+        def stand_in(tensor, op=None, group=None, async_op=False):
+            time.sleep(0)  # lets the GIL go, as a real collective does
+
+        hook = hook_comm.make_hook(stand_in, hook_comm.SPECS["all_reduce"], HUB, nests=False, fast=True)
+        taken = []
+
+        def caller():
+            for _ in range(500):
+                hook(t)
+
+        def drainer():  # the writer thread, taking rows while calls run
+            while any(th.is_alive() for th in callers):
+                taken.extend(ring.take())
+
+        callers = [threading.Thread(target=caller) for _ in range(3)]
+        for th in callers:
+            th.start()
+        d = threading.Thread(target=drainer)
+        d.start()
+        for th in callers:
+            th.join()
+        d.join()
+        taken.extend(ring.take())
+        assert ring.appended == 1500 and ring.dropped == 0 and len(taken) == 1500
+        assert sorted(r[10] for r in taken) == list(range(1, 1501))
+        assert all(r[9] == "completed" and r[7] <= r[8] for r in taken)
+        assert not s.pending_rows()
+    finally:
+        hook_comm.use_ring(None)
+        hooks.disable()
