@@ -97,6 +97,11 @@ class WindowEvent:
                           "ranks a hang waits for.", None, omit="none")
     analysis_s: float = doc("seconds the window's analysis took (its cost).", 0.0)
     at_ns: int = doc("when the event was made (Unix epoch, ns; the recording hosts' clock).", 0)
+    window_start_ns: int | None = doc("a flow capture's window: the time it starts, by the flows' end times (Unix "
+                                      "epoch, ns; the exporters' clock). Its steps are the capture's own count, "
+                                      "so this says which part of the job it covers.", None, omit="none")
+    window_end_ns: int | None = doc("a flow capture's window: the time it ends (exclusive; flows that end from "
+                                    "then on are the next window's).", None, omit="none")
     dropped_windows: int = doc("windows left unanalysed so far because the analysis fell behind (the bounded "
                                "queue was full).", 0)
 

@@ -5,7 +5,8 @@ culprit first (made from the section's culprits when no finding threshold listed
   work between collectives is; from flows, an address that sends late);
 - ``slow_stage``: a stage whose forward/backward is >= 1.2x the other stages', or slower in every step;
 - ``slow_link``: a rank whose transfers run >= 1.5x their op type's typical (from flows: an address whose
-  links run slow against their peers');
+  links run slow against their peers', or a DP ring as a whole against its peer rings when no member
+  stands out);
 - ``sequence_imbalance``: microbatches of unequal work (what balancing saves).
 Findings under the verdict's bar that the flows measured are listed too (evidence ``below_threshold``):
 a slow NIC that costs 2 % of the step gets no verdict, but it is named.
@@ -76,6 +77,13 @@ def _link(link: dict, basis: str) -> Finding:
                                               "hosts is slower than one inside a host by design: check the topology"})
 
 
+def _ring(g: dict, basis: str) -> Finding:
+    """flows: a DP ring whose payload rate sits SLOW_FACTOR below its peer rings', no member singled out."""
+    return Finding(kind="slow_link", culprit=Group(g["group_id"], g["members"]), factor=g["factor"], steps=[],
+                   evidence={"basis": basis, "ambiguous": g.get("ambiguous"),
+                             "compared_with": "the median payload rate of the peer DP rings (same bytes per step)"})
+
+
 def _below_the_bar(x: dict) -> Finding:
     """A flows finding whose cost is under the verdict's bar: no verdict names it, the findings do."""
     kind = FLOW_KINDS.get(x["kind"], "slow_worker")
@@ -105,6 +113,7 @@ def measured_findings(st: Stragglers) -> list[Finding]:
     out = [_worker(r, basis) for r in ev.get("slow_ranks", [])]
     out += _stages(ev.get("stage_imbalance", {}), basis, steps)
     out += [_link(link, basis) for link in ev.get("slow_links", [])]
+    out += [_ring(g, basis) for g in ev.get("slow_groups", [])]
     seq = ev.get("sequence_imbalance", {})
     if seq.get("detected") and seq.get("t_balanced"):
         out.append(Finding(kind="sequence_imbalance", culprit=Batches("unequal sequence lengths"),

@@ -212,9 +212,14 @@ def _group_section(x: dict, step: float, none_below: float, base: dict) -> Strag
     s = _slowdown(x, step)
     if s < none_below:
         return Stragglers(**base, slowdown=s, verdict="none", findings_flows=[], below_threshold=[_brief(x, step)])
+    ev = None
     if x["kind"] == "slow_group":
         cause, who = "communication", {"group_id": x["group"], "ranks": x["members"], "transfer_ratio": x["factor"],
                                        **({"labelling": x["labelling"]} if "labelling" in x else {})}
+        # the ring's rate against its peer rings is measured over the bar (SLOW_FACTOR) like any slow link:
+        # a finding of the section's own, only its member is not singled out
+        ev = {"slow_groups": [{"group_id": x["group"], "members": x["members"], "factor": x["factor"],
+                               "ambiguous": x.get("ambiguous")}]}
     else:
         cause, who = "worker", {"ranks": x["members"], "ambiguous": x["ambiguous"],
                                 **({"factor": x["factor"], "stage": x["stage"], "factor_vs": x["factor_vs"]}
@@ -225,7 +230,8 @@ def _group_section(x: dict, step: float, none_below: float, base: dict) -> Strag
     top = ([FlowWorker(endpoint=x["one_of"][0], slowdown=s, kind="slow_worker", one_of=list(x["one_of"]))]
            if cause == "worker" and x.get("one_of") else [])
     return Stragglers(**base, slowdown=s, verdict=cause, by_cause={cause: 1.0}, top_workers=top,
-                      waste_fraction=round(1 - 1 / s, 4), findings_flows=[], steps=[], culprits={cause: who})
+                      waste_fraction=round(1 - 1 / s, 4), findings_flows=[], steps=[], culprits={cause: who},
+                      evidence=ev)
 
 
 def _named_section(found: list[dict], step: float, none_below: float, base: dict, links: pl.DataFrame) -> Stragglers:

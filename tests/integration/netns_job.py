@@ -140,15 +140,18 @@ class Fabric:
                 _sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", inner)
                 _sh("ip", "netns", "exec", ns, "ip", "link", "set", inner, "gso_max_size", "1500", "up")
             for k, rate in self.nic_rates.items():
-                # a slow NIC runs slow both ways: its sends (the namespace's end) and what the bridge
-                # delivers to it (the host end), each a token bucket at ``rate``
-                tbf = ("root", "tbf", "rate", rate, "burst", "16kb", "latency", "500ms")
-                _sh("ip", "netns", "exec", self.namespaces[k], "tc", "qdisc", "add", "dev", self.ns_ends[k], *tbf)
-                _sh("tc", "qdisc", "add", "dev", self.host_ends[k], *tbf)
+                self.slow_down(k, rate)
         except subprocess.CalledProcessError as e:
             self.__exit__(None, None, None)
             raise RuntimeError(f"fabric set-up failed: {' '.join(e.cmd)}: {e.stderr.strip()}") from e
         return self
+
+    def slow_down(self, k: int, rate: str) -> None:
+        """Make namespace k's NIC slow, both ways: its sends (the namespace's end) and what the bridge
+        delivers to it (the host end), each a token bucket at ``rate`` (also while the job runs)."""
+        tbf = ("root", "tbf", "rate", rate, "burst", "16kb", "latency", "500ms")
+        _sh("ip", "netns", "exec", self.namespaces[k], "tc", "qdisc", "add", "dev", self.ns_ends[k], *tbf)
+        _sh("tc", "qdisc", "add", "dev", self.host_ends[k], *tbf)
 
     def __exit__(self, *exc) -> None:
         for ns, host in zip(self.namespaces, self.host_ends):
@@ -289,6 +292,13 @@ class PlacedNetnsJobResult(NetnsJobResult):
     """node address -> the global ranks it hosts (``ranks_per_node`` of them)."""
     stage_of_address: dict[str, int] = field(default_factory=dict)
     """node address -> pipeline stage of its ranks, from the job's own outputs."""
+    throttled_ns: dict[int, int] = field(default_factory=dict)
+    """namespace -> when its NIC was throttled mid-run (``throttle``; Unix epoch ns, after the tc calls)."""
+    progress: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    """rank -> (step, wall-clock end ns) of each step it ended (with ``throttle`` or ``watch_args``)."""
+    watch_events: list[dict] = field(default_factory=list)
+    """the events ``rankscope watch`` wrote beside the job (``watch_args``), one dict per window."""
+    watch_output: str = ""
 
 
 def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp: int = 2, tp: int = 1,
@@ -298,7 +308,8 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                          job_args: tuple[str, ...] = (), timeout_s: float = 240.0,
                          nic_rates: dict[int, str] | None = None, exporter: str = "softflowd",
                          nfpcapd_expire: tuple[int, int] = (2, 1), sflow_sampling: int = 16,
-                         exit_sleep_s: float = 0.0) -> PlacedNetnsJobResult:
+                         exit_sleep_s: float = 0.0, throttle: dict[int, tuple[str, int]] | None = None,
+                         watch_args: tuple[str, ...] | None = None) -> PlacedNetnsJobResult:
     """Like :func:`run_netns_job`, with the placement of ranks chosen by the caller.
 
     ``ranks_per_node`` processes run in each namespace (they share its address;
@@ -316,6 +327,12 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
     ``"pmacct-ipfix"`` with its IPFIX probe (``flow_timeouts`` as for softflowd), both into the collector.
     ``exit_sleep_s``: the ranks wait this long after their last step before they close their connections
     (as a job that saves a checkpoint at the end does).
+    ``throttle[k] = (rate, after_step)`` slows namespace k's NIC mid-run, as ``nic_rates`` does from the start,
+    once every rank has ended step ``after_step`` (the job's ``--progress-dir`` lines; the tc calls land in
+    the job's pause between steps); ``throttled_ns`` says when. ``watch_args`` runs ``rankscope watch --store
+    STORE --job fabric --flows --events FILE *watch_args`` beside the job (an exporter into the collector, not
+    nfpcapd, whose files are ingested at the end) and stops it once the collector has written its last part;
+    its events come back in ``watch_events``.
     """
     if exporter not in ("softflowd", "nfpcapd", "pmacct-sflow", "pmacct-ipfix"):
         raise ValueError(f"exporter {exporter!r}: softflowd, nfpcapd, pmacct-sflow or pmacct-ipfix")
@@ -326,8 +343,14 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
     store, out, logs = workdir / "store", workdir / "job", workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     flow_port, master_port = _free_port(), 29500 + secrets.randbelow(2000)
-    collector = meter = None
+    collector = meter = watcher = None
     procs: list[subprocess.Popen] = []
+    throttle = dict(throttle or {})
+    progress_dir = workdir / "progress" if throttle or watch_args is not None else None
+    if progress_dir is not None:
+        job_args = (*job_args, "--progress-dir", str(progress_dir))
+    events = workdir / "watch-events.jsonl"
+    throttled_ns: dict[int, int] = {}
     with Fabric(nodes, nic_rates) as fab:
         master = fab.addresses[order.index(0)]
         try:
@@ -367,6 +390,12 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                     ["softflowd", "-d", "-i", fab.bridge, "-v", "10", "-A", "milli", "-n",
                      f"127.0.0.1:{flow_port}", *timeouts, "-c", str(ctl), "-p", str(workdir / "softflowd.pid")],
                     stdout=open(logs / "softflowd.log", "w"), stderr=subprocess.STDOUT)
+            if watch_args is not None:
+                store.mkdir(parents=True, exist_ok=True)
+                watcher = subprocess.Popen(
+                    [str(BIN / "rankscope"), "watch", "--store", str(store), "--job", "fabric", "--flows",
+                     "--events", str(events), *watch_args],
+                    stdout=open(logs / "watch.log", "w"), stderr=subprocess.STDOUT)
             time.sleep(1.0)  # the exporter opens its capture before the job's first packet
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
             if lazy_connect:
@@ -384,6 +413,9 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                 procs.append(subprocess.Popen(cmd, env=env, stdout=open(logs / f"node{k}.log", "w"),
                                               stderr=subprocess.STDOUT))
             deadline = time.monotonic() + timeout_s
+            if throttle:
+                _throttle_when_due(fab, procs, throttle, progress_dir, nodes * ranks_per_node, throttled_ns,
+                                   deadline)
             for k, p in enumerate(procs):
                 try:
                     rc = p.wait(max(1.0, deadline - time.monotonic()))
@@ -399,6 +431,7 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
             time.sleep(0.5)
             _stop(collector)
             collector_output = first + collector.stdout.read()
+            _stop(watcher, timeout=60.0)  # its last look at the store takes the collector's last part
             if exporter == "nfpcapd":
                 dump = workdir / "flows.nfdump.json"
                 with open(dump, "w") as fh:
@@ -413,6 +446,7 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                 _stop(p, signal.SIGKILL, 5)
             _stop(meter)
             _stop(collector)
+            _stop(watcher)
     ranks = {}
     for f in sorted(out.glob("rank*.json")):
         r = json.loads(f.read_text())
@@ -425,4 +459,33 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                                 endpoints={addr: rs[0] for addr, rs in address_ranks.items()},
                                 master_addr=master, master_port=master_port, ranks=ranks,
                                 collector_output=collector_output, job_seconds=job_seconds,
-                                address_ranks=address_ranks, stage_of_address=stage_of)
+                                address_ranks=address_ranks, stage_of_address=stage_of,
+                                throttled_ns=throttled_ns,
+                                progress=read_progress(progress_dir) if progress_dir is not None else {},
+                                watch_events=[json.loads(x) for x in events.read_text().splitlines() if x.strip()]
+                                if events.exists() else [],
+                                watch_output=(logs / "watch.log").read_text() if watcher is not None else "")
+
+
+def read_progress(progress_dir: Path) -> dict[int, list[tuple[int, int]]]:
+    """rank -> (step, end ns) of each step it ended, from the job's ``--progress-dir`` files."""
+    out = {}
+    for f in sorted(Path(progress_dir).glob("rank*.steps")):
+        rows = [line.split() for line in f.read_text().splitlines()]
+        out[int(f.stem[4:])] = [(int(a), int(b)) for a, b in (r for r in rows if len(r) == 2)]
+    return out
+
+
+def _throttle_when_due(fab: Fabric, procs: list[subprocess.Popen], throttle: dict[int, tuple[str, int]],
+                       progress_dir: Path, world: int, throttled_ns: dict[int, int], deadline: float) -> None:
+    """Throttle each NIC of ``throttle`` once every rank has ended its step, until all are or the job ends."""
+    while len(throttled_ns) < len(throttle) and time.monotonic() < deadline:
+        if all(p.poll() is not None for p in procs):
+            return
+        done = read_progress(progress_dir) if progress_dir.is_dir() else {}
+        ended = min((rows[-1][0] for rows in done.values() if rows), default=-1) if len(done) == world else -1
+        for k, (rate, after) in throttle.items():
+            if k not in throttled_ns and ended >= after:
+                fab.slow_down(k, rate)
+                throttled_ns[k] = time.time_ns()
+        time.sleep(0.05)

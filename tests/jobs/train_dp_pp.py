@@ -37,7 +37,9 @@ EP group of the DP group), the dense gradients over the whole DP group.
 
 ``--out DIR`` writes DIR/rank<r>.json with the final loss (float.hex), the
 per-step losses and ``issued``: every communication call the job itself made,
-in order, so a test can check what a hook recorded against it.
+in order, so a test can check what a hook recorded against it. ``--progress-dir DIR`` appends
+``STEP END_NS`` (wall clock) to DIR/rank<r>.steps as each step ends, before ``--step-sleep-ms``, so
+a launcher can act between steps (the netns tests throttle a NIC there).
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ def parse_args(argv=None):
     p.add_argument("--step-sleep-ms", type=float, default=0.0, help="pause between steps (flow tests)")
     p.add_argument("--exit-sleep-s", type=float, default=0.0,
                    help="pause after the outputs, before the process group closes (a final checkpoint save)")
+    p.add_argument("--progress-dir", type=Path, default=None,
+                   help="append 'STEP END_NS' to DIR/rank<r>.steps as each step ends (a watcher outside the job)")
     p.add_argument("--fr-dump", type=Path, default=None,
                    help="write the flight recorder dump here at exit (rank<r>.pkl and rank<r>.fr.json)")
     return p.parse_args(argv)
@@ -401,6 +405,11 @@ def run(args):
                        on_trace_ready=lambda p: p.export_chrome_trace(trace_path))
         prof.__enter__()
 
+    progress = None
+    if args.progress_dir is not None:
+        args.progress_dir.mkdir(parents=True, exist_ok=True)
+        progress = open(args.progress_dir / f"rank{rank}.steps", "a", encoding="utf-8")  # noqa: SIM115
+
     skipped = False
     for step in range(args.steps):
         comm.step = step
@@ -467,6 +476,9 @@ def run(args):
             device.run("O", step, dp_rank, None, m, time.perf_counter() - t_real)
         losses.append(float(step_loss))
         step_times.append(time.perf_counter() - t0)
+        if progress is not None:
+            progress.write(f"{step} {time.time_ns()}\n")
+            progress.flush()
         if prof is not None:
             prof.step()
         if args.step_sleep_ms:
@@ -474,6 +486,8 @@ def run(args):
 
     if prof is not None:
         prof.__exit__(None, None, None)
+    if progress is not None:
+        progress.close()
     if not skipped:
         comm.barrier(world)
     result = {"rank": rank, "stage": stage, "dp_rank": dp_rank, "tp_rank": tp_rank, "world": world, "dp": dp,

@@ -108,6 +108,30 @@ def test_a_slow_ring_is_named_by_its_member_whose_pipeline_links_are_slow_too():
     assert st.checked["late_dp_links"] == "no DP link opens consistently late"
 
 
+def test_a_slow_ring_that_names_nobody_is_a_measured_finding_and_a_live_window_raises_it():
+    """A ring SLOW_FACTOR below its peers is measured like a slow link, only its member is not singled out:
+    its finding is among the section's own (so ``watch`` names the ring a straggler, as it names a slow
+    address), not one the verdict made up; a real netns job throttled mid-run was named only with a '?'."""
+    from types import SimpleNamespace
+
+    from rankscope.analysis.live.windows import straggler_named
+    from rankscope.analysis.report.findings import Group
+    from rankscope.analysis.stragglers.findings import measured_findings
+
+    f, strat = _grid_records(slow="10.1.2.1", pp_links=False)
+    st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1)
+    assert st.verdict == "communication" and not st.top_workers
+    first = findings_of(st)[0]
+    assert first.kind == "slow_link" and isinstance(first.culprit, Group) and "10.1.2.1" in first.culprit.ranks
+    assert first.factor == st.culprits["communication"]["transfer_ratio"] > 2.5
+    assert first.evidence["ambiguous"] == st.ambiguous_flows[0]["ambiguous"]
+    assert [g.culprit for g in measured_findings(st)] == [first.culprit]
+    assert straggler_named(SimpleNamespace(stragglers=st, findings=findings_of(st)), first.culprit) == (True, None)
+    # under the bar it stays evidence that names nobody: no verdict, nothing raised
+    st = flow_straggler_section(f, strat, Steps(count=6, median_ns=STEP), 1, none_below=10.0)
+    assert st.verdict == "none" and not st.evidence and findings_of(st)[0].evidence["below_threshold"]
+
+
 def test_a_ring_whose_records_hold_two_collectives_is_not_compared():
     # an exporter with a longer idle timeout merges two collectives and the gap into one record: its
     # rate is half, but its records hold twice the bytes, so it has no peer to be slow against

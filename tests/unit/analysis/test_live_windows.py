@@ -192,6 +192,40 @@ def test_a_flow_capture_is_followed_by_time_windows_and_re_recognised_on_new_end
     assert any("10.0.0.6" in str(e.culprit) for e in slow)
     steps = [(e.window_start_step, e.window_end_step) for e in slow]
     assert all(b >= a for a, b in steps) and steps == sorted(steps)
+    # each window says which flows it covers (by their end times): the capture's steps are its own count;
+    # it ends in the second half of its 7 s, where the fewest bytes are in flight
+    bounds = sorted({(e.window_start_ns, e.window_end_ns) for e in events})
+    assert all(3_500_000_000 <= b - a <= 7_000_000_000 for a, b in bounds)
+    assert all(b == c for (_, b), (c, _) in zip(bounds, bounds[1:]))  # one after the other, none left out
+    assert bounds[0][0] == int(fa["end_ns"].min()) and int(both["end_ns"].max()) >= bounds[-1][1]
+
+
+def test_a_flow_window_ends_in_the_pause_between_steps_not_across_a_transfer():
+    """Two rings' transfers of one step end 1 s apart (the slow one later), then the job pauses: a window
+    cut at its nominal end between them would hold one ring's transfer and not its peer's."""
+    from rankscope.analysis.live.flows import quiet_cut
+
+    s = 1_000_000_000
+    rows = []
+    for step in range(4):  # a step every 4 s: the fast ring's transfer [1.0, 1.2], the slow one's [1.0, 2.2]
+        t = step * 4 * s
+        rows += [(t + s, t + s + s // 5, 2_400_000), (t + s, t + 2 * s + s // 5, 2_200_000)]
+    rows.append((0, 15 * s, 4_000))  # a keep-alive record open the whole time, a few bytes
+    f = pl.DataFrame(rows, schema=["start_ns", "end_ns", "size_bytes"], orient="row")
+    # nominal end at 6.0 s (inside step 1's slow transfer, after its fast one): cut in the pause before step 1
+    cut = quiet_cut(f, 3 * s, 6 * s)
+    assert 2 * s + s // 5 < cut <= 5 * s
+    assert cut == 5 * s  # the latest quiet moment: step 1's transfers start then, and are the next window's
+    assert quiet_cut(f, 10 * s, 11 * s) == 11 * s  # step 2 ends at 10.2 s: quiet from then to the end
+    assert quiet_cut(f.head(0), 3 * s, 6 * s) == 6 * s
+    # the capture's windows: [0, 5 s) holds step 0's two transfers; step 1's both go to the next one
+    from rankscope.analysis.live import LiveCapture, LiveFlowConfig
+
+    live = LiveCapture("c", LiveFlowConfig(window_s=6.0))
+    live.add({"flow": f})
+    live.window_start_ns = 0
+    live._window = lambda flows, bounds: [(flows.height, bounds)]  # the cut, not the analysis
+    assert live.windows()[:2] == [(2, (0, 5 * s)), (4, (5 * s, 11 * s))]  # steps 1 and 2, whole
 
 
 def test_overlapping_windows_hop_and_pace_each_step_once(slow_job):
