@@ -3,7 +3,7 @@
 1. Added latency per call: a hooked call against the very same call unhooked, interleaved one by
    one (so machine load hits both alike), on a one-rank gloo group; the median and p99 of the
    per-pair difference. Also on a no-op stand-in collective, which isolates the hook's own cost
-   from gloo's jitter. Each row is measured for the C hot path (collectors/hooks/_fastcall.c) and for
+   from gloo's jitter. Each row is measured for the C hot path (collectors/hooks/hook_fastcall.c) and for
    the Python wrapper it falls back to, in the same session; then again with ``rankscope watch``
    following the store in another process, as ``attach --live`` runs it. Target: median < 3 us.
 2. Step-time overhead on the real DP2 x PP2 job (tests/jobs/train_dp_pp.py under torchrun):

@@ -304,7 +304,7 @@ def fast_path_available() -> str | None:
     if os.environ.get("RANKSCOPE_HOOK_PURE_PYTHON") == "1":
         return "RANKSCOPE_HOOK_PURE_PYTHON=1"
     try:
-        from rankscope.collectors.hooks import _fastcall  # noqa: F401
+        from rankscope.collectors.hooks.hook_fastcall import FastHook  # noqa: F401
     except ImportError as e:
         return f"the C extension is not built ({e})"
     return None
@@ -314,7 +314,7 @@ def new_ring(max_rows: int):
     """A ring for the C hot path's calls, or None when that path is off."""
     if fast_path_available() is not None:
         return None
-    from rankscope.collectors.hooks._fastcall import Ring
+    from rankscope.collectors.hooks.hook_fastcall import Ring
 
     return Ring(max_rows)
 
@@ -323,12 +323,12 @@ def use_ring(ring, unless_other=None) -> None:
     """Make ``ring`` the one the C hot path records into (None: none). With ``unless_other``, only clear
     it when that ring is still the current one (a newer session may have taken over)."""
     try:
-        from rankscope.collectors.hooks import _fastcall
+        from rankscope.collectors.hooks.hook_fastcall import get_current, set_current
     except ImportError:
         return
-    if unless_other is not None and _fastcall.get_current() is not unless_other:
+    if unless_other is not None and get_current() is not unless_other:
         return
-    _fastcall.set_current(ring)
+    set_current(ring)
 
 
 def fast_eligible(spec: OpSpec) -> bool:
@@ -347,7 +347,7 @@ def make_hook(orig, spec: OpSpec, hub, nests: bool = True, fast: bool | None = N
         fast = fast_path_available() is None
     if not fast or not fast_eligible(spec):
         return slow
-    from rankscope.collectors.hooks._fastcall import FastHook
+    from rankscope.collectors.hooks.hook_fastcall import FastHook
 
     ppos, pname = spec.peer[:2] if spec.is_p2p else (None, None)
     hook = FastHook(orig=orig, slow=slow, hub=hub, busy=_busy, op=spec.op, group=spec.group, tensor=spec.tensor,

@@ -38,7 +38,7 @@ KIND_OF_TAG = {"c": "comm_op", "s": "step_mark", "b": "batch_meta", "k": "comput
 class RowBuffer:
     """Bounded FIFO of row tuples; append is the only thing the hot path does.
 
-    With ``ring`` (the C hot path's :class:`~rankscope.collectors.hooks._fastcall.Ring`), the calls the
+    With ``ring`` (the C hot path's :class:`~rankscope.collectors.hooks.hook_fastcall.Ring`), the calls the
     C path records wait there as structs, and :meth:`take`, :attr:`appended`, :attr:`dropped` and
     ``len`` count both. Each holds up to ``max_rows``.
     """

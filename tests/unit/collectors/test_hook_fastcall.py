@@ -1,4 +1,4 @@
-"""The hook's C hot path (collectors/hooks/_fastcall.c) against its Python reference, row for row."""
+"""The hook's C hot path (collectors/hooks/hook_fastcall.c) against its Python reference, row for row."""
 
 from __future__ import annotations
 
@@ -65,9 +65,9 @@ def recorded(tmp_path, monkeypatch, pure: bool):
 
 
 def _fastcall():
-    from rankscope.collectors.hooks import _fastcall
+    from rankscope.collectors.hooks import hook_fastcall
 
-    return _fastcall
+    return hook_fastcall
 
 
 def test_c_path_rows_equal_the_python_paths(pg, tmp_path, monkeypatch):
@@ -170,7 +170,7 @@ def test_a_new_session_or_forgotten_groups_never_reuse_stale_caches(pg, tmp_path
 
 
 def test_cuda_tensors_take_the_python_path_and_its_cuda_events(pg, tmp_path):
-    from rankscope.collectors.hooks._fastcall import FastHook
+    from rankscope.collectors.hooks.hook_fastcall import FastHook
 
     class OnGpu:  # what the C path reads of a tensor, on a GPU
         dtype, is_cuda = torch.float32, True

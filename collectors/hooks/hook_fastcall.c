@@ -310,7 +310,7 @@ static PyGetSetDef ring_getset[] = {
 static PySequenceMethods ring_as_sequence = {.sq_length = (lenfunc)ring_len};
 
 static PyTypeObject RingType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rankscope.collectors.hooks._fastcall.Ring",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rankscope.collectors.hooks.hook_fastcall.Ring",
     .tp_basicsize = sizeof(Ring),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Bounded ring of call records written by FastHooks, drained by the writer thread.",
@@ -745,10 +745,10 @@ static PyGetSetDef fasthook_getset[] = {
     {NULL}};
 
 static PyTypeObject FastHookType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rankscope.collectors.hooks._fastcall.FastHook",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rankscope.collectors.hooks.hook_fastcall.FastHook",
     .tp_basicsize = sizeof(FastHook),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "A torch.distributed call with the hook's hot path in C (see _fastcall.c).",
+    .tp_doc = "A torch.distributed call with the hook's hot path in C (see hook_fastcall.c).",
     .tp_new = fasthook_new,
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(FastHook, vectorcall),
@@ -788,14 +788,14 @@ static PyMethodDef module_methods[] = {
     {"get_current", get_current, METH_NOARGS, "The Ring FastHooks record into, or None."},
     {NULL}};
 
-static struct PyModuleDef fastcall_module = {PyModuleDef_HEAD_INIT, "_fastcall", "The hook's hot path in C.", -1,
+static struct PyModuleDef fastcall_module = {PyModuleDef_HEAD_INIT, "hook_fastcall", "The hook's hot path in C.", -1,
                                              module_methods};
 
 #define INTERN(var, text)                                                                                    \
     if ((var = PyUnicode_InternFromString(text)) == NULL)                                                    \
         return NULL;
 
-PyMODINIT_FUNC PyInit__fastcall(void)
+PyMODINIT_FUNC PyInit_hook_fastcall(void)
 {
     INTERN(s_is_cuda, "is_cuda");
     INTERN(s_session, "session");
