@@ -26,10 +26,11 @@ import polars as pl
 import pyarrow as pa
 
 from rankscope.analysis.replay.engine import replay
-from rankscope.collectors.errors import UsageError
+from rankscope.collectors.errors import ConfigError, UsageError
 from rankscope.collectors.schema import empty
 from rankscope.collectors.store import ManifestEntry, Store
 from rankscope.datasets.sim.job_config import Fault, SimConfig, parse_fault
+from rankscope.datasets.sim.network.faults import check_network_fault
 from rankscope.datasets.sim.network.flow_export import flow_records
 from rankscope.datasets.sim.network.traffic import job_transfers
 from rankscope.datasets.sim.network.transport import apply_transport, rank_exporters
@@ -116,7 +117,19 @@ CHUNK_OPS = 1_500_000
 """Ops replayed at once: a job is simulated in chunks of whole steps to bound memory."""
 
 
+def _check_network_faults(cfg: SimConfig) -> None:
+    """Faults that need the job's topology (a NIC's backup rail, a DP group to join) are checked here, not in
+    SimConfig: the topology is built from the config."""
+    for f in cfg.faults:
+        if f.kind in ("dead-link", "misgrouped"):
+            p = cfg.fault_params(f)
+            ok, what = check_network_fault(cfg, f.kind, p)
+            if not ok:
+                raise ConfigError(f"fault {f.kind} in job {cfg.job!r}: {what} (params {p})")
+
+
 def _simulate_job(cfg: SimConfig, job_index: int = 0, epoch_ns: int | None = None) -> SimResult:
+    _check_network_faults(cfg)
     topo = build_topology(cfg)
     rng = np.random.default_rng(cfg.seed)
     T = build_templates(cfg)

@@ -44,6 +44,10 @@ def fault_truth(cfg: SimConfig, topo: Topology, T: Templates) -> list[dict]:
             p["b_flops_per_token2"] = float(T.quad[fwd].max())
         if f.kind == "slow-link":
             p["address"] = topo.addresses[p["rank"]]
+        if f.kind in ("dead-link", "misgrouped", "bad-nic"):
+            from rankscope.datasets.sim.network.faults import network_fault_truth
+
+            p.update(network_fault_truth(cfg, topo, f.kind, p))
         out.append({"kind": f.verdict, "injected": f.kind, "params": p})
     return out
 

@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import polars as pl
 
-from rankscope.analysis.network.expected import expected_traffic
+from rankscope.analysis.network import proposal as pr
+from rankscope.analysis.network.expected import expected_traffic, expert_dp_groups
 from rankscope.analysis.network.topology import Topology
-from rankscope.analysis.report.strategy import GroupSpan, PipelineCrossing, Placement, PlacementClass
+from rankscope.analysis.report.strategy import (
+    EndpointMove,
+    GroupSpan,
+    PipelineCrossing,
+    Placement,
+    PlacementClass,
+    PlacementProposal,
+)
 
 
 def _class_bytes(pairs: pl.DataFrame) -> pl.DataFrame:
@@ -59,8 +67,11 @@ def _crossings(strategy, pod: dict) -> list[PipelineCrossing]:
     return out
 
 
-def placement_section(strategy, observed: pl.DataFrame | None, topology: Topology | None) -> Placement | None:
-    """``observed``: per pair src, dst, observed (bytes per step); None without flows (no section)."""
+def placement_section(strategy, observed: pl.DataFrame | None, topology: Topology | None,
+                      job_flows: pl.DataFrame | None = None, steps: int = 0) -> Placement | None:
+    """``observed``: per pair src, dst, observed (bytes per step); None without flows (no section).
+    ``job_flows`` (the job's records, is_data and est_bytes where known) and ``steps``: for the proposal
+    (:mod:`proposal`); without them there is none."""
     if observed is None:
         return None
     exp = expected_traffic(strategy)
@@ -78,4 +89,75 @@ def placement_section(strategy, observed: pl.DataFrame | None, topology: Topolog
                      classes=_shares(_class_bytes(pairs), leaf, pod, has_pods),
                      groups_across_pods=_spans(strategy, pod) if has_pods else [],
                      pipeline_links_across_pods=_crossings(strategy, pod) if has_pods else [],
-                     unplaced=sum(1 for x in ends if leaf.get(x) is None))
+                     unplaced=sum(1 for x in ends if leaf.get(x) is None),
+                     proposal=None if job_flows is None else _proposal(strategy, pairs, topology, job_flows, steps))
+
+
+def _units(strategy, pairs: pl.DataFrame) -> dict[tuple, tuple]:
+    """(src, dst) -> (family, unit): a ring's links are paced by the group (its slowest link), a pipeline link
+    by itself."""
+    group = {}
+    for kind, groups in (("dp", strategy.dp_groups or []), ("ep", strategy.ep_groups or []),
+                         ("expert_dp", expert_dp_groups(strategy.dp_groups or [], strategy.ep_groups or []))):
+        for i, g in enumerate(groups):
+            for x in g:
+                group[(kind, str(x))] = (kind, i)
+    out = {}
+    for a, b, classes in pairs.select("src", "dst", "classes").iter_rows():
+        for k in ("dp", "ep", "expert_dp"):
+            if k in classes and (k, a) in group:
+                out[(a, b)] = ("group", group[(k, a)])
+                break
+        else:
+            out[(a, b)] = ("pipeline", ("link",) + tuple(sorted((a, b))))
+    return out
+
+
+def _crossing(units: dict[tuple, tuple], strategy, pod: dict) -> dict[tuple, bool]:
+    """unit -> whether it spans pods under ``pod``."""
+    groups = {"dp": strategy.dp_groups or [], "ep": strategy.ep_groups or [],
+              "expert_dp": expert_dp_groups(strategy.dp_groups or [], strategy.ep_groups or [])}
+    out = {}
+    for _, u in units.values():
+        if u[0] == "link":
+            out[u] = pod.get(u[1]) != pod.get(u[2])
+        else:
+            out[u] = len({pod.get(str(x)) for x in groups[u[0]][u[1]]}) > 1
+    return out
+
+
+def _proposal(strategy, pairs: pl.DataFrame, topology: Topology, job_flows: pl.DataFrame, steps: int
+              ) -> PlacementProposal:
+    """The local search's mapping and its replayed step time (:mod:`rankscope.analysis.network.proposal`)."""
+    leaf, pod, host = topology.leaf_of(), topology.column("pod"), topology.column("host")
+    if not any(v is not None for v in pod.values()):
+        return PlacementProposal(evaluated=False, why="the topology has no pods")
+    ends = {x for x in pairs["src"].to_list() + pairs["dst"].to_list()}
+    units = pr.host_units(topology, ends)
+    pod_of_host = {h: pod.get(es[0]) for h, es in units.items()}
+    if len(set(pod_of_host.values())) < 2:
+        return PlacementProposal(evaluated=False, why="the job's hosts sit in one pod: nothing crosses pods")
+    bytes_ = {(a, b): float(x or 0.0) for a, b, x in pairs.select("src", "dst", "observed").iter_rows()}
+    found = pr.local_search(units, pod_of_host, bytes_)
+    if not found.moves or found.cross_after >= found.cross_before:
+        return PlacementProposal(evaluated=False, why="no swap of the job's hosts cuts its cross-pod bytes "
+                                                      f"({found.cross_before:.3g} bytes per step today)")
+    new_leaf = {**leaf, **{e: leaf.get(t) for e, t in found.moves.items()}}
+    new_pod = {**pod, **{e: pod.get(t) for e, t in found.moves.items()}}
+    unit_of = _units(strategy, pairs)
+    base = dict(method=pr.__doc__.split("\n\n")[0].replace("\n", " "),
+                moves=[EndpointMove(endpoint=e, host=host[e], proposed_host=host[t], takes_place_of=t)
+                       for e, t in sorted(found.moves.items())],
+                hosts_moved=len({host[e] for e in found.moves}), across_pods_bytes=found.cross_before,
+                proposed_across_pods_bytes=found.cross_after,
+                reduction=1 - found.cross_after / found.cross_before if found.cross_before else None,
+                classes=_shares(_class_bytes(pairs), new_leaf, new_pod, True))
+    try:
+        p = pr.predict(job_flows, unit_of, _crossing(unit_of, strategy, pod), _crossing(unit_of, strategy, new_pod),
+                       steps)
+    except pr.NoReplay as e:
+        return PlacementProposal(evaluated=False, why=f"no replayable graph: {e}", **base)
+    gain = 1 - p["step_proposed_ns"] / p["step_now_ns"] if p["step_now_ns"] else None
+    return PlacementProposal(evaluated=True, **base, step_ns=p["step_now_ns"], proposed_step_ns=p["step_proposed_ns"],
+                             gain=gain, rate_in_pod=p["rate_in_pod"], rate_across_pods=p["rate_across_pods"],
+                             transfers_changed=p["transfers_changed"])

@@ -13,7 +13,7 @@ from statistics import NormalDist
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.network.expected import expected_traffic
+from rankscope.analysis.network.expected import expected_traffic, expert_dp_groups
 from rankscope.analysis.network.observed import observed_pairs
 from rankscope.analysis.network.topology import Topology, infer_topology, leaf_exporters
 from rankscope.analysis.report.findings import Finding
@@ -70,8 +70,28 @@ def _scales(j: pl.DataFrame) -> tuple[dict[str, float], dict[str, float]]:
     return scale, spread
 
 
+def _with_units(j: pl.DataFrame, strategy) -> pl.DataFrame:
+    """Each expected pair's unit of independent timing: its ring for the ring classes (dp, expert_dp), the
+    pair itself for the others. A ring moves at its slowest link's pace (each step of a ring collective
+    waits for the chunk from upstream), so a slow NIC paces every link of its ring alike: the links of one
+    ring are one witness, not several, and within a ring nothing tells the NIC's links from the others."""
+    rows = [(cls, str(x), f"{cls}{i}")
+            for cls, groups in (("dp", strategy.dp_groups if (strategy.dp or 1) > 1 else []),
+                                ("expert_dp", expert_dp_groups(strategy.dp_groups, strategy.ep_groups or [])))
+            for i, g in enumerate(groups) for x in g]
+    rings = pl.DataFrame(rows, schema={"_cls": pl.Utf8, "src": pl.Utf8, "_ring": pl.Utf8}, orient="row")
+    cls = pl.col("key").list.first().str.split("@").list.first()
+    j = (j.with_row_index("_row").with_columns(cls.alias("_cls"))
+         .join(rings.unique(["_cls", "src"]), on=["_cls", "src"], how="left").sort("_row"))
+    unit = (pl.when(pl.col("key").is_null() | (pl.col("key").list.len() == 0)).then(None)
+            .otherwise(pl.coalesce("_ring", pl.concat_str("src", pl.lit(">"), "dst"))))
+    return j.with_columns(unit.alias("_unit")).drop("_row", "_cls", "_ring")
+
+
 def _peer_rates(j: pl.DataFrame) -> pl.DataFrame:
-    """per pair, the median rate and scaled MAD of the links of its first (class, stage)."""
+    """per pair, the median rate and scaled MAD of the links of its first (class, stage), where that
+    (class, stage) has MIN_PEERS timed links (the links of one ring are compared with each other: a link
+    slower than the rest of its ring is slow; a ring slowed alike is seen only against other rings)."""
     k = j.filter(pl.col("key").is_not_null()).with_columns(pl.col("key").list.first().alias("k"))
     stats = k.group_by("k").agg(pl.col("rate").median().alias("peer_rate"),
                                 ((pl.col("rate") - pl.col("rate").median()).abs().median() * 1.4826).alias("mad"),
@@ -173,12 +193,12 @@ def traffic_section(strategy, job_flows: pl.DataFrame | None, steps: int,
     # without steps, bytes are per capture: the ratios stand (each class is sized from the same capture)
     per = "step" if steps > 0 else "capture"
     topo = topology or infer_topology(job_flows.filter(pl.col("is_data")))
-    j = _joined(strategy, observed_pairs(job_flows, max(steps, 1)))
+    j = _with_units(_joined(strategy, observed_pairs(job_flows, max(steps, 1))), strategy)
     j = _expected(j, *_scales(j))
     j = j.join(_peer_rates(j), on=["src", "dst"], how="left")
     j = _cost(_kinds(j, leaf_exporters(job_flows.filter(pl.col("is_data")), topo), topo.leaf_of()))
-    j = j.with_columns((pl.col("kind") == "ok").alias("_ok")).sort(["_ok", "cost_ns", "src", "dst"],
-                                                                    descending=[False, True, False, False])
+    j = _slow_nic_first(j.with_columns((pl.col("kind") == "ok").alias("_ok")).sort(
+        ["_ok", "cost_ns", "src", "dst"], descending=[False, True, False, False]))
     flagged = int((~j["_ok"]).sum())
     few = _few_peers(j)
     listed = j.head(flagged + LISTED)
@@ -189,10 +209,43 @@ def traffic_section(strategy, job_flows: pl.DataFrame | None, steps: int,
 
 
 def _few_peers(j: pl.DataFrame) -> list[str]:
-    """The (class@stage) whose timed links are too few to call one slow."""
+    """The (class@stage) whose timed links (rings, for the ring classes) are too few to call one slow."""
     k = j.filter(pl.col("key").is_not_null()).with_columns(pl.col("key").list.first().alias("k"))
-    n = k.group_by("k").agg(pl.col("rate").drop_nulls().len().alias("n")).filter(pl.col("n") < MIN_PEERS)
-    return sorted(f"{key}: {c} timed link(s), slow needs {MIN_PEERS}" for key, c in n.iter_rows())
+    n = k.group_by("k").agg(pl.col("rate").drop_nulls().len().alias("n"),
+                            pl.col("_unit").filter(pl.col("rate").is_not_null()).n_unique().alias("u"))
+    out = []
+    for key, links, units in n.sort("k").iter_rows():
+        if links < MIN_PEERS:
+            out.append(f"{key}: {links} timed link(s), slow needs {MIN_PEERS}")
+        elif key.split("@")[0] in ("dp", "expert_dp") and units < MIN_PEERS:
+            out.append(f"{key}: {units} ring(s): links compared within their ring only; a slow NIC paces "
+                       f"every link of its ring alike, so a whole slow ring needs {MIN_PEERS} rings to be seen")
+    return out
+
+
+def _slow_nic_first(j: pl.DataFrame) -> pl.DataFrame:
+    """Slow pairs that touch the endpoint most slow pairs share, when one endpoint is on strictly more
+    of them than any other, ahead of the other slow pairs (each group by cost), in the slow pairs' own
+    places in the order. A bad NIC slows its pipeline links and its whole ring: the ring's links are
+    slow alike, and the NIC is the endpoint they share with its other slow links."""
+    slow = j.with_row_index("_i").filter(pl.col("kind") == "slow")
+    if slow.height < 2:
+        return j
+    count: dict[str, int] = {}
+    for a, b in slow.select("src", "dst").iter_rows():
+        for x in (a, b):
+            count[x] = count.get(x, 0) + 1
+    top = sorted(count.values(), reverse=True)
+    if len(top) > 1 and top[0] == top[1]:
+        return j
+    nic = max(count, key=lambda x: count[x])
+    touch = (pl.col("src") == nic) | (pl.col("dst") == nic)
+    order = slow.with_columns((~touch).alias("_away")).sort(["_away", "cost_ns", "src", "dst"],
+                                                           descending=[False, True, False, False])["_i"]
+    idx = list(range(j.height))
+    for place, row in zip(slow["_i"].to_list(), order.to_list()):
+        idx[place] = row
+    return j[idx]
 
 
 def _shared_endpoint(pairs: list[TrafficPair]) -> tuple[str | None, int]:
@@ -204,6 +257,8 @@ def _shared_endpoint(pairs: list[TrafficPair]) -> tuple[str | None, int]:
     if not count:
         return None, 0
     best = max(sorted(count), key=lambda x: count[x])
+    if sum(1 for c in count.values() if c == count[best]) > 1:
+        return None, count[best]  # a tie (a ring slowed alike): no one endpoint to name
     return best, count[best]
 
 

@@ -17,4 +17,4 @@ def network_view(strategy, job_flows: pl.DataFrame | None, steps: int, topology:
         return None, None, None
     topo = topology or infer_topology(job_flows.filter(pl.col("is_data")))
     traffic = traffic_section(strategy, job_flows, steps, topo)
-    return traffic, placement_section(strategy, observed_pairs(job_flows, max(steps, 1)), topo), topo
+    return traffic, placement_section(strategy, observed_pairs(job_flows, max(steps, 1)), topo, job_flows, steps), topo

@@ -256,6 +256,41 @@ class PipelineCrossing:
 
 
 @dataclass(frozen=True)
+class EndpointMove:
+    """One endpoint the proposed mapping moves: it takes another endpoint's place (host, leaf, pod)."""
+
+    endpoint: str = doc("the endpoint (its NIC address, or rank).")
+    host: str = doc("its host today.")
+    proposed_host: str = doc("the host it moves to.")
+    takes_place_of: str = doc("the endpoint whose place (the same rail of that host) it takes.")
+
+
+@dataclass(frozen=True)
+class PlacementProposal:
+    """A better rank-to-host mapping from a local search over the job's own hosts (whole hosts swap: a host
+    keeps its GPU count and TP stays inside it), with its crossing shares and the step time the replay of the
+    job's transfers predicts for it (the transfers that stop or start crossing pods get the rate the job's own
+    in-pod or cross-pod transfers show)."""
+
+    evaluated: bool = doc("a proposal was searched for and replayed.")
+    why: str | None = doc("why not: no pods, nothing to gain, or nothing to replay.", None, omit="none")
+    method: str | None = doc("how the mapping was searched and the step time predicted.", None)
+    moves: list[EndpointMove] = doc("the endpoints that move (today's host and the proposed one).", factory=list)
+    hosts_moved: int = doc("hosts whose endpoints move.", 0)
+    across_pods_bytes: float | None = doc("bytes per step between pods today (the strategy's links).", None)
+    proposed_across_pods_bytes: float | None = doc("bytes per step between pods with the proposal.", None)
+    reduction: float | None = doc("share of today's cross-pod bytes the proposal saves.", None)
+    classes: list[PlacementClass] = doc("per class, the shares of its bytes with the proposal.", factory=list)
+    step_ns: float | None = doc("step time of the job's transfers replayed as they are (span over steps).", None)
+    proposed_step_ns: float | None = doc("step time the replay predicts with the proposal.", None)
+    gain: float | None = doc("share of the step the proposal saves: 1 - proposed_step_ns / step_ns.", None)
+    rate_in_pod: float | None = doc("payload bytes per second of the job's in-pod transfers (measured).", None)
+    rate_across_pods: float | None = doc("payload bytes per second of its cross-pod transfers (measured).",
+                                         None)
+    transfers_changed: int = doc("transfers of the capture whose pod crossing the proposal changes.", 0)
+
+
+@dataclass(frozen=True)
 class Placement:
     """How the job's traffic sits in the fabric: per class in a leaf, across leaves, across pods."""
 
@@ -268,3 +303,6 @@ class Placement:
     pipeline_links_across_pods: list[PipelineCrossing] = doc("pipeline links crossing pods, by pipeline then "
                                                              "stage.", factory=list)
     unplaced: int = doc("endpoints of the job the topology does not place.", 0)
+    proposal: PlacementProposal | None = doc("a better rank-to-host mapping over the job's own hosts, its "
+                                             "crossing shares and the step time the replay predicts for it.",
+                                             None, omit="none")

@@ -83,7 +83,8 @@ def _config(values: dict, where: str):
 @click.option("--virtual-stages", type=int, default=None, help="model chunks per rank (interleaved)")
 @click.option("--rank-order", default=None, help="axes fastest first, e.g. tp-cp-ep-dp-pp (Megatron)")
 @click.option("--fault", "faults", multiple=True, metavar="KIND[:k=v,...]",
-              help="slow-worker, stage-imbalance, seq-skew, slow-link, gc, misaligned-gemm, hang, clock-skew")
+              help="slow-worker, stage-imbalance, seq-skew, slow-link, gc, misaligned-gemm, hang, clock-skew, "
+                   "bad-nic, dead-link, misgrouped")
 @click.option("--seed", type=int, default=None, help="random seed of jitter, placement and faults (default 0)")
 @click.option("--dp-sync", type=click.Choice(["allreduce", "zero1", "zero2", "zero3", "fsdp"]), default=None,
               help="gradient sync: all-reduce, or ZeRO/FSDP reduce-scatter + all-gather (default allreduce)")

@@ -32,6 +32,10 @@ FAULT_KINDS: dict[str, tuple[str, dict]] = {
                                             "from_step": 0}),
     "hang": ("hang", {"rank": None, "step": None, "index": 0}),
     "clock-skew": ("clock_skew", {"max_ms": 5.0, "host": -1, "offset_ms": 0.0, "exporter_max_ms": 0.0}),
+    # network faults of the traffic view (sim.network.faults): truth names the report's traffic finding
+    "dead-link": ("traffic_rerouted", {"rank": None, "via": -1}),
+    "misgrouped": ("traffic_unexpected", {"rank": None, "group": -1}),
+    "bad-nic": ("communication", {"rank": None, "factor": 2.5}),
 }
 GEMM_KERNELS = ("qkv", "proj", "fc1", "fc2")
 TP_DIM = {"qkv": ("n", 3), "proj": ("k", 1), "fc1": ("n", 4), "fc2": ("k", 4)}
@@ -154,6 +158,16 @@ class SimConfig:
     link_latency_ns: float = 5_000.0
     host_offset: int = 0
     """index of this job's first host on a shared fabric."""
+    host_map: tuple[int, ...] | None = None
+    """a given rank-to-host mapping: the job's host slot (0-based, before host_offset) of each run of
+    ``gpus_per_host`` consecutive ranks, a permutation of 0..hosts-1 (e.g. a pipeline's stages alternating
+    between two pods); None = rank order (or ``realism.host_order``)."""
+    pod_uplink_gbps: float | None = None
+    """bandwidth per GPU (Gbit/s) of a transfer between hosts of different pods (``realism.hosts_per_pod``):
+    the pod uplinks are oversubscribed, so a cross-pod link (a ring with one) runs at this rate; None =
+    ``nic_gbps`` (pods cost nothing)."""
+    pod_latency_ns: float = 0.0
+    """extra latency of every hop between pods (the spine-to-core round trip), added to link_latency_ns."""
     # flow export
     capture: str = "fabric"
     sampling: int = 1
@@ -212,6 +226,20 @@ class SimConfig:
             raise ConfigError("faults must be a tuple of Fault")
         for f in self.faults:
             self._check_fault(f)
+        self._check_placement()
+
+    def _check_placement(self) -> None:
+        """host_map, pod_uplink_gbps and pod_latency_ns (see their field docs)."""
+        if self.pod_uplink_gbps is not None:
+            _positive("pod_uplink_gbps", self.pod_uplink_gbps, (int, float))
+        if isinstance(self.pod_latency_ns, bool) or not isinstance(self.pod_latency_ns, (int, float)) \
+                or self.pod_latency_ns < 0:
+            raise ConfigError(f"pod_latency_ns={self.pod_latency_ns!r}: expected a number >= 0")
+        if self.host_map is not None:
+            n = -(-self.world_size // self.gpus_per_host)
+            if not isinstance(self.host_map, tuple) or sorted(self.host_map) != list(range(n)):
+                raise ConfigError(f"host_map={self.host_map!r}: expected a tuple that permutes the job's "
+                                  f"{n} host slots 0..{n - 1}")
 
     @property
     def world_size(self) -> int:
@@ -271,7 +299,7 @@ class SimConfig:
             need(isinstance(p["rank"], int) and 0 <= p["rank"] < w, f"rank must be in 0..{w - 1}")
         if "factor" in p:
             need(isinstance(p["factor"], (int, float)) and p["factor"] > 0, "factor must be > 0")
-        if f.kind in ("slow-worker", "gc", "slow-link", "hang"):
+        if f.kind in ("slow-worker", "gc", "slow-link", "hang", "dead-link", "misgrouped", "bad-nic"):
             need(p["rank"] != -1, "needs one rank")
         if f.kind == "stage-imbalance":
             need(self.pp > 1, "needs pp > 1")
@@ -294,3 +322,4 @@ class SimConfig:
             need(0 <= p["index"] < self.buckets, f"index must be in 0..{self.buckets - 1} (a gradient bucket)")
         if f.kind == "clock-skew":
             need(p["max_ms"] >= 0 and p["exporter_max_ms"] >= 0, "max_ms and exporter_max_ms must be >= 0")
+        # dead-link and misgrouped need the job's topology: checked when it is built (simulator.simulate)

@@ -19,7 +19,7 @@ import numpy as np
 
 from rankscope.datasets.sim.job_config import SimConfig
 from rankscope.datasets.sim.stage_ops import OP, OPS, STREAMS, stage_template
-from rankscope.datasets.sim.topology import Topology
+from rankscope.datasets.sim.topology import Topology, pod_of
 
 GEMM_SHARE = {"qkv": 6 / 24, "proj": 2 / 24, "fc1": 8 / 24, "fc2": 8 / 24}
 """Share of a layer's GEMM flops per kernel (qkv 6mh^2, proj 2mh^2, fc1/fc2 8mh^2 each)."""
@@ -122,11 +122,15 @@ def sequence_lengths(cfg: SimConfig, rng: np.random.Generator) -> np.ndarray:
     return np.rint(seq).astype(np.int64)
 
 
-def _transfer_ns(cfg: SimConfig, op: np.ndarray, n: np.ndarray, size: np.ndarray, cross: np.ndarray
-                 ) -> np.ndarray:
-    """Transfer time of each op from its payload, group size and link (NCCL's ring/tree cost model)."""
+def _transfer_ns(cfg: SimConfig, op: np.ndarray, n: np.ndarray, size: np.ndarray, cross: np.ndarray,
+                 cross_pod: np.ndarray | None = None) -> np.ndarray:
+    """Transfer time of each op from its payload, group size and link (NCCL's ring/tree cost model); an op
+    whose group spans pods (``cross_pod``) runs at the pod uplink's rate and pays its latency on every hop."""
     bw = np.where(cross, cfg.nic_gbps, cfg.nvlink_gbps) / 8.0  # bytes per ns
     lat = cfg.link_latency_ns
+    if cross_pod is not None and cross_pod.any():
+        bw = np.where(cross_pod, min(cfg.nic_gbps, cfg.pod_uplink_gbps or cfg.nic_gbps) / 8.0, bw)
+        lat = lat + np.where(cross_pod, cfg.pod_latency_ns, 0.0)
     nn = np.maximum(n, 1).astype(np.float64)
     steps = nn - 1
     ring_ar = 2 * steps / nn * size / bw + 2 * steps * lat
@@ -137,6 +141,25 @@ def _transfer_ns(cfg: SimConfig, op: np.ndarray, n: np.ndarray, size: np.ndarray
         [ring_ar, steps / nn * size / bw + steps * lat, steps * size / bw + steps * lat,
          steps / nn * size / bw + lat],
         default=size / bw + lat)
+    return out
+
+
+def _cross_pod(cfg: SimConfig, topo: Topology, ci: np.ndarray, strm: np.ndarray, rank: np.ndarray,
+               peer: np.ndarray, group_row: np.ndarray) -> np.ndarray | None:
+    """Per op, True for a comm op whose group (a p2p op: its two ends) spans pods; None without pods."""
+    pod = pod_of(cfg, topo.host)
+    if pod is None:
+        return None
+    out = np.zeros(len(rank), dtype=bool)
+    for code, a in enumerate(STREAMS):
+        m = ci[strm[ci] == code] if a != "compute" else ci[:0]
+        if not m.size:
+            continue
+        if a == "pp":
+            out[m] = pod[rank[m]] != pod[np.maximum(peer[m], 0)]
+        else:
+            members = pod[topo.groups[a]]
+            out[m] = (members != members[:, :1]).any(axis=1)[group_row[m]]
     return out
 
 
@@ -215,6 +238,7 @@ def build_graph(cfg: SimConfig, topo: Topology, rng: np.random.Generator, T: Tem
         group_row[m] = topo.group_of[a][rank[m]]
         n_members[m] = sizes[a] if a != "pp" else 2
         cross[m] = topo.cross_host[a][group_row[m]] if a != "pp" else topo.host[rank[m]] != topo.host[peer[m]]
+    cross_pod = _cross_pod(cfg, topo, ci, strm, rank, peer, group_row)
     G = max(len(g) for g in topo.groups.values())
     C = int(T.cidx.max()) + 2
     oi = ci[role[ci] == 0]  # collectives
@@ -243,7 +267,8 @@ def build_graph(cfg: SimConfig, topo: Topology, rng: np.random.Generator, T: Tem
     op_code = T.op_code[tmpl]
     total = np.where(op_code[ci] == OP["all_gather"], size[ci] * n_members[ci], size[ci]).astype(np.float64)
     comm_dur = np.zeros(n_ops)
-    comm_dur[ci] = _transfer_ns(cfg, op_code[ci], n_members[ci], total, cross[ci])
+    comm_dur[ci] = _transfer_ns(cfg, op_code[ci], n_members[ci], total, cross[ci],
+                                None if cross_pod is None else cross_pod[ci])
     flops = T.lin[tmpl] * seq_len + T.quad[tmpl] * seq_len.astype(np.float64) ** 2 + T.fixed[tmpl]
     compute_dur = flops / cfg.gpu_tflops * 1e-3  # flops / (TFLOP/s * 1e12) in ns
     if cfg.jitter > 0:
@@ -261,14 +286,17 @@ def build_graph(cfg: SimConfig, topo: Topology, rng: np.random.Generator, T: Tem
     for f in cfg.faults_of("slow-worker"):
         p = cfg.fault_params(f)
         compute_dur[(~is_comm) & (rank == p["rank"])] *= p["factor"]
-    for f in cfg.faults_of("slow-link"):
+    for f in cfg.faults_of("slow-link") + cfg.faults_of("bad-nic"):
         p = cfg.fault_params(f)
-        r = p["rank"]
+        # bad-nic is slow-link keyed by the NIC: every rank behind its address (sim.network.faults)
+        on_nic = (np.flatnonzero(topo.addr_int == topo.addr_int[p["rank"]]) if f.kind == "bad-nic"
+                  else [p["rank"]])
         in_group = np.zeros(n_ops, dtype=bool)
-        for code, a in enumerate(STREAMS[1:], start=1):
-            m = oi[strm[oi] == code]
-            in_group[m] = group_row[m] == topo.group_of[a][r]
-        in_group |= (role > 0) & ((rank == r) | (peer == r))
+        for r in on_nic:
+            for code, a in enumerate(STREAMS[1:], start=1):
+                m = oi[strm[oi] == code]
+                in_group[m] |= group_row[m] == topo.group_of[a][r]
+            in_group |= (role > 0) & ((rank == r) | (peer == r))
         comm_dur[in_group & cross] *= p["factor"]
     duration = np.where(is_comm, comm_dur, compute_dur)
 

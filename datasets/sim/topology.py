@@ -14,7 +14,11 @@ Traffic inside a host (NVLink) never reaches a switch.
 Hosts: rank r sits on the job's host slot ``r // gpus_per_host`` (slots
 ``host_offset ..``). With ``realism.host_order == "scattered"`` the slots are
 permuted (a stream keyed by the job's seed), so a host's address no longer
-tells its ranks; every group, address and truth entry follows the permuted hosts.
+tells its ranks; every group, address and truth entry follows the permuted hosts. ``SimConfig.host_map``
+gives the slots outright (a deliberate placement).
+
+Pods: with ``realism.hosts_per_pod`` host h sits in pod ``h // hosts_per_pod``; a transfer between pods runs
+at ``SimConfig.pod_uplink_gbps`` plus ``pod_latency_ns`` (:func:`pod_of`).
 """
 
 from __future__ import annotations
@@ -81,9 +85,17 @@ HOST_ORDER_STREAM = 0x4057
 def host_slots(cfg: SimConfig) -> np.ndarray:
     """Host slot (0-based, before host_offset) of each of the job's hosts, in rank order."""
     n = -(-cfg.world_size // cfg.gpus_per_host)
+    if cfg.host_map is not None:  # a given mapping (SimConfig.host_map) wins over the host order
+        return np.asarray(cfg.host_map, dtype=np.int64)
     if cfg.realism.host_order != "scattered":
         return np.arange(n, dtype=np.int64)
     return np.random.default_rng([cfg.seed, HOST_ORDER_STREAM]).permutation(n).astype(np.int64)
+
+
+def pod_of(cfg: SimConfig, host: np.ndarray) -> np.ndarray | None:
+    """Pod of each (global) host index, or None on a fabric without pods."""
+    hpp = cfg.realism.hosts_per_pod
+    return None if hpp <= 0 else np.asarray(host) // hpp
 
 
 def build_topology(cfg: SimConfig) -> Topology:

@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.datasets.sim.job_config import SimConfig
+from rankscope.datasets.sim.network.faults import dp_rings
 from rankscope.datasets.sim.network.flow_export import ROCE_PORT, collective_transfers
 from rankscope.datasets.sim.network.transport import rank_exporters, source_port
 from rankscope.datasets.sim.op_graph import Graph, Templates
@@ -66,16 +67,30 @@ def job_transfers(cfg: SimConfig, topo: Topology, g: Graph, T: Templates, start:
         i = np.flatnonzero(done & (strm == code))
         if not i.size:
             continue
-        n = np.full(i.size, sizes[axis])
-        t = collective_transfers(ops[i], g.rank[i], topo.coord[axis][g.rank[i]], n,
-                                 topo.groups[axis][g.group_row[i]], g.size_bytes[i], start[i], end[i],
-                                 "double_tree" if cfg.algorithm == "tree" and cfg.realism.double_tree
-                                 else cfg.algorithm)
-        t["conn"] = code * (1 << 24) + g.group_row[i][t["i"]]
-        if ready is not None:
-            t["op"] = ops[i][t["i"]]
-            t["t0"] = first_payload(ready, i, t, g, topo.world, cfg.realism.transport, cfg.algorithm)
-        parts.append(t)
+        algo = "double_tree" if cfg.algorithm == "tree" and cfg.realism.double_tree else cfg.algorithm
+        rings = dp_rings(cfg, topo) if axis == "dp" else {}
+        row = g.group_row[i]
+        if rings:  # misgrouped: a rank moved to another DP group's ring (sim.network.faults)
+            row = np.array(row, copy=True)
+            for r, ring in rings.items():
+                row[np.isin(g.rank[i], ring)] = r
+        plain = ~np.isin(row, list(rings))
+        subsets = [(i[plain], row[plain], topo.coord[axis], topo.groups[axis], sizes[axis])]
+        for r, ring in rings.items():
+            pos = np.zeros(topo.world, dtype=np.int64)
+            pos[ring] = np.arange(len(ring))
+            sel = row == r
+            subsets.append((i[sel], row[sel], pos, np.array([ring] * (int(r) + 1)), len(ring)))
+        for ii, rr, pos, members, size in subsets:
+            if not ii.size or size < 2:
+                continue
+            t = collective_transfers(ops[ii], g.rank[ii], pos[g.rank[ii]], np.full(ii.size, size), members[rr],
+                                     g.size_bytes[ii], start[ii], end[ii], algo)
+            t["conn"] = code * (1 << 24) + rr[t["i"]]
+            if ready is not None:
+                t["op"] = ops[ii][t["i"]]
+                t["t0"] = first_payload(ready, ii, t, g, topo.world, cfg.realism.transport, cfg.algorithm)
+            parts.append(t)
     i = np.flatnonzero(done & (T.role[g.tmpl] == 1))
     if i.size:
         parts.append({"src": g.rank[i], "dst": g.peer[i], "bytes": g.size_bytes[i], "t0": start[i], "t1": end[i],

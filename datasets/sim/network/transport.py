@@ -75,9 +75,15 @@ def _hash(*cols: np.ndarray) -> np.ndarray:
 
 
 def rank_exporters(cfg: SimConfig, topo: Topology) -> pl.Series:
-    """Exporter (leaf) of each rank's NIC port."""
+    """Exporter (leaf) of each rank's NIC port (a dead link's NIC: the leaf of its backup port's rail)."""
     hpp = cfg.realism.hosts_per_pod
-    return pl.Series([exporter_name(int(r), int(h), hpp) for r, h in zip(topo.rail, topo.host)], dtype=pl.String)
+    rails = np.array(topo.rail, copy=True)
+    for f in cfg.faults_of("dead-link"):
+        from rankscope.datasets.sim.network.faults import backup_rail
+
+        p = cfg.fault_params(f)
+        rails[topo.addr_int == topo.addr_int[p["rank"]]] = backup_rail(cfg, topo, p)
+    return pl.Series([exporter_name(int(r), int(h), hpp) for r, h in zip(rails, topo.host)], dtype=pl.String)
 
 
 def qp_base(rank: np.ndarray, conn: np.ndarray, topo: Topology, qps: int) -> np.ndarray:
