@@ -147,7 +147,8 @@ def _analysed(store: Store, job: str, how: PlannedJob,
         model = model_of(load_planned(store, job, how))
         base = load_planned(*baseline)
         diag, tables = analyze_model(model, baseline=base)
-        return with_capture(diag, how), analysis_tables(model, tables, model_of(base))
+        diag = with_capture(diag, how)
+        return diag, _merged(analysis_tables(model, tables, model_of(base)), network_tables(store, how, diag, model))
 
     def compute():
         # as cli/commands/analyze.py computes it (load-time data quality included): one cache entry, one answer
@@ -156,7 +157,75 @@ def _analysed(store: Store, job: str, how: PlannedJob,
     from rankscope.analysis.runner import cached_analysis as stored_analysis
 
     diag, tables, _hit = stored_analysis(store, how, None, compute)
-    return diag, dict(tables)
+    return diag, _merged(tables, network_tables(store, how, diag))
+
+
+def _merged(tables: dict, more: dict) -> dict:
+    """tables plus more of them, their ``errors`` joined."""
+    out = {**tables, **more}
+    if "errors" in tables and "errors" in more:
+        out["errors"] = {**tables["errors"], **more["errors"]}
+    return out
+
+
+NETWORK_TABLES = ("traffic_pairs", "endpoints")
+"""the tables the network view adds: every endpoint pair of the traffic section (the report lists only the
+worst and the costliest), and where each endpoint hangs (the topology the section used)."""
+
+
+def network_tables(store: Store, how: PlannedJob, diag: Diagnosis, model: JobModel | None = None) -> dict:
+    """``traffic_pairs`` (analysis.network.matrix.pair_table: every pair, not only the listed ones) and
+    ``endpoints`` (endpoint, host, leaf, pod, spine) of a job whose traffic section is evaluated; {} otherwise.
+
+    Kept in the store's result cache under the analysis' own key inputs (store version, planned job, default
+    options), so the job model is rebuilt for them once per store version, not on every page view.
+    """
+    traffic = getattr(diag, "traffic", None)
+    if traffic is None or not traffic.evaluated:
+        return {}
+    from rankscope.analysis.diagnose import DiagnoseConfig, model_of
+    from rankscope.analysis.network import pair_table
+    from rankscope.analysis.runner import ResultCache, result_key, store_version
+
+    cache = ResultCache(store)
+    keys = {name: result_key(f"dashboard:{name}", [store_version(store, [how.source, how.flow_job])],
+                             (how, DiagnoseConfig())) for name in NETWORK_TABLES}
+    got = {name: _ipc(cache.get_bytes(k)) for name, k in keys.items()}
+    if all(v is not None for v in got.values()):
+        return got
+    try:
+        model = model or model_of(load_planned(store, how.name, how))
+        found = pair_table(model.strategy, model.flows.inference.job_flows if model.flows else None,
+                           model.steps_section.count)
+    except RankscopeError as e:
+        return {"errors": {"traffic_pairs": public_error("pair matrix failed", e)}}
+    if found is None:
+        return {}
+    out = {"traffic_pairs": found[0], "endpoints": found[1].frame}
+    for name, k in keys.items():
+        cache.put_bytes(k, _ipc_bytes(out[name]))
+    return out
+
+
+def _ipc(data: bytes | None):
+    import io
+
+    import polars as pl
+
+    if data is None:
+        return None
+    try:
+        return pl.read_ipc(io.BytesIO(data))
+    except (OSError, ValueError, pl.exceptions.PolarsError):
+        return None
+
+
+def _ipc_bytes(frame) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    frame.write_ipc(buf)
+    return buf.getvalue()
 
 
 def clear_cache() -> None:

@@ -26,6 +26,7 @@ from rankscope.collectors.store import Store
 from rankscope.dashboard.analysis_source import JobViews, load_planned, store_problem
 from rankscope.dashboard.data_tables import data_table, findings_rows
 from rankscope.dashboard.figures import all_figures
+from rankscope.dashboard.network import network_figures
 from rankscope.dashboard.report_html import key_numbers
 from rankscope.dashboard.report_text import tied_labellings
 from rankscope.dashboard.security import Access, checked_job, public_error
@@ -53,7 +54,7 @@ TABLES = {"findings": ("Findings (the verdict's culprit first)", "no findings: n
                    ("change", "aspect", "item", "ratio", "baseline", "current", "unit"))}
 TEXT_OUTPUTS = ("status", "summary-band", "strategy-summary", "cards")
 OUTPUTS = (["shown.data", "rendered.data", "rendered-tag.children"] + [f"{t}.children" for t in TEXT_OUTPUTS]
-           + [f"fig-{g}.figure" for g in GRAPHS] + [f"table-{t}.children" for t in TABLES])
+           + [f"fig-{g}.figure" for g in GRAPHS] + [f"table-{t}.children" for t in TABLES] + ["network.children"])
 """what one render sets, in this order (``page_content``'s keys)."""
 
 # The gate: a MutationObserver runs after every DOM change and before the next paint, so the frame that
@@ -161,6 +162,8 @@ def build_layout(access: Access, interval_s: float):
             html.Div([graph("step_series", half), graph("cause", half)], style={"display": "flex", "gap": "8px",
                                                                                   "flexWrap": "wrap"}),
             graph("timeline"), graph("critical_path"), graph("path_shares"), graph("heatmap"), graph("optype"),
+            # the network view: filled only for a job with an evaluated traffic or placement section
+            html.Div(id="network", role="region", **{"aria-label": "Network"}),
             *[table(t) for t in TABLES],
         ]),
         dcc.Interval(id="tick", interval=int(interval_s * 1000)), dcc.Store(id="shown"), dcc.Store(id="rendered"),
@@ -226,7 +229,30 @@ def _message_page(store: str | None, job: str | None, status: str, version: str 
             "cards.children": []}
     page.update({f"fig-{g}.figure": empty_figure(TITLES[g], status) for g in GRAPHS})
     page.update(_tables(None, None))
+    page["network.children"] = []
     return page
+
+
+def network_children(d: Diagnosis, tables: dict, uirevision: str | None = None) -> list:
+    """The network section of the page (the pair heatmaps side by side, the placement tables, a proposed
+    mapping when the report has one); [] when the report has no evaluated traffic or placement section."""
+    from dash import dcc, html
+
+    figs = network_figures(d, tables)
+    if not figs:
+        return []
+    section = {"background": "#fff", "border": "1px solid #dde2e8", "borderRadius": "6px", "padding": "6px"}
+    graph = lambda name, style: html.Div(dcc.Graph(id=f"net-{name}", figure=figs[name].update_layout(  # noqa: E731
+        uirevision=uirevision), config={"displaylogo": False}), style=style)
+    heat = [k for k in figs if k.startswith("traffic_")]
+    where = [f"topology: {s.topology}" for s in (d.traffic, d.placement) if s is not None and s.topology][:1]
+    errors = (tables or {}).get("errors", {}).get("traffic_pairs")
+    note = "; ".join(where + ([errors] if errors else []))
+    return [html.H3("Network", style={"margin": "14px 0 2px"}),
+            html.Div(note, style={"color": "#666", "fontSize": "12px", "margin": "0 0 6px"}),
+            html.Div([graph(k, {**section, "flex": "1 1 480px"}) for k in heat],
+                     style={"display": "flex", "gap": "8px", "flexWrap": "wrap"}),
+            *[graph(k, {**section, "margin": "8px 0"}) for k in figs if k not in heat]]
 
 
 PAGE_CACHE_SIZE = 8
@@ -275,6 +301,7 @@ def _built_page(store: str, job: str, a) -> dict:
             "cards.children": _cards(d)}
     page.update({f"fig-{g}.figure": figs[g] for g in GRAPHS})
     page.update(_tables(d, tables))
+    page["network.children"] = network_children(d, tables, job)
     return page
 
 

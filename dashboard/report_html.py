@@ -13,6 +13,7 @@ import plotly.io as pio
 
 from rankscope.analysis.report import degree_text, to_json
 from rankscope.dashboard.figures import all_figures
+from rankscope.dashboard.network import network_figures
 from rankscope.dashboard.report_text import tied_labellings
 from rankscope.dashboard.table_figures import fmt_value
 
@@ -105,6 +106,12 @@ def render_report(diagnosis: Diagnosis, tables: dict | None = None) -> str:
                      + pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f"plot-{name}",
                                    config={"displaylogo": False, "responsive": True})
                      + "</section>" for name, fig in figs.items())
+    net = network_figures(d, tables)
+    if net:  # the network view: only for a report with an evaluated traffic or placement section
+        divs += '\n<section id="network"><h3>Network</h3></section>\n' + "\n".join(
+            f'<section id="net-{name}">' + pio.to_html(fig, full_html=False, include_plotlyjs=False,
+                                                       div_id=f"plot-net-{name}", config={"displaylogo": False})
+            + "</section>" for name, fig in net.items())
     sources = ", ".join(d.sources) or "none"
     quality = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(fmt_value(v)[:600])}</td></tr>"
                       for k, v in to_json(d.data_quality).items())
