@@ -2,7 +2,7 @@
 
 The report lists the pairs that are not ok and the costliest ok ones (``Traffic.listed``); a pair-matrix
 view of the whole job (the dashboard's heatmaps) needs every pair. :func:`pair_table` returns them from
-the very steps :func:`rankscope.analysis.network.traffic.traffic_section` takes, so each listed pair is
+:func:`rankscope.analysis.network.traffic.pair_frame`, the frame the section trims, so each listed pair is
 the same row here.
 """
 
@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from rankscope.analysis.network import traffic as _t
 from rankscope.analysis.network.expected import expected_traffic
-from rankscope.analysis.network.observed import observed_pairs
-from rankscope.analysis.network.topology import Topology, infer_topology, leaf_exporters
+from rankscope.analysis.network.topology import Topology, infer_topology
+from rankscope.analysis.network.traffic import pair_frame
 
 COLUMNS = ("src", "dst", "classes", "expected", "observed", "ratio", "kind", "within_error", "rate", "peer_rate",
            "rel_error", "model_error", "cost_ns", "exporters")
@@ -35,12 +34,5 @@ def pair_table(strategy, job_flows: pl.DataFrame | None, steps: int,
         return None
     data = job_flows.filter(pl.col("is_data"))
     topo = topology or infer_topology(data)
-    # traffic_section's own steps, in its order (tests/unit/dashboard/test_network_figures.py checks that the
-    # listed pairs come out the same): a public full-frame function in traffic.py should replace this
-    j = _t._with_units(_t._joined(strategy, observed_pairs(job_flows, max(steps, 1))), strategy)
-    j = _t._expected(j, *_t._scales(j))
-    j = j.join(_t._peer_rates(j), on=["src", "dst"], how="left")
-    j = _t._cost(_t._kinds(j, leaf_exporters(data, topo), topo.leaf_of()))
-    j = _t._slow_nic_first(j.with_columns((pl.col("kind") == "ok").alias("_ok")).sort(
-        ["_ok", "cost_ns", "src", "dst"], descending=[False, True, False, False]))
+    j = pair_frame(strategy, job_flows, steps, topo)
     return j.with_columns(pl.col("classes").fill_null([]), pl.col("exporters").fill_null([])).select(COLUMNS), topo

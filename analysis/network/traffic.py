@@ -182,6 +182,18 @@ def _pair(r: dict) -> TrafficPair:
                        exporters=list(r["exporters"] or []))
 
 
+def pair_frame(strategy, job_flows: pl.DataFrame, steps: int, topo: Topology) -> pl.DataFrame:
+    """Every pair of a flow job with its kind and cost, as the section orders them (not ok first, then by
+    ``cost_ns``), before the section trims them to the listed ones; the pair matrix views read all of it.
+    Needs a strategy that implies traffic and the job's records with ``est_bytes`` and ``is_data``."""
+    j = _with_units(_joined(strategy, observed_pairs(job_flows, max(steps, 1))), strategy)
+    j = _expected(j, *_scales(j))
+    j = j.join(_peer_rates(j), on=["src", "dst"], how="left")
+    j = _cost(_kinds(j, leaf_exporters(job_flows.filter(pl.col("is_data")), topo), topo.leaf_of()))
+    return _slow_nic_first(j.with_columns((pl.col("kind") == "ok").alias("_ok")).sort(
+        ["_ok", "cost_ns", "src", "dst"], descending=[False, True, False, False]))
+
+
 def traffic_section(strategy, job_flows: pl.DataFrame | None, steps: int,
                     topology: Topology | None = None) -> Traffic | None:
     """The traffic section of a flow job; None without flow records (white-box reports stay as they were)."""
@@ -193,12 +205,7 @@ def traffic_section(strategy, job_flows: pl.DataFrame | None, steps: int,
     # without steps, bytes are per capture: the ratios stand (each class is sized from the same capture)
     per = "step" if steps > 0 else "capture"
     topo = topology or infer_topology(job_flows.filter(pl.col("is_data")))
-    j = _with_units(_joined(strategy, observed_pairs(job_flows, max(steps, 1))), strategy)
-    j = _expected(j, *_scales(j))
-    j = j.join(_peer_rates(j), on=["src", "dst"], how="left")
-    j = _cost(_kinds(j, leaf_exporters(job_flows.filter(pl.col("is_data")), topo), topo.leaf_of()))
-    j = _slow_nic_first(j.with_columns((pl.col("kind") == "ok").alias("_ok")).sort(
-        ["_ok", "cost_ns", "src", "dst"], descending=[False, True, False, False]))
+    j = pair_frame(strategy, job_flows, steps, topo)
     flagged = int((~j["_ok"]).sum())
     few = _few_peers(j)
     listed = j.head(flagged + LISTED)
