@@ -102,6 +102,18 @@ def analysis_tables(model: JobModel, tables: dict, baseline: JobModel | None = N
     return tables
 
 
+_options: dict = {"config": None}
+"""the analysis options of this dashboard process (``rankscope dashboard --topology``): one per process."""
+
+
+def use_config(config) -> None:
+    """Analyse every job with these DiagnoseConfig options (None: the defaults), as ``analyze`` would with
+    the same flags; cached analyses of other options are not reused (the result cache keys on them)."""
+    _options["config"] = config
+    with _cache_lock:
+        _cache.clear()
+
+
 _cache: OrderedDict[str, JobAnalysis] = OrderedDict()
 _cache_lock = threading.Lock()
 _version_locks: dict[str, threading.Lock] = {}
@@ -143,20 +155,22 @@ def _analysed(store: Store, job: str, how: PlannedJob,
     from rankscope.analysis.diagnose import analyze_model, model_of
     from rankscope.analysis.runner import analyse_planned, with_capture
 
+    config = _options["config"]
     if baseline is not None:
-        model = model_of(load_planned(store, job, how))
+        model = model_of(load_planned(store, job, how), config)
         base = load_planned(*baseline)
-        diag, tables = analyze_model(model, baseline=base)
+        diag, tables = analyze_model(model, config, baseline=base)
         diag = with_capture(diag, how)
-        return diag, _merged(analysis_tables(model, tables, model_of(base)), network_tables(store, how, diag, model))
+        return diag, _merged(analysis_tables(model, tables, model_of(base, config)),
+                             network_tables(store, how, diag, model))
 
     def compute():
         # as cli/commands/analyze.py computes it (load-time data quality included): one cache entry, one answer
-        return analyse_planned(store, how, None)
+        return analyse_planned(store, how, config)
 
     from rankscope.analysis.runner import cached_analysis as stored_analysis
 
-    diag, tables, _hit = stored_analysis(store, how, None, compute)
+    diag, tables, _hit = stored_analysis(store, how, config, compute)
     return diag, _merged(tables, network_tables(store, how, diag))
 
 
@@ -187,16 +201,17 @@ def network_tables(store: Store, how: PlannedJob, diag: Diagnosis, model: JobMod
     from rankscope.analysis.network import pair_table
     from rankscope.analysis.runner import ResultCache, result_key, store_version
 
+    config = _options["config"] or DiagnoseConfig()
     cache = ResultCache(store)
     keys = {name: result_key(f"dashboard:{name}", [store_version(store, [how.source, how.flow_job])],
-                             (how, DiagnoseConfig())) for name in NETWORK_TABLES}
+                             (how, config)) for name in NETWORK_TABLES}
     got = {name: _ipc(cache.get_bytes(k)) for name, k in keys.items()}
     if all(v is not None for v in got.values()):
         return got
     try:
-        model = model or model_of(load_planned(store, how.name, how))
+        model = model or model_of(load_planned(store, how.name, how), config)
         found = pair_table(model.strategy, model.flows.inference.job_flows if model.flows else None,
-                           model.steps_section.count)
+                           model.steps_section.count, config.topology)
     except RankscopeError as e:
         return {"errors": {"traffic_pairs": public_error("pair matrix failed", e)}}
     if found is None:

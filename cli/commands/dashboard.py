@@ -20,16 +20,30 @@ import click
               help="require HTTP basic auth (env RANKSCOPE_DASHBOARD_AUTH); needed with a non-loopback --host")
 @click.option("--warm/--no-warm", default=True, show_default=True,
               help="analyse each store's first job at start, so the first page view comes from the cache")
-def dashboard(store_dirs, port, host, baseline_dirs, refresh_s, auth, warm):
+@click.option("--topology", "topology_path", default=None, type=click.Path(dir_okay=False),
+              help="CSV endpoint,host,leaf,pod[,spine]: where each NIC (or rank) hangs, for the network view "
+                   "(as analyze --topology)")
+def dashboard(store_dirs, port, host, baseline_dirs, refresh_s, auth, warm, topology_path):
     """Serve the rankscope dashboard: strategy, timelines, stragglers, regressions, hangs, run diff.
 
     \b
     Example:
       rankscope dashboard --store st --port 8050
+      rankscope dashboard --store st --topology topo.csv
       # then open http://127.0.0.1:8050
     """
     from rankscope.dashboard.app import serve
     from rankscope.dashboard.security import check_bind, parse_auth
+
+    if topology_path:
+        from rankscope.analysis.diagnose import DiagnoseConfig
+        from rankscope.analysis.network import read_topology
+        from rankscope.dashboard.analysis_source import use_config
+
+        topology = read_topology(topology_path)
+        for note in topology.notes:
+            click.echo(f"warning: {note}", err=True)
+        use_config(DiagnoseConfig(topology=topology))
 
     creds = parse_auth(auth)
     check_bind(host, creds)

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 import polars as pl
 
+from rankscope.analysis.diagnose import DiagnoseConfig
 from rankscope.analysis.live import (
     DEFAULT_HANG_TIMEOUT_S,
     LIVE_KINDS,
@@ -20,6 +21,7 @@ from rankscope.analysis.live import (
     LiveFlowConfig,
     LiveJob,
 )
+from rankscope.analysis.network import read_topology
 from rankscope.analysis.report import WindowEvent, where
 from rankscope.collectors.errors import StoreError, UsageError
 from rankscope.collectors.store import Store
@@ -137,9 +139,11 @@ def follow(store: Store, job: str, config: LiveConfig | LiveFlowConfig, sink: Ev
               help="the hook's hang timeout (attach --hang-timeout-s): a rank with no pending call of its own is "
                    "named missing from a hang only once it has been silent this long, plus the watchdog's period "
                    "and 2 s")
+@click.option("--topology", "topology_path", default=None, type=click.Path(dir_okay=False),
+              help="CSV endpoint,host,leaf,pod[,spine]: where each NIC (or rank) hangs (as analyze --topology)")
 @click.option("--once", is_flag=True, help="analyse the windows the store holds now, then exit")
 def watch(store_dir, job, window_steps, hop_steps, warmup_steps, events, poll_s, max_pending, window_s, flows,
-          hang_timeout_s, once):
+          hang_timeout_s, topology_path, once):
     """Diagnose a running job window by window: step, S, verdict, culprit and cost per window.
 
     Each completed window of steps goes through the same analysis as ``analyze``, over that window's
@@ -158,11 +162,18 @@ def watch(store_dir, job, window_steps, hop_steps, warmup_steps, events, poll_s,
                          "writes into")
     if hop_steps is not None and hop_steps > window_steps:
         raise UsageError(f"--hop-steps {hop_steps}: expected at most --window-steps ({window_steps})")
+    diagnose = DiagnoseConfig()
+    if topology_path:
+        topology = read_topology(topology_path)
+        for note in topology.notes:
+            click.echo(f"warning: {note}", err=True)
+        diagnose = DiagnoseConfig(topology=topology)
     # --once follows no live job, so it cannot fall behind one: every window is analysed
     config = LiveConfig(window_steps=window_steps, hop_steps=hop_steps, warmup_steps=warmup_steps,
-                        max_pending=ONCE_MAX_PENDING if once else max_pending, hang_timeout_s=hang_timeout_s)
+                        max_pending=ONCE_MAX_PENDING if once else max_pending, hang_timeout_s=hang_timeout_s,
+                        diagnose=diagnose)
     if flows or is_capture(Store(root), job):
-        config = LiveFlowConfig(window_s=window_s)
+        config = LiveFlowConfig(window_s=window_s, diagnose=diagnose)
     stop = threading.Event()
     if once:
         stop.set()

@@ -86,3 +86,24 @@ def test_watch_follows_a_flow_capture_per_job_it_holds(tmp_path, capsys):
     judged = [e for e in events if e["verdict"]]
     assert judged and all(e["verdict"] == "communication" and "10.0.0.6" in json.dumps(e["culprit"]) for e in judged)
     assert "capture fabric: jobs ['fabric']" in cap.err
+
+
+def test_watch_topology_reaches_the_analysis_and_a_bad_file_is_named(tmp_path, capsys, monkeypatch):
+    from rankscope.cli.commands import watch as watch_cmd
+
+    cfg = SimConfig(job="j", dp=2, pp=2, steps=4, gpus_per_host=1, flows=True)
+    write_store(simulate(cfg), tmp_path / "st")
+    topo = tmp_path / "topo.csv"
+    topo.write_text("endpoint,host,leaf,pod\n" + "".join(f"10.0.0.{i},h{i},l0,p0\n" for i in range(1, 5)))
+    seen = {}
+    follow = watch_cmd.follow
+
+    def spy(store, job, config, *args):
+        seen["config"] = config
+        return follow(store, job, config, *args)
+
+    monkeypatch.setattr(watch_cmd, "follow", spy)
+    assert main(["watch", "--store", str(tmp_path / "st"), "--job", "fabric", "--once", "--topology", str(topo)]) == 0
+    assert seen["config"].diagnose.topology.source == f"file: {topo}"
+    assert main(["watch", "--store", str(tmp_path / "st"), "--once", "--topology", str(tmp_path / "nope.csv")]) == 2
+    assert "nope.csv" in capsys.readouterr().err

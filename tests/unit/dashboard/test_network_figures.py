@@ -221,3 +221,31 @@ def test_page_and_report_show_the_network_view_only_for_a_flow_job(tmp_path):
     wb = JobViews().get(str(hand), "handjob")
     assert 'id="net-' not in render_report(wb.diagnosis, wb.tables)
     assert "traffic_pairs" not in wb.tables
+
+
+def test_dashboard_topology_reaches_the_analysis(tmp_path):
+    """``rankscope dashboard --topology``: every job of the process is analysed with the file's topology."""
+    from rankscope.analysis.diagnose import DiagnoseConfig
+    from rankscope.collectors.store import Store
+    from rankscope.dashboard.analysis_source import use_config
+    from rankscope.dashboard.app import JobViews
+    from rankscope.datasets.sim.job_config import SimConfig
+    from rankscope.datasets.simulator import simulate
+
+    res = simulate(SimConfig(job="sim", dp=2, pp=2, steps=3, microbatches=2, layers=2, gpus_per_host=1))
+    root = tmp_path / "flows"
+    Store(root).write("flow", res.tables["flow"])
+    flows = res.tables["flow"]
+    ends = sorted(set(flows["src_addr"].to_pylist()) | set(flows["dst_addr"].to_pylist()))
+    topo = tmp_path / "topo.csv"
+    topo.write_text("endpoint,host,leaf,pod\n" + "".join(f"{e},h{i},l{i % 2},p{i % 2}\n" for i, e in enumerate(ends)))
+    views = JobViews()
+    name = next(iter(views.plan(str(root))))
+    assert views.get(str(root), name).diagnosis.traffic.topology.startswith("inferred")
+    try:
+        use_config(DiagnoseConfig(topology=read_topology(topo)))
+        a = JobViews().get(str(root), name)
+        assert a.diagnosis.traffic.topology == f"file: {topo}"
+        assert a.diagnosis.placement.classes and a.diagnosis.placement.classes[0].across_pods is not None
+    finally:
+        use_config(None)
