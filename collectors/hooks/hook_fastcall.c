@@ -194,6 +194,15 @@ static PyObject *slot_row(Ring *r, Slot *s, int as_list)
     return row;
 }
 
+/* Appends a slot's row to out; -1 (an error set) when it cannot be built. */
+static int append_row(PyObject *out, Ring *r, Slot *s, int as_list)
+{
+    PyObject *row = slot_row(r, s, as_list);
+    int rc = row == NULL ? -1 : PyList_Append(out, row);
+    Py_XDECREF(row);
+    return rc;
+}
+
 static PyObject *ring_take(Ring *self, PyObject *args, PyObject *kwargs)
 {
     static char *kw[] = {"limit", "final", NULL};
@@ -223,13 +232,10 @@ static PyObject *ring_take(Ring *self, PyObject *args, PyObject *kwargs)
             self->tail++;
             continue;
         }
-        PyObject *row = slot_row(self, s, 0);
-        if (row == NULL || PyList_Append(out, row) < 0) {
-            Py_XDECREF(row);
-            Py_DECREF(out);
-            return NULL;
+        if (append_row(out, self, s, 0) < 0) {
+            PyErr_Clear(); /* out of memory: return what is built; this slot waits for the next take */
+            break;
         }
-        Py_DECREF(row);
         s->state = ST_FREE;
         self->tail++;
         n++;
@@ -246,13 +252,10 @@ static PyObject *ring_pending(Ring *self, PyObject *unused)
         Slot *s = &self->slots[i & (self->cap - 1)];
         if (s->state != ST_PENDING)
             continue;
-        PyObject *row = slot_row(self, s, 1);
-        if (row == NULL || PyList_Append(out, row) < 0) {
-            Py_XDECREF(row);
-            Py_DECREF(out);
-            return NULL;
+        if (append_row(out, self, s, 1) < 0) {
+            PyErr_Clear(); /* out of memory: a partial dump is better than none */
+            break;
         }
-        Py_DECREF(row);
     }
     return out;
 }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections import Counter
 
 import pytest
@@ -13,22 +12,11 @@ dist = pytest.importorskip("torch.distributed")
 from rankscope.collectors import hooks  # noqa: E402
 from rankscope.collectors.hooks import hook_comm  # noqa: E402
 from rankscope.collectors.hooks.hook_comm import HUB  # noqa: E402
+from tests.unit.collectors.test_hook_comm import pg  # noqa: E402,F401 - the one-rank gloo group fixture
 
 reason = hook_comm.fast_path_available()
-pytestmark = pytest.mark.skipif(reason is not None, reason=f"C hot path off: {reason}")
-
-
-@pytest.fixture(scope="module")
-def pg():
-    ours = not dist.is_initialized()
-    if ours:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    if ours:
-        dist.destroy_process_group()
+pytestmark = [pytest.mark.skipif(reason is not None, reason=f"C hot path off: {reason}"),
+              pytest.mark.usefixtures("pg")]
 
 
 def calls():
@@ -70,7 +58,7 @@ def _fastcall():
     return hook_fastcall
 
 
-def test_c_path_rows_equal_the_python_paths(pg, tmp_path, monkeypatch):
+def test_c_path_rows_equal_the_python_paths(tmp_path, monkeypatch):
     fast, c_rows = recorded(tmp_path / "c", monkeypatch, pure=False)
     slow, py_rows = recorded(tmp_path / "py", monkeypatch, pure=True)
     assert fast and not slow
@@ -88,7 +76,7 @@ def test_c_path_rows_equal_the_python_paths(pg, tmp_path, monkeypatch):
     assert {r[11] for r in c_rows} == {0, 1}  # the step mark reached the ring
 
 
-def test_a_running_call_is_pending_for_the_watchdog_and_blocks_later_rows(pg, tmp_path):
+def test_a_running_call_is_pending_for_the_watchdog_and_blocks_later_rows(tmp_path):
     assert hooks.enable(store=str(tmp_path), job="unit", flush_interval_s=60, watchdog=False, signals=False)
     try:
         s = HUB.session
@@ -111,7 +99,7 @@ def test_a_running_call_is_pending_for_the_watchdog_and_blocks_later_rows(pg, tm
         hooks.disable()
 
 
-def test_job_exception_passes_through_and_is_recorded_failed(pg, tmp_path):
+def test_job_exception_passes_through_and_is_recorded_failed(tmp_path):
     assert hooks.enable(store=str(tmp_path), job="unit", flush_interval_s=60, watchdog=False, signals=False)
     try:
         t = torch.ones(2)
@@ -129,7 +117,7 @@ def test_job_exception_passes_through_and_is_recorded_failed(pg, tmp_path):
         hooks.disable()
 
 
-def test_ring_grows_to_its_cap_then_drops_the_oldest_and_counts_them(pg, tmp_path):
+def test_ring_grows_to_its_cap_then_drops_the_oldest_and_counts_them(tmp_path):
     ring = _fastcall().Ring(8, initial_rows=2)
     assert ring.capacity == 2
     assert hooks.enable(store=str(tmp_path), job="unit", flush_interval_s=60, watchdog=False, signals=False)
@@ -149,7 +137,7 @@ def test_ring_grows_to_its_cap_then_drops_the_oldest_and_counts_them(pg, tmp_pat
         hooks.disable()
 
 
-def test_a_new_session_or_forgotten_groups_never_reuse_stale_caches(pg, tmp_path):
+def test_a_new_session_or_forgotten_groups_never_reuse_stale_caches(tmp_path):
     t = torch.ones(1)
     for k in range(2):  # a second session: new ring, new counters
         assert hooks.enable(store=str(tmp_path / str(k)), job="unit", flush_interval_s=60, watchdog=False,
@@ -169,7 +157,7 @@ def test_a_new_session_or_forgotten_groups_never_reuse_stale_caches(pg, tmp_path
         assert gids[1] != gids[2] and len(set(gids)) == 3
 
 
-def test_cuda_tensors_take_the_python_path_and_its_cuda_events(pg, tmp_path):
+def test_cuda_tensors_take_the_python_path_and_its_cuda_events(tmp_path):
     from rankscope.collectors.hooks.hook_fastcall import FastHook
 
     class OnGpu:  # what the C path reads of a tensor, on a GPU
@@ -197,7 +185,7 @@ def test_cuda_tensors_take_the_python_path_and_its_cuda_events(pg, tmp_path):
         hooks.disable()
 
 
-def test_threads_calling_at_once_lose_nothing_and_share_the_counter(pg, tmp_path):
+def test_threads_calling_at_once_lose_nothing_and_share_the_counter(tmp_path):
     import threading
     import time
 
