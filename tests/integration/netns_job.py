@@ -115,9 +115,20 @@ def _free_port() -> int:
 
 
 class Fabric:
-    """N namespaces on one flooding bridge; a context manager that always cleans up."""
+    """N namespaces on one flooding bridge; a context manager that always cleans up.
 
-    def __init__(self, nodes: int, nic_rates: dict[int, str] | None = None):
+    ``second_bridge=True`` builds two leaves instead (see :func:`run_placed_netns_job`): bridge A
+    (``bridge``, every node's link) and bridge B (``bridge_b``), joined by an inter-switch veth link; each
+    leaf's meter lives in a namespace of its own (``meter_ns[j]``) that receives a mirror of every frame
+    entering the leaf from a host port (tc ``mirred`` on the port's ingress, as a switch's SPAN session
+    or ingress flow sampling sees it) on ``meter_ifs[j]``, and exports from its own management address
+    ``meter_addrs[j]`` to ``collector_addrs[j]`` (root namespace), so the collector tells the two
+    exporters apart. ``reroute=k`` also cables namespace k to bridge B (a second NIC, ``backup_ends[k]``)
+    and takes its link to bridge A down: its traffic fails over to leaf B, under the same address.
+    """
+
+    def __init__(self, nodes: int, nic_rates: dict[int, str] | None = None, second_bridge: bool = False,
+                 reroute: int | None = None):
         tag = secrets.token_hex(2)
         self.nic_rates = dict(nic_rates or {})
         self.bridge = f"rsb{tag}"
@@ -126,10 +137,29 @@ class Fabric:
         self.ns_ends = [f"rs{tag}e{k}" for k in range(nodes)]
         net = 1 + secrets.randbelow(250)
         self.addresses = [f"10.213.{net}.{k + 1}" for k in range(nodes)]
+        if reroute is not None and not 0 <= reroute < nodes:
+            raise ValueError(f"reroute={reroute}: not a namespace of 0..{nodes - 1}")
+        self.second_bridge = second_bridge or reroute is not None
+        self.reroute = reroute
+        self.bridge_b = f"rsc{tag}" if self.second_bridge else None
+        self.isl = (f"rs{tag}ia", f"rs{tag}ib")
+        self.backup_ends: dict[int, tuple[str, str]] = (
+            {reroute: (f"rs{tag}g{reroute}", f"rs{tag}f{reroute}")} if reroute is not None else {})
+        """namespace -> (host end in bridge B, namespace end) of its second NIC."""
+        leaves = 2 if self.second_bridge else 0
+        self.meter_ns = [f"rs{tag}m{j}" for j in range(leaves)]
+        self.mirror_ends = [f"rs{tag}t{j}" for j in range(leaves)]
+        self.meter_ifs = [f"rs{tag}u{j}" for j in range(leaves)]
+        self.mgmt_ends = [f"rs{tag}x{j}" for j in range(leaves)]
+        self.meter_mgmt_ends = [f"rs{tag}y{j}" for j in range(leaves)]
+        mnet = 1 + secrets.randbelow(250)
+        self.collector_addrs = [f"10.214.{mnet}.{4 * j + 1}" for j in range(leaves)]
+        self.meter_addrs = [f"10.214.{mnet}.{4 * j + 2}" for j in range(leaves)]
 
     def __enter__(self) -> Fabric:
         try:
-            _sh("ip", "link", "add", "name", self.bridge, "type", "bridge", "ageing_time", "0")
+            ageing = () if self.second_bridge else ("ageing_time", "0")
+            _sh("ip", "link", "add", "name", self.bridge, "type", "bridge", *ageing)
             _sh("ip", "link", "set", self.bridge, "gso_max_size", "1500", "up")
             for ns, host, inner, addr in zip(self.namespaces, self.host_ends, self.ns_ends, self.addresses):
                 _sh("ip", "netns", "add", ns)
@@ -139,12 +169,55 @@ class Fabric:
                 _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
                 _sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", inner)
                 _sh("ip", "netns", "exec", ns, "ip", "link", "set", inner, "gso_max_size", "1500", "up")
+            if self.second_bridge:
+                self._second_leaf()
             for k, rate in self.nic_rates.items():
                 self.slow_down(k, rate)
         except subprocess.CalledProcessError as e:
             self.__exit__(None, None, None)
             raise RuntimeError(f"fabric set-up failed: {' '.join(e.cmd)}: {e.stderr.strip()}") from e
         return self
+
+    def _second_leaf(self) -> None:
+        """Bridge B, the inter-switch link, the reroute and each leaf's mirror port and meter namespace."""
+        _sh("ip", "link", "add", "name", self.bridge_b, "type", "bridge")
+        _sh("ip", "link", "set", self.bridge_b, "gso_max_size", "1500", "up")
+        _sh("ip", "link", "add", self.isl[0], "type", "veth", "peer", "name", self.isl[1])
+        for end, br in zip(self.isl, (self.bridge, self.bridge_b)):
+            _sh("ip", "link", "set", end, "master", br, "gso_max_size", "1500", "up")
+        ports: list[list[str]] = [list(self.host_ends), []]
+        for k, (host, inner) in self.backup_ends.items():
+            ns, addr = self.namespaces[k], self.addresses[k]
+            _sh("ip", "link", "add", host, "type", "veth", "peer", "name", inner)
+            _sh("ip", "link", "set", inner, "netns", ns)
+            _sh("ip", "link", "set", host, "master", self.bridge_b, "gso_max_size", "1500", "up")
+            _sh("ip", "netns", "exec", ns, "ip", "link", "set", inner, "gso_max_size", "1500", "up")
+            # the link to leaf A dies (its switch port goes down, the NIC loses carrier); routes over a
+            # link without carrier are skipped, so the subnet's backup route over the NIC to leaf B
+            # carries the traffic, with the node's own address as source
+            _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.all.ignore_routes_with_linkdown=1")
+            _sh("ip", "netns", "exec", ns, "ip", "route", "add", f"{addr.rsplit('.', 1)[0]}.0/24", "dev", inner,
+                "src", addr, "metric", "100")
+            _sh("ip", "link", "set", self.host_ends[k], "down")
+            ports[1].append(host)
+        for j, (mns, mirror, cap, mgmt, mmgmt) in enumerate(zip(self.meter_ns, self.mirror_ends, self.meter_ifs,
+                                                                  self.mgmt_ends, self.meter_mgmt_ends)):
+            _sh("ip", "netns", "add", mns)
+            _sh("ip", "netns", "exec", mns, "ip", "link", "set", "lo", "up")
+            _sh("ip", "link", "add", mirror, "type", "veth", "peer", "name", cap)
+            _sh("ip", "link", "set", cap, "netns", mns)
+            _sh("ip", "link", "set", mirror, "up")
+            _sh("ip", "netns", "exec", mns, "ip", "link", "set", cap, "up")
+            _sh("ip", "link", "add", mgmt, "type", "veth", "peer", "name", mmgmt)
+            _sh("ip", "link", "set", mmgmt, "netns", mns)
+            _sh("ip", "addr", "add", f"{self.collector_addrs[j]}/30", "dev", mgmt)
+            _sh("ip", "link", "set", mgmt, "up")
+            _sh("ip", "netns", "exec", mns, "ip", "addr", "add", f"{self.meter_addrs[j]}/30", "dev", mmgmt)
+            _sh("ip", "netns", "exec", mns, "ip", "link", "set", mmgmt, "up")
+            for port in ports[j]:
+                _sh("tc", "qdisc", "add", "dev", port, "ingress")
+                _sh("tc", "filter", "add", "dev", port, "ingress", "protocol", "all", "u32", "match", "u32", "0",
+                    "0", "action", "mirred", "egress", "mirror", "dev", mirror)
 
     def slow_down(self, k: int, rate: str) -> None:
         """Make namespace k's NIC slow, both ways: its sends (the namespace's end) and what the bridge
@@ -157,7 +230,15 @@ class Fabric:
         for ns, host in zip(self.namespaces, self.host_ends):
             _sh("ip", "link", "del", host, check=False)
             _sh("ip", "netns", "del", ns, check=False)
+        for host, _ in self.backup_ends.values():
+            _sh("ip", "link", "del", host, check=False)
+        for link in (self.isl[0], *self.mirror_ends, *self.mgmt_ends) if self.second_bridge else ():
+            _sh("ip", "link", "del", link, check=False)
+        for mns in self.meter_ns:
+            _sh("ip", "netns", "del", mns, check=False)
         _sh("ip", "link", "del", self.bridge, check=False)
+        if self.bridge_b:
+            _sh("ip", "link", "del", self.bridge_b, check=False)
 
 
 def _stop(proc: subprocess.Popen | None, sig=signal.SIGTERM, timeout: float = 20.0) -> None:
@@ -299,6 +380,10 @@ class PlacedNetnsJobResult(NetnsJobResult):
     watch_events: list[dict] = field(default_factory=list)
     """the events ``rankscope watch`` wrote beside the job (``watch_args``), one dict per window."""
     watch_output: str = ""
+    leaf_exporters: dict[str, str] = field(default_factory=dict)
+    """with ``second_bridge``: leaf (``"A"``, ``"B"``) -> the management address its meter exports from."""
+    rerouted: str | None = None
+    """with ``reroute``: the address of the namespace whose traffic enters the fabric at leaf B."""
 
 
 def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp: int = 2, tp: int = 1,
@@ -309,7 +394,8 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                          nic_rates: dict[int, str] | None = None, exporter: str = "softflowd",
                          nfpcapd_expire: tuple[int, int] = (2, 1), sflow_sampling: int = 16,
                          exit_sleep_s: float = 0.0, throttle: dict[int, tuple[str, int]] | None = None,
-                         watch_args: tuple[str, ...] | None = None) -> PlacedNetnsJobResult:
+                         watch_args: tuple[str, ...] | None = None, second_bridge: bool = False,
+                         reroute: int | None = None) -> PlacedNetnsJobResult:
     """Like :func:`run_netns_job`, with the placement of ranks chosen by the caller.
 
     ``ranks_per_node`` processes run in each namespace (they share its address;
@@ -333,7 +419,16 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
     STORE --job fabric --flows --events FILE *watch_args`` beside the job (an exporter into the collector, not
     nfpcapd, whose files are ingested at the end) and stops it once the collector has written its last part;
     its events come back in ``watch_events``.
+    ``second_bridge=True`` builds two leaves (:class:`Fabric`): every node on bridge A, an empty bridge B
+    joined to it by an inter-switch link, and one softflowd per leaf metering the frames that enter that
+    leaf from its host ports, each in a namespace of its own exporting from its own address (the collector
+    then holds two exporters, ``leaf_exporters``). ``reroute=k`` (implies ``second_bridge``) also cables
+    namespace k to bridge B and takes its link to bridge A down before the job starts: k keeps its address,
+    and everything it sends enters the fabric at leaf B.
     """
+    two_leaves = second_bridge or reroute is not None
+    if two_leaves and exporter != "softflowd":
+        raise ValueError(f"second_bridge/reroute meter each leaf with softflowd, not {exporter!r}")
     if exporter not in ("softflowd", "nfpcapd", "pmacct-sflow", "pmacct-ipfix"):
         raise ValueError(f"exporter {exporter!r}: softflowd, nfpcapd, pmacct-sflow or pmacct-ipfix")
     workdir = Path(workdir)
@@ -351,11 +446,13 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
         job_args = (*job_args, "--progress-dir", str(progress_dir))
     events = workdir / "watch-events.jsonl"
     throttled_ns: dict[int, int] = {}
-    with Fabric(nodes, nic_rates) as fab:
+    leaf_meters: list[subprocess.Popen] = []
+    with Fabric(nodes, nic_rates, second_bridge=two_leaves, reroute=reroute) as fab:
         master = fab.addresses[order.index(0)]
+        listen = "0.0.0.0" if two_leaves else "127.0.0.1"  # the leaves' meters export over their own links
         try:
             collector = subprocess.Popen(
-                [str(BIN / "rankscope"), "collect", "flows", "--listen", f"127.0.0.1:{flow_port}",
+                [str(BIN / "rankscope"), "collect", "flows", "--listen", f"{listen}:{flow_port}",
                  "--store", str(store), "--job", "fabric", "--roll-seconds", "2"],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             first = collector.stdout.readline()
@@ -385,6 +482,13 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                 conf.write_text(f"daemonize: false\npcap_interface: {fab.bridge}\n{plugin}")
                 meter = subprocess.Popen(["pmacctd", "-f", str(conf)], stdout=open(logs / "pmacctd.log", "w"),
                                              stderr=subprocess.STDOUT)
+            elif two_leaves:
+                for j, (mns, cap, dst) in enumerate(zip(fab.meter_ns, fab.meter_ifs, fab.collector_addrs)):
+                    leaf_meters.append(subprocess.Popen(
+                        ["ip", "netns", "exec", mns, "softflowd", "-d", "-i", cap, "-v", "10", "-A", "milli",
+                         "-n", f"{dst}:{flow_port}", *timeouts, "-c", str(workdir / f"softflowd{j}.ctl"),
+                         "-p", str(workdir / f"softflowd{j}.pid")],
+                        stdout=open(logs / f"softflowd{j}.log", "w"), stderr=subprocess.STDOUT))
             else:
                 meter = subprocess.Popen(
                     ["softflowd", "-d", "-i", fab.bridge, "-v", "10", "-A", "milli", "-n",
@@ -425,8 +529,11 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                     raise RuntimeError(f"node {k} exited {rc}: {(logs / f'node{k}.log').read_text()[-2000:]}")
             job_seconds = time.monotonic() - t0
             if exporter == "softflowd":
-                subprocess.run(["softflowctl", "-c", str(ctl), "expire-all"], capture_output=True, timeout=10)
+                for c in [workdir / f"softflowd{j}.ctl" for j in range(len(leaf_meters))] or [ctl]:
+                    subprocess.run(["softflowctl", "-c", str(c), "expire-all"], capture_output=True, timeout=10)
                 time.sleep(1.5)
+            for m in leaf_meters:
+                _stop(m)
             _stop(meter)  # nfpcapd writes every flow it still holds as it exits
             time.sleep(0.5)
             _stop(collector)
@@ -445,6 +552,8 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
             for p in procs:
                 _stop(p, signal.SIGKILL, 5)
             _stop(meter)
+            for m in leaf_meters:
+                _stop(m)
             _stop(collector)
             _stop(watcher)
     ranks = {}
@@ -464,7 +573,9 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                                 progress=read_progress(progress_dir) if progress_dir is not None else {},
                                 watch_events=[json.loads(x) for x in events.read_text().splitlines() if x.strip()]
                                 if events.exists() else [],
-                                watch_output=(logs / "watch.log").read_text() if watcher is not None else "")
+                                watch_output=(logs / "watch.log").read_text() if watcher is not None else "",
+                                leaf_exporters=dict(zip("AB", fab.meter_addrs)),
+                                rerouted=fab.addresses[reroute] if reroute is not None else None)
 
 
 def read_progress(progress_dir: Path) -> dict[int, list[tuple[int, int]]]:
