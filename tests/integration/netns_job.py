@@ -27,12 +27,13 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.integration.netns_fabric import Fabric, free_port, sh, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_SCRIPT = REPO / "tests" / "jobs" / "train_dp_pp.py"
@@ -104,154 +105,6 @@ def parse_softflowd_stats(text: str) -> dict:
     return out
 
 
-def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(list(args), capture_output=True, text=True, check=check)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Fabric:
-    """N namespaces on one flooding bridge; a context manager that always cleans up.
-
-    ``second_bridge=True`` builds two leaves instead (see :func:`run_placed_netns_job`): bridge A
-    (``bridge``, every node's link) and bridge B (``bridge_b``), joined by an inter-switch veth link; each
-    leaf's meter lives in a namespace of its own (``meter_ns[j]``) that receives a mirror of every frame
-    entering the leaf from a host port (tc ``mirred`` on the port's ingress, as a switch's SPAN session
-    or ingress flow sampling sees it) on ``meter_ifs[j]``, and exports from its own management address
-    ``meter_addrs[j]`` to ``collector_addrs[j]`` (root namespace), so the collector tells the two
-    exporters apart. ``reroute=k`` also cables namespace k to bridge B (a second NIC, ``backup_ends[k]``)
-    and takes its link to bridge A down: its traffic fails over to leaf B, under the same address.
-    """
-
-    def __init__(self, nodes: int, nic_rates: dict[int, str] | None = None, second_bridge: bool = False,
-                 reroute: int | None = None):
-        tag = secrets.token_hex(2)
-        self.nic_rates = dict(nic_rates or {})
-        self.bridge = f"rsb{tag}"
-        self.namespaces = [f"rs{tag}n{k}" for k in range(nodes)]
-        self.host_ends = [f"rs{tag}h{k}" for k in range(nodes)]
-        self.ns_ends = [f"rs{tag}e{k}" for k in range(nodes)]
-        net = 1 + secrets.randbelow(250)
-        self.addresses = [f"10.213.{net}.{k + 1}" for k in range(nodes)]
-        if reroute is not None and not 0 <= reroute < nodes:
-            raise ValueError(f"reroute={reroute}: not a namespace of 0..{nodes - 1}")
-        self.second_bridge = second_bridge or reroute is not None
-        self.reroute = reroute
-        self.bridge_b = f"rsc{tag}" if self.second_bridge else None
-        self.isl = (f"rs{tag}ia", f"rs{tag}ib")
-        self.backup_ends: dict[int, tuple[str, str]] = (
-            {reroute: (f"rs{tag}g{reroute}", f"rs{tag}f{reroute}")} if reroute is not None else {})
-        """namespace -> (host end in bridge B, namespace end) of its second NIC."""
-        leaves = 2 if self.second_bridge else 0
-        self.meter_ns = [f"rs{tag}m{j}" for j in range(leaves)]
-        self.mirror_ends = [f"rs{tag}t{j}" for j in range(leaves)]
-        self.meter_ifs = [f"rs{tag}u{j}" for j in range(leaves)]
-        self.mgmt_ends = [f"rs{tag}x{j}" for j in range(leaves)]
-        self.meter_mgmt_ends = [f"rs{tag}y{j}" for j in range(leaves)]
-        mnet = 1 + secrets.randbelow(250)
-        self.collector_addrs = [f"10.214.{mnet}.{4 * j + 1}" for j in range(leaves)]
-        self.meter_addrs = [f"10.214.{mnet}.{4 * j + 2}" for j in range(leaves)]
-
-    def __enter__(self) -> Fabric:
-        try:
-            ageing = () if self.second_bridge else ("ageing_time", "0")
-            _sh("ip", "link", "add", "name", self.bridge, "type", "bridge", *ageing)
-            _sh("ip", "link", "set", self.bridge, "gso_max_size", "1500", "up")
-            for ns, host, inner, addr in zip(self.namespaces, self.host_ends, self.ns_ends, self.addresses):
-                _sh("ip", "netns", "add", ns)
-                _sh("ip", "link", "add", host, "type", "veth", "peer", "name", inner)
-                _sh("ip", "link", "set", inner, "netns", ns)
-                _sh("ip", "link", "set", host, "master", self.bridge, "gso_max_size", "1500", "up")
-                _sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-                _sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", inner)
-                _sh("ip", "netns", "exec", ns, "ip", "link", "set", inner, "gso_max_size", "1500", "up")
-            if self.second_bridge:
-                self._second_leaf()
-            for k, rate in self.nic_rates.items():
-                self.slow_down(k, rate)
-        except subprocess.CalledProcessError as e:
-            self.__exit__(None, None, None)
-            raise RuntimeError(f"fabric set-up failed: {' '.join(e.cmd)}: {e.stderr.strip()}") from e
-        return self
-
-    def _second_leaf(self) -> None:
-        """Bridge B, the inter-switch link, the reroute and each leaf's mirror port and meter namespace."""
-        _sh("ip", "link", "add", "name", self.bridge_b, "type", "bridge")
-        _sh("ip", "link", "set", self.bridge_b, "gso_max_size", "1500", "up")
-        _sh("ip", "link", "add", self.isl[0], "type", "veth", "peer", "name", self.isl[1])
-        for end, br in zip(self.isl, (self.bridge, self.bridge_b)):
-            _sh("ip", "link", "set", end, "master", br, "gso_max_size", "1500", "up")
-        ports: list[list[str]] = [list(self.host_ends), []]
-        for k, (host, inner) in self.backup_ends.items():
-            ns, addr = self.namespaces[k], self.addresses[k]
-            _sh("ip", "link", "add", host, "type", "veth", "peer", "name", inner)
-            _sh("ip", "link", "set", inner, "netns", ns)
-            _sh("ip", "link", "set", host, "master", self.bridge_b, "gso_max_size", "1500", "up")
-            _sh("ip", "netns", "exec", ns, "ip", "link", "set", inner, "gso_max_size", "1500", "up")
-            # the link to leaf A dies (its switch port goes down, the NIC loses carrier); routes over a
-            # link without carrier are skipped, so the subnet's backup route over the NIC to leaf B
-            # carries the traffic, with the node's own address as source
-            _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.all.ignore_routes_with_linkdown=1")
-            _sh("ip", "netns", "exec", ns, "ip", "route", "add", f"{addr.rsplit('.', 1)[0]}.0/24", "dev", inner,
-                "src", addr, "metric", "100")
-            _sh("ip", "link", "set", self.host_ends[k], "down")
-            ports[1].append(host)
-        for j, (mns, mirror, cap, mgmt, mmgmt) in enumerate(zip(self.meter_ns, self.mirror_ends, self.meter_ifs,
-                                                                  self.mgmt_ends, self.meter_mgmt_ends)):
-            _sh("ip", "netns", "add", mns)
-            _sh("ip", "netns", "exec", mns, "ip", "link", "set", "lo", "up")
-            _sh("ip", "link", "add", mirror, "type", "veth", "peer", "name", cap)
-            _sh("ip", "link", "set", cap, "netns", mns)
-            _sh("ip", "link", "set", mirror, "up")
-            _sh("ip", "netns", "exec", mns, "ip", "link", "set", cap, "up")
-            _sh("ip", "link", "add", mgmt, "type", "veth", "peer", "name", mmgmt)
-            _sh("ip", "link", "set", mmgmt, "netns", mns)
-            _sh("ip", "addr", "add", f"{self.collector_addrs[j]}/30", "dev", mgmt)
-            _sh("ip", "link", "set", mgmt, "up")
-            _sh("ip", "netns", "exec", mns, "ip", "addr", "add", f"{self.meter_addrs[j]}/30", "dev", mmgmt)
-            _sh("ip", "netns", "exec", mns, "ip", "link", "set", mmgmt, "up")
-            for port in ports[j]:
-                _sh("tc", "qdisc", "add", "dev", port, "ingress")
-                _sh("tc", "filter", "add", "dev", port, "ingress", "protocol", "all", "u32", "match", "u32", "0",
-                    "0", "action", "mirred", "egress", "mirror", "dev", mirror)
-
-    def slow_down(self, k: int, rate: str) -> None:
-        """Make namespace k's NIC slow, both ways: its sends (the namespace's end) and what the bridge
-        delivers to it (the host end), each a token bucket at ``rate`` (also while the job runs)."""
-        tbf = ("root", "tbf", "rate", rate, "burst", "16kb", "latency", "500ms")
-        _sh("ip", "netns", "exec", self.namespaces[k], "tc", "qdisc", "add", "dev", self.ns_ends[k], *tbf)
-        _sh("tc", "qdisc", "add", "dev", self.host_ends[k], *tbf)
-
-    def __exit__(self, *exc) -> None:
-        for ns, host in zip(self.namespaces, self.host_ends):
-            _sh("ip", "link", "del", host, check=False)
-            _sh("ip", "netns", "del", ns, check=False)
-        for host, _ in self.backup_ends.values():
-            _sh("ip", "link", "del", host, check=False)
-        for link in (self.isl[0], *self.mirror_ends, *self.mgmt_ends) if self.second_bridge else ():
-            _sh("ip", "link", "del", link, check=False)
-        for mns in self.meter_ns:
-            _sh("ip", "netns", "del", mns, check=False)
-        _sh("ip", "link", "del", self.bridge, check=False)
-        if self.bridge_b:
-            _sh("ip", "link", "del", self.bridge_b, check=False)
-
-
-def _stop(proc: subprocess.Popen | None, sig=signal.SIGTERM, timeout: float = 20.0) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(sig)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def run_netns_job(workdir: Path, nodes: int = 4, steps: int = 4, hidden: int = 256, microbatch_size: int = 32,
                   job_args: tuple[str, ...] = (), timeout_s: float = 240.0,
                   softflowd_buffer_bytes: int = 64 << 20) -> NetnsJobResult:
@@ -263,7 +116,7 @@ def run_netns_job(workdir: Path, nodes: int = 4, steps: int = 4, hidden: int = 2
     workdir = Path(workdir)
     store, out, logs = workdir / "store", workdir / "job", workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    flow_port, master_port = _free_port(), 29500 + secrets.randbelow(2000)
+    flow_port, master_port = free_port(), 29500 + secrets.randbelow(2000)
     collector = softflowd = None
     procs: list[subprocess.Popen] = []
     with Fabric(nodes) as fab:
@@ -308,19 +161,19 @@ def run_netns_job(workdir: Path, nodes: int = 4, steps: int = 4, hidden: int = 2
             stats = subprocess.run(["softflowctl", "-c", str(ctl), "statistics"], capture_output=True, text=True,
                                    timeout=10).stdout
             (logs / "softflowd.stats").write_text(stats)
-            mtu = int(_sh("ip", "netns", "exec", fab.namespaces[0], "cat",
+            mtu = int(sh("ip", "netns", "exec", fab.namespaces[0], "cat",
                           f"/sys/class/net/{fab.ns_ends[0]}/mtu").stdout)
-            tcp_ts = _sh("ip", "netns", "exec", fab.namespaces[0], "cat",
+            tcp_ts = sh("ip", "netns", "exec", fab.namespaces[0], "cat",
                          "/proc/sys/net/ipv4/tcp_timestamps").stdout.strip() != "0"
-            _stop(softflowd)
+            stop_process(softflowd)
             time.sleep(0.5)
-            _stop(collector)
+            stop_process(collector)
             collector_output = first + collector.stdout.read()
         finally:
             for p in procs:
-                _stop(p, signal.SIGKILL, 5)
-            _stop(softflowd)
-            _stop(collector)
+                stop_process(p, signal.SIGKILL, 5)
+            stop_process(softflowd)
+            stop_process(collector)
     ranks = {}
     for f in sorted(out.glob("rank*.json")):
         r = json.loads(f.read_text())
@@ -437,7 +290,7 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
         raise ValueError(f"node_order {order} is not a permutation of 0..{nodes - 1}")
     store, out, logs = workdir / "store", workdir / "job", workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    flow_port, master_port = _free_port(), 29500 + secrets.randbelow(2000)
+    flow_port, master_port = free_port(), 29500 + secrets.randbelow(2000)
     collector = meter = watcher = None
     procs: list[subprocess.Popen] = []
     throttle = dict(throttle or {})
@@ -464,13 +317,13 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
             if exporter == "nfpcapd":
                 nfdir.mkdir(exist_ok=True)
                 # nfpcapd opens its capture without promiscuous mode: the bridge must take every frame
-                _sh("ip", "link", "set", fab.bridge, "promisc", "on")
+                sh("ip", "link", "set", fab.bridge, "promisc", "on")
                 meter = subprocess.Popen(
                     ["nfpcapd", "-i", fab.bridge, "-w", str(nfdir), "-t", "3600",
                      "-e", f"{nfpcapd_expire[0]},{nfpcapd_expire[1]}"],
                     stdout=open(logs / "nfpcapd.log", "w"), stderr=subprocess.STDOUT)
             elif exporter.startswith("pmacct-"):
-                _sh("ip", "link", "set", fab.bridge, "promisc", "on")
+                sh("ip", "link", "set", fab.bridge, "promisc", "on")
                 conf = workdir / "pmacctd.conf"
                 if exporter == "pmacct-sflow":
                     plugin = (f"plugins: sfprobe\nsfprobe_receiver: 127.0.0.1:{flow_port}\n"
@@ -533,29 +386,29 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                     subprocess.run(["softflowctl", "-c", str(c), "expire-all"], capture_output=True, timeout=10)
                 time.sleep(1.5)
             for m in leaf_meters:
-                _stop(m)
-            _stop(meter)  # nfpcapd writes every flow it still holds as it exits
+                stop_process(m)
+            stop_process(meter)  # nfpcapd writes every flow it still holds as it exits
             time.sleep(0.5)
-            _stop(collector)
+            stop_process(collector)
             collector_output = first + collector.stdout.read()
-            _stop(watcher, timeout=60.0)  # its last look at the store takes the collector's last part
+            stop_process(watcher, timeout=60.0)  # its last look at the store takes the collector's last part
             if exporter == "nfpcapd":
                 dump = workdir / "flows.nfdump.json"
                 with open(dump, "w") as fh:
                     subprocess.run(["nfdump", "-R", str(nfdir), "-o", "json"], stdout=fh, check=True, timeout=60)
-                done = _sh(str(BIN / "rankscope"), "ingest", str(dump), "--store", str(store), "--job", "fabric",
+                done = sh(str(BIN / "rankscope"), "ingest", str(dump), "--store", str(store), "--job", "fabric",
                            check=False)
                 collector_output += done.stdout + done.stderr
                 if done.returncode:
                     raise RuntimeError(f"ingest of {dump} failed: {done.stdout}{done.stderr}")
         finally:
             for p in procs:
-                _stop(p, signal.SIGKILL, 5)
-            _stop(meter)
+                stop_process(p, signal.SIGKILL, 5)
+            stop_process(meter)
             for m in leaf_meters:
-                _stop(m)
-            _stop(collector)
-            _stop(watcher)
+                stop_process(m)
+            stop_process(collector)
+            stop_process(watcher)
     ranks = {}
     for f in sorted(out.glob("rank*.json")):
         r = json.loads(f.read_text())
