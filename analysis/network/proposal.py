@@ -35,6 +35,12 @@ MIN_GAIN = 1e-9
 """a swap must cut at least this share of the job's cross-pod bytes (float noise below)."""
 MAX_ROUNDS = 10_000
 """swaps kept at most (each pass strictly cuts the cross-pod bytes, so the search ends well before)."""
+RESOLVED_PER_STEP = 2.0
+"""merged records a pipeline link's direction must show per step (median over the links) for the replay: each
+carries one transfer per microbatch, so a job of two or more microbatches whose records resolve its transfers
+shows at least two, while an exporter whose idle timeout outlasts the gaps merges a step's transfers and the
+compute between into one record, whose duration is no transfer time to rescale (a single-microbatch job is
+left unknown)."""
 KL_HOSTS = 512
 """hosts up to which a pass tries a whole sequence of swaps (cubic in hosts); beyond, one best swap a pass
 (a plain descent, which a whole stage spread over several hosts can stall)."""
@@ -185,6 +191,14 @@ def predict(job_flows: pl.DataFrame, unit_of: dict[tuple, tuple], crosses_now: d
         raise NoReplay("no timed payload record to replay")
     rates = _rates(tr.filter(pl.col("family").is_not_null()))
     changed = tr["now"] != tr["new"]
+    moved_pipe = tr.filter(changed & (pl.col("family") == "pipeline"))
+    if not moved_pipe.is_empty():
+        per_step = float(tr.filter(pl.col("family") == "pipeline").group_by("src", "dst").len()["len"].median()) \
+            / max(steps, 1)
+        if per_step < RESOLVED_PER_STEP:
+            raise NoReplay(f"the flow records merge a pipeline link's transfers ({per_step:.2g} per step, median "
+                           "over its links), so their durations hold the compute between them; the replay needs a "
+                           "record per transfer (an exporter idle timeout shorter than the gaps between them)")
     for want in (True, False):
         if (changed & (tr["new"] == want)).any() and (None, want) not in rates:
             raise NoReplay(f"the job has no {'cross-pod' if want else 'in-pod'} transfer to measure the rate that "

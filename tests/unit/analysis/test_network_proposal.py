@@ -54,13 +54,13 @@ def test_one_pod_or_nothing_to_gain_is_not_evaluated():
 HPP = 4
 
 
-def _cfg(host_map):
+def _cfg(host_map, idle_timeout_s=1e-5):
     from rankscope.datasets.simulator import Realism, SimConfig
 
     # DP 4 x PP 4 on 8 hosts of 2 GPUs, 4 hosts per pod; pod uplinks at 1/8 of the NIC rate. Short idle
     # timeout: one flow record per transfer (the replay needs transfers, not whole-second aggregates)
     return SimConfig(job="j", dp=4, pp=4, gpus_per_host=2, steps=6, microbatches=8, hidden=1024, layers=8,
-                     seq_len=1024, host_map=host_map, pod_uplink_gbps=50.0, idle_timeout_s=1e-5,
+                     seq_len=1024, host_map=host_map, pod_uplink_gbps=50.0, idle_timeout_s=idle_timeout_s,
                      realism=Realism(hosts_per_pod=HPP))
 
 
@@ -98,3 +98,18 @@ def test_bad_mapping_proposal_is_confirmed_by_a_resimulation(tmp_path):
     before, after = np.median(res.truth["step_times_ns"]), np.median(again.truth["step_times_ns"])
     assert abs(p.proposed_step_ns / after - 1) <= 0.05
     assert abs(p.gain - (1 - after / before)) <= 0.05
+
+
+def test_records_that_merge_a_steps_transfers_leave_the_proposal_unknown(tmp_path):
+    """An exporter whose idle timeout outlasts the gaps merges a pipeline link's transfers and the compute
+    between into one record: its duration is no transfer time, so no step time is predicted from it."""
+    from rankscope.analysis.diagnose import DiagnoseConfig, analyze_job
+    from rankscope.collectors.job_frames import JobFrames
+    from rankscope.datasets.simulator import simulate
+
+    bad = (0, 1, 4, 5, 2, 3, 6, 7)
+    res = simulate(_cfg(bad, idle_timeout_s=1.0))
+    frames = JobFrames.from_frames("j", flow=pl.from_arrow(res.tables["flow"]))
+    d, _ = analyze_job(frames, DiagnoseConfig(topology=_topology_file(res, tmp_path / "topo.csv")))
+    p = d.placement.proposal
+    assert not p.evaluated and "merge a pipeline link's transfers" in p.why
