@@ -19,8 +19,18 @@ _FIELDS = {
     "idle_timeout_s": "idle_timeout_s", "dp_sync": "dp_sync", "buckets": "buckets", "algorithm": "algorithm",
     "hidden": "hidden", "layers": "layers", "seq_len": "seq_len", "micro_batch_size": "micro_batch_size",
     "nic_gbps": "nic_gbps", "qps": "qps", "gpus_per_host": "gpus_per_host", "gemm_records": "gemm_records",
-    "flows": "flows", "realism": "realism",
+    "flows": "flows", "realism": "realism", "host_map": "host_map", "pod_uplink_gbps": "pod_uplink_gbps",
+    "pod_latency_ns": "pod_latency_ns",
 }
+
+
+def _host_map(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--host-map {text!r}: expected comma-separated host slots, e.g. 0,1,4,5,2,3,6,7") from None
 
 
 def _load_config(path: Path) -> dict:
@@ -62,6 +72,8 @@ def _config(values: dict, where: str):
     values["faults"] = _faults(values.pop("faults", ()), where)
     if values.get("realism") is not None:
         values["realism"] = realism_from(values["realism"])
+    if isinstance(values.get("host_map"), list):  # a config file's list
+        values["host_map"] = tuple(values["host_map"])
     try:
         return SimConfig(**values)
     except TypeError as e:
@@ -109,6 +121,12 @@ def _config(values: dict, where: str):
 @click.option("--realism", default=None, metavar="K=V[,K=V...]",
               help="de-idealise the fabric (datasets/sim/realism.py), e.g. transport=tcp,timestamp_ns=1000000,"
                    "hosts_per_pod=4,exporter_offset_ms=2,reverse=true,ranks_per_address=2,wild_background=true")
+@click.option("--host-map", default=None, callback=lambda _c, _p, v: _host_map(v), metavar="H0,H1,...",
+              help="host slot of each run of --gpus-per-host consecutive ranks (a permutation): a deliberate "
+                   "placement, e.g. a pipeline spread over two pods")
+@click.option("--pod-uplink-gbps", type=float, default=None,
+              help="bandwidth between pods (realism hosts_per_pod sets the pods; default: --nic-gbps)")
+@click.option("--pod-latency-ns", type=float, default=None, help="extra latency of a transfer between pods")
 @click.option("--capture", default="fabric", show_default=True, help="job name of the flow records")
 @click.option("--background/--no-background", default=None,
               help="storage/checkpoint/rendezvous traffic on the fabric (default: on with --config)")
@@ -124,6 +142,7 @@ def simulate(out_dir, faults, capture, background, config_file, **flags):
     Example:
       rankscope simulate --out sim --dp 4 --pp 2 --steps 5 --fault slow-worker:rank=5,factor=1.5
       rankscope simulate --out fab --config jobs.yaml
+      rankscope simulate --out bad --dp 4 --pp 4 --gpus-per-host 2 --realism hosts_per_pod=4 --host-map 0,1,4,5,2,3,6,7
     """
     from rankscope.datasets.simulator import simulate as run_one
     from rankscope.datasets.simulator import simulate_fabric, write_store

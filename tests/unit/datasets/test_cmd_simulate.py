@@ -47,6 +47,8 @@ def test_config_file_runs_several_jobs(tmp_path):
     (["--fault", "gc:pause"], "not key=value"),
     (["--dp", "0"], "dp=0"),
     (["--rank-order", "tp-dp"], "rank_order"),
+    (["--host-map", "0,x"], "comma-separated host slots"),
+    (["--dp", "2", "--gpus-per-host", "1", "--host-map", "0,0"], "permutes the job's"),
 ])
 def test_bad_flags_exit_2_with_a_message(tmp_path, capsys, args, msg):
     assert main(["simulate", "--out", str(tmp_path / "x"), *args]) == 2
@@ -77,3 +79,20 @@ def test_realism_flag_and_config_mapping(tmp_path, capsys):
     capsys.readouterr()
     assert main(["simulate", "--out", str(tmp_path / "bad"), "--realism", "bogus=1"]) == 2
     assert "bogus" in capsys.readouterr().err
+
+
+def test_a_deliberate_placement_from_flags(tmp_path):
+    """--host-map places ranks on host slots; with --pod-uplink-gbps below the NIC rate the placement changes
+    the step time, and with uplinks as fast as the NICs it does not."""
+    def run(name, *extra):
+        out = tmp_path / name
+        assert main(["simulate", "--out", str(out), "--dp", "2", "--pp", "2", "--gpus-per-host", "1", "--steps", "3",
+                     "--microbatches", "4", "--layers", "4", "--realism", "hosts_per_pod=2", "--no-flows",
+                     *extra]) == 0
+        return json.loads((out / "truth.json").read_text())["jobs"]["default"]
+
+    swap = ("--host-map", "0,2,1,3")  # ranks 1 and 2 trade hosts: the pipelines, not the DP rings, stay in a pod
+    assert run("map", *swap)["hosts"]["host0002"] == [1]
+    assert run("a").get("step_times_ns") == run("b", *swap).get("step_times_ns")  # no pod penalty: same time
+    slow = ("--pod-uplink-gbps", "10")
+    assert run("c", *slow)["step_times_ns"] != run("d", *slow, *swap)["step_times_ns"]
