@@ -107,7 +107,8 @@ def _kinds(j: pl.DataFrame, owner: dict, leaf: dict) -> pl.DataFrame:
             & (pl.col("rate") < (1 - SLOW_FLOOR) * pl.col("peer_rate")))
     own = pl.struct("src", "exporters").map_elements(
         lambda r: _rerouted(r["src"], r["exporters"], owner, leaf), return_dtype=pl.Boolean)
-    kind = (pl.when(pl.col("expected").is_not_null() & (pl.col("observed").fill_null(0)
+    kind = (pl.when(pl.col("_not_ring")).then(pl.lit("not_judged"))
+            .when(pl.col("expected").is_not_null() & (pl.col("observed").fill_null(0)
                                                         < MISSING_SHARE * pl.col("expected"))).then(pl.lit("missing"))
             .when(pl.col("expected").is_null()).then(pl.lit("unexpected"))
             .when(own).then(pl.lit("rerouted"))
@@ -163,11 +164,11 @@ def _classes(j: pl.DataFrame) -> list[TrafficClass]:
     for name in sorted(ex["classes"].unique().to_list()):
         c = ex.filter(pl.col("classes") == name)
         seen = c.filter(pl.col("observed").fill_null(0) > 0)
-        dev = (seen["ratio"] - 1).abs()
+        ratio = seen["ratio"].drop_nulls()  # a pair with nothing expected has no ratio
         out.append(TrafficClass(name=name, pairs=c.height, seen=seen.height,
                                 within_error=int(c["within_error"].sum()),
-                                median_ratio=float(seen["ratio"].median()) if seen.height else None,
-                                max_deviation=float(dev.max()) if seen.height else None))
+                                median_ratio=float(ratio.median()) if ratio.len() else None,
+                                max_deviation=float((ratio - 1).abs().max()) if ratio.len() else None))
     return out
 
 
@@ -182,6 +183,40 @@ def _pair(r: dict) -> TrafficPair:
                        exporters=list(r["exporters"] or []))
 
 
+def dp_groups_not_ring(strategy, j: pl.DataFrame) -> list[int]:
+    """The DP groups (indexes in dp_groups) that are not running their ring: a member sends to more members of
+    its group than its ring links reach (NCCL's tree all-reduce sends to a parent and children), so the ring's
+    pairs are no expectation for the group. A ring that closes around a member gone elsewhere (a misgrouped
+    rank) still sends to one member each, and stays judged: its new pair is unexpected, the old ones missing."""
+    if (strategy.dp or 1) <= 1:
+        return []
+    member = {str(x): i for i, g in enumerate(strategy.dp_groups) for x in g}
+    rows = j.filter(pl.col("classes").is_null() | pl.col("classes").list.contains("dp"))
+    floor = UNEXPECTED_SHARE * (j.filter(pl.col("expected") > 0)["expected"].min() or 0.0)  # set-up chatter
+    sends: dict[str, set] = {}
+    ring: dict[str, set] = {}
+    for a, b, classes, observed in rows.select("src", "dst", "classes", "observed").iter_rows():
+        if a not in member or member.get(b) != member[a]:
+            continue
+        if classes:
+            ring.setdefault(a, set()).add(b)
+        if observed and observed >= floor:
+            sends.setdefault(a, set()).add(b)
+    return sorted({member[a] for a, to in sends.items() if len(to) > len(ring.get(a, ()))})
+
+
+def _mark_not_ring(strategy, j: pl.DataFrame) -> pl.DataFrame:
+    """``_not_ring``: a pair inside a DP group that is not a ring (:func:`dp_groups_not_ring`), carrying DP or
+    nothing expected."""
+    groups = set(dp_groups_not_ring(strategy, j))
+    inside = {str(x) for i, g in enumerate(strategy.dp_groups) if i in groups for x in g}
+    member = {str(x): i for i, g in enumerate(strategy.dp_groups) for x in g}
+    same = [member.get(a) is not None and member.get(a) == member.get(b) and a in inside
+            for a, b in j.select("src", "dst").iter_rows()]
+    dp_or_none = pl.col("classes").is_null() | pl.col("classes").list.contains("dp")
+    return j.with_columns((pl.Series("_same", same, dtype=pl.Boolean) & dp_or_none).alias("_not_ring"))
+
+
 def pair_frame(strategy, job_flows: pl.DataFrame, steps: int, topo: Topology) -> pl.DataFrame:
     """Every pair of a flow job with its kind and cost, as the section orders them (not ok first, then by
     ``cost_ns``), before the section trims them to the listed ones; the pair matrix views read all of it.
@@ -189,8 +224,9 @@ def pair_frame(strategy, job_flows: pl.DataFrame, steps: int, topo: Topology) ->
     j = _with_units(_joined(strategy, observed_pairs(job_flows, max(steps, 1))), strategy)
     j = _expected(j, *_scales(j))
     j = j.join(_peer_rates(j), on=["src", "dst"], how="left")
-    j = _cost(_kinds(j, leaf_exporters(job_flows.filter(pl.col("is_data")), topo), topo.leaf_of()))
-    return _slow_nic_first(j.with_columns((pl.col("kind") == "ok").alias("_ok")).sort(
+    j = _cost(_kinds(_mark_not_ring(strategy, j), leaf_exporters(job_flows.filter(pl.col("is_data")), topo),
+                     topo.leaf_of()))
+    return _slow_nic_first(j.with_columns(pl.col("kind").is_in(["ok", "not_judged"]).alias("_ok")).sort(
         ["_ok", "cost_ns", "src", "dst"], descending=[False, True, False, False]))
 
 
@@ -212,7 +248,7 @@ def traffic_section(strategy, job_flows: pl.DataFrame | None, steps: int,
     return Traffic(evaluated=True, topology=topo.source, sizing=SIZING, bytes_per=per, pairs_total=j.height,
                    kinds=dict(sorted(j.group_by("kind").len().iter_rows())), classes=_classes(j),
                    pairs=[_pair(r) for r in listed.iter_rows(named=True)], listed=flagged + LISTED,
-                   slow_not_evaluated=few)
+                   slow_not_evaluated=few, dp_groups_not_ring=dp_groups_not_ring(strategy, j))
 
 
 def _few_peers(j: pl.DataFrame) -> list[str]:

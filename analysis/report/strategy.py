@@ -176,7 +176,8 @@ class TrafficPair:
     observed: float | None = doc("payload bytes per step the flows show (sampling-scaled); null when none.")
     ratio: float | None = doc("observed / expected; null when either is missing.")
     kind: str = doc("ok, missing (expected, not seen), unexpected (seen, not expected), slow (its rate is below "
-                    "its peers') or rerouted (metered at an exporter its leaf does not own).")
+                    "its peers'), rerouted (metered at an exporter its leaf does not own) or not_judged (inside a DP "
+                    "group whose flows are not its ring, e.g. a tree all-reduce: ``dp_groups_not_ring``).")
     within_error: bool = doc("observed matches expected within the sampling error and its class's own spread "
                              "(a two-sided band, Bonferroni over the job's pairs at 1 %).")
     rate: float | None = doc("payload bytes per second of record time; null without timed records.")
@@ -221,6 +222,10 @@ class Traffic:
     listed: int = doc("the most pairs listed.", 0)
     slow_not_evaluated: list[str] = doc("the class@stage whose links are too few to call one slow against the "
                                         "others (slow is not evaluated there).", factory=list, omit="empty")
+    dp_groups_not_ring: list[int] = doc("indexes (in the strategy's dp_groups) of the DP groups whose flows run "
+                                        "between members that are not ring neighbours (a tree all-reduce, or "
+                                        "another algorithm): the ring's pairs are no expectation for them, so their "
+                                        "pairs are not_judged.", factory=list, omit="empty")
 
 
 @dataclass(frozen=True)

@@ -135,3 +135,16 @@ def test_fault_kinds_parse_and_bad_parameters_are_named():
         simulate(SimConfig(faults=(parse_fault("dead-link:rank=0"),), dp=2, gpus_per_host=1))
     with pytest.raises(ConfigError, match="another DP group"):
         simulate(SimConfig(faults=(parse_fault("misgrouped:rank=0"),), dp=4, gpus_per_host=1))
+
+
+def test_a_tree_all_reduce_is_not_judged_against_a_ring():
+    """NCCL's tree all-reduce sends along tree edges, not ring links: its pairs are no missing or unexpected
+    traffic. Each group whose members send to more members than their ring links reach is listed, and its
+    pairs are not_judged; the pipeline's pairs are still judged. The same job on rings lists no group."""
+    tree, _ = _traffic(algorithm="tree", dp=8, pp=2, gpus_per_host=1, steps=3, microbatches=4)
+    assert tree.dp_groups_not_ring == [0, 1]
+    assert set(tree.kinds) <= {"ok", "not_judged"} and tree.kinds["not_judged"] > 0
+    assert all(p.kind == "ok" for p in tree.pairs if p.classes and "dp" not in p.classes)
+    assert not [f for f in traffic_findings(tree)]
+    ring, _ = _traffic(algorithm="ring", dp=8, pp=2, gpus_per_host=1, steps=3, microbatches=4)
+    assert ring.dp_groups_not_ring == [] and "not_judged" not in ring.kinds
