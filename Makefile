@@ -20,7 +20,7 @@ sysdeps:
 	    || echo "warning: could not install$$missing (tests that need them will skip)"; fi; \
 	fi
 
-$(STAMP): pyproject.toml setup.py collectors/hooks/hook_fastcall.c
+$(STAMP): pyproject.toml setup.py $(wildcard collectors/hooks/*.c collectors/hooks/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,torch,ray]'

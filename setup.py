@@ -6,5 +6,6 @@ Python wrapper, which is the reference implementation (collectors/hooks/hook_fas
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("rankscope.collectors.hooks.hook_fastcall", ["collectors/hooks/hook_fastcall.c"],
-                             optional=True, extra_compile_args=["-O2"])])
+setup(ext_modules=[Extension("rankscope.collectors.hooks.hook_fastcall",
+                             ["collectors/hooks/hook_fastcall.c", "collectors/hooks/hook_ring.c"],
+                             depends=["collectors/hooks/hook_ring.h"], optional=True, extra_compile_args=["-O2"])])
