@@ -87,18 +87,27 @@ static void entry_clear(GroupEntry *e)
     e->ring = 0;
 }
 
+/* A dict the recording session keeps (groups, seqs, dtypes), as a new reference; NULL (no error set) when
+ * there is no session or no such dict. */
+static PyObject *session_dict(FastHook *self, PyObject *name)
+{
+    PyObject *session = PyObject_GetAttr(self->hub, s_session), *d = NULL;
+    if (session != NULL && session != Py_None)
+        d = PyObject_GetAttr(session, name);
+    Py_XDECREF(session);
+    if (d != NULL && !PyDict_Check(d))
+        Py_CLEAR(d);
+    PyErr_Clear();
+    return d;
+}
+
 /* First sight of a group (and peer) on this ring: take its id, ranks and counter from the session.
  * Returns the entry, or NULL (no error set) when the session has not seen the group yet. */
 static GroupEntry *register_group(FastHook *self, Ring *ring, PyObject *group, int64_t peer)
 {
-    PyObject *session = NULL, *groups = NULL, *key = NULL, *seqs = NULL, *seq_key = NULL, *counter = NULL;
-    PyObject *pair = NULL, *info;
+    PyObject *groups = NULL, *key = NULL, *seqs = NULL, *seq_key = NULL, *counter = NULL, *pair = NULL, *info;
     GroupEntry *e = NULL;
-    session = PyObject_GetAttr(self->hub, s_session);
-    if (session == NULL || session == Py_None)
-        goto out;
-    groups = PyObject_GetAttr(session, s_groups);
-    if (groups == NULL || !PyDict_Check(groups))
+    if ((groups = session_dict(self, s_groups)) == NULL)
         goto out;
     key = group == Py_None ? Py_NewRef(Py_None) : PyLong_FromVoidPtr(group);
     if (key == NULL)
@@ -106,8 +115,7 @@ static GroupEntry *register_group(FastHook *self, Ring *ring, PyObject *group, i
     info = PyDict_GetItemWithError(groups, key);
     if (info == NULL || !PyTuple_CheckExact(info) || PyTuple_GET_SIZE(info) < 2 || PyTuple_GET_ITEM(info, 1) == Py_None)
         goto out;
-    seqs = PyObject_GetAttr(session, s_seqs);
-    if (seqs == NULL)
+    if ((seqs = session_dict(self, s_seqs)) == NULL)
         goto out;
     if (self->p2p) {
         PyObject *p = PyLong_FromLongLong(peer);
@@ -135,7 +143,6 @@ static GroupEntry *register_group(FastHook *self, Ring *ring, PyObject *group, i
     e->gidx = gidx;
 out:
     PyErr_Clear();
-    Py_XDECREF(session);
     Py_XDECREF(groups);
     Py_XDECREF(key);
     Py_XDECREF(seqs);
@@ -148,13 +155,9 @@ out:
 /* The session's (name, itemsize) for a dtype, cached; NULL (no error set) when the session has none yet. */
 static DtypeEntry *register_dtype(FastHook *self, Ring *ring, PyObject *dtype)
 {
-    PyObject *session = NULL, *dtypes = NULL, *info;
+    PyObject *dtypes, *info;
     DtypeEntry *e = NULL;
-    session = PyObject_GetAttr(self->hub, s_session);
-    if (session == NULL || session == Py_None)
-        goto out;
-    dtypes = PyObject_GetAttr(session, s_dtypes);
-    if (dtypes == NULL || !PyDict_Check(dtypes))
+    if ((dtypes = session_dict(self, s_dtypes)) == NULL)
         goto out;
     info = PyDict_GetItemWithError(dtypes, dtype);
     if (info == NULL || !PyTuple_CheckExact(info) || PyTuple_GET_SIZE(info) != 2)
@@ -171,7 +174,6 @@ static DtypeEntry *register_dtype(FastHook *self, Ring *ring, PyObject *dtype)
     e->didx = didx;
 out:
     PyErr_Clear();
-    Py_XDECREF(session);
     Py_XDECREF(dtypes);
     return e;
 }
