@@ -323,10 +323,12 @@ def _metric_inputs(store, planned) -> tuple[pl.DataFrame | None, pl.DataFrame | 
     return comm, em
 
 
-def _job_version(store, source: str, mtimes: dict[str, float]) -> tuple:
-    """Changes whenever records of one store job land: its manifest entries and its newest part."""
-    man = tuple(sorted((m.key, m.ingested_at) for m in store.manifest() if m.job == source))
-    return man, mtimes.get(source, 0.0)
+def _job_versions(manifest: Iterable, mtimes: dict[str, float]) -> dict[str, tuple]:
+    """Per store job, what changes whenever its records land: its manifest entries and its newest part."""
+    entries: dict[str, list] = {}
+    for m in manifest:
+        entries.setdefault(m.job, []).append((m.key, m.ingested_at))
+    return {job: (tuple(sorted(entries.get(job, ()))), mtimes.get(job, 0.0)) for job in set(entries) | set(mtimes)}
 
 
 def _parts_mtime(store) -> dict[str, float]:
@@ -388,19 +390,22 @@ class StoreCollector:
         return job_samples(d, tables, comm_op, endpoint_map).items
 
     def _store_samples(self, store, live: dict[str, dict]) -> list[Sample]:
+        """Every job's series (analysed or cached) and the store's own series, from one snapshot."""
         from rankscope.analysis.runner import plan_jobs
 
         store = store.snapshot()  # one set of commits for the plan, every job's frames and the manifest
-        mtimes = _parts_mtime(store)
+        manifest, mtimes = store.manifest(), _parts_mtime(store)  # read once per scrape, for every job
+        versions = _job_versions(manifest, mtimes)
         out: list[Sample] = []
         for planned in plan_jobs(store, self.job):
             key = (str(store.root), f"{planned.source}/{planned.name}")
-            version = _job_version(store, planned.source, mtimes)
+            version = versions.get(planned.source, ((), 0.0))
             cached = self._cache.get(key)
             if cached is None or (cached[0] != version and not self._followed_live(planned, live, mtimes)):
                 cached = (version, self._analyse_job(store, planned))
                 self._cache[key] = cached
             out.extend(cached[1])
+        out.extend(store_samples(manifest, mtimes).items)
         return out
 
     def samples(self) -> list[Sample]:
@@ -408,7 +413,6 @@ class StoreCollector:
         for store in self.stores:
             live = {j: e for j, e in store.live().items() if self.job is None or j == self.job}
             out.extend(self._store_samples(store, live))
-            out.extend(store_samples(store.manifest(), _parts_mtime(store)).items)
             out.extend(live_samples(live).items)
         return merge_samples(out)
 
