@@ -183,14 +183,22 @@ def _pair(r: dict) -> TrafficPair:
                        exporters=list(r["exporters"] or []))
 
 
-def dp_groups_not_ring(strategy, j: pl.DataFrame) -> list[int]:
+def _dp_member(strategy) -> dict[str, int]:
+    """endpoint -> the index of its DP group (none without data parallelism)."""
+    if (strategy.dp or 1) <= 1:
+        return {}
+    return {str(x): i for i, g in enumerate(strategy.dp_groups) for x in g}
+
+
+def dp_groups_not_ring(strategy, j: pl.DataFrame, member: dict[str, int] | None = None) -> list[int]:
     """The DP groups (indexes in dp_groups) that are not running their ring: a member sends to more members of
     its group than its ring links reach (NCCL's tree all-reduce sends to a parent and children), so the ring's
     pairs are no expectation for the group. A ring that closes around a member gone elsewhere (a misgrouped
-    rank) still sends to one member each, and stays judged: its new pair is unexpected, the old ones missing."""
-    if (strategy.dp or 1) <= 1:
+    rank) still sends to one member each, and stays judged: its new pair is unexpected, the old ones missing.
+    ``member``: :func:`_dp_member` of the strategy, when the caller has it."""
+    member = _dp_member(strategy) if member is None else member
+    if not member:
         return []
-    member = {str(x): i for i, g in enumerate(strategy.dp_groups) for x in g}
     rows = j.filter(pl.col("classes").is_null() | pl.col("classes").list.contains("dp"))
     floor = UNEXPECTED_SHARE * (j.filter(pl.col("expected") > 0)["expected"].min() or 0.0)  # set-up chatter
     sends: dict[str, set] = {}
@@ -207,14 +215,14 @@ def dp_groups_not_ring(strategy, j: pl.DataFrame) -> list[int]:
 
 def _mark_not_ring(strategy, j: pl.DataFrame) -> pl.DataFrame:
     """``_not_ring``: a pair inside a DP group that is not a ring (:func:`dp_groups_not_ring`), carrying DP or
-    nothing expected."""
-    groups = set(dp_groups_not_ring(strategy, j))
-    inside = {str(x) for i, g in enumerate(strategy.dp_groups) if i in groups for x in g}
-    member = {str(x): i for i, g in enumerate(strategy.dp_groups) for x in g}
-    same = [member.get(a) is not None and member.get(a) == member.get(b) and a in inside
-            for a, b in j.select("src", "dst").iter_rows()]
+    nothing expected; ``_dp_group``: that group's index (null for every other pair)."""
+    member = _dp_member(strategy)
+    groups = set(dp_groups_not_ring(strategy, j, member))
+    group = [member.get(a) if member.get(a) in groups and member.get(a) == member.get(b) else None
+             for a, b in j.select("src", "dst").iter_rows()]
     dp_or_none = pl.col("classes").is_null() | pl.col("classes").list.contains("dp")
-    return j.with_columns((pl.Series("_same", same, dtype=pl.Boolean) & dp_or_none).alias("_not_ring"))
+    j = j.with_columns(pl.Series("_dp_group", group, dtype=pl.Int64))
+    return j.with_columns((pl.col("_dp_group").is_not_null() & dp_or_none).alias("_not_ring"))
 
 
 def pair_frame(strategy, job_flows: pl.DataFrame, steps: int, topo: Topology) -> pl.DataFrame:
@@ -248,7 +256,8 @@ def traffic_section(strategy, job_flows: pl.DataFrame | None, steps: int,
     return Traffic(evaluated=True, topology=topo.source, sizing=SIZING, bytes_per=per, pairs_total=j.height,
                    kinds=dict(sorted(j.group_by("kind").len().iter_rows())), classes=_classes(j),
                    pairs=[_pair(r) for r in listed.iter_rows(named=True)], listed=flagged + LISTED,
-                   slow_not_evaluated=few, dp_groups_not_ring=dp_groups_not_ring(strategy, j))
+                   slow_not_evaluated=few,
+                   dp_groups_not_ring=sorted(j.filter(pl.col("_not_ring"))["_dp_group"].unique().to_list()))
 
 
 def _few_peers(j: pl.DataFrame) -> list[str]:
