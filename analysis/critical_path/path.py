@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.replay.engine import replay
 from rankscope.analysis.whatif.graph import WhatIfGraph, engine_nodes
 
 
@@ -58,29 +57,30 @@ def _last_by(key: np.ndarray, value: np.ndarray, size: int, payload: np.ndarray)
 
 def binding_links(graph: WhatIfGraph, duration: np.ndarray, delay: np.ndarray):
     """One replay of the engine graph and, per node, its binding predecessor and per sync group its last
-    member to launch. Returns (replay result, node -> binding predecessor (-1: none), group -> last launcher,
-    tail_of, number of ops). The engine graph is built here and not cached on the graph (~0.4 GB at 4,096
-    GPUs, as :meth:`WhatIfGraph.replay` would keep it)."""
+    member to launch. Returns (ready, end per node, node -> binding predecessor (-1: none), group -> last
+    launcher, tail_of, number of ops). The replay runs the plan the edits' what-ifs share
+    (:meth:`WhatIfGraph.replay_detail`); the engine graph's edges are built here and not cached on the
+    graph (~0.4 GB at 4,096 GPUs, as :meth:`WhatIfGraph.replay` would keep them)."""
     src, dst, group, tail = engine_nodes(graph.src, graph.dst, graph.group, np.int64)
     n = graph.ops.height
     synced = tail >= 0
-    dur = np.concatenate([np.where(synced, 0.0, duration), duration[synced]])
+    ready, end = graph.replay_detail(duration, delay)
     full_delay = np.concatenate([delay, np.zeros(int(synced.sum()))])
-    r = replay(dur, src, dst, sync_group=group, launch_delay=full_delay)
-    n_nodes = dur.size
+    n_nodes = ready.size
     # a node's binding predecessor is one whose end is the latest among its predecessors: the replay
     # computed ready = that end + the launch delay, so the same sum finds it exactly (no sort of the edges)
-    src64, dst64 = np.asarray(src, np.int64), np.asarray(dst, np.int64)
-    hit = r.end[src64] + full_delay[dst64] == r.ready[dst64]
+    hit = end[src] + full_delay[dst] == ready[dst]
     binding = np.full(n_nodes, -1, dtype=np.int64)
-    binding[dst64[hit]] = src64[hit]
+    binding[dst[hit]] = src[hit]
     members = np.flatnonzero(group >= 0)
     n_groups = int(group.max()) + 1 if members.size else 0
     # a group's transfer starts at its last member's ready time: that member launched last
-    last = members[r.ready[members] == r.start[members]]
+    start = np.full(n_groups, -np.inf)
+    np.maximum.at(start, group[members], ready[members])
+    last = members[ready[members] == start[group[members]]]
     launcher = np.full(n_groups, -1, dtype=np.int64)
     launcher[group[last]] = last
-    return r, binding, launcher, tail, n
+    return ready, end, binding, launcher, tail, n
 
 
 def path_delays(graph: WhatIfGraph) -> np.ndarray:
@@ -107,15 +107,15 @@ def step_paths(graph: WhatIfGraph, duration: np.ndarray, delay: np.ndarray | Non
     synced ops) and launch ``delay`` (default none). Needs graph.ops column rank."""
     n = graph.ops.height
     delay = np.zeros(n) if delay is None else np.asarray(delay, dtype=np.float64)
-    r, binding, launcher, tail, n = binding_links(graph, np.asarray(duration, dtype=np.float64), delay)
+    ready, end, binding, launcher, tail, n = binding_links(graph, np.asarray(duration, dtype=np.float64), delay)
     group = graph.group
     rank = graph.ops["rank"].to_numpy()
-    op_end = np.where(tail >= 0, r.end[np.maximum(tail, 0)], r.end[:n])
+    op_end = np.where(tail >= 0, end[np.maximum(tail, 0)], end[:n])
     # the node that ends each step: an op's own node, or its transfer's tail
     end_node = np.where(tail >= 0, tail, np.arange(n))
     last = _last_by(graph.step_index, op_end, len(graph.steps), end_node)
     out: dict[str, list] = {k: [] for k in ("step_index", "op", "kind", "start", "dur", "waited")}
-    full_delay = np.concatenate([delay, np.zeros(r.end.size - n)])
+    full_delay = np.concatenate([delay, np.zeros(end.size - n)])
     tail_op = np.flatnonzero(tail >= 0)
 
     def add(si: int, op: int, kind: int, start: float, dur: float, waited: int) -> None:
@@ -127,21 +127,21 @@ def step_paths(graph: WhatIfGraph, duration: np.ndarray, delay: np.ndarray | Non
         while v >= 0:
             op = v if v < n else int(tail_op[v - n])
             if v >= n:  # a transfer's tail: the transfer, then the group's last launcher
-                add(si, op, 0, float(r.ready[v]), float(r.end[v] - r.ready[v]), -1)
+                add(si, op, 0, float(ready[v]), float(end[v] - ready[v]), -1)
                 j = int(launcher[group[op]])
                 out["waited"][-1] = int(rank[j])
                 if full_delay[j] > 0:
-                    add(si, j, 1, float(r.ready[j] - full_delay[j]), float(full_delay[j]), -1)
+                    add(si, j, 1, float(ready[j] - full_delay[j]), float(full_delay[j]), -1)
                 v = int(binding[j])
                 continue
-            if r.end[v] > r.ready[v]:
-                add(si, op, 0, float(r.ready[v]), float(r.end[v] - r.ready[v]), -1)
+            if end[v] > ready[v]:
+                add(si, op, 0, float(ready[v]), float(end[v] - ready[v]), -1)
             if full_delay[v] > 0:
-                add(si, op, 1, float(r.ready[v] - full_delay[v]), float(full_delay[v]), -1)
+                add(si, op, 1, float(ready[v] - full_delay[v]), float(full_delay[v]), -1)
             v = int(binding[v])
     step_time = np.full(len(graph.steps), np.nan)
     ok = last >= 0
-    step_time[ok] = r.end[last[ok]]
+    step_time[ok] = end[last[ok]]
     return StepPaths(step_index=np.asarray(out["step_index"], np.int64), op=np.asarray(out["op"], np.int64),
                      kind=np.asarray(out["kind"], np.int8), start=np.asarray(out["start"], np.float64),
                      dur=np.asarray(out["dur"], np.float64), waited=np.asarray(out["waited"], np.int64),
