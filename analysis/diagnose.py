@@ -101,12 +101,16 @@ def analyze_model(model: JobModel, config: DiagnoseConfig | None = None,
         steps = _with_phases(steps, tables["timeline"])
     inter: dict = {}
     stragglers = straggler_section(model, config.stragglers, inter)
+    # right after the what-if whose graph it reuses, and that graph (with its replay plans: ~0.3 GB at
+    # 1,024 workers) is let go before the other sections run
+    critical_path = critical_path_section(model, inter)
+    inter.clear()
     regressions = regression_section(model, baseline, config.regressions)
     traffic, placement, topology = _network(model, config.topology)
     d = Diagnosis(job=model.frames.job, sources=list(model.frames.sources), strategy=model.strategy, steps=steps,
                   stragglers=stragglers, regressions=regressions, hangs=hang_section(model),
                   data_quality=_with_topology(data_quality(model), topology),
-                  critical_path=critical_path_section(model, inter),
+                  critical_path=critical_path,
                   findings=findings_of(stragglers, regressions) + traffic_findings(traffic), traffic=traffic,
                   placement=placement)
     return d, tables
