@@ -16,6 +16,7 @@ dependency model needs. Times are stored from 0 (relative, marked so).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,8 @@ from rankscope.collectors.importers.contract import ImportBatch, ImportOptions
 
 REQUIRED = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id", "mc", "mb_id")
 
+BATCH_ROWS = 262_144
+"""rows per batch of a trace read in batches (larger traces): the ingest's memory follows the batch."""
 MAX_SECONDS = 1e9
 """Relative times beyond this (31 years) cannot be real and would overflow int64 nanoseconds."""
 _TYPES = {"dp_rank": pl.Int32, "stage": pl.Int32, "rank": pl.Int32, "step": pl.Int64, "seq_id": pl.Int64,
@@ -47,6 +50,46 @@ def _typed(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
         wrong |= (src.is_not_null() & cast.is_null()).to_numpy()
         cols.append(cast.alias(c))
     return df.with_columns(cols), wrong
+
+
+def _read_whole(path: Path, pf) -> pl.DataFrame:
+    """The required columns of a whole trace; a clear error when its body cannot be decoded."""
+    try:
+        return pl.from_arrow(pf.read(columns=list(REQUIRED)))
+    except Exception as e:  # noqa: BLE001 - pyarrow/polars raise several types for corrupt files
+        raise InputFormatError(path, "footer", "a readable Parquet file", got=str(e)[:200]) from e
+
+
+def _read_batches(path: Path, pf) -> Iterator[pl.DataFrame]:
+    """The required columns of a trace, :data:`BATCH_ROWS` rows at a time; a clear error naming the row
+    where a page cannot be decoded (the ingest then stores nothing of the file)."""
+    it = pf.iter_batches(batch_size=BATCH_ROWS, columns=list(REQUIRED))
+    offset = 0
+    while True:
+        try:
+            b = next(it, None)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for corrupt pages
+            raise InputFormatError(path, f"row {offset}", "a readable Parquet page", got=str(e)[:200]) from e
+        if b is None:
+            return
+        df = pl.from_arrow(b)
+        offset += df.height
+        yield df
+
+
+def _origin_and_peers(parts) -> tuple[float, pl.DataFrame]:
+    """(time origin, (dp_rank, stage) -> peer rank) over the kept rows of a trace given in ``parts`` (frames
+    with start_ts, dp_rank, stage, rank, in file order): the origin is the earliest start or 0, whichever is
+    earlier; a (dp rank, stage) takes the first rank the trace lists for it."""
+    lo, firsts = 0.0, []
+    for p in parts:
+        if p.height:
+            lo = min(lo, float(p["start_ts"].min()))
+            firsts.append(p.group_by("dp_rank", "stage", maintain_order=True).agg(pl.col("rank").first()))
+    if not firsts:
+        return lo, pl.DataFrame(schema={"dp_rank": pl.Int32, "stage": pl.Int32, "peer": pl.Int32})
+    where = pl.concat(firsts).group_by("dp_rank", "stage", maintain_order=True).agg(pl.col("rank").first())
+    return lo, where.rename({"rank": "peer"})
 
 
 COMPUTE_OPTYPES = {
@@ -126,51 +169,84 @@ class _WhatifParquet:
             return False
         return set(REQUIRED) <= names
 
-    def read(self, path: Path, opts: ImportOptions) -> ImportBatch:
+    def read(self, path: Path, opts: ImportOptions) -> ImportBatch | Iterator[ImportBatch]:
+        """The trace as one batch, or, past :data:`BATCH_ROWS` rows, as batches of about that many rows
+        (the ingest then holds one batch at a time: a 1.9 M-row trace peaked at 0.9 GiB read whole)."""
         try:
             # Arrow's reader, not polars': the store writes its parts with Arrow, so this is code the
             # process runs anyway; polars' own reader paged in ~6 MiB more of its library (peak RSS)
-            df = pl.from_arrow(pq.ParquetFile(path).read())
-        except Exception as e:  # noqa: BLE001 - pyarrow/polars raise several types for corrupt files
+            pf = pq.ParquetFile(path)
+            names = pf.schema_arrow.names
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for corrupt files
             raise InputFormatError(path, "footer", "a readable Parquet file", got=str(e)[:200]) from e
-        missing = [c for c in REQUIRED if c not in df.columns]
+        missing = [c for c in REQUIRED if c not in names]
         if missing:
             raise InputFormatError(path, "header", f"columns {', '.join(REQUIRED)}", got=f"missing {missing}")
-        batch = ImportBatch(relative_time=True)
         meta = meta_path(path)
         layout = read_layout(meta) if meta is not None else {}
-        batch.notes["layout"] = layout
-        batch.notes["meta"] = str(meta) if meta is not None else None
-        layout = {k: v for k, v in layout.items() if v is not None}
+        m = _TRACE.match(path.name)
+        # Without --job each trace is its own job, named as its meta file names it (else trace-<X>).
+        job = opts.job or layout.get("trial_name") or (m["name"] if m else None)
+        if pf.metadata.num_rows <= BATCH_ROWS:
+            df = _read_whole(path, pf)
+            rows, bad = self._checked(path, df, 0)
+            t0, where = _origin_and_peers([rows])
+            return self._batch(path, rows, bad, layout, meta, job, t0, where)
+        return self._streamed(path, pf, layout, meta, job)
+
+    def _streamed(self, path: Path, pf, layout: dict, meta: Path | None, job: str | None) -> Iterator[ImportBatch]:
+        """Two passes over the row batches: the trace's time origin and the (dp rank, stage) -> rank map
+        of its p2p peers (both over the kept rows of the whole trace, as a whole read computes them),
+        then each batch decoded with them."""
+
+        def batches():
+            offset = 0
+            for df in _read_batches(path, pf):
+                yield self._checked(path, df, offset)
+                offset += df.height
+
+        t0, where = _origin_and_peers(rows.select("start_ts", "dp_rank", "stage", "rank") for rows, _ in batches())
+        for rows, bad in batches():
+            yield self._batch(path, rows, bad, layout, meta, job, t0, where)
+
+    def _checked(self, path: Path, df: pl.DataFrame, offset: int) -> tuple[pl.DataFrame, dict[str, tuple[int, str]]]:
+        """(the rows that are kept, in their working types; per reason, (count, message) of those rejected).
+        ``offset``: the file row of the frame's first row (messages name file rows)."""
         df, wrong = _typed(df)
-        df = df.with_row_index("_row")
-        bad = {"whatif_parquet: value of the wrong type or out of range": wrong, **self._bad_rows(df)}
-        for reason, mask in bad.items():
+        df = df.with_row_index("_row", offset=offset)
+        masks = {"whatif_parquet: value of the wrong type or out of range": wrong, **self._bad_rows(df)}
+        bad = {}
+        for reason, mask in masks.items():
             n = int(mask.sum())
             if n:
                 first = int(df["_row"].filter(pl.Series(mask))[0])
-                batch.reject(reason, f"{path} row {first}: {reason}", count=n)
+                bad[reason] = (n, f"{path} row {first}: {reason}")
         keep = np.ones(df.height, dtype=bool)
-        for mask in bad.values():
+        for mask in masks.values():
             keep &= ~mask
         if not keep.all():  # the common case keeps every row: no copy (a tenth of a small trace's read)
             df = df.filter(pl.Series(keep))
+        return df, bad
+
+    def _batch(self, path: Path, df: pl.DataFrame, bad: dict, layout: dict, meta: Path | None, job: str | None,
+               t0: float, where: pl.DataFrame) -> ImportBatch:
+        batch = ImportBatch(relative_time=True)
+        batch.notes["layout"] = layout
+        batch.notes["meta"] = str(meta) if meta is not None else None
+        for reason, (n, message) in bad.items():
+            batch.reject(reason, message, count=n)
         if df.height == 0:
             return batch
         # float seconds -> int ns; the trace is relative already, shifted so it starts at 0 at the latest.
-        t0 = min(float(df["start_ts"].min()), 0.0)
         df = df.with_columns(
             ((pl.col("start_ts") - t0) * 1e9).round().cast(pl.Int64).alias("start_ns"),
             ((pl.col("start_ts") + pl.col("duration") - t0) * 1e9).round().cast(pl.Int64).alias("end_ns"),
             pl.when(pl.col("mb_id") >= 0).then(pl.col("mb_id")).cast(pl.Int32).alias("microbatch"),
             pl.col("dp_rank").cast(pl.Int32), pl.col("stage").cast(pl.Int32),
             pl.col("rank").cast(pl.Int32), pl.col("seq_id").cast(pl.Int64).alias("seq"))
-        # Without --job each trace is its own job, named as its meta file names it (else trace-<X>).
-        m = _TRACE.match(path.name)
-        job = opts.job or layout.get("trial_name") or (m["name"] if m else None)
         job_col = [pl.lit(job, dtype=pl.String).alias("job")] if job else []
         batch.add("compute_op", self._compute(df).with_columns(job_col))
-        batch.add("comm_op", self._comm(df).with_columns(job_col))
+        batch.add("comm_op", self._comm(df, where).with_columns(job_col))
         return batch
 
     @staticmethod
@@ -197,12 +273,12 @@ class _WhatifParquet:
             "start_ns", "end_ns", "step", "microbatch", "stage", "dp_rank", "optype", "seq")
 
     @staticmethod
-    def _comm(df: pl.DataFrame) -> pl.DataFrame:
+    def _comm(df: pl.DataFrame, where: pl.DataFrame) -> pl.DataFrame:
+        """``where``: the trace's (dp_rank, stage) -> rank layout (:func:`_origin_and_peers`)."""
         c = df.filter(pl.col("optype").is_in(list(COMM_OPTYPES)))
         ops = {k: v[0] for k, v in COMM_OPTYPES.items()}
         streams = {k: v[1] for k, v in COMM_OPTYPES.items()}
-        # p2p peer: the same dp rank on the neighbouring stage, from the (dp_rank, stage) -> rank layout.
-        where = df.group_by("dp_rank", "stage").agg(pl.col("rank").first().alias("peer"))
+        # p2p peer: the same dp rank on the neighbouring stage
         delta = (pl.when(pl.col("optype").is_in(["forward-send", "backward-recv"])).then(1)
                  .when(pl.col("optype").is_in(["backward-send", "forward-recv"])).then(-1))
         c = c.with_columns((pl.col("stage") + delta).cast(pl.Int32).alias("peer_stage"))

@@ -97,3 +97,36 @@ def test_missing_columns_and_bad_meta_name_the_file(tmp_path):
     (tmp_path / "meta-Y.yaml").write_text("dp_size: -2\n")
     with pytest.raises(InputFormatError, match="meta-Y.yaml"):
         read_layout(tmp_path / "meta-Y.yaml")
+
+
+def test_a_trace_read_in_batches_stores_what_a_whole_read_stores(tmp_path, monkeypatch):
+    """Past BATCH_ROWS rows the trace is decoded and stored a batch at a time; the rows, rejects (named by
+    file row) and p2p peers equal a whole read's, with the time origin and the peer layout taken from the
+    whole trace (here a negative start in the last batch, and a stage whose first rows lie in another
+    batch)."""
+    from rankscope.collectors.importers import osdi_whatif
+
+    bad = [{"dp_rank": 0, "stage": 0, "rank": 0, "step": 5, "optype": "no-such-op", "start_ts": 0.5,
+            "duration": 0.1, "seq_id": 9, "mc": -1, "mb_id": -1, "gmc": -1},
+           {"dp_rank": 0, "stage": 1, "rank": 1, "step": 5, "optype": "gc", "start_ts": -0.25,
+            "duration": 0.01, "seq_id": 9, "mc": 0, "mb_id": 0, "gmc": 1}]
+    path = tmp_path / "trace-TINY.parquet"
+    df = tiny_trace(path, extra_rows=bad)
+    (tmp_path / "meta-TINY.yaml").write_text(META)
+
+    def stored(batch_rows):
+        monkeypatch.setattr(osdi_whatif, "BATCH_ROWS", batch_rows)
+        store = Store(tmp_path / f"st-{batch_rows}")
+        res = ingest(store, [path])
+        return res, {k: store.read(k, "TINY") for k in ("comm_op", "compute_op")}
+
+    whole_res, whole = stored(10**6)
+    parts_res, parts = stored(7)
+    assert not isinstance(WHATIF_PARQUET.read(path, contract.ImportOptions()), contract.ImportBatch)
+    assert df.height > 3 * 7
+    for kind in whole:
+        cols = [c for c in whole[kind].columns if c != "source_file"]
+        assert parts[kind].select(cols).equals(whole[kind].select(cols)), kind
+    assert parts["comm_op"]["peer"].null_count() == whole["comm_op"]["peer"].null_count()
+    assert whole["compute_op"]["start_ns"].min() == 0  # shifted by the last batch's negative start
+    assert [r.rejects for r in parts_res.files] == [r.rejects for r in whole_res.files]
