@@ -44,14 +44,24 @@ class StepPaths:
 
 
 def _last_by(key: np.ndarray, value: np.ndarray, size: int, payload: np.ndarray) -> np.ndarray:
-    """Per key 0..size-1: the payload of the entry with the largest value (-1 where the key has none)."""
+    """Per key 0..size-1: the payload of the entry with the largest value, the last such entry on a tie
+    (-1 where the key has none). Two scatters, no sort (a lexsort of 1.9 M ops took 0.65 s)."""
     out = np.full(size, -1, dtype=np.int64)
     if key.size == 0:
         return out
-    order = np.lexsort((value, key))
-    k = key[order]
-    last = np.r_[k[1:] != k[:-1], True]
-    out[k[last]] = payload[order][last]
+    if np.isnan(value).any():  # a sort ranks NaN above every number: keep its answer
+        order = np.lexsort((value, key))
+        k = key[order]
+        last = np.r_[k[1:] != k[:-1], True]
+        out[k[last]] = payload[order][last]
+        return out
+    top = np.full(size, -np.inf)
+    np.maximum.at(top, key, value)
+    at_top = np.flatnonzero(value == top[key])
+    last = np.full(size, -1, dtype=np.int64)
+    np.maximum.at(last, key[at_top], at_top)
+    has = last >= 0
+    out[has] = payload[last[has]]
     return out
 
 

@@ -47,11 +47,14 @@ class StepTemplate:
 
 
 def step_template(ops: pl.DataFrame, src: np.ndarray, dst: np.ndarray, group: np.ndarray,
-                  step_index: np.ndarray) -> StepTemplate | None:
+                  step_index: np.ndarray, order: np.ndarray | None = None) -> StepTemplate | None:
     """The steps' shared structure, or None when the steps differ (see the module doc).
 
     ``ops`` needs rank, stream, start_ns in op-id order; ``step_index`` is 0..K-1 per op, in any op order
-    (the OSDI'25 graph lists its ops by (dp rank, step), not by step).
+    (the OSDI'25 graph lists its ops by (dp rank, step), not by step). ``order``: a position order the
+    caller knows already ((steps, ops per step) op ids, e.g. the OSDI'25 graph's own per-instance
+    template), used instead of the canonical sort when it holds every op once with row s in step s; the
+    checks below are the same either way.
     """
     n = ops.height
     if n == 0 or src.size == 0:
@@ -64,11 +67,13 @@ def step_template(ops: pl.DataFrame, src: np.ndarray, dst: np.ndarray, group: np
     if n_steps < 2 or np.any(counts != counts[0]):
         return None
     n_loc = int(counts[0])
-    # canonical order within each step: (rank, stream, start), ties kept in op order
-    keyed = ops.select("rank", pl.col("stream").cast(pl.Categorical).to_physical().alias("sc"), "start_ns") \
-        .with_columns(pl.Series("si", si), pl.int_range(pl.len(), dtype=pl.Int64).alias("i"))
-    op_of = keyed.sort("si", "rank", "sc", "start_ns", maintain_order=True)["i"].to_numpy().reshape(n_steps, n_loc)
-    del keyed
+    op_of = _given_order(order, si, n_steps, n_loc)
+    if op_of is None:
+        # canonical order within each step: (rank, stream, start), ties kept in op order
+        keyed = ops.select("rank", pl.col("stream").cast(pl.Categorical).to_physical().alias("sc"), "start_ns") \
+            .with_columns(pl.Series("si", si), pl.int_range(pl.len(), dtype=pl.Int64).alias("i"))
+        op_of = keyed.sort("si", "rank", "sc", "start_ns", maintain_order=True)["i"].to_numpy().reshape(n_steps, n_loc)
+        del keyed
     rank = ops["rank"].to_numpy()[op_of]
     if np.any(rank != rank[:1]):
         return None
@@ -98,6 +103,19 @@ def step_template(ops: pl.DataFrame, src: np.ndarray, dst: np.ndarray, group: np
         return None
     it = np.int32 if n < 2**31 - 1 else np.int64
     return StepTemplate(op_of.astype(it), t_src.astype(it), t_dst.astype(it), _renumber(g_loc[0]))
+
+
+def _given_order(order: np.ndarray | None, si: np.ndarray, n_steps: int, n_loc: int) -> np.ndarray | None:
+    """``order`` as (steps, ops per step) op ids when it lists every op once and row s holds step s's ops;
+    else None (the caller sorts)."""
+    if order is None or order.size != si.size:
+        return None
+    op_of = np.asarray(order, dtype=np.int64).reshape(n_steps, n_loc) if order.size == n_steps * n_loc else None
+    if op_of is None or np.any(np.bincount(op_of.ravel(), minlength=si.size) != 1):
+        return None
+    if np.any(si[op_of] != np.arange(n_steps)[:, None]):
+        return None
+    return op_of
 
 
 def _group_positions(group: np.ndarray, si: np.ndarray, pos: np.ndarray) -> np.ndarray | None:

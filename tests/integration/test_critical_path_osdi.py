@@ -94,3 +94,27 @@ def test_se_path_follows_the_long_microbatches_from_step_to_step(osdi):
           f"{in_top_quarter:.3f} of the steps it is among the quarter of its stage with the most compute")
     assert distinct >= top.height / 4
     assert in_top_quarter >= 0.75
+
+
+@pytest.mark.parametrize("name", ["AR", "ST", "SE"])
+def test_the_graphs_own_instances_give_the_step_template(osdi, name):
+    """The OSDI'25 graph's per-(step, dp rank) instances order each step's positions (no sort of every op);
+    the replay through that template equals the whole graph's, bit for bit, and so do the binding times
+    the critical path reads."""
+    import dataclasses
+
+    from rankscope.analysis.replay.step_template import step_template
+
+    g, _ = osdi(name)
+    order = g._instance_order()
+    assert order is not None and order.shape[0] == len(g.steps)
+    t = step_template(g.ops, g.src, g.dst, g.group, g.step_index, order)
+    assert t is not None
+    fresh = dataclasses.replace(g, notes={k: v for k, v in g.notes.items() if not k.startswith("_")})
+    whole = dataclasses.replace(g, notes={k: v for k, v in g.notes.items() if not k.startswith("_")}
+                                | {"_step_template": False})
+    assert fresh._replay_plan().columns == len(g.steps)
+    delay = path_delays(g)
+    np.testing.assert_array_equal(fresh.step_replayer(delay)(g.actual), whole.step_replayer(delay)(g.actual))
+    for a, b in zip(fresh.replay_detail(g.actual, delay), whole.replay_detail(g.actual, delay), strict=True):
+        np.testing.assert_array_equal(a, b)
