@@ -48,7 +48,18 @@ class FreshRows:
             if sorted(held) != parts:
                 continue  # the store holds other rows of this kind too: read them all from it
             tables = [held[p] for p in parts]
-            out[kind] = pl.from_arrow(tables[0] if len(tables) == 1 else pa.concat_tables(tables)).rechunk()
+            table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+            # columns null in every row are not copied into the frame (load_job broadcasts them): the
+            # conversion's copy is then of the filled half of an OSDI'25 trace's columns only
+            empty = [n for n, c in zip(table.column_names, table.columns, strict=True) if c.null_count == len(c)]
+            frame = pl.from_arrow(table.drop_columns(empty)).rechunk() if empty and len(empty) < table.num_columns \
+                else pl.from_arrow(table).rechunk()
+            if empty and len(empty) < table.num_columns:
+                nulls = pl.from_arrow(table.select(empty).slice(0, 0)).schema
+                frame = frame.with_columns(pl.lit(None, dtype=t).alias(c) for c, t in nulls.items()) \
+                    .select(table.column_names)
+            out[kind] = frame
+            del table
             # handed over once: the Arrow copy is not kept beside the frame for the whole analysis
             del self._parts[(kind, job)], tables, held
         return out
