@@ -71,10 +71,12 @@ def binding_links(graph: WhatIfGraph, duration: np.ndarray, delay: np.ndarray):
     launcher, tail_of, number of ops). The replay runs the plan the edits' what-ifs share
     (:meth:`WhatIfGraph.replay_detail`); the engine graph's edges are built here and not cached on the
     graph (~0.4 GB at 4,096 GPUs, as :meth:`WhatIfGraph.replay` would keep them)."""
-    src, dst, group, tail = engine_nodes(graph.src, graph.dst, graph.group, np.int64)
     n = graph.ops.height
-    synced = tail >= 0
     ready, end = graph.replay_detail(duration, delay)
+    # int32 node ids where they fit (ops plus tails): the edge arrays are the section's largest
+    src, dst, group, tail = engine_nodes(graph.src, graph.dst, graph.group,
+                                         np.int32 if ready.size < 2**31 - 1 else np.int64)
+    synced = tail >= 0
     full_delay = np.concatenate([delay, np.zeros(int(synced.sum()))])
     n_nodes = ready.size
     # a node's binding predecessor is one whose end is the latest among its predecessors: the replay

@@ -257,12 +257,15 @@ class WhatIfGraph:
             delay = maps.shaped(np.append(np.asarray(launch_delay, dtype=np.float64), 0.0)[maps.delay_idx])
         work: dict = {}
         s_end = replay_waves(plan, dur, delay, work, zero_groups=True)
-        # replay_waves' own per-node latest predecessor end, in plan order; a node is ready after its delay
-        node_ready = work["pred_end"] if delay is None else work["pred_end"] + delay
-        node_end = s_end[plan.super_of_op[plan.op_order]]
+        del dur
         node = plan.op_order if maps.template is None else self._template_nodes(maps.template, plan.op_order, tail)
-        ready[node] = node_ready
-        end[node] = node_end
+        # replay_waves' own per-node latest predecessor end, in plan order; a node is ready after its delay
+        pred_end = work.pop("pred_end")
+        if delay is not None:
+            pred_end += delay
+        ready[node] = pred_end
+        del pred_end
+        end[node] = s_end[plan.super_of_op[plan.op_order]]
         return ready, end
 
     def _tails(self) -> np.ndarray:
