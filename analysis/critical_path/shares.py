@@ -23,20 +23,20 @@ def link_labels(graph: WhatIfGraph, ops: np.ndarray) -> list[str | None]:
     """A name for the link each synced op's transfer crossed: ``send 3->5`` for a p2p pair (sender first),
     ``all_reduce:dp [0,2,4,6]`` for a collective (its op type and member ranks); None for a plain op."""
     group = graph.group
-    rank = graph.ops["rank"].to_numpy()
-    stream = graph.ops["stream"].to_numpy()
-    optype = graph.ops["optype"].to_numpy()
     wanted = np.unique(group[ops][group[ops] >= 0])
     members: dict[int, list[int]] = {int(g): [] for g in wanted}
     senders: dict[int, int] = {}
     hit = np.flatnonzero(np.isin(group, wanted))
-    for i in hit.tolist():
+    # only the rows read: a string column of every op as Python objects was ~120 MB at 1,024 workers
+    rows = graph.ops.select("rank", (pl.col("stream") == "send").alias("send"))[hit]
+    for i, r, is_send in zip(hit.tolist(), rows["rank"].to_list(), rows["send"].to_list(), strict=True):
         g = int(group[i])
-        members[g].append(int(rank[i]))
-        if stream[i] == "send":
-            senders[g] = int(rank[i])
+        members[g].append(int(r))
+        if is_send:
+            senders[g] = int(r)
+    optype = graph.ops["optype"].gather(ops).to_list()
     out: list[str | None] = []
-    for i in ops.tolist():
+    for j, i in enumerate(ops.tolist()):
         g = int(group[i])
         if g < 0:
             out.append(None)
@@ -47,7 +47,7 @@ def link_labels(graph: WhatIfGraph, ops: np.ndarray) -> list[str | None]:
             out.append(f"send {a}->{rs[0] if rs[1] == a else rs[1]}")
             continue
         listed = ",".join(str(r) for r in rs[:_MAX_LISTED]) + (f",... ({len(rs)} ranks)" if len(rs) > _MAX_LISTED else "")
-        out.append(f"{str(optype[i]).split(':')[0]} [{listed}]")
+        out.append(f"{str(optype[j]).split(':')[0]} [{listed}]")
     return out
 
 
@@ -61,7 +61,7 @@ def segment_frame(graph: WhatIfGraph, paths: StepPaths) -> pl.DataFrame:
     return pl.DataFrame({
         "step_index": paths.step_index, "op": idx, "rank": ops["rank"].to_numpy()[idx],
         "stage": ops["stage"].fill_null(0).to_numpy()[idx],
-        "op_class": np.where(work, ops["optype"].fill_null("op").to_numpy()[idx], GAP_CLASS),
+        "op_class": np.where(work, ops["optype"].fill_null("op").gather(idx).to_numpy(), GAP_CLASS),
         "comm": comm & work, "link": [lk if w else None for lk, w in zip(links, work, strict=True)],
         "waited": paths.waited, "start_ns": paths.start, "dur_ns": paths.dur})
 
