@@ -65,14 +65,26 @@ def _compute_ops(graph: WhatIfGraph, actual: np.ndarray) -> pl.DataFrame:
         pl.col("optype").cast(pl.Enum([FWD, BWD])), "a", "start_ns")
 
 
-def fwd_bwd_pearson(cops: pl.DataFrame) -> float:
+def per_microbatch(cops: pl.DataFrame) -> pl.DataFrame:
+    """One row per (rank, step, microbatch, optype): a (summed), pipe and stage (its pipeline: dp_rank, else
+    the rank; stage, else 0), start_ns (the first start) when cops has it. Both tests of the section read it."""
+    pipe = pl.col("dp_rank") if "dp_rank" in cops.columns else pl.col("rank")
+    stage = pl.col("stage") if "stage" in cops.columns else pl.lit(0)
+    return cops.group_by("rank", "step", "microbatch", "optype").agg(
+        pl.col("a").sum(), pipe.first().alias("pipe"), stage.first().alias("stage"),
+        *([pl.col("start_ns").min()] if "start_ns" in cops.columns else []))
+
+
+def fwd_bwd_pearson(cops: pl.DataFrame, per_mb: pl.DataFrame | None = None) -> float:
     """Pearson r of forward vs backward duration per microbatch, centred per (rank, step).
 
-    Needs columns rank, step, microbatch, optype, a. NaN when there are too few pairs.
+    Needs columns rank, step, microbatch, optype, a. NaN when there are too few pairs. ``per_mb``:
+    :func:`per_microbatch` of ``cops`` when the caller has it.
     """
     key = ["rank", "step", "microbatch"]
-    f = cops.filter(pl.col("optype") == FWD).group_by(key).agg(pl.col("a").sum().alias(FWD))
-    b = cops.filter(pl.col("optype") == BWD).group_by(key).agg(pl.col("a").sum().alias(BWD))
+    per_mb = per_microbatch(cops) if per_mb is None else per_mb
+    f = per_mb.filter(pl.col("optype") == FWD).select(*key, pl.col("a").alias(FWD))
+    b = per_mb.filter(pl.col("optype") == BWD).select(*key, pl.col("a").alias(BWD))
     # sorted so the sums reach corrcoef in one order: reports are reproducible to the last digit
     w = f.join(b, on=key, how="inner").sort(key).with_columns(
         (pl.col(FWD) - pl.col(FWD).mean().over("rank", "step")).alias("x"),
@@ -85,7 +97,7 @@ def fwd_bwd_pearson(cops: pl.DataFrame) -> float:
     return float(np.corrcoef(x, y)[0, 1])
 
 
-def heaviest_agreement(cops: pl.DataFrame, min_ratio: float) -> dict:
+def heaviest_agreement(cops: pl.DataFrame, min_ratio: float, per_mb: pl.DataFrame | None = None) -> dict:
     """Whether the microbatch that takes longest in one pass is also the longest in another, more often
     than chance: a long sequence is heavy in every pass of every stage it goes through.
 
@@ -106,12 +118,8 @@ def heaviest_agreement(cops: pl.DataFrame, min_ratio: float) -> dict:
     taken for length. Returns {pairs (both standing out), agree, chance, p_value (binomial tail),
     left_out_back_to_back}.
     """
-    pipe = pl.col("dp_rank") if "dp_rank" in cops.columns else pl.col("rank")
-    stage = pl.col("stage") if "stage" in cops.columns else pl.lit(0)
     timed = "start_ns" in cops.columns
-    per_mb = cops.group_by("rank", "step", "microbatch", "optype").agg(
-        pl.col("a").sum(), pipe.first().alias("pipe"), stage.first().alias("stage"),
-        *([pl.col("start_ns").min()] if timed else []))
+    per_mb = per_microbatch(cops) if per_mb is None else per_mb
     obs = per_mb.group_by("rank", "step", "optype").agg(
         pl.len().alias("m"), pl.col("microbatch").sort_by("a", "microbatch").last().alias("heavy"),
         (pl.col("a").max() / pl.col("a").median()).alias("ratio"), pl.first("pipe"), pl.first("stage"),
@@ -286,7 +294,8 @@ def balanced_sequences(graph: WhatIfGraph, actual: np.ndarray, T: float, T_ideal
     cops = _compute_ops(graph, actual)
     if cops.height == 0:
         return {"share": 0.0, "detected": False, "method": None, "evaluated": False}, None
-    r = fwd_bwd_pearson(cops)
+    per_mb = per_microbatch(cops)
+    r = fwd_bwd_pearson(cops, per_mb)
     out = {"pearson": r}
     if batch_meta is not None and batch_meta.height:
         bal, info = _balanced_with_lengths(cops, batch_meta)
@@ -299,7 +308,7 @@ def balanced_sequences(graph: WhatIfGraph, actual: np.ndarray, T: float, T_ideal
         detected = info["matched"] > 0 and r2 >= config.min_r2
     else:
         bal = _balanced_without_lengths(cops)
-        agreement = heaviest_agreement(cops, config.min_heavy_ratio)
+        agreement = heaviest_agreement(cops, config.min_heavy_ratio, per_mb)
         out.update(method="correlation", agreement=agreement)
         by_agreement = agreement["p_value"] < config.max_agreement_p
         detected = bool(np.isfinite(r) and r >= config.min_pearson) or by_agreement
