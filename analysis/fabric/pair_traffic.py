@@ -110,9 +110,7 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
                     # packets of a sampled capture's payload records as exported (0: not sampled)
                     data_samples=pl.col("num_packets").fill_null(1).filter(
                         pl.col("is_data") & (pl.col("sampling_rate").fill_null(1) > 1)).sum().cast(pl.Int64)))
-    # one exporter per directed pair: the one that saw the most bytes (the others saw the same transfer)
-    pairs = (per_exp.sort("bytes", descending=True).group_by(["src_addr", "dst_addr"]).first()
-             .rename({"src_addr": "src", "dst_addr": "dst"}))
+    pairs = busiest_exporter(per_exp).rename({"src_addr": "src", "dst_addr": "dst"})
     pairs = pairs.sort(["src", "dst"])
     quality = {
         "records": int(flow.height),
@@ -126,6 +124,15 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
     }
     return PairTraffic(pairs=pairs.select(*PAIR_COLUMNS), training_flows=keep, quality=quality,
                        control_flows=ctl.drop("_ctl", "_self"))
+
+
+def busiest_exporter(per_exp: pl.DataFrame) -> pl.DataFrame:
+    """One row per directed pair (src_addr, dst_addr) of per-exporter rows (exporter, bytes, ...): the
+    exporter that saw the most bytes (the others saw the same transfer). On a tie, the first by name: a leaf
+    and a spine that both saw a transfer whole see the same bytes, and the pick went by row order, which
+    polars' group_by does not keep (the same capture gave either exporter from one run to the next)."""
+    return per_exp.sort(["bytes", "exporter"], descending=[True, False], nulls_last=True) \
+        .group_by(["src_addr", "dst_addr"]).first()
 
 
 def on_pairs(flows: pl.DataFrame, pairs) -> pl.DataFrame:

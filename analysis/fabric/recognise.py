@@ -13,6 +13,7 @@ job's lowest endpoint address (numeric for IPv4).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,12 +56,31 @@ def recognise_jobs(flow: pl.DataFrame, capture: str, config: FlowConfig | None =
     """
     cfg = config or FlowConfig()
     pt = pair_traffic(flow, cfg)
-    edges = undirected_edges(pt.pairs) if not pt.pairs.is_empty() else pt.pairs
+    return recognise_pairs(
+        pt.pairs, pt.quality, capture, cfg, pt.training_flows,
+        lambda: flow_resolution_ns(pt.training_flows),
+        lambda nodes, rails, resolution: merge_components(nodes, rails, pt.training_flows, pt.control_flows, cfg,
+                                                          resolution))
+
+
+def recognise_pairs(pairs: pl.DataFrame, pair_quality: dict, capture: str, cfg: FlowConfig,
+                    payload: pl.DataFrame, resolution: Callable[[], int],
+                    merge: Callable[[list[str], np.ndarray, int], np.ndarray]) -> FabricJobs:
+    """:func:`recognise_jobs` from a capture's pair table on: the part that needs no raw record, so that a
+    capture too big for one process can be reduced to its pairs elsewhere (analysis.runner.capture_split)
+    and recognised here by the same code.
+
+    ``pairs`` and ``pair_quality``: as :func:`pair_traffic` returns them; ``payload``: records (or bursts
+    standing for them) with src_addr, dst_addr, start_ns, end_ns (and is_data, else all are payload), whose
+    bursts job evidence counts; ``resolution()``: the capture's clock (fabric.clock.flow_resolution_ns);
+    ``merge(nodes, rails, resolution)``: the job label per node (fabric.rails.merge_components).
+    """
+    edges = undirected_edges(pairs) if not pairs.is_empty() else pairs
     undecided: list[dict] = []
     heavy = heavy_edges(edges, cfg, undecided) if not edges.is_empty() else edges
-    nodes = sorted(set(pt.pairs["src"].to_list()) | set(pt.pairs["dst"].to_list()), key=address_key) \
-        if not pt.pairs.is_empty() else []
-    quality = dict(pt.quality)
+    nodes = sorted(set(pairs["src"].to_list()) | set(pairs["dst"].to_list()), key=address_key) \
+        if not pairs.is_empty() else []
+    quality = dict(pair_quality)
     if undecided:
         quality["undecided_job_or_storage"] = undecided
     if not nodes or heavy.is_empty():
@@ -72,14 +92,14 @@ def recognise_jobs(flow: pl.DataFrame, capture: str, config: FlowConfig | None =
     bi = np.array([idx[x] for x in heavy["b"].to_list()])
     rails = components(nodes, ai, bi)
     # one clock reading for the whole capture: rails and job evidence both order its records by it
-    resolution = flow_resolution_ns(pt.training_flows)
-    lab = merge_components(nodes, rails, pt.training_flows, pt.control_flows, cfg, resolution)
+    res = resolution()
+    lab = merge(nodes, rails, res)
     sizes = np.bincount(lab)
     members: dict[int, list[str]] = {}
     for n, c in zip(nodes, lab):
         if sizes[c] >= cfg.min_job_endpoints:
             members.setdefault(int(c), []).append(n)
-    groups = _with_evidence(members, rails, nodes, heavy, pt.training_flows, resolution, cfg, quality)
+    groups = _with_evidence(members, rails, nodes, heavy, payload, res, cfg, quality)
     e_lab = lab[ai]
     e_bytes = heavy["bytes"].to_numpy()
     jobs = []

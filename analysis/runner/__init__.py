@@ -1,7 +1,7 @@
 """Many jobs of a store: the job plan, the result cache, Ray. The only analysis code that does I/O."""
 
 from rankscope.analysis.runner.cache import ResultCache, cached_analysis, result_key, store_version
-from rankscope.analysis.runner.on_ray import analyse_with_ray
+from rankscope.analysis.runner.on_ray import RayMapper, analyse_with_ray, plan_with_ray, ray_session
 from rankscope.analysis.runner.plan import (
     PlannedJob,
     analyse_planned,
@@ -11,5 +11,6 @@ from rankscope.analysis.runner.plan import (
     with_capture,
 )
 
-__all__ = ["PlannedJob", "ResultCache", "analyse_planned", "analyse_with_ray", "cached_analysis", "load_planned",
-           "plan_jobs", "result_key", "store_version", "why_no_jobs", "with_capture"]
+__all__ = ["PlannedJob", "RayMapper", "ResultCache", "analyse_planned", "analyse_with_ray", "cached_analysis",
+           "load_planned", "plan_jobs", "plan_with_ray", "ray_session", "result_key", "store_version", "why_no_jobs",
+           "with_capture"]

@@ -13,6 +13,7 @@ planning needs job recognition, which lives here and not in collectors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from rankscope.analysis.diagnose import analyze_job
@@ -55,12 +56,15 @@ def flow_captures(store: Store, training: list[str]) -> list[str]:
 
 
 def plan_jobs(store: Store, job: str | None = None, flow_job: str | None = None,
-              flow: FlowConfig | None = None) -> list[PlannedJob]:
+              flow: FlowConfig | None = None, recognise: Callable[[str], FabricJobs] | None = None
+              ) -> list[PlannedJob]:
     """The jobs to analyse, training jobs first, then the jobs of each flow-only capture.
 
     ``job`` keeps only that one (a training job, a capture, or a job found in
     one, e.g. ``fabric-2``); ``flow_job`` names the capture a training job's
     comm_op records are compared with. An empty list means nothing matched.
+    ``recognise(capture)``: job recognition of one capture, when not in this process from its whole
+    flow records (:func:`rankscope.analysis.runner.capture_split.recognise_split`).
     """
     flow = flow or FlowConfig()
     training = training_jobs(store)
@@ -71,7 +75,7 @@ def plan_jobs(store: Store, job: str | None = None, flow_job: str | None = None,
     for cap in captures:
         if job is not None and job != cap and not job.startswith(cap + "-"):
             continue
-        found = recognised_jobs(store, cap, flow)
+        found = recognised_jobs(store, cap, flow, recognise)
         for rj in found.jobs:
             if job is None or job in (cap, rj.name):
                 plan.append(PlannedJob(rj.name, "capture", cap, tuple(rj.endpoints), quality=found.quality))
@@ -103,10 +107,12 @@ def why_no_jobs(store: Store, flow: FlowConfig) -> list[str]:
     return lines
 
 
-def recognised_jobs(store: Store, capture: str, flow: FlowConfig) -> FabricJobs:
+def recognised_jobs(store: Store, capture: str, flow: FlowConfig,
+                    recognise: Callable[[str], FabricJobs] | None = None) -> FabricJobs:
     """Job recognition on one flow capture, through the store's result cache: every `analyze` and every
     dashboard start plans the store's jobs, and recognition on a large capture costs seconds (1.7 s for a
-    4,096-GPU fabric) even when the analysis itself is answered from the cache."""
+    4,096-GPU fabric) even when the analysis itself is answered from the cache. ``recognise``: as for
+    :func:`plan_jobs`; both ways share one cache entry (they give the same jobs)."""
     cache = ResultCache(store)
     key = result_key("recognise_jobs", [store_version(store, [capture])], (capture, flow))
     hit = cache.get_json(key)
@@ -115,7 +121,7 @@ def recognised_jobs(store: Store, capture: str, flow: FlowConfig) -> FabricJobs:
             return FabricJobs([RecognisedJob(**j) for j in hit["jobs"]], hit["quality"])
         except (TypeError, KeyError):
             pass  # an entry of another shape is a miss
-    found = recognise_jobs(store.read("flow", capture), capture, flow)
+    found = recognise(capture) if recognise is not None else recognise_jobs(store.read("flow", capture), capture, flow)
     cache.put_json(key, {"jobs": [asdict(j) for j in found.jobs], "quality": found.quality})
     return found
 

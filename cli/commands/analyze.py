@@ -112,7 +112,8 @@ def _ingest_first(store_dir, paths, job):
 @click.option("--regression-threshold", type=float, default=0.9, show_default=True,
               help="flag a GEMM whose throughput ratio (vs peers or baseline) is below this")
 @click.option("--engine", type=click.Choice(["embedded", "ray"]), default="embedded", show_default=True,
-              help="where the jobs are analysed: in this process, or one Ray task per job")
+              help="where the jobs are analysed: in this process, or on Ray (a flow capture's job "
+                   "recognition split into tasks per part file, then one task per job)")
 @click.option("--address", default=None, help="Ray cluster to use with --engine ray (default: start a local "
                                               "one on 127.0.0.1 for this run)")
 @click.option("--format", "fmt", type=click.Choice(["summary", "text"]), default="summary", show_default=True,
@@ -166,9 +167,18 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
         stragglers=StragglerConfig(none_below=none_below),
         regressions=RegressionConfig(throughput=ThroughputConfig(threshold=regression_threshold)),
         flow=FlowConfig.with_rendezvous(*control_ports), topology=topology)
-    from rankscope.analysis.runner import plan_jobs
+    if address is not None and engine != "ray":
+        raise UsageError("--address names a Ray cluster: use it with --engine ray")
+    if engine == "ray":
+        from rankscope.analysis.runner import plan_with_ray, ray_session
 
-    plan = plan_jobs(store, job, flow_job, config.flow)
+        # one Ray session for the plan (a flow capture's job recognition split into tasks) and the job tasks
+        click.get_current_context().with_resource(ray_session(address))
+        plan = plan_with_ray(str(store.root), job, flow_job, config.flow)
+    else:
+        from rankscope.analysis.runner import plan_jobs
+
+        plan = plan_jobs(store, job, flow_job, config.flow)
     if not plan:
         if job:
             raise UsageError(f"--job {job!r}: no such job (training jobs and captures: {store.jobs()})")
@@ -184,8 +194,6 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
             from rankscope.dashboard.report_html import render_report as render
         except ImportError:
             click.echo("note: HTML report unavailable (rankscope.dashboard.report_html missing)", err=True)
-    if address is not None and engine != "ray":
-        raise UsageError("--address names a Ray cluster: use it with --engine ray")
     from rankscope.cli.progress import bar as progress_bar
     from rankscope.dashboard.report_text import render_text
 

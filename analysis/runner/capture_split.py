@@ -1,0 +1,144 @@
+"""Job recognition on a flow capture too big for one process: partitions read and reduced apart, then merged.
+
+Why: ``recognise_jobs`` reads the whole capture into one process, which a 16k-GPU fabric's capture
+(hundreds of millions of records in many files) does not fit. Here the capture is cut into partitions
+(its part files, large ones into row ranges), and
+
+1. each partition is reduced to its partial features (capture_partials.flow_partial), which merge into
+   exactly the pair table, clock, rendezvous clients and payload bursts recognition reads of the whole;
+2. recognition runs on the merged result by the embedded engine's own code (fabric.recognise.recognise_pairs);
+3. where rails may be copies of one job, a second pass bins their activity per partition (capture_rails);
+4. each recognised job is then analysed from its own records only (:func:`load_capture_job`).
+
+``mapper(fn, args)`` runs ``fn`` on each argument tuple and yields the results in order: the builtin
+loop here, Ray tasks in runner.on_ray (the rails' series are summed as they arrive). Every function it is given is a top-level function of this module,
+so that a Ray worker can import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from rankscope.analysis.diagnose import analyze_job
+from rankscope.analysis.fabric.config import FlowConfig
+from rankscope.analysis.fabric.recognise import FabricJobs, recognise_pairs
+from rankscope.analysis.report.diagnosis import Diagnosis
+from rankscope.analysis.runner.capture_partials import (
+    FlowPartial,
+    capture_resolution,
+    flow_partial,
+    merge_partials,
+    pair_quality,
+    pair_table,
+)
+from rankscope.analysis.runner.capture_rails import RailPlan, rail_labels, rail_plan, rail_series
+from rankscope.analysis.runner.plan import PlannedJob, plan_jobs, recognised_jobs, with_capture
+from rankscope.collectors.job_frames import JobFrames
+from rankscope.collectors.schema import polars_schema
+from rankscope.collectors.store import Store
+
+PARTITION_ROWS = 1_000_000
+"""a part file with more records than this is read as row ranges of this many: a partition's reduction
+then stays under ~1 GiB (measured: 2M simulated records took 1.5 GiB) whatever the size of the files the
+capture was ingested from."""
+
+FLOW_COLUMNS = ("exporter", "src_addr", "dst_addr", "src_port", "dst_port", "protocol", "size_bytes", "num_packets",
+                "start_ns", "end_ns", "sampling_rate", "est_size_bytes")
+"""the flow columns job recognition reads (fabric.pair_traffic); a partition reads no other."""
+
+Mapper = Callable[[Callable, list[tuple]], Iterable]
+
+
+def local_map(fn: Callable, args: list[tuple]) -> Iterator:
+    """The mapper of one process: ``fn(*a)`` for each ``a``, in order, each when it is asked for."""
+    return (fn(*a) for a in args)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Rows ``offset .. offset + num_rows`` of one part file of a capture."""
+
+    path: str
+    offset: int
+    num_rows: int
+
+
+def capture_partitions(store: Store, capture: str, max_rows: int = PARTITION_ROWS) -> list[Partition]:
+    """A capture's partitions, in the order ``Store.read`` concatenates its records."""
+    out = []
+    for p in store.parts("flow", capture):
+        n = pq.read_metadata(p).num_rows
+        out.extend(Partition(str(p), off, min(max_rows, n - off)) for off in range(0, n, max_rows))
+    return out
+
+
+def read_partition(part: Partition) -> pl.DataFrame:
+    """One partition's records (the FLOW_COLUMNS), typed as ``Store.read`` types them."""
+    lf = pl.scan_parquet(part.path, schema=polars_schema("flow"), missing_columns="insert",
+                         extra_columns="ignore", hive_partitioning=False)
+    return lf.slice(part.offset, part.num_rows).select(FLOW_COLUMNS).collect()
+
+
+def partition_partial(part: Partition, config: FlowConfig) -> FlowPartial:
+    """First pass, one partition: its partial features."""
+    return flow_partial(read_partition(part), config)
+
+
+def partition_series(part: Partition, config: FlowConfig, plan: RailPlan) -> pl.DataFrame:
+    """Second pass, one partition: its share of the rails' activity series."""
+    return rail_series(read_partition(part), config, plan)
+
+
+def recognise_split(parts: list[Partition], capture: str, config: FlowConfig, mapper: Mapper = local_map,
+                    merged: FlowPartial | None = None) -> FabricJobs:
+    """``recognise_jobs`` of the capture whose partitions are ``parts``, each partition reduced by ``mapper``.
+
+    ``merged``: the partitions' merged partial when the caller has it already."""
+    if merged is None:
+        merged = merge_partials(list(mapper(partition_partial, [(p, config) for p in parts])))
+
+    def merge(nodes, rails, resolution):
+        plan = rail_plan(nodes, rails, merged, config, resolution)
+        series = mapper(partition_series, [(p, config, plan) for p in parts]) if plan.pairs else []
+        return rail_labels(plan, series, config)
+
+    return recognise_pairs(pair_table(merged), pair_quality(merged), capture, config, merged.bursts,
+                           lambda: capture_resolution(merged), merge)
+
+
+def recognised_jobs_split(store: Store, capture: str, flow: FlowConfig, mapper: Mapper = local_map,
+                          max_rows: int = PARTITION_ROWS) -> FabricJobs:
+    """runner.plan.recognised_jobs, split: the same result cache entry (so a later embedded plan of the
+    same store is answered from it, and the other way round)."""
+    return recognised_jobs(store, capture, flow, _split(store, flow, mapper, max_rows))
+
+
+def plan_jobs_split(store: Store, job: str | None, flow_job: str | None, flow: FlowConfig,
+                    mapper: Mapper = local_map) -> list[PlannedJob]:
+    """runner.plan.plan_jobs with each capture's jobs recognised split (:func:`recognise_split`)."""
+    return plan_jobs(store, job, flow_job, flow, _split(store, flow, mapper, PARTITION_ROWS))
+
+
+def _split(store: Store, flow: FlowConfig, mapper: Mapper, max_rows: int):
+    return lambda capture: recognise_split(capture_partitions(store, capture, max_rows), capture, flow, mapper)
+
+
+def load_capture_job(store: Store, planned: PlannedJob) -> JobFrames:
+    """runner.plan.load_planned for a job recognised in a capture, reading only the job's records: the
+    filter goes down to the Parquet scan, so the capture is never whole in memory."""
+    cap, eps = planned.source, list(planned.endpoints)
+    maps = {"endpoint_map": store.read("endpoint_map", cap)} if store.count("endpoint_map", cap) else {}
+    flow = store.scan("flow", cap).filter(pl.col("src_addr").is_in(eps) & pl.col("dst_addr").is_in(eps)).collect()
+    frames = JobFrames.from_frames(planned.name, flow=flow, **maps)
+    frames.job_endpoints = tuple(planned.endpoints)
+    return frames
+
+
+def analyse_capture_job(store: Store, planned: PlannedJob, config) -> tuple[Diagnosis, dict]:
+    """runner.plan.analyse_planned for a job recognised in a capture, from its own records only."""
+    d, tables = analyze_job(load_capture_job(store, planned), config)
+    return with_capture(d, planned), tables

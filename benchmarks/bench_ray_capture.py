@@ -1,0 +1,139 @@
+"""One big flow capture on Ray (issue 40): job recognition split into tasks per partition, then a task per job.
+
+The capture: a simulated shared fabric (two training jobs, storage, checkpoint and rendezvous
+background) copied onto BENCH_RAY_COPIES address ranges (each copy its own jobs and servers) and tiled
+over time until it holds BENCH_RAY_RECORDS records, written as BENCH_RAY_FILES part files of one store
+under bench-out/ (never the repository), each file a window of time, as exporters roll their files.
+Generated once per size and reused.
+
+Then, on a local Ray cluster of BENCH_RAY_CPUS CPUs: recognition split into tasks (one per partition,
+a second round for the rails when some may be copies), and one task per recognised job reading only
+its own records. A task's peak RSS is its worker's high-water mark when it ended: the task's own with
+BENCH_RAY_FRESH=1 (a fresh worker per task, ~2 s of start-up each, which the wall then includes), else
+the most of any task that worker ran until then, an upper bound. Printed: total records, wall (recognition, analysis, both), records per second per core, every
+task's peak RSS (target: under 2 GiB each) and the driver's.
+
+Up to BENCH_RAY_CHECK_MAX records (default 3M) the embedded engine's recognition of the whole capture
+runs too, after Ray, and must find the same jobs (it reads the whole capture into this process).
+
+    BENCH_RAY_RECORDS=2000000 python benchmarks/bench_ray_capture.py        # the default size
+    BENCH_RAY_RECORDS=100000000 BENCH_RAY_COPIES=32 python benchmarks/bench_ray_capture.py  # issue size
+"""
+
+from __future__ import annotations
+
+import os
+
+# as `rankscope analyze` asks (cli/startup.py): OpenBLAS workers only spin here, and Ray's workers inherit it
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+
+from rankscope.analysis.diagnose import DiagnoseConfig
+from rankscope.analysis.fabric.config import FlowConfig
+from rankscope.analysis.fabric.recognise import recognise_jobs
+from rankscope.analysis.runner import PlannedJob, RayMapper, analyse_with_ray, ray_session
+from rankscope.analysis.runner.capture_split import capture_partitions, recognise_split
+from rankscope.collectors.schema import conform
+from rankscope.collectors.store import Store
+from rankscope.datasets.simulator import SimConfig, simulate_fabric
+
+RECORDS = int(os.environ.get("BENCH_RAY_RECORDS", 2_000_000))
+FILES = int(os.environ.get("BENCH_RAY_FILES", 64))
+COPIES = int(os.environ.get("BENCH_RAY_COPIES", 4))
+CPUS = int(os.environ.get("BENCH_RAY_CPUS", os.cpu_count() or 1))
+FRESH = os.environ.get("BENCH_RAY_FRESH", "0") == "1"
+CHECK_MAX = int(os.environ.get("BENCH_RAY_CHECK_MAX", 3_000_000))
+OUT = Path(os.environ.get("BENCH_RAY_OUT", Path(__file__).resolve().parents[1] / "bench-out" / "ray_capture"))
+TARGET_TASK_BYTES = 2 << 30
+
+
+def base_capture() -> pl.DataFrame:
+    """COPIES fabrics' captures, each on its own address range (first octet 10, 11, ...: own jobs, own servers),
+    seed and start time: copies of one timing would be read as rails of one job, rightly."""
+    copies = []
+    for c in range(COPIES):
+        cfgs = [SimConfig(job="a", dp=8, pp=4, gpus_per_host=8, steps=6, seed=1 + 10 * c, gemm_records=False),
+                SimConfig(job="b", dp=4, pp=2, tp=2, gpus_per_host=2, steps=6, seed=2 + 10 * c,
+                          rank_order="tp-cp-ep-pp-dp", gemm_records=False)]
+        flow = pl.from_arrow(simulate_fabric(cfgs, background=True).flow)
+        octet = pl.lit(f"{10 + c}.")
+        copies.append(flow.with_columns(
+            *[(octet + pl.col(col).str.strip_prefix("10.")).alias(col) for col in ("src_addr", "dst_addr", "exporter")],
+            *[(pl.col(col) + c * 123_456_789).alias(col) for col in ("start_ns", "end_ns")]))
+    return pl.concat(copies)
+
+
+def generate(store_dir: Path) -> tuple[Store, float]:
+    """The store of RECORDS records in FILES parts (reused when it is there already)."""
+    t = time.perf_counter()
+    store = Store(store_dir)
+    if store_dir.exists() and len(store.parts("flow", "fabric")) == FILES:
+        return store, 0.0
+    shutil.rmtree(store_dir, ignore_errors=True)
+    base = base_capture()
+    period = int(base["end_ns"].max() - base["start_ns"].min()) + 1_000_000_000
+    # the base tiled over time without end, cut into FILES runs of rows: file f holds rows
+    # [f * RECORDS // FILES, (f + 1) * RECORDS // FILES) of it, a window of time as an exporter's file is
+    for f in range(FILES):
+        lo, hi = f * RECORDS // FILES, (f + 1) * RECORDS // FILES
+        ks = pl.DataFrame({"_k": list(range(lo // base.height, (hi - 1) // base.height + 1))}, schema={"_k": pl.Int64})
+        part = ks.join(base, how="cross").with_columns(
+            (pl.col(c) + pl.col("_k") * period).alias(c) for c in ("start_ns", "end_ns")).drop("_k")
+        part = part.slice(lo - (lo // base.height) * base.height, hi - lo)
+        store.write("flow", conform(part.select(base.columns), "flow"), job="fabric")
+    return store, time.perf_counter() - t
+
+
+def main() -> int:
+    store, gen_s = generate(OUT / f"store-{RECORDS}-{FILES}x{COPIES}")
+    parts = capture_partitions(store, "fabric")
+    records = sum(p.num_rows for p in parts)
+    print(f"capture: {records:,} records in {len(parts)} partitions ({FILES} files, {COPIES} address copies); "
+          f"generated in {gen_s:.1f} s" if gen_s else f"capture: {records:,} records in {len(parts)} partitions "
+          f"({FILES} files, {COPIES} address copies); reused", flush=True)
+    config = DiagnoseConfig(flow=FlowConfig())
+    mapper = RayMapper(max_calls=1 if FRESH else 0)
+    with ray_session(num_cpus=CPUS):
+        t0 = time.perf_counter()
+        found = recognise_split(parts, "fabric", config.flow, mapper)
+        t1 = time.perf_counter()
+        plan = [PlannedJob(j.name, "capture", "fabric", tuple(j.endpoints), quality=found.quality) for j in found.jobs]
+        verdicts = [(p.name, d.stragglers.verdict) for p, d, _ in
+                    analyse_with_ray(str(store.root), plan, config, mapper=mapper)]
+        t2 = time.perf_counter()
+    driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    wall = t2 - t0
+    print(f"jobs: {len(found.jobs)} ({', '.join(f'{n} {v}' for n, v in verdicts)})")
+    print(f"wall: recognition {t1 - t0:.1f} s, per-job analysis {t2 - t1:.1f} s, total {wall:.1f} s on {CPUS} CPUs")
+    rounds = ", ".join(f"{fn} {n} tasks {w:.1f} s" for fn, n, w in mapper.rounds)
+    print(f"recognition: {rounds}, the driver's merge and recognition {t1 - t0 - sum(w for *_, w in mapper.rounds):.1f} s")
+    print(f"records/s/core: {records / wall / CPUS:,.0f} (recognition alone {records / (t1 - t0) / CPUS:,.0f})")
+    print("task peak RSS (MiB)" + (", one fresh worker each:" if FRESH else ", worker high-water mark (upper bound):"))
+    for fn, label, peak, pid in mapper.peaks:
+        print(f"  {fn:18s} {label:48s} {peak / 2**20:8.0f}  pid {pid}")
+    for fn in dict.fromkeys(f for f, _, _, _ in mapper.peaks):
+        mib = sorted(p / 2**20 for f, _, p, _ in mapper.peaks if f == fn)
+        print(f"  {fn}: {len(mib)} tasks, peak RSS median {mib[len(mib) // 2]:.0f} MiB, largest {mib[-1]:.0f} MiB")
+    worst = max(p for _, _, p, _ in mapper.peaks)
+    over = sum(p > TARGET_TASK_BYTES for _, _, p, _ in mapper.peaks)
+    print(f"tasks: {len(mapper.peaks)}, largest peak {worst / 2**20:.0f} MiB (target < 2048), {over} over; "
+          f"driver peak {driver / 2**20:.0f} MiB")
+    if records <= CHECK_MAX:
+        t = time.perf_counter()
+        whole = recognise_jobs(store.read("flow", "fabric"), "fabric", config.flow)
+        same = whole.jobs == found.jobs and whole.quality == found.quality
+        print(f"embedded recognition of the whole capture: {time.perf_counter() - t:.1f} s in one process; "
+              f"same jobs and quality: {same}")
+        if not same:
+            return 1
+    return 1 if over else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
