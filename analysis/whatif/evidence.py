@@ -64,7 +64,8 @@ def slow_ranks(graph: WhatIfGraph, actual: np.ndarray, at_least: float) -> list[
         pl.col("dp_rank").first(), pl.col("stage").first()).iter_rows()))
     by_type = _peer_ratio(comp, ["rank", "stage", "optype"], ["stage", "optype"]).filter(pl.col("rank").is_in(slow))
     types = {}
-    for r, o, x in by_type.select("rank", "optype", "ratio").iter_rows():
+    # sorted: the group_by's order varies, and the report's keys followed it from run to run
+    for r, o, x in by_type.select("rank", "optype", "ratio").sort("rank", "optype").iter_rows():
         types.setdefault(r, {})[o] = float(x)
     sigma = _robust_sigma(speed)
     out = [{"rank": int(r), "dp_rank": int(place[r][0]), "stage": int(place[r][1]), "factor": float(speed[r]),
