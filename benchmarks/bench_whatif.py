@@ -102,9 +102,10 @@ def whole_process() -> None:
     env = {**base, "RANKSCOPE_NO_CACHE": "1"}  # every run computes: no result cache across runs
     tmp = Path(tempfile.mkdtemp(prefix="bench-whatif-wp-"))
     rs = " ".join(RANKSCOPE)
-    # the floor: the three libraries alone, loaded as this command loads them (collector paused, cli/startup.py)
+    # the floor: the three libraries alone, loaded as this command loads them (collector paused and OpenBLAS
+    # without worker threads, cli/startup.py; its idle workers added ~0.05 s CPU to the floor alone)
     jobs = {"floor": ([sys.executable, "-c", "import gc; gc.disable(); import numpy, polars, pyarrow.parquet"],
-                      {"env": base}),
+                      {"env": {**base, "OPENBLAS_NUM_THREADS": "1"}}),
             # everything this command imports, and no work: what the one-process path pays before reading a file
             "imports": ([sys.executable, "-c", "import click, yaml, rankscope.cli.commands.analyze as c; c._load(True); "
                          "import rankscope.collectors.importers.osdi_whatif"], {"env": base})}

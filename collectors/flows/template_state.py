@@ -36,8 +36,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from rankscope.collectors.flows.flow_decoder import FlowDecoder, held_cost
-from rankscope.collectors.flows.packet_columns import Field, layout_for
+# The decoders (flow_decoder, packet_columns and the four protocols) are imported by the two functions that
+# build or fill a decoder: every ingest opens a session here (collectors/ingest/files.py), but only files with
+# flows build a decoder; an OSDI'25 trace or a Kineto dump needs none (~5 ms CPU of a small analyze --ingest).
 
 STATE_DIR = "_flow_templates"
 STATE_FILE = "state.json"
@@ -73,6 +74,9 @@ def import_state(dec, state: dict) -> None:
     """Load :func:`export_state` output into a fresh decoder; malformed entries are skipped."""
     if not isinstance(state, dict) or state.get("version") != FORMAT_VERSION:
         return
+    from rankscope.collectors.flows.flow_decoder import held_cost
+    from rankscope.collectors.flows.packet_columns import Field, layout_for
+
     idx = dec.exporter_index
     for entry in _rows(state, "templates", 5):
         proto, exporter, tid, scope, fields = entry
@@ -181,6 +185,8 @@ def session(store, job: str | None = None) -> Iterator[None]:
 
 def new_decoder():
     """A FlowDecoder primed with the store's state when inside :func:`session`, else a fresh one."""
+    from rankscope.collectors.flows.flow_decoder import FlowDecoder
+
     dec = FlowDecoder(max_waiting_bytes=MAX_HELD_BYTES)
     s = _SESSION.get()
     if s is not None:

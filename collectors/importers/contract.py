@@ -5,7 +5,8 @@ An importer is a module with a module-level object exposing::
     name: str                                  # the --format name
     def sniff(path: Path, head: bytes) -> bool  # head: first 64 KiB, gunzipped
     def read(path: Path, opts: ImportOptions) -> ImportBatch | Iterable[ImportBatch]
-    companion: optional callable(path) -> bool  # files read by another file's importer
+    companion: optional callable(path) -> bool  # files read by another file's importer (listed in
+                                               # registry.WITH_COMPANIONS)
 
 Here: the options and batches, the limits a file may cost in memory (gzip bombs), and the helpers every
 importer shares (reading a file within the limits, rows into a frame with bad rows counted, ranks).
