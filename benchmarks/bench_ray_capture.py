@@ -7,8 +7,9 @@ under bench-out/ (never the repository), each file a window of time, as exporter
 Generated once per size and reused.
 
 Then, on a local Ray cluster of BENCH_RAY_CPUS CPUs: recognition split into tasks (one per partition,
-a second round for the rails when some may be copies), and one task per recognised job reading only
-its own records. A task's peak RSS is its worker's high-water mark when it ended: the task's own with
+a second round for the rails when some may be copies, and BENCH_RAY_BUCKETS reduce tasks, by default one
+per 4M records, that count the payload bursts per pair so that the driver holds counts, not bursts), and
+one task per recognised job reading only its own records. A task's peak RSS is its worker's high-water mark when it ended: the task's own with
 BENCH_RAY_FRESH=1 (a fresh worker per task, ~2 s of start-up each, which the wall then includes), else
 the most of any task that worker ran until then, an upper bound. Printed: total records, wall (recognition, analysis, both), records per second per core, every
 task's peak RSS (target: under 2 GiB each) and the driver's.
@@ -48,6 +49,7 @@ FILES = int(os.environ.get("BENCH_RAY_FILES", 64))
 COPIES = int(os.environ.get("BENCH_RAY_COPIES", 4))
 CPUS = int(os.environ.get("BENCH_RAY_CPUS", os.cpu_count() or 1))
 FRESH = os.environ.get("BENCH_RAY_FRESH", "0") == "1"
+BUCKETS = int(os.environ.get("BENCH_RAY_BUCKETS", 0)) or None
 CHECK_MAX = int(os.environ.get("BENCH_RAY_CHECK_MAX", 3_000_000))
 OUT = Path(os.environ.get("BENCH_RAY_OUT", Path(__file__).resolve().parents[1] / "bench-out" / "ray_capture"))
 TARGET_TASK_BYTES = 2 << 30
@@ -101,7 +103,7 @@ def main() -> int:
     mapper = RayMapper(max_calls=1 if FRESH else 0)
     with ray_session(num_cpus=CPUS):
         t0 = time.perf_counter()
-        found = recognise_split(parts, "fabric", config.flow, mapper)
+        found = recognise_split(parts, "fabric", config.flow, mapper, num_buckets=BUCKETS)
         t1 = time.perf_counter()
         plan = [PlannedJob(j.name, "capture", "fabric", tuple(j.endpoints), quality=found.quality) for j in found.jobs]
         verdicts = [(p.name, d.stragglers.verdict) for p, d, _ in

@@ -49,18 +49,25 @@ def burst_counts(flows: pl.DataFrame, gap_ns: int) -> pl.DataFrame:
     return f.group_by(["src_addr", "dst_addr"]).agg(bursts=pl.col("b").max().cast(pl.UInt32))
 
 
-def job_evidence(endpoints: list[str], heavy: pl.DataFrame, flows: pl.DataFrame, num_rails: int,
-                 resolution_ns: int, config: FlowConfig) -> dict:
+def burst_gap_ns(resolution_ns: int) -> int:
+    """The idle gap that separates bursts in job evidence, for a capture whose clock ticks every
+    ``resolution_ns`` (fabric.clock.flow_resolution_ns)."""
+    # idle gaps shorter than the exporter's clock tick (and its cache scan) are no gaps
+    return max(20 * resolution_ns, 1_000_000)
+
+
+def job_evidence(endpoints: list[str], heavy: pl.DataFrame, flows: pl.DataFrame | None, num_rails: int,
+                 resolution_ns: int, config: FlowConfig, bursts: pl.DataFrame | None = None) -> dict:
     """What speaks for these endpoints being one training job (see module doc).
 
     Needs heavy edges among the endpoints (a, b, bytes, first_ab, first_ba, data_symmetry) and their
-    payload flow records (src_addr, dst_addr, start_ns, end_ns). Returns grid_valid, median_bursts,
-    rail_copies and is_job.
+    payload flow records (src_addr, dst_addr, start_ns, end_ns), or instead ``bursts``: those records'
+    :func:`burst_counts` at :func:`burst_gap_ns` (src_addr, dst_addr, bursts; one row per directed pair
+    with payload, as a capture split into partitions counts them, runner.capture_partials). Returns
+    grid_valid, median_bursts, rail_copies and is_job.
     """
     fit = fit_grid(endpoints, heavy, config, resolution_ns)
-    # idle gaps shorter than the exporter's clock tick (and its cache scan) are no gaps
-    gap = max(20 * resolution_ns, 1_000_000)
-    bc = burst_counts(flows, gap)
+    bc = bursts if bursts is not None else burst_counts(flows, burst_gap_ns(resolution_ns))
     med = float(np.median(bc["bursts"].to_numpy())) if bc.height else 0.0
     repeated = med >= MIN_BURSTS
     dp = max((len(g) for g in fit.dp_groups), default=1)

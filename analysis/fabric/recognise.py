@@ -65,7 +65,8 @@ def recognise_jobs(flow: pl.DataFrame, capture: str, config: FlowConfig | None =
 
 def recognise_pairs(pairs: pl.DataFrame, pair_quality: dict, capture: str, cfg: FlowConfig,
                     payload: pl.DataFrame, resolution: Callable[[], int],
-                    merge: Callable[[list[str], np.ndarray, int], np.ndarray]) -> FabricJobs:
+                    merge: Callable[[list[str], np.ndarray, int], np.ndarray],
+                    pair_bursts: Callable[[int], pl.DataFrame] | None = None) -> FabricJobs:
     """:func:`recognise_jobs` from a capture's pair table on: the part that needs no raw record, so that a
     capture too big for one process can be reduced to its pairs elsewhere (analysis.runner.capture_split)
     and recognised here by the same code.
@@ -73,7 +74,10 @@ def recognise_pairs(pairs: pl.DataFrame, pair_quality: dict, capture: str, cfg: 
     ``pairs`` and ``pair_quality``: as :func:`pair_traffic` returns them; ``payload``: records (or bursts
     standing for them) with src_addr, dst_addr, start_ns, end_ns (and is_data, else all are payload), whose
     bursts job evidence counts; ``resolution()``: the capture's clock (fabric.clock.flow_resolution_ns);
-    ``merge(nodes, rails, resolution)``: the job label per node (fabric.rails.merge_components).
+    ``merge(nodes, rails, resolution)``: the job label per node (fabric.rails.merge_components);
+    ``pair_bursts(resolution)``, when given, stands for ``payload`` (then unread): the burst count of every
+    directed pair with payload (fabric.job_evidence.burst_counts at burst_gap_ns), asked for only when
+    some endpoint set is a candidate job.
     """
     edges = undirected_edges(pairs) if not pairs.is_empty() else pairs
     undecided: list[dict] = []
@@ -99,7 +103,8 @@ def recognise_pairs(pairs: pl.DataFrame, pair_quality: dict, capture: str, cfg: 
     for n, c in zip(nodes, lab):
         if sizes[c] >= cfg.min_job_endpoints:
             members.setdefault(int(c), []).append(n)
-    groups = _with_evidence(members, rails, nodes, heavy, payload, res, cfg, quality)
+    counts = pair_bursts(res) if pair_bursts is not None and members else None
+    groups = _with_evidence(members, rails, nodes, heavy, payload, res, cfg, quality, counts)
     e_lab = lab[ai]
     e_bytes = heavy["bytes"].to_numpy()
     jobs = []
@@ -122,16 +127,21 @@ def recognise_pairs(pairs: pl.DataFrame, pair_quality: dict, capture: str, cfg: 
 
 
 def _with_evidence(members: dict[int, list[str]], rails: np.ndarray, nodes: list[str], heavy: pl.DataFrame,
-                   flows: pl.DataFrame, resolution: int, cfg: FlowConfig, quality: dict) -> list[list[str]]:
+                   flows: pl.DataFrame | None, resolution: int, cfg: FlowConfig, quality: dict,
+                   bursts: pl.DataFrame | None = None) -> list[list[str]]:
     """The candidate endpoint sets that show a training job's shape; the others are counted as
-    non-training (storage, checkpoint, control) in ``quality``."""
-    payload = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
+    non-training (storage, checkpoint, control) in ``quality``. ``bursts``: per-pair burst counts that
+    stand for ``flows`` (see :func:`recognise_pairs`)."""
+    if bursts is None:
+        payload = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
     keep, rejected = [], []
     for m in members.values():
         ms = set(m)
+        inside = pl.col("src_addr").is_in(m) & pl.col("dst_addr").is_in(m)
         ev = job_evidence(m, heavy.filter(pl.col("a").is_in(m) & pl.col("b").is_in(m)),
-                          payload.filter(pl.col("src_addr").is_in(m) & pl.col("dst_addr").is_in(m)),
-                          len({int(r) for x, r in zip(nodes, rails.tolist()) if x in ms}), resolution, cfg)
+                          None if bursts is not None else payload.filter(inside),
+                          len({int(r) for x, r in zip(nodes, rails.tolist()) if x in ms}), resolution, cfg,
+                          bursts.filter(inside) if bursts is not None else None)
         if ev["is_job"]:
             keep.append(m)
         else:

@@ -13,7 +13,11 @@ that merges across any split of the records:
 - bursts (fabric.job_evidence): per directed pair, runs of payload records apart by idle gaps of at most
   BURST_HULL_GAP_NS, kept as (first start, last end) hulls. Job evidence's gap is never under that, and
   the records' intervals widened by a gap g >= it cover the same time as the hulls' widened by g, so the
-  bursts counted on the hulls equal those counted on the records.
+  bursts counted on the hulls equal those counted on the records. Job evidence needs nothing of them but
+  the number of bursts per directed pair at its gap (fabric.job_evidence.burst_gap_ns, known once the
+  clock is merged), so the split runner does not merge them in the driver: each partition splits its
+  hulls by pair into buckets (:func:`pair_buckets`), and a reduce task per bucket counts its pairs'
+  bursts across all partitions (:func:`bucket_burst_counts`); the driver holds one row per pair.
 
 Byte sums are of integer values (sizes times sampling rates) held in float64, so they do not depend on
 the order of the additions below 2**53 bytes. The rails' activity series need time bins that are known
@@ -31,6 +35,7 @@ import polars as pl
 
 from rankscope.analysis.fabric.clock import MIN_CLOCK_RECORDS, timestamp_resolution_ns
 from rankscope.analysis.fabric.config import FlowConfig
+from rankscope.analysis.fabric.job_evidence import burst_counts
 from rankscope.analysis.fabric.pair_traffic import (
     MAJOR_CONNECTION_SHARE,
     PAIR_COLUMNS,
@@ -77,7 +82,8 @@ class FlowPartial:
     pair_exp: pl.DataFrame
     """PAIR_EXP keys, bytes, num_records, first_ns, last_ns, data_bytes, last_data_ns, data_samples."""
     bursts: pl.DataFrame
-    """src_addr, dst_addr, start_ns, end_ns: payload hulls (see module doc)."""
+    """src_addr, dst_addr, start_ns, end_ns: payload hulls (see module doc); empty in the partials the
+    split runner merges, whose hulls went to :func:`pair_buckets` instead."""
     rendezvous: pl.DataFrame
     """src_addr, dst_addr: distinct clients and servers on rendezvous ports."""
     counts: dict = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
@@ -184,6 +190,26 @@ def merge_partials(parts: list[FlowPartial]) -> FlowPartial:
         counts={k: sum(p.counts[k] for p in parts) for k in COUNTS},
         control_ports_seen=set().union(*(p.control_ports_seen for p in parts)),
         exporters=set().union(*(p.exporters for p in parts)), clocks=clocks)
+
+
+def pair_buckets(bursts: pl.DataFrame, num_buckets: int) -> list[pl.DataFrame]:
+    """``bursts`` (a partition's hulls) split by directed pair into ``num_buckets`` frames: a pair goes to
+    the same bucket from every partition and every process (polars' hash with a fixed seed, stable within
+    one polars version, which a Ray cluster's processes share)."""
+    if num_buckets <= 1:
+        return [bursts]
+    key = pl.concat_str(["src_addr", "dst_addr"], separator=" ").hash(seed=0) % num_buckets
+    by = bursts.with_columns(_k=key).partition_by("_k", as_dict=True, include_key=False)
+    empty = bursts.head(0)
+    return [by.get((k,), empty) for k in range(num_buckets)]
+
+
+def bucket_burst_counts(gap_ns: int, *buckets: pl.DataFrame) -> pl.DataFrame:
+    """One bucket's burst counts per directed pair (fabric.job_evidence.burst_counts at ``gap_ns``), from
+    that bucket's share of every partition's hulls: a pair's hulls from several partitions (one burst may
+    straddle them) are merged by time under the same gap rule, so the counts are those of the whole
+    capture's payload records. Returns src_addr, dst_addr, bursts."""
+    return burst_counts(_concat(list(buckets)), gap_ns) if buckets else burst_counts(empty_partial().bursts, gap_ns)
 
 
 def pair_table(p: FlowPartial) -> pl.DataFrame:

@@ -5,13 +5,19 @@ Why: ``recognise_jobs`` reads the whole capture into one process, which a 16k-GP
 (its part files, large ones into row ranges), and
 
 1. each partition is reduced to its partial features (capture_partials.flow_partial), which merge into
-   exactly the pair table, clock, rendezvous clients and payload bursts recognition reads of the whole;
+   exactly the pair table, clock and rendezvous clients recognition reads of the whole; its payload
+   bursts are split by pair into buckets that stay with the mapper (Ray's object store), not the driver;
 2. recognition runs on the merged result by the embedded engine's own code (fabric.recognise.recognise_pairs);
+   when it weighs candidate jobs, a reduce task per bucket counts its pairs' bursts across all partitions
+   (capture_partials.bucket_burst_counts), so the driver holds a count per pair, never the bursts;
 3. where rails may be copies of one job, a second pass bins their activity per partition (capture_rails);
 4. each recognised job is then analysed from its own records only (:func:`load_capture_job`).
 
 ``mapper(fn, args)`` runs ``fn`` on each argument tuple and yields the results in order: the builtin
-loop here, Ray tasks in runner.on_ray (the rails' series are summed as they arrive). Every function it is given is a top-level function of this module,
+loop here, Ray tasks in runner.on_ray (the rails' series are summed as they arrive). A mapper with a
+``split(fn, args, num_returns)`` method (runner.on_ray.RayMapper) yields, for ``fn`` returning a tuple,
+(its first item, handles of the others), and takes those handles as arguments of a later call in their
+items' stead: the buckets then never reach the driver; without it, they are the frames themselves. Every function it is given is a top-level function of this module,
 so that a Ray worker can import it.
 """
 
@@ -25,13 +31,17 @@ import pyarrow.parquet as pq
 
 from rankscope.analysis.diagnose import analyze_job
 from rankscope.analysis.fabric.config import FlowConfig
+from rankscope.analysis.fabric.job_evidence import burst_gap_ns
 from rankscope.analysis.fabric.recognise import FabricJobs, recognise_pairs
 from rankscope.analysis.report.diagnosis import Diagnosis
 from rankscope.analysis.runner.capture_partials import (
     FlowPartial,
+    bucket_burst_counts,
     capture_resolution,
+    empty_partial,
     flow_partial,
     merge_partials,
+    pair_buckets,
     pair_quality,
     pair_table,
 )
@@ -45,6 +55,10 @@ PARTITION_ROWS = 1_000_000
 """a part file with more records than this is read as row ranges of this many: a partition's reduction
 then stays under ~1 GiB (measured: 2M simulated records took 1.5 GiB) whatever the size of the files the
 capture was ingested from."""
+
+BURST_BUCKET_RECORDS = 4 * PARTITION_ROWS
+"""one reduce task counts the bursts of the pairs of about this many records: ~27 % of a simulated
+fabric's records are burst hulls, so a reduce task holds about as many rows as a partition's task."""
 
 FLOW_COLUMNS = ("exporter", "src_addr", "dst_addr", "src_port", "dst_port", "protocol", "size_bytes", "num_packets",
                 "start_ns", "end_ns", "sampling_rate", "est_size_bytes")
@@ -88,18 +102,58 @@ def partition_partial(part: Partition, config: FlowConfig) -> FlowPartial:
     return flow_partial(read_partition(part), config)
 
 
+def partition_partial_buckets(part: Partition, config: FlowConfig, num_buckets: int) -> tuple:
+    """First pass, one partition, for the split runner: (its partial without bursts, then its bursts split
+    into ``num_buckets`` buckets by pair, capture_partials.pair_buckets)."""
+    p = partition_partial(part, config)
+    buckets = pair_buckets(p.bursts, num_buckets)
+    p.bursts = empty_partial().bursts
+    return (p, *buckets)
+
+
+def _first_pass(parts: list[Partition], config: FlowConfig, mapper: Mapper, num_buckets: int
+                ) -> tuple[FlowPartial, list[list]]:
+    """The partitions' merged partial (no bursts) and, per partition, its burst buckets (handles the
+    mapper gave, or the frames)."""
+    args = [(p, config, num_buckets) for p in parts]
+    split = getattr(mapper, "split", None)
+    outs = split(partition_partial_buckets, args, 1 + num_buckets) if split is not None else \
+        ((r[0], list(r[1:])) for r in mapper(partition_partial_buckets, args))
+    heads, buckets = [], []
+    for head, b in outs:
+        heads.append(head)
+        buckets.append(b)
+    return merge_partials(heads), buckets
+
+
+def burst_buckets(parts: list[Partition]) -> int:
+    """How many reduce tasks count the bursts of the capture whose partitions are ``parts``."""
+    return max(1, -(-sum(p.num_rows for p in parts) // BURST_BUCKET_RECORDS))
+
+
 def partition_series(part: Partition, config: FlowConfig, plan: RailPlan) -> pl.DataFrame:
     """Second pass, one partition: its share of the rails' activity series."""
     return rail_series(read_partition(part), config, plan)
 
 
 def recognise_split(parts: list[Partition], capture: str, config: FlowConfig, mapper: Mapper = local_map,
-                    merged: FlowPartial | None = None) -> FabricJobs:
+                    merged: FlowPartial | None = None, num_buckets: int | None = None) -> FabricJobs:
     """``recognise_jobs`` of the capture whose partitions are ``parts``, each partition reduced by ``mapper``.
 
-    ``merged``: the partitions' merged partial when the caller has it already."""
-    if merged is None:
-        merged = merge_partials(list(mapper(partition_partial, [(p, config) for p in parts])))
+    ``merged``: the partitions' merged partial (with its bursts) when the caller has it already;
+    ``num_buckets``: reduce tasks that count the bursts (default :func:`burst_buckets`)."""
+    pair_bursts = None
+    if merged is None and parts:
+        r = num_buckets or burst_buckets(parts)
+        merged, buckets = _first_pass(parts, config, mapper, r)
+
+        def pair_bursts(resolution: int) -> pl.DataFrame:
+            gap = burst_gap_ns(resolution)
+            counts = list(mapper(bucket_burst_counts, [(gap, *[b[k] for b in buckets]) for k in range(r)]))
+            buckets.clear()  # asked for once: let the object store free the bursts now
+            return pl.concat(counts, how="vertical")
+    elif merged is None:
+        merged = merge_partials([])
 
     def merge(nodes, rails, resolution):
         plan = rail_plan(nodes, rails, merged, config, resolution)
@@ -107,7 +161,7 @@ def recognise_split(parts: list[Partition], capture: str, config: FlowConfig, ma
         return rail_labels(plan, series, config)
 
     return recognise_pairs(pair_table(merged), pair_quality(merged), capture, config, merged.bursts,
-                           lambda: capture_resolution(merged), merge)
+                           lambda: capture_resolution(merged), merge, pair_bursts)
 
 
 def recognised_jobs_split(store: Store, capture: str, flow: FlowConfig, mapper: Mapper = local_map,

@@ -70,6 +70,13 @@ def _measured(fn: Callable, *args):
     return out, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, os.getpid()
 
 
+def _measured_first(fn: Callable, *args) -> tuple:
+    """:func:`_measured` for ``fn`` returning a tuple: (its first item measured, then its other items),
+    each a return object of its own (``num_returns``)."""
+    out = fn(*args)
+    return ((out[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, os.getpid()), *out[1:])
+
+
 class RayMapper:
     """The capture split's mapper on Ray: one task per argument tuple (all submitted at the first result
     asked for), results yielded in order.
@@ -86,22 +93,44 @@ class RayMapper:
     def __call__(self, fn: Callable, args: list[tuple]) -> Iterator:
         ray = _ray()
         task = ray.remote(max_calls=self.max_calls)(_measured)
-        shared: dict[int, object] = {}
-
-        def ref(x):
-            if isinstance(x, Partition):  # small and different for each task: inline
-                return x
-            if id(x) not in shared:
-                shared[id(x)] = ray.put(x)
-            return shared[id(x)]
-
         t0 = time.perf_counter()
-        refs = [task.remote(fn, *[ref(x) for x in a]) for a in args]
+        refs = _submit(task, fn, args)
         for a, r in zip(args, refs, strict=True):
             res, peak, pid = ray.get(r)
             self.peaks.append((fn.__name__, _label(a[0]), peak, pid))
             yield res
         self.rounds.append((fn.__name__, len(args), time.perf_counter() - t0))
+
+    def split(self, fn: Callable, args: list[tuple], num_returns: int) -> Iterator[tuple[object, list]]:
+        """As a call, for ``fn`` returning a tuple of ``num_returns`` items: yields (its first item, object
+        refs of the others); those stay in the object store until tasks of a later call take them as
+        arguments (runner.capture_split: a partition's burst buckets never reach the driver)."""
+        ray = _ray()
+        task = ray.remote(max_calls=self.max_calls, num_returns=num_returns)(_measured_first)
+        t0 = time.perf_counter()
+        refs = _submit(task, fn, args)
+        for a, r in zip(args, refs, strict=True):
+            res, peak, pid = ray.get(r[0])
+            self.peaks.append((fn.__name__, _label(a[0]), peak, pid))
+            yield res, list(r[1:])
+        self.rounds.append((fn.__name__, len(args), time.perf_counter() - t0))
+
+
+def _submit(task, fn: Callable, args: list[tuple]) -> list:
+    """``task.remote(fn, *a)`` for each ``a``. Arguments other than the partition and numbers (the options,
+    the rails plan) go to the object store once, not once per task; object refs go as they are (Ray
+    gives the task their values)."""
+    ray = _ray()
+    shared: dict[int, object] = {}
+
+    def ref(x):
+        if isinstance(x, (Partition, int, ray.ObjectRef)):  # small, or in the store already: inline
+            return x
+        if id(x) not in shared:
+            shared[id(x)] = ray.put(x)
+        return shared[id(x)]
+
+    return [task.remote(fn, *[ref(x) for x in a]) for a in args]
 
 
 def _label(x) -> str:

@@ -25,6 +25,7 @@ from rankscope.analysis.fabric.recognise import recognise_jobs
 from rankscope.analysis.runner import capture_rails
 from rankscope.analysis.runner.capture_partials import (
     BURST_HULL_GAP_NS,
+    bucket_burst_counts,
     capture_resolution,
     flow_partial,
     merge_partials,
@@ -35,6 +36,7 @@ from rankscope.analysis.runner.capture_split import (
     capture_partitions,
     load_capture_job,
     partition_partial,
+    partition_partial_buckets,
     plan_jobs_split,
     recognise_split,
 )
@@ -135,13 +137,47 @@ def test_burst_hulls_count_the_records_bursts(capture):
         assert burst_counts(hulls, gap).sort(key).equals(burst_counts(payload, gap).sort(key)), gap
 
 
-def test_split_recognition_gives_the_embedded_jobs_and_quality(capture):
+def test_bucketed_bursts_count_the_records_bursts(capture):
+    """Each partition's hulls split by pair into 3 buckets, each bucket's pairs counted across all
+    partitions (a reduce task's work): every pair in exactly one bucket, with the records' count."""
+    _, store, parts, cfg = capture
+    payload = pair_traffic(store.read("flow", "fabric"), cfg).training_flows.filter(pl.col("is_data"))
+    outs = [partition_partial_buckets(p, cfg, 3) for p in parts]
+    assert all(o[0].bursts.is_empty() and len(o) == 4 for o in outs)
+    key = ["src_addr", "dst_addr"]
+    for gap in (BURST_HULL_GAP_NS, 20 * 1_000_000, 10**9):
+        counts = pl.concat([bucket_burst_counts(gap, *[o[1 + k] for o in outs]) for k in range(3)])
+        assert counts.sort(key).equals(burst_counts(payload, gap).sort(key)), gap
+
+
+@pytest.mark.parametrize("num_buckets", [None, 3])
+def test_split_recognition_gives_the_embedded_jobs_and_quality(capture, num_buckets):
     name, store, parts, cfg = capture
     whole = recognise_jobs(store.read("flow", "fabric"), "fabric", cfg)
-    split = recognise_split(parts, "fabric", cfg)
+    split = recognise_split(parts, "fabric", cfg, num_buckets=num_buckets)
     assert whole.jobs, name
     assert split.jobs == whole.jobs
     assert split.quality == whole.quality
+
+
+def test_split_recognition_holds_burst_counts_not_bursts(capture, monkeypatch):
+    """The driver's merged partial holds no burst; job evidence gets one count per directed pair."""
+    from rankscope.analysis.fabric import recognise
+
+    _, _, parts, cfg = capture
+    seen = []
+    real = recognise._with_evidence
+
+    def spy(members, rails, nodes, heavy, flows, resolution, c, quality, bursts=None):
+        seen.append((flows, bursts))
+        return real(members, rails, nodes, heavy, flows, resolution, c, quality, bursts)
+
+    monkeypatch.setattr(recognise, "_with_evidence", spy)
+    recognise_split(parts, "fabric", cfg, num_buckets=2)
+    (flows, bursts), = seen
+    assert flows.is_empty() and bursts is not None
+    assert bursts.columns == ["src_addr", "dst_addr", "bursts"]
+    assert bursts.select("src_addr", "dst_addr").is_unique().all()
 
 
 def test_a_recognised_job_reads_only_its_own_records(capture):
