@@ -21,6 +21,7 @@ import polars as pl
 from rankscope.analysis.report.data_quality import (
     RankCoverage,
 )
+from rankscope.analysis.strategy.whitebox import member_ranks
 from rankscope.collectors.job_frames import JobFrames
 
 
@@ -60,8 +61,7 @@ def rank_coverage(frames: JobFrames) -> Coverage:
     cm = frames.comm_op
     if not cm.is_empty():
         if "group_ranks" in cm.columns:
-            # distinct lists first: every op's member list exploded is ~100 M values on 4,096 GPUs
-            named |= _ints(cm["group_ranks"].drop_nulls().unique().explode())
+            named |= member_ranks(cm["group_ranks"])
         if "peer" in cm.columns:
             named |= _ints(cm["peer"])
     claims, set_aside = usable_claims(frames.declared)

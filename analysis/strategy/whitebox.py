@@ -29,6 +29,7 @@ from collections import defaultdict
 
 import numpy as np
 import polars as pl
+from pyarrow._compute import call_function  # not pyarrow.compute: its import is ~40 ms of a small trace's run
 
 from rankscope.analysis.report.strategy import Strategy, Undecided, WhiteboxDetail
 from rankscope.analysis.strategy.call_positions import (
@@ -46,8 +47,8 @@ from rankscope.analysis.strategy.groups_from_timing import label_groups_by_timin
 from rankscope.analysis.strategy.pipelines import P2P_OPS, order_pipelines
 
 
-def group_families(comm_op: pl.DataFrame) -> pl.DataFrame:
-    """Distinct collective groups with their calls and ops.
+def group_families(comm_op: pl.DataFrame, where: pl.Expr | None = None) -> pl.DataFrame:
+    """Distinct collective groups with their calls and ops (of the calls ``where`` keeps, default all).
 
     Needs comm_op columns rank, op, group_ranks, size_bytes. Returns one row per
     distinct member set: members (sorted list), size, calls (records per member),
@@ -56,15 +57,21 @@ def group_families(comm_op: pl.DataFrame) -> pl.DataFrame:
     ops (sorted list of op names).
     """
     pass_col = pl.col("_pass") if "_pass" in comm_op.columns else pl.lit(None, dtype=pl.String).alias("_pass")
-    coll = comm_op.select("op", "group_ranks", "size_bytes", "microbatch", pass_col).filter(
-        ~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_not_null())
+    # Calls are keyed by their member list's hash, and only each key's first list is gathered: grouping by the
+    # lists themselves row-encodes every call's members (75 M values on 16,384 GPUs, several GiB). Two lists
+    # whose 64-bit hashes collide would be merged (odds ~k^2/2^65 for k distinct lists: 3e-12 at 10,000).
+    coll = comm_op.select("op", "size_bytes", "microbatch", pass_col, _list=pl.col("group_ranks").hash(),
+                          _row=pl.int_range(pl.len(), dtype=pl.UInt32)).filter(
+        ~pl.col("op").is_in(P2P_OPS) & comm_op["group_ranks"].is_not_null() & (True if where is None else where))
     if coll.is_empty():
         return pl.DataFrame(schema={"members": pl.List(pl.Int64), "size": pl.Int64, "calls": pl.Float64, "mb_frac": pl.Float64,
                                     "stream_calls": pl.Float64, "bytes": pl.Float64, "ops": pl.List(pl.Utf8),
                                     **{c: pl.Int64 for c in POSITION_COUNTS}})
     # aggregate per list as recorded, then sort the (few) distinct lists and merge equal member sets
-    per_key = (coll.group_by("group_ranks", "op", "size_bytes")
-               .agg(pl.len().alias("n"), pl.col("microbatch").is_not_null().sum().alias("n_mb"), *position_counts()))
+    per_key = (coll.group_by("_list", "op", "size_bytes")
+               .agg(pl.len().alias("n"), pl.col("microbatch").is_not_null().sum().alias("n_mb"), *position_counts(),
+                    _first=pl.col("_row").min()))
+    per_key = per_key.with_columns(group_ranks=comm_op["group_ranks"].gather(per_key["_first"])).drop("_list", "_first")
     per_list = (per_key.group_by("group_ranks")
                 .agg(pl.col("n").sum(), *[pl.col(c).sum() for c in POSITION_COUNTS], key_n=pl.col("n").max(),
                      bytes=(pl.col("size_bytes").fill_null(0) * pl.col("n")).sum().cast(pl.Float64),
@@ -209,9 +216,9 @@ def infer_whitebox(comm_op: pl.DataFrame, *, timing: bool = True, passes: pl.Dat
     comm_op = with_pass(comm_op, passes)
     # all_to_all apart: an EP group may be a DP group too (EP = DP), and its calls run per microbatch
     a2a = pl.col("op") == "all_to_all"
-    fams = _partition_families(group_families(comm_op.filter(~a2a)), pipes.pipelines)
-    ep_fam, edp_fam = expert_families(_partition_families(group_families(comm_op.filter(a2a)), pipes.pipelines),
-                                      fams)
+    # filtered inside: a filter here would gather every column, member lists too (2 GiB at 16,384 GPUs)
+    fams = _partition_families(group_families(comm_op, ~a2a), pipes.pipelines)
+    ep_fam, edp_fam = expert_families(_partition_families(group_families(comm_op, a2a), pipes.pipelines), fams)
     ep_f = [ep_fam] if ep_fam else []
     notes += [note_expert_dp(edp_fam)] if edp_fam else []
     dp_f, tp_f, lone_undecided, role_notes = _dp_and_tp_families([f for f in fams if f is not edp_fam], comm_op,
@@ -277,11 +284,21 @@ def _all_ranks(comm_op: pl.DataFrame) -> list[int]:
     """
     ranks = set(comm_op["rank"].drop_nulls().cast(pl.Int64).to_list())
     ranks.update(comm_op["peer"].drop_nulls().cast(pl.Int64).to_list())
-    gr = comm_op["group_ranks"].drop_nulls()
-    if len(gr):
-        # distinct lists first: exploding every op's member list is ~100 M values on 4,096 GPUs
-        ranks.update(gr.unique().explode().drop_nulls().cast(pl.Int64).unique().to_list())
+    ranks.update(member_ranks(comm_op["group_ranks"]))
     return sorted(ranks)
+
+
+def member_ranks(group_ranks: pl.Series) -> set[int]:
+    """Every rank named in a column of member lists (nulls and empty lists name none).
+
+    Read chunk by chunk as Arrow: the flattened values are a view, not a copy, and no distinct-lists step
+    hashes whole lists (on 16,384 GPUs the column holds 170 M values; ``unique()`` on it took 3 GiB)."""
+    out: set[int] = set()
+    for chunk in group_ranks.get_chunks():
+        if chunk.len() and chunk.null_count() < chunk.len():
+            flat = call_function("list_flatten", [chunk.to_arrow()])
+            out.update(int(r) for r in call_function("unique", [flat]).to_pylist() if r is not None)
+    return out
 
 
 def _groups_from_end_times(comm_op: pl.DataFrame, timing: bool) -> tuple[pl.DataFrame, dict, float, list[str]]:
