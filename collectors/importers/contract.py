@@ -136,6 +136,9 @@ class ImportOptions:
     """--kind for generic table formats whose kind is not in the file name."""
     extra: dict[str, Any] = field(default_factory=dict)
     """importer-specific options (e.g. compute-span regexes), from the CLI's --opt key=value."""
+    rows_kept: bool = False
+    """the caller keeps every row it ingests in memory (``analyze --ingest``): an importer that would read a
+    large file in batches to bound its memory may read it whole, which is cheaper (one pass)."""
 
 
 @dataclass

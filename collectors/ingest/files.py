@@ -15,7 +15,7 @@ import hashlib
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import polars as pl
@@ -419,6 +419,8 @@ def ingest(store: Store, paths: Iterable[str | os.PathLike], fmt: str = "auto",
     ``keep_rows`` keeps each committed part's rows in its :class:`FileResult` (``kept``), for a caller
     that analyses them in the same process (:mod:`rankscope.collectors.fresh_rows`)."""
     opts = opts or contract.ImportOptions()
+    if keep_rows and not opts.rows_kept:
+        opts = replace(opts, rows_kept=True)
     if opts.job is not None:
         check_job_name(opts.job)
     summary = IngestSummary()

@@ -123,6 +123,8 @@ def test_a_trace_read_in_batches_stores_what_a_whole_read_stores(tmp_path, monke
     whole_res, whole = stored(10**6)
     parts_res, parts = stored(7)
     assert not isinstance(WHATIF_PARQUET.read(path, contract.ImportOptions()), contract.ImportBatch)
+    # a caller that keeps every row (analyze --ingest) gets it whole: batches would bound nothing there
+    assert isinstance(WHATIF_PARQUET.read(path, contract.ImportOptions(rows_kept=True)), contract.ImportBatch)
     assert df.height > 3 * 7
     for kind in whole:
         cols = [c for c in whole[kind].columns if c != "source_file"]
