@@ -52,9 +52,10 @@ class FreshRows:
             # columns null in every row are not copied into the frame (load_job broadcasts them): the
             # conversion's copy is then of the filled half of an OSDI'25 trace's columns only
             empty = [n for n, c in zip(table.column_names, table.columns, strict=True) if c.null_count == len(c)]
-            frame = pl.from_arrow(table.drop_columns(empty)).rechunk() if empty and len(empty) < table.num_columns \
-                else pl.from_arrow(table).rechunk()
-            if empty and len(empty) < table.num_columns:
+            if len(empty) == table.num_columns:
+                empty = []  # nothing filled (an empty part): converted as it is
+            frame = pl.from_arrow(table.drop_columns(empty)).rechunk()
+            if empty:
                 nulls = pl.from_arrow(table.select(empty).slice(0, 0)).schema
                 frame = frame.with_columns(pl.lit(None, dtype=t).alias(c) for c, t in nulls.items()) \
                     .select(table.column_names)

@@ -85,6 +85,12 @@ class _PlanMaps:
         """A flat per-node array as replay_waves takes it: (nodes,) or (nodes, steps)."""
         return flat if self.columns == 1 else flat.reshape(-1, self.columns)
 
+    def node_delays(self, launch_delay: np.ndarray | None) -> np.ndarray | None:
+        """Per-op launch delays placed on the plan's nodes (a tail takes none), shaped; None for none."""
+        if launch_delay is None:
+            return None
+        return self.shaped(np.append(np.asarray(launch_delay, dtype=np.float64), 0.0)[self.delay_idx])
+
 
 @dataclass(frozen=True)
 class WhatIfGraph:
@@ -217,9 +223,7 @@ class WhatIfGraph:
         graph under many duration sets.
         """
         maps = self._replay_plan()
-        delay = None
-        if launch_delay is not None:
-            delay = maps.shaped(np.append(np.asarray(launch_delay, dtype=np.float64), 0.0)[maps.delay_idx])
+        delay = maps.node_delays(launch_delay)
         # scratch arrays kept between calls (see replay_waves): the op durations extended by one 0,
         # the plan-ordered node durations, and the replay's own
         ext = np.zeros(self.ops.height + 1)
@@ -246,15 +250,13 @@ class WhatIfGraph:
         this runs the plan the what-ifs share, which is one step's when the steps repeat."""
         maps = self._replay_plan()
         plan = maps.plan
-        n, tail = self.ops.height, self._tails()
+        n, tail = self.ops.height, tail_of(self.group)
         n_nodes = n + int((tail >= 0).sum())
         ready, end = np.empty(n_nodes), np.empty(n_nodes)
         if plan.n == 0:
             return ready, end
         dur = maps.shaped(np.append(np.asarray(duration, dtype=np.float64), 0.0)[maps.in_idx])
-        delay = None
-        if launch_delay is not None:
-            delay = maps.shaped(np.append(np.asarray(launch_delay, dtype=np.float64), 0.0)[maps.delay_idx])
+        delay = maps.node_delays(launch_delay)
         work: dict = {}
         s_end = replay_waves(plan, dur, delay, work, zero_groups=True)
         del dur
@@ -267,13 +269,6 @@ class WhatIfGraph:
         del pred_end
         end[node] = s_end[plan.super_of_op[plan.op_order]]
         return ready, end
-
-    def _tails(self) -> np.ndarray:
-        """tail_of of :func:`engine_nodes`: per op, its tail node (n + its index among synced ops), -1 alone."""
-        synced = np.flatnonzero(self.group >= 0)
-        tail = np.full(self.group.size, -1, dtype=np.int64)
-        tail[synced] = self.group.size + np.arange(synced.size)
-        return tail
 
     @staticmethod
     def _template_nodes(tmpl, order: np.ndarray, tail: np.ndarray) -> np.ndarray:
@@ -297,9 +292,7 @@ class WhatIfGraph:
         """
         maps = self._replay_plan()
         in_idx = maps.in_idx
-        delay = None
-        if launch_delay is not None:
-            delay = maps.shaped(np.append(np.asarray(launch_delay, dtype=np.float64), 0.0)[maps.delay_idx])
+        delay = maps.node_delays(launch_delay)
         # a synced op's zero-length member node takes 0 either way
         act = np.append(np.asarray(actual, dtype=np.float64), 0.0)[in_idx]
         idl = np.append(np.asarray(ideal, dtype=np.float64), 0.0)[in_idx]
@@ -407,14 +400,21 @@ class WhatIfGraph:
         return out
 
 
+def tail_of(group: np.ndarray) -> np.ndarray:
+    """Per op of sync groups ``group`` (-1: alone), its tail node in the engine graph (:func:`engine_nodes`):
+    n + its index among the synced ops; -1 for a lone op."""
+    synced = np.flatnonzero(group >= 0)
+    tail = np.full(len(group), -1, dtype=np.int64)
+    tail[synced] = len(group) + np.arange(synced.size)
+    return tail
+
+
 def engine_nodes(src: np.ndarray, dst: np.ndarray, group: np.ndarray, idx: type
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(src, dst, group, tail_of) of the engine graph of ops with edges ``src -> dst`` and sync groups
     (-1: alone): the ops, then one tail per synced op; edge ids of integer type ``idx``."""
-    n = len(group)
     synced = np.flatnonzero(group >= 0)
-    tail = np.full(n, -1, dtype=np.int64)
-    tail[synced] = n + np.arange(synced.size)
+    tail = tail_of(group)
     # successors wait for the tail (own transfer end), not the group start
     t_src = tail[src]
     out_src = np.where(t_src >= 0, t_src, src).astype(idx, copy=False)
