@@ -34,7 +34,6 @@ import json
 import os
 import re
 import time
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,10 +48,11 @@ from rankscope.collectors.integrity import (
     manifest_problem,
     part_damage,
     part_record,
-    sidecar,
     sidecar_record,
     verify_mode,
 )
+from rankscope.collectors.orphans import clean_orphans, find_orphans, note_removed
+from rankscope.collectors.part_files import atomic_write_bytes, ingest_key, write_part
 from rankscope.collectors.schema import SCHEMAS, cast_to, empty, polars_schema, schema, unique_values
 
 if TYPE_CHECKING:
@@ -62,14 +62,9 @@ MANIFEST_DIR = "_manifest"
 LIVE_DIR = "_live"
 """``rankscope watch`` keeps each job's latest window here (``<job>.json``), for ``rankscope metrics``."""
 LOCK_FILE = ".writer.lock"
-REMOVED_LOG = "_removed.log"
 JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """Job names become directory names: a letter or digit first (so never ``.`` or ``..``), then up to
 127 of letters, digits and ``._-``; matched with fullmatch (a trailing newline does not pass)."""
-_INGEST_PART = re.compile(r"part-([0-9a-f]{16})-\d{20}-")
-"""Parts written by an ingest transaction; visible only once their manifest entry exists."""
-STALE_TMP_S = 900.0
-"""A temp file of a live writer (which holds no lock) older than this is debris from a crash."""
 
 
 def check_job_name(job: object) -> str:
@@ -104,42 +99,6 @@ class ManifestEntry:
     parts: dict[str, dict] = field(default_factory=dict)
     """part path (relative to the store) -> ``{sha256, bytes}`` of each part this source wrote; a read
     checks the parts against it (collectors.integrity). Empty in entries written before it existed."""
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def _dictionary_columns(sch: pa.Schema) -> list[str]:
-    """The columns worth a Parquet dictionary: text (op names, sources, jobs: a handful of values each).
-
-    Arrow's default dictionary-encodes every column, numbers too, until a dictionary outgrows its page (1 MiB),
-    which the times and sizes of a part under ~100k rows never do: they were encoded twice and the files
-    grew. Text only: a fifth less time writing the OSDI'25 AR trace's parts (38 -> 29 ms) and files a
-    quarter smaller."""
-    return [f.name for f in sch if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
-
-
-LIST_VALUES_PER_ROW_GROUP = 1 << 22
-"""List values (group member ranks) per Parquet row group: the writer holds a row group's levels at once,
-so 2,000 ops of a 100k-rank group in one group cost 1.3 GB more and twice the time of 4M-value groups."""
-
-
-def _row_group_rows(rows: pa.Table) -> int | None:
-    """Rows per row group: Arrow's default, unless the list columns would make a group's values huge."""
-    values = sum(len(ch.values) for f in rows.schema if pa.types.is_list(f.type) for ch in rows.column(f.name).chunks)
-    if values <= LIST_VALUES_PER_ROW_GROUP or rows.num_rows == 0:
-        return None
-    return max(1, LIST_VALUES_PER_ROW_GROUP * rows.num_rows // values)
 
 
 _CHECKED: set[tuple[str, int, int, bool]] = set()
@@ -221,8 +180,8 @@ class Store:
                 p.unlink(missing_ok=True)
             if stale:
                 self.removed["parts"] += len(stale)
-                self._note_removed([f"{p.relative_to(self.root)}\tpart of an earlier try of this source, "
-                                    f"{'replaced' if replaced else 'never committed'}" for p in stale])
+                note_removed(self.root, [f"{p.relative_to(self.root)}\tpart of an earlier try of this source, "
+                                         f"{'replaced' if replaced else 'never committed'}" for p in stale])
             tx = Transaction(self, key, keep_rows)
             try:
                 yield tx
@@ -240,46 +199,14 @@ class Store:
             return set()
 
     def clean_orphans(self) -> dict[str, int]:
-        """Remove ingest parts that never got a manifest entry and temp files left by crashes.
-
-        Call with the writer lock held: no ingest is then between its first part and its commit.
-        """
-        removed = {"parts": 0, "tmp": 0}
+        """Remove ingest parts that never got a manifest entry and temp files left by crashes
+        (collectors.orphans). Call with the writer lock held."""
         if not self.root.is_dir():
-            return removed
-        gone: list[str] = []
-        keys, now = self.committed_keys(), time.time()
-        for d in [*self.root.glob("*/job=*"), self.manifest_dir()]:
-            try:
-                names = os.listdir(d)
-            except OSError:
-                continue
-            for name in names:
-                p = d / name
-                m = _INGEST_PART.match(name)
-                try:
-                    if m and m.group(1) not in keys:
-                        p.unlink()
-                        removed["parts"] += 1
-                        gone.append(f"{p.relative_to(self.root)}\torphan part: no manifest entry commits it")
-                    elif name.startswith(".") and name.endswith(".tmp"):
-                        inner = _INGEST_PART.match(name[1:])
-                        if (inner and inner.group(1) not in keys) or now - p.stat().st_mtime > STALE_TMP_S:
-                            p.unlink()
-                            removed["tmp"] += 1
-                except OSError:
-                    continue
-        if gone:
-            self._note_removed(gone)
+            return {"parts": 0, "tmp": 0}
+        removed = clean_orphans(self.root, [*self.root.glob("*/job=*"), self.manifest_dir()], self.committed_keys())
         for k, n in removed.items():
             self.removed[k] += n
         return removed
-
-    def _note_removed(self, lines: list[str]) -> None:
-        """Every orphan part a writer removes is named in ``<store>/_removed.log`` (never removed silently)."""
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        with contextlib.suppress(OSError), open(self.root / REMOVED_LOG, "a") as f:
-            f.write("".join(f"{stamp}\t{line}\n" for line in lines))
 
     # ---------------------------------------------------------------- write
     def write(self, kind: str, table: pa.Table, job: str | None = None, *, prefix: str = "part") -> Path | None:
@@ -313,23 +240,8 @@ class Store:
                 import pyarrow.compute as pc  # only here: its import is a tenth of a small ingest (schema.cast_to)
 
                 part = table.filter(pc.equal(table.column("job"), j))
-            d = self.root / kind / f"job={j}"
-            path = d / f"{prefix}-{time.time_ns():020d}-{uuid.uuid4().hex[:12]}.parquet"
-            tmp = d / f".{path.name}.tmp"
             rows = cast_to(part.replace_schema_metadata(None), sch)
-            try:
-                d.mkdir(parents=True, exist_ok=True)
-                pq.write_table(rows, tmp, compression="zstd", use_dictionary=_dictionary_columns(sch),
-                               row_group_size=_row_group_rows(rows), write_page_checksum=True)
-                if _INGEST_PART.match(path.name) is None:
-                    # a live writer's part has no manifest entry: its hash goes beside it, before it is visible
-                    _atomic_write_bytes(sidecar(path), json.dumps(part_record(tmp)).encode())
-                os.replace(tmp, path)
-            except OSError as e:
-                raise StoreError(f"could not write {path}: {type(e).__name__}: {e.strerror or e}") from e
-            finally:
-                if tmp.exists():
-                    tmp.unlink()
+            path = write_part(self.root / kind / f"job={j}", rows, prefix)
             out.append((j, path, rows))
         return out
 
@@ -348,7 +260,7 @@ class Store:
         d = self.manifest_dir()
         try:
             d.mkdir(parents=True, exist_ok=True)
-            _atomic_write_bytes(d / f"{entry.key}.json", json.dumps(asdict(entry), indent=1, default=str).encode())
+            atomic_write_bytes(d / f"{entry.key}.json", json.dumps(asdict(entry), indent=1, default=str).encode())
         except OSError as e:
             raise StoreError(f"could not write the manifest entry in {d}: {e.strerror or e}") from e
 
@@ -359,7 +271,7 @@ class Store:
     def add_alias(self, name: str, key: str) -> None:
         """Record that a source's decoded records (fingerprint ``name``) were committed under ``key``."""
         try:
-            _atomic_write_bytes(self.manifest_dir() / f"{name}.alias", key.encode())
+            atomic_write_bytes(self.manifest_dir() / f"{name}.alias", key.encode())
         except OSError as e:
             raise StoreError(f"could not write {name}.alias in {self.manifest_dir()}: {e.strerror or e}") from e
 
@@ -368,7 +280,7 @@ class Store:
         d = self.root / LIVE_DIR
         try:
             d.mkdir(parents=True, exist_ok=True)
-            _atomic_write_bytes(d / f"{check_job_name(job)}.json", json.dumps(data, allow_nan=False).encode())
+            atomic_write_bytes(d / f"{check_job_name(job)}.json", json.dumps(data, allow_nan=False).encode())
         except OSError as e:
             raise StoreError(f"cannot write the live window of job {job} under {d}: {e.strerror or e}") from e
 
@@ -439,24 +351,8 @@ class Store:
     def orphans(self) -> list[Path]:
         """Ingest parts no manifest entry commits, while no writer holds the lock (so none is mid-commit):
         a crashed ingest or a lost entry. Readers do not see them; ``info`` and ``check`` say so."""
-        keys = self.committed_keys()
-        found = [d / n for d in self.root.glob("*/job=*") if d.is_dir() for n in os.listdir(d)
-                 if (m := _INGEST_PART.match(n)) and n.endswith(".parquet") and m.group(1) not in keys]
-        if not found:
-            return []
-        try:
-            fd = os.open(self.root / LOCK_FILE, os.O_RDONLY)
-        except OSError:
-            return sorted(found)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            # under the lock no commit is under way: entries written since the listing count too
-            now = Store(self.root).committed_keys()
-            return sorted(p for p in found if p.name[5:21] not in now and p.exists())
-        except BlockingIOError:
-            return []  # a writer is at work: its parts are not orphans yet
-        finally:
-            os.close(fd)
+        return find_orphans(self.root, self.root / LOCK_FILE, self.committed_keys(),
+                            lambda: Store(self.root).committed_keys())
 
     def relative_jobs(self) -> set[str]:
         """Jobs with at least one source whose times are relative, not epoch."""
@@ -468,8 +364,8 @@ class Store:
         for n in names:
             if not (n.startswith("part") and n.endswith(".parquet")):
                 continue
-            m = _INGEST_PART.match(n)
-            if m is None or m.group(1) in keys:
+            key = ingest_key(n)
+            if key is None or key in keys:
                 out.append(n)
         return out
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankscope.collectors.integrity import manifest_problem, part_damage, sidecar_record
+from rankscope.collectors.part_files import ingest_key
 from rankscope.collectors.store import MANIFEST_DIR, Store
-
-_INGEST_PART = re.compile(r"part-([0-9a-f]{16})-\d{20}-")
 
 
 @dataclass
@@ -80,8 +78,8 @@ def check_store(store: Store, full: bool = True) -> CheckResult:
                 continue
             res.parts += 1
             seen.add(rel)
-            m = _INGEST_PART.match(name)
-            if m and m.group(1) not in keys:
+            key = ingest_key(name)
+            if key is not None and key not in keys:
                 res.add(f"orphan part {p}: no manifest entry commits it (a crashed ingest, or a lost entry); "
                         "readers do not see it", f"remove {p.name}, noting it in {store.root}/_removed.log")
                 continue

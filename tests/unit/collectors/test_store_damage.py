@@ -11,8 +11,9 @@ import pytest
 
 from rankscope.cli.main import main
 from rankscope.collectors.ingest.files import ingest
+from rankscope.collectors.orphans import REMOVED_LOG
 from rankscope.collectors.schema import conform
-from rankscope.collectors.store import REMOVED_LOG, Store
+from rankscope.collectors.store import Store
 from rankscope.collectors.store_check import check_store
 
 KINETO = Path(__file__).parents[2] / "data" / "gloo_dp2pp2tp2" / "kineto" / "rank0.json.gz"
