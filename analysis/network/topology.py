@@ -73,6 +73,13 @@ def read_topology(path: str | Path) -> Topology:
     return Topology(tuple(tuple(r[c] for c in COLUMNS + OPTIONAL) for r in rows), f"file: {path}", tuple(notes))
 
 
+def payload_records(job_flows: pl.DataFrame) -> pl.DataFrame:
+    """The payload records (``is_data``) of a job's flows with only the columns that :func:`infer_topology`
+    and :func:`leaf_exporters` read: src_addr, dst_addr, exporter, size_bytes (the filter copies what it is
+    given, and a job's records have many more columns)."""
+    return job_flows.select("src_addr", "dst_addr", "exporter", "size_bytes", "is_data").filter(pl.col("is_data"))
+
+
 def infer_topology(flow: pl.DataFrame) -> Topology:
     """The leaf of each sending endpoint from the exporters that meter its traffic.
 
@@ -108,7 +115,9 @@ def leaf_exporters(flow: pl.DataFrame, topology: Topology) -> dict[str, str]:
     if flow.is_empty() or not topology.rows:
         return {}
     leaves = topology.frame.select(pl.col("endpoint").alias("src_addr"), "leaf").drop_nulls()
-    by = (flow.join(leaves, on="src_addr").group_by("leaf", "exporter").agg(pl.col("size_bytes").sum().alias("b"))
+    # the join copies what it is given: only the columns read, not the records' every column
+    by = (flow.select("src_addr", "exporter", "size_bytes").join(leaves, on="src_addr")
+          .group_by("leaf", "exporter").agg(pl.col("size_bytes").sum().alias("b"))
           .sort(["leaf", "b", "exporter"], descending=[False, True, False])
           .group_by("leaf", maintain_order=True).agg(pl.col("exporter").first()))
     return dict(zip(by["leaf"].to_list(), by["exporter"].to_list()))

@@ -15,7 +15,7 @@ import polars as pl
 
 from rankscope.analysis.network.expected import expected_traffic, expert_dp_groups
 from rankscope.analysis.network.observed import observed_pairs
-from rankscope.analysis.network.topology import Topology, infer_topology, leaf_exporters
+from rankscope.analysis.network.topology import Topology, infer_topology, leaf_exporters, payload_records
 from rankscope.analysis.report.findings import Finding
 from rankscope.analysis.report.strategy import Traffic, TrafficClass, TrafficPair
 
@@ -232,7 +232,7 @@ def pair_frame(strategy, job_flows: pl.DataFrame, steps: int, topo: Topology) ->
     j = _with_units(_joined(strategy, observed_pairs(job_flows, max(steps, 1))), strategy)
     j = _expected(j, *_scales(j))
     j = j.join(_peer_rates(j), on=["src", "dst"], how="left")
-    j = _cost(_kinds(_mark_not_ring(strategy, j), leaf_exporters(job_flows.filter(pl.col("is_data")), topo),
+    j = _cost(_kinds(_mark_not_ring(strategy, j), leaf_exporters(payload_records(job_flows), topo),
                      topo.leaf_of()))
     return _slow_nic_first(j.with_columns(pl.col("kind").is_in(["ok", "not_judged"]).alias("_ok")).sort(
         ["_ok", "cost_ns", "src", "dst"], descending=[False, True, False, False]))
@@ -248,7 +248,7 @@ def traffic_section(strategy, job_flows: pl.DataFrame | None, steps: int,
                                             "ep groups)")
     # without steps, bytes are per capture: the ratios stand (each class is sized from the same capture)
     per = "step" if steps > 0 else "capture"
-    topo = topology or infer_topology(job_flows.filter(pl.col("is_data")))
+    topo = topology or infer_topology(payload_records(job_flows))
     j = pair_frame(strategy, job_flows, steps, topo)
     flagged = int((~j["_ok"]).sum())
     few = _few_peers(j)

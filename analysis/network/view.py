@@ -6,7 +6,7 @@ import polars as pl
 
 from rankscope.analysis.network.observed import observed_pairs
 from rankscope.analysis.network.placement import placement_section
-from rankscope.analysis.network.topology import Topology, infer_topology
+from rankscope.analysis.network.topology import Topology, infer_topology, payload_records
 from rankscope.analysis.network.traffic import traffic_section
 
 
@@ -15,6 +15,6 @@ def network_view(strategy, job_flows: pl.DataFrame | None, steps: int, topology:
     a topology file the leaves come from the exporters (no pods: placement says what crosses leaves only)."""
     if job_flows is None or job_flows.is_empty():
         return None, None, None
-    topo = topology or infer_topology(job_flows.filter(pl.col("is_data")))
+    topo = topology or infer_topology(payload_records(job_flows))
     traffic = traffic_section(strategy, job_flows, steps, topo)
     return traffic, placement_section(strategy, observed_pairs(job_flows, max(steps, 1)), topo, job_flows, steps), topo

@@ -128,8 +128,9 @@ def _tcp_pair_counts(tcp: pl.DataFrame, pairs: list[tuple[str, str]],
 
 def _roce_pair_counts(roce: pl.DataFrame, pairs: list[tuple[str, str]], conn_col: str,
                       cfg: RanksPerAddressConfig) -> dict[str, tuple[int | None, str]]:
-    per_dir = roce.group_by("src_addr", "dst_addr", conn_col).agg(bytes=pl.col("_bytes").sum(),
-                                                                  kept=pl.col("_packets").sum())
+    # lazy: the eager group_by held ~0.2 GiB more for 1.6M records
+    per_dir = roce.lazy().group_by("src_addr", "dst_addr", conn_col).agg(bytes=pl.col("_bytes").sum(),
+                                                                         kept=pl.col("_packets").sum()).collect()
     by_dir = {(s, d): (g["bytes"].to_list(), float(g["kept"].sum()))
               for (s, d), g in per_dir.group_by("src_addr", "dst_addr")}
     out = {}
@@ -170,9 +171,11 @@ def ranks_per_address(flows: pl.DataFrame, pairs: list[tuple[str, str]],
     if not pairs or flows.is_empty():
         return RanksPerAddress(None, None, "none", "no heavy address pairs")
     size = next((c for c in ("est_bytes", "est_size_bytes") if c in flows.columns), "size_bytes")
-    f = flows.with_columns(_bytes=pl.coalesce(pl.col(size), pl.col("size_bytes")).cast(pl.Float64),
-                           _packets=(pl.col("num_packets") if "num_packets" in flows.columns
-                                     else pl.lit(None, pl.Int64)).cast(pl.Float64).fill_null(float("inf")))
+    # only the columns read: the filters below copy what they are given, and a job's records have many more
+    kept = [c for c in ("src_addr", "dst_addr", "src_port", "dst_port", "protocol", "dst_qp") if c in flows.columns]
+    f = flows.select(*kept, _bytes=pl.coalesce(pl.col(size), pl.col("size_bytes")).cast(pl.Float64),
+                     _packets=(pl.col("num_packets") if "num_packets" in flows.columns
+                               else pl.lit(None, pl.Int64)).cast(pl.Float64).fill_null(float("inf")))
     proto = pl.col("protocol") if "protocol" in f.columns else pl.lit(None, pl.Int32)
     ports = pl.col("src_port").is_not_null() & pl.col("dst_port").is_not_null()
     # only the job's heavy pairs count (a stray control connection between two of its hosts is not its transport)

@@ -17,14 +17,20 @@ from rankscope.analysis.report.steps import FlowPeriod, FlowPeriodMiss, Steps
 from rankscope.analysis.strategy.flows import notes
 from rankscope.analysis.strategy.flows.period import period_steps, step_period, whole_step
 
+LINK_COLUMNS = ("src_addr", "dst_addr", "src_port", "dst_port", "start_ns", "end_ns")
+"""the record columns that a link's bursts are read from."""
+
 
 def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
     """Step time and boundaries from the period of DP traffic (all heavy traffic when there is no DP).
 
-    Needs flows (aligned) src_addr, dst_addr, start_ns. Boundaries are spaced
+    Needs flows (aligned) src_addr, dst_addr, src_port, dst_port, start_ns, end_ns, exporter (and
+    is_data, est_bytes where present, for the whole-traffic check). Boundaries are spaced
     one period apart from the first record of the periodic traffic.
     """
-    f = on_pairs(flows, dp_pairs) if dp_pairs else flows
+    # only the columns read below: the records are filtered, sorted and joined on the way, each a copy
+    f = flows.select(LINK_COLUMNS)
+    f = on_pairs(f, dp_pairs) if dp_pairs else f
     if f.height < 3:
         return Steps(evaluated=False, why=notes.too_few_step_records(), source="flows")
     f, bursts = _link_bursts(f)
@@ -59,7 +65,7 @@ def _link_bursts(f: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(records keyed by flow and sorted, with ``gap`` to the flow's previous record and the flow's
     ``big``gest gap; the records that start a burst)."""
     key = pl.concat_str(["src_addr", "dst_addr", "src_port", "dst_port"], separator="|", ignore_nulls=True)
-    f = f.with_columns(key=key.cast(pl.Categorical).to_physical()).sort(["key", "start_ns"])
+    f = f.select(key.cast(pl.Categorical).to_physical().alias("key"), "start_ns", "end_ns").sort(["key", "start_ns"])
     # a burst starts after an idle gap; records that follow their predecessor closely are the same
     # burst cut by the active timeout, and their starts carry no step phase
     gap = pl.col("start_ns") - pl.col("end_ns").shift(1).over("key")
@@ -103,11 +109,17 @@ def _settle_period(flows: pl.DataFrame, bursts: pl.DataFrame, period: float,
     else:
         period_seen = None
     # a link's bursts may repeat several times a step: the job's whole traffic repeats once a step
-    payload = flows.filter(pl.col("is_data")) if "is_data" in flows.columns else flows
-    whole = whole_step(payload, period, resolution_ns) if "est_bytes" in flows.columns else None
+    whole = whole_step(_payload(flows), period, resolution_ns) if "est_bytes" in flows.columns else None
     if whole and whole["multiple"] > 1:
         period = whole["step_ns"]
     return period, period_seen, whole
+
+
+def _payload(flows: pl.DataFrame) -> pl.DataFrame:
+    """The payload records (all when ``is_data`` is unknown) with only the columns whole_step reads:
+    start_ns, end_ns, est_bytes (the filter copies what it is given, and the records have many more)."""
+    f = flows.select([c for c in ("start_ns", "end_ns", "est_bytes", "is_data") if c in flows.columns])
+    return f.filter(pl.col("is_data")).drop("is_data") if "is_data" in f.columns else f
 
 
 def _flow_period(cover: float, long_frac: float, hidden: dict, period_seen: float | None,
@@ -168,7 +180,7 @@ def _hidden_bursts(f: pl.DataFrame, bursts: pl.DataFrame, dur: np.ndarray, resol
     share = float((dur >= dmax - max(0.02 * dmax, 2 * resolution_ns)).mean())
     first = bursts.group_by("key").agg(a=pl.col("start_ns").min(), b=pl.col("start_ns").max())
     inside = (pl.col("start_ns") >= pl.col("a")) & (pl.col("start_ns") < pl.col("b"))
-    cov = (f.join(first, on="key").filter(inside)
+    cov = (f.select("key", "start_ns", "end_ns").join(first, on="key").filter(inside)
            .group_by("key").agg(open=(pl.col("end_ns") - pl.col("start_ns")).sum(),
                                 span=(pl.col("b") - pl.col("a")).first())
            .filter(pl.col("span") > 0))
