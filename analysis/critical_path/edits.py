@@ -60,6 +60,8 @@ class _Cols:
     """the op type as a small integer."""
     size: np.ndarray
     """bytes moved, nan where unknown."""
+    of_kind: dict
+    """op type -> its ops (ascending): each candidate reads its op types' ops, not a mask of every op."""
 
     @staticmethod
     def of(graph: WhatIfGraph) -> _Cols:
@@ -68,11 +70,14 @@ class _Cols:
         comm = ops["comm"].to_numpy()
         size = (ops["size_bytes"].cast(pl.Float64).fill_null(np.nan).to_numpy() if "size_bytes" in ops.columns
                 else np.full(ops.height, np.nan))
+        kind = optype.cast(pl.Categorical).to_physical().to_numpy()
+        order = np.argsort(kind, kind="stable")
+        bounds = np.flatnonzero(np.r_[True, kind[order][1:] != kind[order][:-1], True]) if kind.size else [0]
+        of_kind = {int(kind[order[a]]): order[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)}
         return _Cols(rank=ops["rank"].to_numpy(), stage=ops["stage"].fill_null(0).to_numpy(), comm=comm,
                      compute=~comm & ~optype.is_in(list(STALL_TYPES)).to_numpy(),
                      send=(ops["stream"] == "send").to_numpy(), recv=(ops["stream"] == "recv").to_numpy(),
-                     kind=optype.cast(pl.Categorical).to_physical().to_numpy(),
-                     size=np.where(size > 0, size, np.nan))
+                     kind=kind, size=np.where(size > 0, size, np.nan), of_kind=of_kind)
 
 
 def _median_by_kind(values: np.ndarray, c: _Cols, peers: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -80,7 +85,8 @@ def _median_by_kind(values: np.ndarray, c: _Cols, peers: np.ndarray, idx: np.nda
     out = np.full(idx.size, np.nan)
     kinds = c.kind[idx]
     for k in np.unique(kinds):
-        vals = values[peers & (c.kind == k)]
+        ops = c.of_kind[int(k)]
+        vals = values[ops[peers[ops]]]  # the same values in the same order as values[peers & (kind == k)]
         vals = vals[np.isfinite(vals)]
         if vals.size:
             out[kinds == k] = np.median(vals)

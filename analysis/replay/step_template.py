@@ -124,15 +124,17 @@ def _group_positions(group: np.ndarray, si: np.ndarray, pos: np.ndarray) -> np.n
     synced = group >= 0
     if not synced.any():
         return np.full(group.size, -1, dtype=np.int64)
-    g = pl.DataFrame({"g": group[synced], "s": si[synced], "p": pos[synced]})
-    agg = g.group_by("g").agg(pl.col("s").min().alias("s0"), pl.col("s").max().alias("s1"),
-                              pl.col("p").min().alias("p0"))
-    if (agg["s0"] != agg["s1"]).any():
+    # scatters over the dense group ids: a polars group-by of 1.1 M synced ops took 7x longer
+    g, s, p = group[synced], si[synced], pos[synced]
+    big = np.iinfo(np.int64).max
+    s0, s1, p0 = (np.full(int(g.max()) + 1, v, dtype=np.int64) for v in (big, -1, big))
+    np.minimum.at(s0, g, s)
+    np.maximum.at(s1, g, s)
+    np.minimum.at(p0, g, p)
+    if np.any(s0 != s1, where=s1 >= 0):
         return None
-    low = np.full(int(group.max()) + 1, -1, dtype=np.int64)
-    low[agg["g"].to_numpy()] = agg["p0"].to_numpy()
     out = np.full(group.size, -1, dtype=np.int64)
-    out[synced] = low[group[synced]]
+    out[synced] = p0[g]
     return out
 
 

@@ -158,24 +158,33 @@ def _template_replay(graph: WhatIfGraph, plan: dict, actual: np.ndarray, ideal: 
         use_actual = sc.select[:, lab_t[:, m]].T != sc.remove
         return np.where(use_actual, act_t[:, m, None], idl_t[:, m, None])
 
+    # the loop is bound by memory traffic on (instances x K) matrices: maxima and sums go into arrays this
+    # replay made itself (never into ``end``'s, which later nodes read) instead of a new array each
     def ready(ps: list[int]) -> np.ndarray:
         if not ps:
             return zeros
-        out = end[ps[0]]
-        for p in ps[1:]:
-            out = np.maximum(out, end[p])
+        out = end[ps[0]] if len(ps) == 1 else np.maximum(end[ps[0]], end[ps[1]])
+        for p in ps[2:]:
+            np.maximum(out, end[p], out=out)
         for p in ps:
             left[p] -= 1
             if left[p] == 0:
                 del end[p]
         return out
 
+    delay_t = None if launch_delay is None else launch_delay[t.rows]
+    # without a negative duration or launch delay an op ends no later than every op that waits for it, in its
+    # own instance (through a dp-synced group too: the group starts at the latest member over the dp ranks),
+    # so an instance's last end is that of an op nothing waits for: only those are taken into its maximum
+    # (the same maximum, bit for bit; a NaN fails the check)
+    sinks_only = delay_t is None and bool((act_t >= 0).all()) and bool((idl_t >= 0).all())
+
     def finish(node: int, e: np.ndarray) -> None:
         if left.get(node, 0):
             end[node] = e
+            if sinks_only:
+                return
         np.maximum(inst_end, e, out=inst_end)
-
-    delay_t = None if launch_delay is None else launch_delay[t.rows]
 
     def launched(ps: list[int], m: int) -> np.ndarray:
         r = ready(ps)
@@ -184,8 +193,9 @@ def _template_replay(graph: WhatIfGraph, plan: dict, actual: np.ndarray, ideal: 
     for members, dp_sync, ps_list, is_group in plan["order"]:
         if is_group:
             start = launched(ps_list[0], members[0])
-            for m, ps in zip(members[1:], ps_list[1:], strict=True):
-                start = np.maximum(start, launched(ps, m))
+            for i, (m, ps) in enumerate(zip(members[1:], ps_list[1:], strict=True)):
+                # the first maximum makes the array the rest go into
+                start = np.maximum(start, launched(ps, m), out=None if i == 0 else start)
             if dp_sync:
                 start = np.repeat(start.reshape(t.n_steps, t.dp, k).max(axis=1), t.dp, axis=0)
             for m in members:
@@ -193,8 +203,11 @@ def _template_replay(graph: WhatIfGraph, plan: dict, actual: np.ndarray, ideal: 
                     end[m] = start
         else:
             node = members[0]
+            # the duration matrix is this replay's own: the end goes into it (x + y == y + x, bit for bit)
             if node >= n_t:  # a transfer tail: starts when its group starts
-                finish(node, ready(ps_list[0]) + dur(node - n_t))
+                d = dur(node - n_t)
+                finish(node, np.add(d, ready(ps_list[0]), out=d))
             else:
-                finish(node, launched(ps_list[0], node) + dur(node))
+                d = dur(node)
+                finish(node, np.add(d, launched(ps_list[0], node), out=d))
     return inst_end.reshape(t.n_steps, t.dp, k).max(axis=1)
