@@ -34,6 +34,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.integration.netns_fabric import Fabric, free_port, sh, stop_process
+from tests.integration.netns_meters import (
+    EXPORTERS,
+    Meter,
+    expire_softflowd,
+    ingest_files,
+    start_collector,
+    start_meter,
+    stop_collectors,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_SCRIPT = REPO / "tests" / "jobs" / "train_dp_pp.py"
@@ -237,6 +246,9 @@ class PlacedNetnsJobResult(NetnsJobResult):
     """with ``second_bridge``: leaf (``"A"``, ``"B"``) -> the management address its meter exports from."""
     rerouted: str | None = None
     """with ``reroute``: the address of the namespace whose traffic enters the fabric at leaf B."""
+    stores: dict[str, Path] = field(default_factory=dict)
+    """exporter -> the store its collector wrote (``exporter``'s and each of ``also_exporters``')."""
+    collector_outputs: dict[str, str] = field(default_factory=dict)
 
 
 def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp: int = 2, tp: int = 1,
@@ -248,7 +260,7 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                          nfpcapd_expire: tuple[int, int] = (2, 1), sflow_sampling: int = 16,
                          exit_sleep_s: float = 0.0, throttle: dict[int, tuple[str, int]] | None = None,
                          watch_args: tuple[str, ...] | None = None, second_bridge: bool = False,
-                         reroute: int | None = None) -> PlacedNetnsJobResult:
+                         reroute: int | None = None, also_exporters: tuple[str, ...] = ()) -> PlacedNetnsJobResult:
     """Like :func:`run_netns_job`, with the placement of ranks chosen by the caller.
 
     ``ranks_per_node`` processes run in each namespace (they share its address;
@@ -278,20 +290,27 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
     then holds two exporters, ``leaf_exporters``). ``reroute=k`` (implies ``second_bridge``) also cables
     namespace k to bridge B and takes its link to bridge A down before the job starts: k keeps its address,
     and everything it sends enters the fabric at leaf B.
+    ``also_exporters`` meter the same bridge at the same time, each into a collector and store of its own
+    (``stores``, by exporter; ``store`` is ``exporter``'s): one run serves several exporters' tests.
     """
     two_leaves = second_bridge or reroute is not None
     if two_leaves and exporter != "softflowd":
         raise ValueError(f"second_bridge/reroute meter each leaf with softflowd, not {exporter!r}")
-    if exporter not in ("softflowd", "nfpcapd", "pmacct-sflow", "pmacct-ipfix"):
-        raise ValueError(f"exporter {exporter!r}: softflowd, nfpcapd, pmacct-sflow or pmacct-ipfix")
+    names = (exporter, *also_exporters)
+    if [e for e in names if e not in EXPORTERS] or len(set(names)) < len(names):
+        raise ValueError(f"exporters {names}: each at most once, of {', '.join(EXPORTERS)}")
+    if also_exporters and (two_leaves or watch_args is not None):
+        raise ValueError("also_exporters: not with second_bridge, reroute or watch_args")
     workdir = Path(workdir)
     order = list(range(nodes)) if node_order is None else list(node_order)
     if sorted(order) != list(range(nodes)):
         raise ValueError(f"node_order {order} is not a permutation of 0..{nodes - 1}")
     store, out, logs = workdir / "store", workdir / "job", workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    flow_port, master_port = free_port(), 29500 + secrets.randbelow(2000)
-    collector = meter = watcher = None
+    master_port = 29500 + secrets.randbelow(2000)
+    meters = [Meter(e, store if i == 0 else workdir / f"store-{e}", free_port(), "" if i == 0 else f"-{e}")
+              for i, e in enumerate(names)]
+    watcher = None
     procs: list[subprocess.Popen] = []
     throttle = dict(throttle or {})
     progress_dir = workdir / "progress" if throttle or watch_args is not None else None
@@ -304,49 +323,19 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
         master = fab.addresses[order.index(0)]
         listen = "0.0.0.0" if two_leaves else "127.0.0.1"  # the leaves' meters export over their own links
         try:
-            collector = subprocess.Popen(
-                [str(BIN / "rankscope"), "collect", "flows", "--listen", f"{listen}:{flow_port}",
-                 "--store", str(store), "--job", "fabric", "--roll-seconds", "2"],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            first = collector.stdout.readline()
-            if "listening" not in first:
-                raise RuntimeError(f"collector did not start: {first}{collector.stdout.read()}")
-            ctl = workdir / "softflowd.ctl"
-            timeouts = [a for t in flow_timeouts for a in ("-t", t)]
-            nfdir = workdir / "nfcapd"
-            if exporter == "nfpcapd":
-                nfdir.mkdir(exist_ok=True)
-                # nfpcapd opens its capture without promiscuous mode: the bridge must take every frame
-                sh("ip", "link", "set", fab.bridge, "promisc", "on")
-                meter = subprocess.Popen(
-                    ["nfpcapd", "-i", fab.bridge, "-w", str(nfdir), "-t", "3600",
-                     "-e", f"{nfpcapd_expire[0]},{nfpcapd_expire[1]}"],
-                    stdout=open(logs / "nfpcapd.log", "w"), stderr=subprocess.STDOUT)
-            elif exporter.startswith("pmacct-"):
-                sh("ip", "link", "set", fab.bridge, "promisc", "on")
-                conf = workdir / "pmacctd.conf"
-                if exporter == "pmacct-sflow":
-                    plugin = (f"plugins: sfprobe\nsfprobe_receiver: 127.0.0.1:{flow_port}\n"
-                              f"sfprobe_agentip: 127.0.0.1\nsampling_rate: {sflow_sampling}\nsfprobe_agentsubid: 1\n")
-                else:  # pmacct's NetFlow/IPFIX probe, with softflowd's timeouts
-                    plugin = (f"plugins: nfprobe\nnfprobe_receiver: 127.0.0.1:{flow_port}\nnfprobe_version: 10\n"
-                              f"nfprobe_timeouts: {':'.join(flow_timeouts)}\n"
-                              "aggregate: src_host, dst_host, src_port, dst_port, proto, tos\n")
-                conf.write_text(f"daemonize: false\npcap_interface: {fab.bridge}\n{plugin}")
-                meter = subprocess.Popen(["pmacctd", "-f", str(conf)], stdout=open(logs / "pmacctd.log", "w"),
-                                             stderr=subprocess.STDOUT)
-            elif two_leaves:
+            for m in meters:
+                start_collector(m, listen, BIN / "rankscope")
+            if two_leaves:
+                timeouts = [a for t in flow_timeouts for a in ("-t", t)]
                 for j, (mns, cap, dst) in enumerate(zip(fab.meter_ns, fab.meter_ifs, fab.collector_addrs)):
                     leaf_meters.append(subprocess.Popen(
                         ["ip", "netns", "exec", mns, "softflowd", "-d", "-i", cap, "-v", "10", "-A", "milli",
-                         "-n", f"{dst}:{flow_port}", *timeouts, "-c", str(workdir / f"softflowd{j}.ctl"),
+                         "-n", f"{dst}:{meters[0].port}", *timeouts, "-c", str(workdir / f"softflowd{j}.ctl"),
                          "-p", str(workdir / f"softflowd{j}.pid")],
                         stdout=open(logs / f"softflowd{j}.log", "w"), stderr=subprocess.STDOUT))
             else:
-                meter = subprocess.Popen(
-                    ["softflowd", "-d", "-i", fab.bridge, "-v", "10", "-A", "milli", "-n",
-                     f"127.0.0.1:{flow_port}", *timeouts, "-c", str(ctl), "-p", str(workdir / "softflowd.pid")],
-                    stdout=open(logs / "softflowd.log", "w"), stderr=subprocess.STDOUT)
+                for m in meters:
+                    start_meter(m, fab.bridge, workdir, logs, flow_timeouts, nfpcapd_expire, sflow_sampling)
             if watch_args is not None:
                 store.mkdir(parents=True, exist_ok=True)
                 watcher = subprocess.Popen(
@@ -381,34 +370,19 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                 if rc:
                     raise RuntimeError(f"node {k} exited {rc}: {(logs / f'node{k}.log').read_text()[-2000:]}")
             job_seconds = time.monotonic() - t0
-            if exporter == "softflowd":
-                for c in [workdir / f"softflowd{j}.ctl" for j in range(len(leaf_meters))] or [ctl]:
-                    subprocess.run(["softflowctl", "-c", str(c), "expire-all"], capture_output=True, timeout=10)
-                time.sleep(1.5)
-            for m in leaf_meters:
-                stop_process(m)
-            stop_process(meter)  # nfpcapd writes every flow it still holds as it exits
-            time.sleep(0.5)
-            stop_process(collector)
-            collector_output = first + collector.stdout.read()
+            expire_softflowd([workdir / f"softflowd{j}.ctl" for j in range(len(leaf_meters))]
+                             or [m.ctl for m in meters if m.ctl is not None])
+            for lm in leaf_meters:
+                stop_process(lm)
+            stop_collectors(meters)
             stop_process(watcher, timeout=60.0)  # its last look at the store takes the collector's last part
-            if exporter == "nfpcapd":
-                dump = workdir / "flows.nfdump.json"
-                with open(dump, "w") as fh:
-                    subprocess.run(["nfdump", "-R", str(nfdir), "-o", "json"], stdout=fh, check=True, timeout=60)
-                done = sh(str(BIN / "rankscope"), "ingest", str(dump), "--store", str(store), "--job", "fabric",
-                           check=False)
-                collector_output += done.stdout + done.stderr
-                if done.returncode:
-                    raise RuntimeError(f"ingest of {dump} failed: {done.stdout}{done.stderr}")
+            for m in meters:
+                ingest_files(m, workdir, BIN / "rankscope")
         finally:
             for p in procs:
                 stop_process(p, signal.SIGKILL, 5)
-            stop_process(meter)
-            for m in leaf_meters:
-                stop_process(m)
-            stop_process(collector)
-            stop_process(watcher)
+            for p in [*leaf_meters, *(m.proc for m in meters), *(m.collector for m in meters), watcher]:
+                stop_process(p)
     ranks = {}
     for f in sorted(out.glob("rank*.json")):
         r = json.loads(f.read_text())
@@ -420,7 +394,7 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
     return PlacedNetnsJobResult(store=store, flow_job="fabric", comm=comm,
                                 endpoints={addr: rs[0] for addr, rs in address_ranks.items()},
                                 master_addr=master, master_port=master_port, ranks=ranks,
-                                collector_output=collector_output, job_seconds=job_seconds,
+                                collector_output=meters[0].output, job_seconds=job_seconds,
                                 address_ranks=address_ranks, stage_of_address=stage_of,
                                 throttled_ns=throttled_ns,
                                 progress=read_progress(progress_dir) if progress_dir is not None else {},
@@ -428,7 +402,9 @@ def run_placed_netns_job(workdir: Path, nodes: int, ranks_per_node: int = 1, pp:
                                 if events.exists() else [],
                                 watch_output=(logs / "watch.log").read_text() if watcher is not None else "",
                                 leaf_exporters=dict(zip("AB", fab.meter_addrs)),
-                                rerouted=fab.addresses[reroute] if reroute is not None else None)
+                                rerouted=fab.addresses[reroute] if reroute is not None else None,
+                                stores={m.exporter: m.store for m in meters},
+                                collector_outputs={m.exporter: m.output for m in meters})
 
 
 def read_progress(progress_dir: Path) -> dict[int, list[tuple[int, int]]]:

@@ -1,6 +1,6 @@
 """REAL black-box strategy: gloo jobs in network namespaces, real exporters, inference from flows alone.
 
-Six jobs (``run_placed_netns_job``), each ~15-60 s on a loaded 2-core machine:
+Three jobs (``run_placed_netns_job``), each ~15-60 s on a loaded 2-core machine:
 
 - a pure 4-stage pipeline (dp=1), one rank per namespace, the namespaces'
   address order unlike the stage order. It must read as pp=4 (it read as DP4
@@ -20,10 +20,9 @@ Six jobs (``run_placed_netns_job``), each ~15-60 s on a loaded 2-core machine:
   grid's DP links from its PP links but their bytes; when the report calls
   the DP/PP swap an equally good alternative, its confidence must show it.
 
-- the same pure pipeline metered by other exporters: nfdump's nfpcapd (its
-  files read back with ``nfdump -o json`` and ingested), pmacct's sFlow probe
-  (1 packet in 16 sampled, samples timed by their datagrams) and pmacct's
-  IPFIX probe.
+- the first pure pipeline metered, in the same run, by other exporters too, each into a store of its
+  own: nfdump's nfpcapd (its files read back with ``nfdump -o json`` and ingested), pmacct's sFlow
+  probe (1 packet in 16 sampled, samples timed by their datagrams) and pmacct's IPFIX probe.
   Each must read pp=4 with the pipeline's links exact, the order right or
   unknown.
 
@@ -43,12 +42,13 @@ from tests.integration.netns_job import netns_skip_reason, run_placed_netns_job
 pytestmark = [pytest.mark.netns, pytest.mark.torchjob, pytest.mark.slow]
 
 
-def _infer(res):
+def _infer(res, exporter: str | None = None):
+    """The strategy from the flows of ``res``'s first exporter's store, or of ``exporter``'s."""
     from rankscope.analysis.fabric.config import FlowConfig
     from rankscope.analysis.strategy.flows.infer import infer_flows
     from rankscope.collectors.store import Store
 
-    flows = Store(res.store).read("flow", res.flow_job)
+    flows = Store(res.stores[exporter] if exporter else res.store).read("flow", res.flow_job)
     assert flows.height > 0, res.collector_output
     cfg = FlowConfig.with_rendezvous(res.master_port)
     return infer_flows(flows, cfg).strategy, flows
@@ -70,10 +70,16 @@ def _job(tmp_path_factory, name, **kw):
     return run_placed_netns_job(tmp_path_factory.mktemp(name), steps=4, hidden=256, microbatch_size=32, **kw)
 
 
+OTHER_EXPORTERS = {"nfpcapd": ("nfpcapd", "nfdump"), "pmacct-sflow": ("pmacctd",), "pmacct-ipfix": ("pmacctd",)}
+"""the exporters beside softflowd that meter the pure pipeline, and the tools each needs."""
+
+
 @pytest.fixture(scope="module")
 def pp4(tmp_path_factory):
-    # namespace k runs node rank node_order[k]: addresses .1-.4 hold stages 2, 0, 3, 1
-    return _job(tmp_path_factory, "pp4", nodes=4, pp=4, node_order=[2, 0, 3, 1])
+    # namespace k runs node rank node_order[k]: addresses .1-.4 hold stages 2, 0, 3, 1. The other
+    # exporters that are installed meter the same run, each into its own store (one job, not four)
+    also = tuple(e for e, tools in OTHER_EXPORTERS.items() if all(shutil.which(t) for t in tools))
+    return _job(tmp_path_factory, "pp4", nodes=4, pp=4, node_order=[2, 0, 3, 1], also_exporters=also)
 
 
 @pytest.fixture(scope="module")
@@ -171,14 +177,12 @@ def test_two_ranks_per_address_give_exact_groups_and_tp2(dp2pp2tp2):
     assert flows.filter(pl.col("src_addr") == pl.col("dst_addr")).height == 0
 
 
-@pytest.mark.parametrize("exporter,tools", [("nfpcapd", ("nfpcapd", "nfdump")), ("pmacct-sflow", ("pmacctd",)),
-                                            ("pmacct-ipfix", ("pmacctd",))])
-def test_pure_pipeline_reads_as_pp4_from_other_exporters(tmp_path_factory, exporter, tools):
-    missing = [t for t in tools if shutil.which(t) is None]
-    if missing:
-        pytest.skip(f"{', '.join(missing)} not installed")
-    res = _job(tmp_path_factory, f"pp4-{exporter}", nodes=4, pp=4, node_order=[2, 0, 3, 1], exporter=exporter)
-    s, flows = _infer(res)
+@pytest.mark.parametrize("exporter", list(OTHER_EXPORTERS))
+def test_pure_pipeline_reads_as_pp4_from_other_exporters(pp4, exporter):
+    if exporter not in pp4.stores:
+        pytest.skip(f"{', '.join(OTHER_EXPORTERS[exporter])} not installed")
+    res = pp4
+    s, flows = _infer(res, exporter)
     (truth,) = _truth(res)[1]
     print(f"pp4 via {exporter}:", flows.height, "records", s.dp, s.pp, s.tp, s.pp_groups, "truth", truth,
           s.notes)
