@@ -204,10 +204,7 @@ def _template_replay(graph: WhatIfGraph, plan: dict, actual: np.ndarray, ideal: 
         else:
             node = members[0]
             # the duration matrix is this replay's own: the end goes into it (x + y == y + x, bit for bit)
-            if node >= n_t:  # a transfer tail: starts when its group starts
-                d = dur(node - n_t)
-                finish(node, np.add(d, ready(ps_list[0]), out=d))
-            else:
-                d = dur(node)
-                finish(node, np.add(d, launched(ps_list[0], node), out=d))
+            tail = node >= n_t  # a transfer tail: starts when its group starts
+            d = dur(node - n_t if tail else node)
+            finish(node, np.add(d, ready(ps_list[0]) if tail else launched(ps_list[0], node), out=d))
     return inst_end.reshape(t.n_steps, t.dp, k).max(axis=1)
