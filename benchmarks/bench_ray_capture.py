@@ -9,10 +9,15 @@ Generated once per size and reused.
 Then, on a local Ray cluster of BENCH_RAY_CPUS CPUs: recognition split into tasks (one per partition,
 a second round for the rails when some may be copies, and BENCH_RAY_BUCKETS reduce tasks, by default one
 per 4M records, that count the payload bursts per pair so that the driver holds counts, not bursts), and
-one task per recognised job reading only its own records. A task's peak RSS is its worker's high-water mark when it ended: the task's own with
-BENCH_RAY_FRESH=1 (a fresh worker per task, ~2 s of start-up each, which the wall then includes), else
-the most of any task that worker ran until then, an upper bound. Printed: total records, wall (recognition, analysis, both), records per second per core, every
-task's peak RSS (target: under 2 GiB each) and the driver's.
+one task per recognised job reading only its own records. A task's peak RSS is its worker's while it ran
+(runner.on_ray._measured resets the peak at each task's start on Linux): what the worker still held from
+earlier tasks counts, their peaks do not; with BENCH_RAY_FRESH=1 a fresh worker per task (~2 s of
+start-up each, which the wall then includes) holds nothing else. Each peak is printed twice: as measured,
+and less the object store pages its worker had mapped when the task started ("own"): Linux counts the
+node's one object store (shared memory, sized by Ray) in the RSS of every process that touched its pages,
+~1.5 GiB per worker and driver at 100 M records. BENCH_RAY_PARTITION_ROWS sizes the partitions (default
+runner.capture_split.PARTITION_ROWS). Printed: total records, wall (recognition, analysis, both), records
+per second per core, every task's peak RSS (target: under 2 GiB each) and the driver's.
 
 Up to BENCH_RAY_CHECK_MAX records (default 3M) the embedded engine's recognition of the whole capture
 runs too, after Ray, and must find the same jobs (it reads the whole capture into this process).
@@ -39,7 +44,8 @@ from rankscope.analysis.diagnose import DiagnoseConfig
 from rankscope.analysis.fabric.config import FlowConfig
 from rankscope.analysis.fabric.recognise import recognise_jobs
 from rankscope.analysis.runner import PlannedJob, RayMapper, analyse_with_ray, ray_session
-from rankscope.analysis.runner.capture_split import capture_partitions, recognise_split
+from rankscope.analysis.runner.capture_split import PARTITION_ROWS, capture_partitions, recognise_split
+from rankscope.analysis.runner.on_ray import object_store_bytes
 from rankscope.collectors.schema import conform
 from rankscope.collectors.store import Store
 from rankscope.datasets.simulator import SimConfig, simulate_fabric
@@ -50,6 +56,7 @@ COPIES = int(os.environ.get("BENCH_RAY_COPIES", 4))
 CPUS = int(os.environ.get("BENCH_RAY_CPUS", os.cpu_count() or 1))
 FRESH = os.environ.get("BENCH_RAY_FRESH", "0") == "1"
 BUCKETS = int(os.environ.get("BENCH_RAY_BUCKETS", 0)) or None
+PARTITION = int(os.environ.get("BENCH_RAY_PARTITION_ROWS", 0)) or PARTITION_ROWS
 CHECK_MAX = int(os.environ.get("BENCH_RAY_CHECK_MAX", 3_000_000))
 OUT = Path(os.environ.get("BENCH_RAY_OUT", Path(__file__).resolve().parents[1] / "bench-out" / "ray_capture"))
 TARGET_TASK_BYTES = 2 << 30
@@ -94,7 +101,7 @@ def generate(store_dir: Path) -> tuple[Store, float]:
 
 def main() -> int:
     store, gen_s = generate(OUT / f"store-{RECORDS}-{FILES}x{COPIES}")
-    parts = capture_partitions(store, "fabric")
+    parts = capture_partitions(store, "fabric", PARTITION)
     records = sum(p.num_rows for p in parts)
     print(f"capture: {records:,} records in {len(parts)} partitions ({FILES} files, {COPIES} address copies); "
           f"generated in {gen_s:.1f} s" if gen_s else f"capture: {records:,} records in {len(parts)} partitions "
@@ -109,6 +116,7 @@ def main() -> int:
         verdicts = [(p.name, d.stragglers.verdict) for p, d, _ in
                     analyse_with_ray(str(store.root), plan, config, mapper=mapper)]
         t2 = time.perf_counter()
+        object_store_mib = object_store_bytes() / 2**20  # before the session ends and unmaps the store
     driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     wall = t2 - t0
     print(f"jobs: {len(found.jobs)} ({', '.join(f'{n} {v}' for n, v in verdicts)})")
@@ -116,16 +124,21 @@ def main() -> int:
     rounds = ", ".join(f"{fn} {n} tasks {w:.1f} s" for fn, n, w in mapper.rounds)
     print(f"recognition: {rounds}, the driver's merge and recognition {t1 - t0 - sum(w for *_, w in mapper.rounds):.1f} s")
     print(f"records/s/core: {records / wall / CPUS:,.0f} (recognition alone {records / (t1 - t0) / CPUS:,.0f})")
-    print("task peak RSS (MiB)" + (", one fresh worker each:" if FRESH else ", worker high-water mark (upper bound):"))
-    for fn, label, peak, pid in mapper.peaks:
-        print(f"  {fn:18s} {label:48s} {peak / 2**20:8.0f}  pid {pid}")
+    print("task peak RSS (MiB)" + (", one fresh worker each:" if FRESH else ", the worker's while the task ran:"))
+    own = [peak - shared for (*_, peak, _), shared in zip(mapper.peaks, mapper.shared)]
+    for (fn, label, peak, pid), mine in zip(mapper.peaks, own):
+        print(f"  {fn:18s} {label:48s} {peak / 2**20:8.0f}  own {mine / 2**20:6.0f}  pid {pid}")
     for fn in dict.fromkeys(f for f, _, _, _ in mapper.peaks):
         mib = sorted(p / 2**20 for f, _, p, _ in mapper.peaks if f == fn)
-        print(f"  {fn}: {len(mib)} tasks, peak RSS median {mib[len(mib) // 2]:.0f} MiB, largest {mib[-1]:.0f} MiB")
+        mine = sorted(o / 2**20 for (f, *_), o in zip(mapper.peaks, own) if f == fn)
+        print(f"  {fn}: {len(mib)} tasks, peak RSS median {mib[len(mib) // 2]:.0f} MiB, largest {mib[-1]:.0f} MiB; "
+              f"less object store pages median {mine[len(mine) // 2]:.0f}, largest {mine[-1]:.0f} MiB")
     worst = max(p for _, _, p, _ in mapper.peaks)
     over = sum(p > TARGET_TASK_BYTES for _, _, p, _ in mapper.peaks)
+    over_own = sum(o > TARGET_TASK_BYTES for o in own)
     print(f"tasks: {len(mapper.peaks)}, largest peak {worst / 2**20:.0f} MiB (target < 2048), {over} over; "
-          f"driver peak {driver / 2**20:.0f} MiB")
+          f"less the object store pages the worker had mapped, largest {max(own) / 2**20:.0f} MiB, {over_own} over; "
+          f"driver peak {driver / 2**20:.0f} MiB, of which object store pages {object_store_mib:.0f} MiB at the end")
     if records <= CHECK_MAX:
         t = time.perf_counter()
         whole = recognise_jobs(store.read("flow", "fabric"), "fabric", config.flow)

@@ -47,18 +47,25 @@ from rankscope.analysis.runner.capture_partials import (
 )
 from rankscope.analysis.runner.capture_rails import RailPlan, rail_labels, rail_plan, rail_series
 from rankscope.analysis.runner.plan import PlannedJob, plan_jobs, recognised_jobs, with_capture
+from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
 from rankscope.collectors.schema import polars_schema
 from rankscope.collectors.store import Store
 
 PARTITION_ROWS = 1_000_000
-"""a part file with more records than this is read as row ranges of this many: a partition's reduction
-then stays under ~1 GiB (measured: 2M simulated records took 1.5 GiB) whatever the size of the files the
-capture was ingested from."""
+"""a part file with more records than this is read as equal row ranges of at most this many (the default of
+``analyze --partition-rows``): a partition's task then stays near 0.6 GiB whatever the size of the files
+the capture was ingested from (measured in a fresh process on the 100 M-record benchmark capture: first
+pass 0.49 / 0.59 / 0.85 GiB and rail series 0.53 / 0.61 / 0.82 GiB at 0.78 / 1 / 1.56 M records)."""
 
 BURST_BUCKET_RECORDS = 4 * PARTITION_ROWS
 """one reduce task counts the bursts of the pairs of about this many records: ~27 % of a simulated
 fabric's records are burst hulls, so a reduce task holds about as many rows as a partition's task."""
+
+MERGE_EVERY = 16
+"""the driver folds the partitions' partials into one every this many: a partial holds up to 20,000 start
+and end times per exporter for the clock (16 MiB for a 1 M-record partition of a 288-exporter fabric), so
+128 partials kept for one merge at the end took 2 GiB; merged, the clock keeps the first 20,000 only."""
 
 FLOW_COLUMNS = ("exporter", "src_addr", "dst_addr", "src_port", "dst_port", "protocol", "size_bytes", "num_packets",
                 "start_ns", "end_ns", "sampling_rate", "est_size_bytes")
@@ -82,11 +89,17 @@ class Partition:
 
 
 def capture_partitions(store: Store, capture: str, max_rows: int = PARTITION_ROWS) -> list[Partition]:
-    """A capture's partitions, in the order ``Store.read`` concatenates its records."""
+    """A capture's partitions, in the order ``Store.read`` concatenates its records: each part file of n
+    rows cut into ceil(n / max_rows) ranges of equal size (within a row), so that a file just over the
+    limit gives two halves, not a full partition and a sliver (the tasks' peaks follow the largest)."""
+    if max_rows < 1:
+        raise ConfigError(f"partition rows must be >= 1, got {max_rows}")
     out = []
     for p in store.parts("flow", capture):
         n = pq.read_metadata(p).num_rows
-        out.extend(Partition(str(p), off, min(max_rows, n - off)) for off in range(0, n, max_rows))
+        k = max(1, -(-n // max_rows))
+        bounds = [i * n // k for i in range(k + 1)]
+        out.extend(Partition(str(p), lo, hi - lo) for lo, hi in zip(bounds, bounds[1:]) if hi > lo)
     return out
 
 
@@ -123,6 +136,8 @@ def _first_pass(parts: list[Partition], config: FlowConfig, mapper: Mapper, num_
     for head, b in outs:
         heads.append(head)
         buckets.append(b)
+        if len(heads) > MERGE_EVERY:  # partials merge in any grouping, in store order (as they arrive)
+            heads = [merge_partials(heads)]
     return merge_partials(heads), buckets
 
 
@@ -172,9 +187,10 @@ def recognised_jobs_split(store: Store, capture: str, flow: FlowConfig, mapper: 
 
 
 def plan_jobs_split(store: Store, job: str | None, flow_job: str | None, flow: FlowConfig,
-                    mapper: Mapper = local_map) -> list[PlannedJob]:
-    """runner.plan.plan_jobs with each capture's jobs recognised split (:func:`recognise_split`)."""
-    return plan_jobs(store, job, flow_job, flow, _split(store, flow, mapper, PARTITION_ROWS))
+                    mapper: Mapper = local_map, partition_rows: int = PARTITION_ROWS) -> list[PlannedJob]:
+    """runner.plan.plan_jobs with each capture's jobs recognised split (:func:`recognise_split`), its part
+    files cut into partitions of at most ``partition_rows`` records (:func:`capture_partitions`)."""
+    return plan_jobs(store, job, flow_job, flow, _split(store, flow, mapper, partition_rows))
 
 
 def _split(store: Store, flow: FlowConfig, mapper: Mapper, max_rows: int):
@@ -186,7 +202,10 @@ def load_capture_job(store: Store, planned: PlannedJob) -> JobFrames:
     filter goes down to the Parquet scan, so the capture is never whole in memory."""
     cap, eps = planned.source, list(planned.endpoints)
     maps = {"endpoint_map": store.read("endpoint_map", cap)} if store.count("endpoint_map", cap) else {}
-    flow = store.scan("flow", cap).filter(pl.col("src_addr").is_in(eps) & pl.col("dst_addr").is_in(eps)).collect()
+    # one chunk per column: the scan's columns come in chunks of different lengths, so the analysis' first
+    # with_columns would copy the whole frame and the job model hold it twice (1.10 -> 1.01-1.03 GiB at 1.6 M records)
+    flow = (store.scan("flow", cap).filter(pl.col("src_addr").is_in(eps) & pl.col("dst_addr").is_in(eps))
+            .collect().rechunk())
     frames = JobFrames.from_frames(planned.name, flow=flow, **maps)
     frames.job_endpoints = tuple(planned.endpoints)
     return frames

@@ -23,7 +23,12 @@ import time
 from collections.abc import Callable, Iterator
 
 from rankscope.analysis.fabric.config import FlowConfig
-from rankscope.analysis.runner.capture_split import Partition, analyse_capture_job, plan_jobs_split
+from rankscope.analysis.runner.capture_split import (
+    PARTITION_ROWS,
+    Partition,
+    analyse_capture_job,
+    plan_jobs_split,
+)
 from rankscope.analysis.runner.plan import PlannedJob, analyse_planned
 from rankscope.collectors.errors import RankscopeError
 from rankscope.collectors.store import Store
@@ -63,18 +68,37 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
             ray.shutdown()
 
 
-def _measured(fn: Callable, *args):
-    """``fn(*args)`` with the worker process's peak resident memory (bytes) and pid: with one task per
-    worker (``max_calls=1``) the peak is the task's own, else the most any task of that worker took."""
-    out = fn(*args)
-    return out, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, os.getpid()
+def _reset_peak() -> None:
+    """Start the process's peak resident memory afresh where the kernel allows it (Linux: ``clear_refs``
+    5), so that a reused worker's figure is its task's, not the most of every task it ran before."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
 
 
-def _measured_first(fn: Callable, *args) -> tuple:
-    """:func:`_measured` for ``fn`` returning a tuple: (its first item measured, then its other items),
-    each a return object of its own (``num_returns``)."""
+def object_store_bytes() -> int:
+    """Bytes of shared memory the process has mapped and touched (Linux ``RssShmem``; 0 where unknown): on
+    a Ray worker or driver, pages of the node's object store, which its RSS counts though they are the
+    store's (one per node, sized by Ray), not the process's own."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssShmem:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _measured(first: bool, fn: Callable, *args) -> tuple:
+    """``fn(*args)`` measured: (its result, the worker's peak resident memory in bytes while it ran, pid,
+    object store bytes the worker had mapped when it started), or with ``first``, for ``fn`` returning a
+    tuple, that measured tuple of its first item followed by its other items (each a return object of its
+    own, ``num_returns``). The peak counts what the worker still held from earlier tasks (allocator caches,
+    object store pages, :func:`object_store_bytes`) but no earlier task's own peak (:func:`_reset_peak`;
+    without it, the most any task of that worker took until then, unless ``max_calls=1``)."""
+    _reset_peak()
+    shared = object_store_bytes()
     out = fn(*args)
-    return ((out[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, os.getpid()), *out[1:])
+    m = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, os.getpid(), shared
+    return ((out[0], *m), *out[1:]) if first else (out, *m)
 
 
 class RayMapper:
@@ -82,11 +106,15 @@ class RayMapper:
     asked for), results yielded in order.
 
     Arguments other than the partition (the options, the rails plan) go to the object store once per
-    call, not once per task. ``peaks`` collects (function, argument label, peak RSS bytes, pid) per task."""
+    call, not once per task. ``peaks`` collects (function, argument label, peak RSS bytes, pid) per task
+    (:func:`_measured`)."""
 
     def __init__(self, max_calls: int = 0):
         self.max_calls = max_calls
         self.peaks: list[tuple[str, str, int, int]] = []
+        self.shared: list[int] = []
+        """per task, in the order of ``peaks``: object store bytes its worker had mapped when it started,
+        counted in its peak but not its own (peak minus these: the task's, if the worker only maps more)."""
         self.rounds: list[tuple[str, int, float]] = []
         """(function, tasks, wall seconds from submitting the first to receiving the last) per call."""
 
@@ -94,32 +122,36 @@ class RayMapper:
         ray = _ray()
         task = ray.remote(max_calls=self.max_calls)(_measured)
         t0 = time.perf_counter()
-        refs = _submit(task, fn, args)
+        refs = _submit(task, False, fn, args)
         for a, r in zip(args, refs, strict=True):
-            res, peak, pid = ray.get(r)
-            self.peaks.append((fn.__name__, _label(a[0]), peak, pid))
+            res, peak, pid, shared = ray.get(r)
+            self._record(fn.__name__, _label(a[0]), peak, pid, shared)
             yield res
         self.rounds.append((fn.__name__, len(args), time.perf_counter() - t0))
+
+    def _record(self, fn: str, label: str, peak: int, pid: int, shared: int) -> None:
+        self.peaks.append((fn, label, peak, pid))
+        self.shared.append(shared)
 
     def split(self, fn: Callable, args: list[tuple], num_returns: int) -> Iterator[tuple[object, list]]:
         """As a call, for ``fn`` returning a tuple of ``num_returns`` items: yields (its first item, object
         refs of the others); those stay in the object store until tasks of a later call take them as
         arguments (runner.capture_split: a partition's burst buckets never reach the driver)."""
         ray = _ray()
-        task = ray.remote(max_calls=self.max_calls, num_returns=num_returns)(_measured_first)
+        task = ray.remote(max_calls=self.max_calls, num_returns=num_returns)(_measured)
         t0 = time.perf_counter()
-        refs = _submit(task, fn, args)
+        refs = _submit(task, True, fn, args)
         for a, r in zip(args, refs, strict=True):
-            res, peak, pid = ray.get(r[0])
-            self.peaks.append((fn.__name__, _label(a[0]), peak, pid))
+            res, peak, pid, shared = ray.get(r[0])
+            self._record(fn.__name__, _label(a[0]), peak, pid, shared)
             yield res, list(r[1:])
         self.rounds.append((fn.__name__, len(args), time.perf_counter() - t0))
 
 
-def _submit(task, fn: Callable, args: list[tuple]) -> list:
-    """``task.remote(fn, *a)`` for each ``a``. Arguments other than the partition and numbers (the options,
-    the rails plan) go to the object store once, not once per task; object refs go as they are (Ray
-    gives the task their values)."""
+def _submit(task, first: bool, fn: Callable, args: list[tuple]) -> list:
+    """``task.remote(first, fn, *a)`` for each ``a`` (:func:`_measured`). Arguments other than the partition
+    and numbers (the options, the rails plan) go to the object store once, not once per task; object refs
+    go as they are (Ray gives the task their values)."""
     ray = _ray()
     shared: dict[int, object] = {}
 
@@ -130,7 +162,7 @@ def _submit(task, fn: Callable, args: list[tuple]) -> list:
             shared[id(x)] = ray.put(x)
         return shared[id(x)]
 
-    return [task.remote(fn, *[ref(x) for x in a]) for a in args]
+    return [task.remote(first, fn, *[ref(x) for x in a]) for a in args]
 
 
 def _label(x) -> str:
@@ -139,10 +171,13 @@ def _label(x) -> str:
 
 
 def plan_with_ray(store_root: str, job: str | None = None, flow_job: str | None = None,
-                  flow: FlowConfig | None = None, mapper: RayMapper | None = None) -> list[PlannedJob]:
+                  flow: FlowConfig | None = None, mapper: RayMapper | None = None,
+                  partition_rows: int | None = None) -> list[PlannedJob]:
     """runner.plan.plan_jobs with each flow capture's job recognition split into Ray tasks (needs an open
-    :func:`ray_session`)."""
-    return plan_jobs_split(Store(store_root), job, flow_job, flow or FlowConfig(), mapper or RayMapper())
+    :func:`ray_session`), one per partition of at most ``partition_rows`` records (default
+    runner.capture_split.PARTITION_ROWS)."""
+    return plan_jobs_split(Store(store_root), job, flow_job, flow or FlowConfig(), mapper or RayMapper(),
+                           partition_rows or PARTITION_ROWS)
 
 
 def _analyse_one(store_root: str, planned: PlannedJob, config):
@@ -165,8 +200,8 @@ def analyse_with_ray(store_root: str, plan: list[PlannedJob], config=None, addre
         m = mapper or RayMapper()
         task = ray.remote(max_calls=m.max_calls)(_measured)
         cfg = ray.put(config)
-        refs = [task.remote(_analyse_one, store_root, p, cfg) for p in plan]
+        refs = [task.remote(False, _analyse_one, store_root, p, cfg) for p in plan]
         for planned, ref in zip(plan, refs, strict=True):
-            (d, tables), peak, pid = ray.get(ref)
-            m.peaks.append(("_analyse_one", planned.name, peak, pid))
+            (d, tables), peak, pid, shared = ray.get(ref)
+            m._record("_analyse_one", planned.name, peak, pid, shared)
             yield planned, d, tables

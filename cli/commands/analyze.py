@@ -116,6 +116,9 @@ def _ingest_first(store_dir, paths, job):
                    "recognition split into tasks per part file, then one task per job)")
 @click.option("--address", default=None, help="Ray cluster to use with --engine ray (default: start a local "
                                               "one on 127.0.0.1 for this run)")
+@click.option("--partition-rows", type=click.IntRange(min=1), default=None,
+              help="with --engine ray: most flow records one recognition task reads; larger part files are "
+                   "cut into equal row ranges (default 1000000; a task's memory grows with it)")
 @click.option("--format", "fmt", type=click.Choice(["summary", "text"]), default="summary", show_default=True,
               help="what to print per job: one summary line, or the report's key sections as text")
 @click.option("--control-port", "control_ports", multiple=True, type=click.IntRange(1, 65535),
@@ -125,7 +128,7 @@ def _ingest_first(store_dir, paths, job):
               help="CSV endpoint,host,leaf,pod[,spine]: where each NIC address (or rank) hangs, for the traffic "
                    "section (default: inferred from the flow exporters, one per leaf)")
 def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below, regression_threshold, engine,
-            address, fmt, control_ports, topology_path):
+            address, partition_rows, fmt, control_ports, topology_path):
     """Diagnose every job of a store: strategy, steps, stragglers, regressions, hangs.
 
     Writes OUT/<job>.json (the report contract) and OUT/<job>.html per job.
@@ -169,12 +172,14 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
         flow=FlowConfig.with_rendezvous(*control_ports), topology=topology)
     if address is not None and engine != "ray":
         raise UsageError("--address names a Ray cluster: use it with --engine ray")
+    if partition_rows is not None and engine != "ray":
+        raise UsageError("--partition-rows sizes the Ray engine's recognition tasks: use it with --engine ray")
     if engine == "ray":
         from rankscope.analysis.runner import plan_with_ray, ray_session
 
         # one Ray session for the plan (a flow capture's job recognition split into tasks) and the job tasks
         click.get_current_context().with_resource(ray_session(address))
-        plan = plan_with_ray(str(store.root), job, flow_job, config.flow)
+        plan = plan_with_ray(str(store.root), job, flow_job, config.flow, partition_rows=partition_rows)
     else:
         from rankscope.analysis.runner import plan_jobs
 

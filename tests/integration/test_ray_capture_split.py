@@ -70,7 +70,8 @@ def test_split_capture_on_ray_gives_the_embedded_reports(captures, name, tmp_pat
     shutil.copytree(store, tmp_path / "a")
     shutil.copytree(store, tmp_path / "b")
     embedded = _analyze(tmp_path / "a", tmp_path / "embedded", *extra)
-    on_ray = _analyze(tmp_path / "b", tmp_path / "ray", "--engine", "ray", *extra)
+    # partitions of a few dozen records: pairs, bursts and rails straddle them (analyze --partition-rows)
+    on_ray = _analyze(tmp_path / "b", tmp_path / "ray", "--engine", "ray", "--partition-rows", "50", *extra)
     assert sorted(embedded) == sorted(on_ray) and embedded
     for job, a in embedded.items():
         b = on_ray[job]

@@ -53,3 +53,9 @@ def test_address_without_ray_engine_is_a_usage_error(store, tmp_path):
     r = subprocess.run([str(BIN / "rankscope"), "analyze", "--store", str(store), "--out-dir", str(tmp_path),
                         "--address", "127.0.0.1:1"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
+
+
+def test_partition_rows_without_ray_engine_is_a_usage_error(store, tmp_path):
+    r = subprocess.run([str(BIN / "rankscope"), "analyze", "--store", str(store), "--out-dir", str(tmp_path),
+                        "--partition-rows", "1000"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--partition-rows" in r.stderr

@@ -21,6 +21,7 @@ from rankscope.analysis.fabric.clock import flow_resolution_ns
 from rankscope.analysis.fabric.config import FlowConfig
 from rankscope.analysis.fabric.job_evidence import burst_counts
 from rankscope.analysis.fabric.pair_traffic import pair_traffic
+from rankscope.analysis.fabric.rails import peak_correlation
 from rankscope.analysis.fabric.recognise import recognise_jobs
 from rankscope.analysis.runner import capture_rails
 from rankscope.analysis.runner.capture_partials import (
@@ -41,6 +42,7 @@ from rankscope.analysis.runner.capture_split import (
     recognise_split,
 )
 from rankscope.analysis.runner.plan import load_planned, plan_jobs
+from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.schema import conform
 from rankscope.collectors.store import Store
 
@@ -226,7 +228,8 @@ def test_an_empty_partition_adds_nothing():
 
 @pytest.mark.parametrize("n,max_lag", [(50, 3), (1000, 20), (10, 30), (300, 0), (5000, 7), (20, 9)])
 def test_peak_correlation_lag_by_lag_is_the_fft_s(n, max_lag):
-    """capture_rails correlates lag by lag where fabric.rails.rail_correlations uses an FFT: same peak."""
+    """fabric.rails.peak_correlation correlates lag by lag (or by a short FFT) where a whole-series FFT
+    gives the same peak."""
     rng = np.random.default_rng(n)
     a = rng.normal(size=n)
     b = np.roll(a, 2) + 0.1 * rng.normal(size=n)
@@ -236,7 +239,7 @@ def test_peak_correlation_lag_by_lag_is_the_fft_s(n, max_lag):
     cc = np.fft.irfft(np.fft.rfft(a, size) * np.conj(np.fft.rfft(b, size)), size)[lags]
     k = int(np.argmax(cc))
     fft_peak = -1.0 if 0 < max_lag and k in (0, len(lags) - 1) else float(cc[k])
-    assert capture_rails._peak_correlation([(a, b)], max_lag) == pytest.approx(fft_peak, abs=1e-12)
+    assert peak_correlation([a], [b], max_lag)[0] == pytest.approx(fft_peak, abs=1e-12)
 
 
 def test_a_pair_two_exporters_saw_alike_is_timed_by_the_same_one_every_run():
@@ -245,3 +248,27 @@ def test_a_pair_two_exporters_saw_alike_is_timed_by_the_same_one_every_run():
     flow = _two_exporters(tied=True)
     picks = {tuple(pair_traffic(flow).pairs["exporter"].to_list()) for _ in range(6)}
     assert picks == {("10.254.0.1/0",) * 32}
+
+
+def test_a_part_file_over_the_partition_size_splits_into_equal_ranges(tmp_path):
+    """A file just over the limit gives two halves, not a full partition and a sliver; the ranges cover
+    every row once, in order."""
+    store = Store(tmp_path / "st")
+    flow = pl.concat([_sim()] * 4).head(1_003)
+    store.write("flow", conform(flow, "flow"), job="fabric")
+    parts = capture_partitions(store, "fabric", 1_000)
+    assert [(p.offset, p.num_rows) for p in parts] == [(0, 501), (501, 502)]
+    sizes = [p.num_rows for p in capture_partitions(store, "fabric", 300)]
+    assert sum(sizes) == 1_003 and max(sizes) - min(sizes) <= 1 and max(sizes) <= 300
+    with pytest.raises(ConfigError, match="partition rows"):
+        capture_partitions(store, "fabric", 0)
+
+
+def test_partials_folded_as_they_arrive_give_the_same_jobs(capture, monkeypatch):
+    """The driver merges the partitions' partials a few at a time (MERGE_EVERY), not all at the end:
+    any grouping gives the same jobs and quality."""
+    name, store, parts, cfg = capture
+    whole = recognise_split(parts, "fabric", cfg, num_buckets=2)
+    monkeypatch.setattr("rankscope.analysis.runner.capture_split.MERGE_EVERY", 1)
+    folded = recognise_split(parts, "fabric", cfg, num_buckets=2)
+    assert folded.jobs == whole.jobs and folded.quality == whole.quality, name
