@@ -64,8 +64,12 @@ def flow_steps(flows: pl.DataFrame, dp_pairs: set[tuple[str, str]]) -> Steps:
 def _link_bursts(f: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(records keyed by flow and sorted, with ``gap`` to the flow's previous record and the flow's
     ``big``gest gap; the records that start a burst)."""
-    key = pl.concat_str(["src_addr", "dst_addr", "src_port", "dst_port"], separator="|", ignore_nulls=True)
-    f = f.select(key.cast(pl.Categorical).to_physical().alias("key"), "start_ns", "end_ns").sort(["key", "start_ns"])
+    flow = pl.concat_str(["src_addr", "dst_addr", "src_port", "dst_port"], separator="|", ignore_nulls=True)
+    # a flow's key is the row of its first record: keys in the order the flows first appear, whatever else the
+    # process saw (a Categorical's codes come from process-wide categories that threads fill in any order,
+    # and step_period samples the sorted keys' differences, so the period could change from run to run)
+    f = (f.with_row_index("_row").select(pl.col("_row").min().over(flow).alias("key"), "start_ns", "end_ns")
+         .sort(["key", "start_ns"]))
     # a burst starts after an idle gap; records that follow their predecessor closely are the same
     # burst cut by the active timeout, and their starts carry no step phase
     gap = pl.col("start_ns") - pl.col("end_ns").shift(1).over("key")
