@@ -125,24 +125,14 @@ def run_netns_job(workdir: Path, nodes: int = 4, steps: int = 4, hidden: int = 2
     workdir = Path(workdir)
     store, out, logs = workdir / "store", workdir / "job", workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    flow_port, master_port = free_port(), 29500 + secrets.randbelow(2000)
-    collector = softflowd = None
+    master_port = 29500 + secrets.randbelow(2000)
+    meter = Meter("softflowd", store, free_port())
     procs: list[subprocess.Popen] = []
     with Fabric(nodes) as fab:
         try:
-            collector = subprocess.Popen(
-                [str(BIN / "rankscope"), "collect", "flows", "--listen", f"127.0.0.1:{flow_port}",
-                 "--store", str(store), "--job", "fabric", "--roll-seconds", "2"],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            first = collector.stdout.readline()
-            if "listening" not in first:
-                raise RuntimeError(f"collector did not start: {first}{collector.stdout.read()}")
-            ctl = workdir / "softflowd.ctl"
-            softflowd = subprocess.Popen(
-                ["softflowd", "-d", "-i", fab.bridge, "-v", "10", "-A", "milli", "-n", f"127.0.0.1:{flow_port}",
-                 "-t", "maxlife=2", "-t", "expint=1", "-c", str(ctl), "-p", str(workdir / "softflowd.pid"),
-                 "-B", str(softflowd_buffer_bytes)],
-                stdout=open(logs / "softflowd.log", "w"), stderr=subprocess.STDOUT)
+            start_collector(meter, "127.0.0.1", BIN / "rankscope")
+            start_meter(meter, fab.bridge, workdir, logs, ("maxlife=2", "expint=1"),
+                        softflowd_buffer_bytes=softflowd_buffer_bytes)
             time.sleep(1.0)  # softflowd opens its capture before the job's first packet
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
             t0 = time.monotonic()
@@ -164,25 +154,20 @@ def run_netns_job(workdir: Path, nodes: int = 4, steps: int = 4, hidden: int = 2
                 if rc:
                     raise RuntimeError(f"node {k} exited {rc}: {(logs / f'node{k}.log').read_text()[-2000:]}")
             job_seconds = time.monotonic() - t0
-            # Expire every flow softflowd still holds and give the export a moment to arrive.
-            subprocess.run(["softflowctl", "-c", str(ctl), "expire-all"], capture_output=True, timeout=10)
-            time.sleep(1.5)
-            stats = subprocess.run(["softflowctl", "-c", str(ctl), "statistics"], capture_output=True, text=True,
-                                   timeout=10).stdout
+            expire_softflowd([meter.ctl])
+            stats = subprocess.run(["softflowctl", "-c", str(meter.ctl), "statistics"], capture_output=True,
+                                   text=True, timeout=10).stdout
             (logs / "softflowd.stats").write_text(stats)
             mtu = int(sh("ip", "netns", "exec", fab.namespaces[0], "cat",
                           f"/sys/class/net/{fab.ns_ends[0]}/mtu").stdout)
             tcp_ts = sh("ip", "netns", "exec", fab.namespaces[0], "cat",
                          "/proc/sys/net/ipv4/tcp_timestamps").stdout.strip() != "0"
-            stop_process(softflowd)
-            time.sleep(0.5)
-            stop_process(collector)
-            collector_output = first + collector.stdout.read()
+            stop_collectors([meter])
         finally:
             for p in procs:
                 stop_process(p, signal.SIGKILL, 5)
-            stop_process(softflowd)
-            stop_process(collector)
+            stop_process(meter.proc)
+            stop_process(meter.collector)
     ranks = {}
     for f in sorted(out.glob("rank*.json")):
         r = json.loads(f.read_text())
@@ -191,7 +176,7 @@ def run_netns_job(workdir: Path, nodes: int = 4, steps: int = 4, hidden: int = 2
     return NetnsJobResult(store=store, flow_job="fabric", comm=comm,
                           endpoints={addr: k for k, addr in enumerate(fab.addresses)},
                           master_addr=fab.addresses[0], master_port=master_port, ranks=ranks,
-                          collector_output=collector_output, job_seconds=job_seconds,
+                          collector_output=meter.output, job_seconds=job_seconds,
                           softflowd_stats=parse_softflowd_stats(stats), mtu=mtu, tcp_timestamps=tcp_ts)
 
 

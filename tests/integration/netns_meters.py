@@ -46,9 +46,11 @@ def start_collector(m: Meter, listen: str, binary: Path) -> None:
 
 
 def start_meter(m: Meter, bridge: str, workdir: Path, logs: Path, flow_timeouts: tuple[str, ...],
-                nfpcapd_expire: tuple[int, int], sflow_sampling: int) -> None:
+                nfpcapd_expire: tuple[int, int] = (2, 1), sflow_sampling: int = 16,
+                softflowd_buffer_bytes: int | None = None) -> None:
     """Start ``m``'s exporter on ``bridge``, exporting to its collector (nfpcapd: into files, ingested later).
-    ``flow_timeouts`` are softflowd's ``-t`` settings (pmacct's IPFIX probe takes the same)."""
+    ``flow_timeouts`` are softflowd's ``-t`` settings (pmacct's IPFIX probe takes the same);
+    ``softflowd_buffer_bytes``: softflowd's libpcap buffer (``-B``), its default when None."""
     log = open(logs / f"{m.exporter}{m.tag}.log", "w")
     if m.exporter == "nfpcapd":
         m.nfdir = workdir / f"nfcapd{m.tag}"
@@ -75,7 +77,9 @@ def start_meter(m: Meter, bridge: str, workdir: Path, logs: Path, flow_timeouts:
         timeouts = [a for t in flow_timeouts for a in ("-t", t)]
         m.proc = subprocess.Popen(
             ["softflowd", "-d", "-i", bridge, "-v", "10", "-A", "milli", "-n", f"127.0.0.1:{m.port}", *timeouts,
-             "-c", str(m.ctl), "-p", str(workdir / f"softflowd{m.tag}.pid")], stdout=log, stderr=subprocess.STDOUT)
+             "-c", str(m.ctl), "-p", str(workdir / f"softflowd{m.tag}.pid"),
+             *(["-B", str(softflowd_buffer_bytes)] if softflowd_buffer_bytes else [])],
+            stdout=log, stderr=subprocess.STDOUT)
 
 
 def expire_softflowd(ctls: list[Path]) -> None:
