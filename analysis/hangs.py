@@ -25,7 +25,7 @@ from dataclasses import replace
 import polars as pl
 
 from rankscope.analysis.model.job_model import JobModel
-from rankscope.analysis.model.sort_key import packed_sort_key
+from rankscope.analysis.model.sort_key import sort_by_columns
 from rankscope.analysis.report.hangs import Hang
 from rankscope.collectors.job_frames import JobFrames
 from rankscope.collectors.schema import P2P_OPS
@@ -148,9 +148,8 @@ def _prepare(comm: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 def _state_order(df: pl.DataFrame) -> pl.DataFrame:
     """Most advanced state first, then by start (stable: rows that tie keep their order)."""
-    cols, desc = ["_state_rank", "start_ns"], [True, False]
-    key = packed_sort_key(df, cols, desc)  # one int64: a third of the section's time at 1,024 workers
-    return df.sort(cols, descending=desc, maintain_order=True) if key is None else df.sort(key, maintain_order=True)
+    # on one packed int64 where the columns allow: the two-column sort was a third of the section at 1,024 workers
+    return sort_by_columns(df, ["_state_rank", "start_ns"], [True, False], maintain_order=True)
 
 
 def _source_hangs(df: pl.DataFrame, key_members: pl.DataFrame, source: str, present: set[int]) -> list[Hang]:

@@ -45,3 +45,13 @@ def packed_sort_key(df: pl.DataFrame, cols: list[str], descending: list[bool] | 
         digit = (int(hi) - pl.col(c).cast(pl.Int64)) if desc else (pl.col(c).cast(pl.Int64) - int(lo))
         key = key * width + digit
     return key
+
+
+def sort_by_columns(df: pl.DataFrame, cols: list[str], descending: list[bool] | None = None,
+                    maintain_order: bool = False) -> pl.DataFrame:
+    """``df.sort(cols, descending=descending, maintain_order=maintain_order)``, on the packed key where the
+    columns allow it (:func:`packed_sort_key`: the same order, ties included)."""
+    key = packed_sort_key(df, cols, descending)
+    if key is None:
+        return df.sort(cols, descending=descending or False, maintain_order=maintain_order)
+    return df.sort(key, maintain_order=maintain_order)

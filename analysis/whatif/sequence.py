@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.model.sort_key import packed_sort_key
+from rankscope.analysis.model.sort_key import sort_by_columns
 from rankscope.analysis.whatif.graph import BWD, FWD, WhatIfGraph
 from rankscope.analysis.whatif.scenarios import Scenarios, step_times
 from rankscope.collectors.errors import ConfigError
@@ -87,9 +87,7 @@ def fwd_bwd_pearson(cops: pl.DataFrame, per_mb: pl.DataFrame | None = None) -> f
     f = per_mb.filter(pl.col("optype") == FWD).select(*key, pl.col("a").alias(FWD))
     b = per_mb.filter(pl.col("optype") == BWD).select(*key, pl.col("a").alias(BWD))
     # sorted so the sums reach corrcoef in one order: reports are reproducible to the last digit
-    w = f.join(b, on=key, how="inner")
-    packed = packed_sort_key(w, key)  # the keys are unique: the packed key sorts exactly as they do
-    w = w.sort(key if packed is None else packed).with_columns(
+    w = sort_by_columns(f.join(b, on=key, how="inner"), key).with_columns(
         (pl.col(FWD) - pl.col(FWD).mean().over("rank", "step")).alias("x"),
         (pl.col(BWD) - pl.col(BWD).mean().over("rank", "step")).alias("y"))
     if w.height < 3:
@@ -172,8 +170,7 @@ def _back_to_back(units: pl.DataFrame) -> pl.DataFrame:
     per (rank, step, microbatch, optype) with its first start_ns."""
     units = units.select("rank", "step", "microbatch", "optype", "start_ns")
     # one packed int64 key where the columns allow: a sort on three columns was most of this function
-    key = packed_sort_key(units, ["rank", "step", "start_ns"])
-    units = units.sort(["rank", "step", "start_ns"] if key is None else key)
+    units = sort_by_columns(units, ["rank", "step", "start_ns"])
     # sorted by rank and step: the next row is the rank's next pass when it has the same rank and step
     # (a shift over windows regrouped every row)
     same = (pl.col("rank") == pl.col("rank").shift(-1)) & (pl.col("step") == pl.col("step").shift(-1))

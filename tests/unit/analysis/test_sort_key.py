@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from rankscope.analysis.model.sort_key import packed_sort_key
+from rankscope.analysis.model.sort_key import packed_sort_key, sort_by_columns
 
 
 def _frame(rng: np.random.Generator, n: int) -> pl.DataFrame:
@@ -41,3 +41,14 @@ def test_declines_what_it_cannot_pack():
     assert packed_sort_key(wide, ["x", "y"]) is None  # ranges that multiply past 2**62
     nan = pl.DataFrame({"f": [1.0, float("nan")]})
     assert packed_sort_key(nan, ["f"]) is None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_sort_by_columns_is_the_polars_sort_whether_packed_or_not(seed):
+    rng = np.random.default_rng(100 + seed)
+    df = _frame(rng, 200)
+    if seed % 2:  # a fraction: the columns cannot be packed, the plain sort runs
+        df = df.with_columns(pl.col("start_ns") + 0.5)
+    cols, desc = ["step", "start_ns", "rank"], [True, False, False]
+    want = df.sort(cols, descending=desc, maintain_order=True)["row"].to_list()
+    assert sort_by_columns(df, cols, desc, maintain_order=True)["row"].to_list() == want
