@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankscope.collectors.integrity import manifest_problem, part_damage, sidecar_record
+from rankscope.collectors.orphans import REMOVED_LOG
 from rankscope.collectors.part_files import ingest_key
 from rankscope.collectors.store import MANIFEST_DIR, Store
 
@@ -81,7 +82,7 @@ def check_store(store: Store, full: bool = True) -> CheckResult:
             key = ingest_key(name)
             if key is not None and key not in keys:
                 res.add(f"orphan part {p}: no manifest entry commits it (a crashed ingest, or a lost entry); "
-                        "readers do not see it", f"remove {p.name}, noting it in {store.root}/_removed.log")
+                        "readers do not see it", f"remove {p.name}, noting it in {store.root}/{REMOVED_LOG}")
                 continue
             owner, rec = recorded.get(rel, (None, None))
             rec = rec if rec is not None else sidecar_record(p)

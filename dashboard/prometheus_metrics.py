@@ -205,8 +205,10 @@ def job_samples(d: Diagnosis, tables: dict[str, pl.DataFrame], comm_op: pl.DataF
         out.add("rankscope_rank_straggler_score", r["individual"], score="individual", **lab)
     if comm_op is not None and comm_op.height:
         labels = [size_bucket(hi) for hi in SIZE_BUCKETS_BYTES] + [size_bucket(SIZE_BUCKETS_BYTES[-1] + 1)]
+        # the bucket whose upper bound is the first >= the size (polars' cut did this and is deprecated)
+        bucket = pl.lit(pl.Series(SIZE_BUCKETS_BYTES)).search_sorted(pl.col("size_bytes"), side="left")
         by = (comm_op.filter(pl.col("size_bytes").is_not_null())
-              .with_columns(pl.col("size_bytes").cut(list(SIZE_BUCKETS_BYTES), labels=labels).cast(pl.Utf8).alias("b"))
+              .with_columns(bucket.replace_strict(dict(enumerate(labels)), return_dtype=pl.Utf8).alias("b"))
               .group_by("op", "b").agg(pl.col("size_bytes").sum()).sort("op", "b"))
         for op, b, n in by.iter_rows():
             out.add("rankscope_comm_bytes_total", n, job=job, op=op, size_bucket=b)

@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from rankscope.collectors.store import Store  # noqa: E402
 from rankscope.dashboard.prometheus_metrics import rank_scores, size_bucket  # noqa: E402
 from rankscope.datasets.simulator import Fault, SimConfig, simulate, write_store  # noqa: E402
 
@@ -62,7 +63,15 @@ def test_textfile_parses_and_names_the_slow_rank(store, tmp_path):
     r = subprocess.run([str(BIN / "rankscope"), "metrics", "--store", str(store), "--textfile", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    _check(metric_series(out.read_text()))
+    series = metric_series(out.read_text())
+    _check(series)
+    # bytes per op and size bucket: each record in the bucket size_bucket names for it
+    comm = Store(store).read("comm_op", columns=["op", "size_bytes"]).drop_nulls("size_bytes")
+    want: dict[tuple[str, str], int] = {}
+    for op, size in comm.iter_rows():
+        want[op, size_bucket(size)] = want.get((op, size_bucket(size)), 0) + size
+    got = {(s.labels["op"], s.labels["size_bucket"]): s.value for s in series["rankscope_comm_bytes_total"]}
+    assert len(want) > 1 and got == want
 
 
 def test_http_endpoint_serves_the_same_series(store):
