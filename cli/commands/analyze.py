@@ -75,23 +75,28 @@ def _load(with_ingest: bool, inputs=()) -> None:
     import_frozen(*modules)
 
 
-def _ingest_first(store_dir, paths, job):
+def _ingest_first(store_dir, paths, job, engine: str = "embedded", address: str | None = None):
     """``rankscope ingest PATHS --store [--job J]`` in this process; the rows written, kept for the analysis.
+    With ``engine`` ray, ``ingest --engine ray``: the rows are in the store only (None).
 
     ``job``: analyze's --job, which names the job of the ingested records too (the job analysed is the
     one stored: ``--ingest DIR --job J`` stores and analyses J)."""
-    from rankscope.cli.commands.ingest import echo_summary
+    from rankscope.cli.commands.ingest import echo_summary, ingest_on_ray
     from rankscope.collectors.fresh_rows import FreshRows
     from rankscope.collectors.importers import contract
     from rankscope.collectors.ingest.files import ingest
     from rankscope.collectors.store import Store
 
     store = Store(output_dir(store_dir, "--store"))
-    summary = ingest(store, paths, opts=contract.ImportOptions(job=job), keep_rows=True)
+    opts = contract.ImportOptions(job=job)
+    if engine == "ray":
+        summary = ingest_on_ray(store, paths, "auto", opts, contract.Limits(), address)
+    else:
+        summary = ingest(store, paths, opts=opts, keep_rows=True)
     if not echo_summary(summary):
         # a failed file is not analysed around: the reports would silently miss its records
         raise click.exceptions.Exit(1)
-    return FreshRows.from_summary(summary)
+    return None if engine == "ray" else FreshRows.from_summary(summary)
 
 
 @click.command()
@@ -149,7 +154,12 @@ def analyze(store_dir, ingest_paths, job, flow_job, out_dir, no_html, none_below
       rankscope analyze --store st --out-dir reports --engine ray --address 10.0.0.5:6379
     """
     _load(with_ingest=bool(ingest_paths), inputs=[p for p in (store_dir, *ingest_paths) if os.path.exists(p)])
-    fresh = _ingest_first(store_dir, ingest_paths, job) if ingest_paths else None
+    if engine == "ray" and ingest_paths:
+        from rankscope.analysis.runner import ray_session
+
+        # one Ray session for the ingest's tasks and the analysis' (the later ray_session joins this one)
+        click.get_current_context().with_resource(ray_session(address))
+    fresh = _ingest_first(store_dir, ingest_paths, job, engine, address) if ingest_paths else None
     from rankscope.analysis.diagnose import DiagnoseConfig
     from rankscope.analysis.network import read_topology
 

@@ -53,7 +53,11 @@ def _list_formats(ctx, _param, value) -> None:
               help="most bytes one file may hold after decompression (default: a compressed file may "
                    "expand 50x, at least 64 MiB)")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
+@click.option("--engine", type=click.Choice(["embedded", "ray"]), default="embedded", show_default=True,
+              help="ray: decode and write each file in a Ray task (the store must be on a path every node sees)")
+@click.option("--address", "--ray-address", "address", default=None,
+              help="Ray cluster to use with --engine ray (default: start a local one for the command)")
+def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet, engine, address):
     """Import trace files (and directories of them) into a trace store.
 
     Each file's format is detected, its records validated, and bad records
@@ -84,12 +88,29 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet):
     def progress(files):
         return bar(files, hidden=quiet, desc="ingest", unit="file")
 
-    summary = run_ingest(store, paths, fmt, opt, progress=progress, lim=contract.Limits(max_bytes=max_bytes))
+    if address is not None and engine != "ray":
+        raise UsageError("--address names a Ray cluster: use it with --engine ray")
+    lim = contract.Limits(max_bytes=max_bytes)
+    if engine == "ray":
+        summary = ingest_on_ray(store, paths, fmt, opt, lim, address)
+    else:
+        summary = run_ingest(store, paths, fmt, opt, progress=progress, lim=lim)
     if store.removed["parts"]:
         click.echo(f"  note: removed {store.removed['parts']:,} orphan part(s) no manifest entry commits "
                    f"(listed in {store.root}/_removed.log)", err=True)
     if not echo_summary(summary):
         raise click.exceptions.Exit(1)
+
+
+def ingest_on_ray(store, paths, fmt: str, opt, lim, address: str | None):
+    """The ingest as Ray tasks (analysis.runner.ingest_on_ray); says which files had to go one by one."""
+    from rankscope.analysis.runner import ingest_with_ray
+
+    done = ingest_with_ray(str(store.root), paths, fmt, opt, lim, address)
+    if done.in_order:
+        click.echo(f"  note: {len(done.in_order):,} flow file(s) ingested one after another: their exporters' "
+                   "templates came from earlier files", err=True)
+    return done.summary
 
 
 def echo_summary(summary) -> bool:

@@ -79,6 +79,43 @@ def ipfix_stream_messages(path: Path, dec: FlowDecoder):
             yield head + body, "file", 0
 
 
+def ipfix_file_self_contained(path: Path) -> set[int] | None:
+    """Observation domains of an RFC 5655 file that withdraw no template and whose every data set comes after
+    its (options) template in the file: their records decode alike whatever templates earlier files left
+    (the Ray ingest decodes such files ahead of those: collectors.ingest.staged). None when the file is not
+    whole (a broken message or set: the decoder's reading of it is then left to decide)."""
+    from rankscope.collectors.flows.ipfix import HEADER, SET_HEADER, parse_templates
+
+    defined: set[tuple[int, int]] = set()
+    seen: set[int] = set()
+    dirty: set[int] = set()
+    with open(path, "rb") as f:
+        while head := f.read(16):
+            length = struct.unpack_from(">H", head, 2)[0] if len(head) == 16 else 0
+            if head[:2] != b"\x00\x0a" or length < 16:
+                return None
+            body = f.read(length - 16)
+            if len(body) < length - 16:
+                return None
+            domain = HEADER.unpack_from(head)[4]
+            seen.add(domain)
+            pos = 0
+            while len(body) - pos >= 4:
+                sid, slen = SET_HEADER.unpack_from(body, pos)
+                if slen < 4 or pos + slen > len(body):
+                    return None
+                if sid in (2, 3):
+                    records, error = parse_templates(body[pos + 4:pos + slen], options=sid == 3)
+                    if error:
+                        return None
+                    dirty.update(domain for _, layout in records if layout is None)  # a withdrawal
+                    defined.update((domain, tid) for tid, _ in records)
+                elif sid >= 256 and (domain, sid) not in defined:
+                    dirty.add(domain)  # decoded with a template an earlier file sent
+                pos += slen
+    return seen - dirty
+
+
 # ----------------------------------------------------------------- captures
 def _udp_payload(frame: bytes, linktype: int):
     """(source address, payload) of a UDP datagram in a captured frame, or None."""
