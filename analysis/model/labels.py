@@ -111,9 +111,14 @@ def complete_comm(comm: pl.DataFrame, comp: pl.DataFrame, by_order: bool) -> pl.
     c = comm.select("rank", "step", "op", "peer", "start_ns").with_row_index("_i")
     p2p = (c.filter(pl.col("op").is_in(P2P_OPS) & pl.col("step").is_not_null() & pl.col("peer").is_not_null())
            .sort("start_ns").with_columns(_k=pl.col("_i").cum_count().over("rank", "step", "op", "peer") - 1))
-    mb = (c.select("_i").join(p2p.select("_i", _mb=pl.col("_k").cast(comm.schema["microbatch"])), on="_i",
-                              how="left").sort("_i")["_mb"])
+    mb = _at_rows(comm.height, p2p["_i"], p2p["_k"].cast(comm.schema["microbatch"]))
     return comm.with_columns(pl.coalesce(pl.col("microbatch"), mb).alias("microbatch"))
+
+
+def _at_rows(n: int, rows: pl.Series, values: pl.Series) -> pl.Series:
+    """``n`` nulls with ``values`` written at row numbers ``rows`` (each at most once): what a left join on a
+    row index and a sort back into row order give, in one write (96 -> 23 ms on 1.1 M collectives)."""
+    return pl.repeat(None, n, dtype=values.dtype, eager=True).scatter(rows, values)
 
 
 def _ensure(df: pl.DataFrame, cols: tuple[str, ...]) -> pl.DataFrame:
@@ -139,7 +144,7 @@ def _microbatch_by_order(comp: pl.DataFrame) -> pl.DataFrame:
     # only when every microbatch has one forward and one backward span on the rank (not recompute, not kernels)
     passes = passes.filter(pl.col("_nf") == pl.col("_nb"))
     mb = passes.select("_i", "rank", "step", "start_ns", "end_ns", _mb=pl.col("_k").cast(dt))
-    c = c.join(mb.select("_i", "_mb"), on="_i", how="left")
+    c = c.with_columns(_at_rows(c.height, mb["_i"], mb["_mb"]).alias("_mb"))
     # kernels take the id of the forward/backward span of the same step that encloses them
     enc = mb.select("rank", "step", e0="start_ns", e1="end_ns", _emb="_mb").sort("e0")
     rest = c.filter(pl.col("_mb").is_null() & pl.col("microbatch").is_null() & pl.col("step").is_not_null()

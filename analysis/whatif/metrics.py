@@ -117,6 +117,8 @@ class _OpCodes:
     """op groups (op types, with a pipeline direction's sends and recvs as one), sorted."""
     rank_i: np.ndarray
     """per op: its rank's index in ``ranks``."""
+    og_i: np.ndarray
+    """per op: its op group's index in ``og_names``."""
     labels: np.ndarray
     """per op: its code."""
     r_dp: np.ndarray
@@ -131,27 +133,29 @@ class _OpCodes:
 
 
 def _op_codes(ops: pl.DataFrame) -> _OpCodes:
-    """The codes of ``ops`` (columns rank, og, dp_rank, stage; dp_rank and stage without nulls)."""
+    """The codes of ``ops`` (columns rank, optype, dp_rank, stage; dp_rank and stage without nulls)."""
     ranks = np.sort(ops["rank"].unique().to_numpy())
-    og_names = sorted(ops["og"].unique().to_list())
-    # codes by hashing, not sorting: a sort of 2 M op type strings is the slow part of a big job
+    # codes by hashing, not sorting: a sort of 2 M op type strings is the slow part of a big job; each op's
+    # group index straight from its op type (a dozen distinct), not through a column of group names
+    og_of = {o: _PP_COMM.get(o, o) for o in ops["optype"].unique().to_list()}
+    og_names = sorted(set(og_of.values()))
     rank_i = np.searchsorted(ranks, ops["rank"].to_numpy())
-    og_i = ops.select(pl.col("og").replace_strict({o: i for i, o in enumerate(og_names)},
-                                                  return_dtype=pl.Int64))["og"].to_numpy()
+    og_i = ops.select(pl.col("optype").replace_strict({o: og_names.index(g) for o, g in og_of.items()},
+                                                      return_dtype=pl.Int64))["optype"].to_numpy()
     n_og = len(og_names)
     place = ops.group_by("rank").agg(pl.col("dp_rank").first(), pl.col("stage").first()).sort("rank")
     r_dp = place["dp_rank"].to_numpy()
     r_st = place["stage"].to_numpy()
-    return _OpCodes(ranks=ranks, og_names=og_names, rank_i=rank_i, labels=rank_i * n_og + og_i,
+    return _OpCodes(ranks=ranks, og_names=og_names, rank_i=rank_i, og_i=og_i, labels=rank_i * n_og + og_i,
                     r_dp=r_dp, r_st=r_st, dps=np.unique(r_dp), stages=np.unique(r_st),
                     code_rank=np.repeat(np.arange(len(ranks)), n_og), code_og=np.tile(np.arange(n_og), len(ranks)))
 
 
-def _first_scenarios(codes: _OpCodes, ops: pl.DataFrame) -> tuple[Scenarios, list]:
+def _first_scenarios(codes: _OpCodes, comm: np.ndarray) -> tuple[Scenarios, list]:
     """The scenarios of the first batched replay and their names, in column order: "actual", "ideal",
     the actual durations put back on the ideal for one ("dp", d), ("stage", s) or ("og", name) at a
     time, ("stage_rem", s) a stage's work made ideal in the actual, and "ms_rem"/"ms_add" the last
-    stage made ideal in the actual / put back on the ideal. ``ops``: columns og, comm."""
+    stage made ideal in the actual / put back on the ideal. ``comm``: per op, whether it is communication."""
     rows, remove, names = [], [], []
 
     def add(sel: np.ndarray, rem: bool, name):
@@ -170,9 +174,9 @@ def _first_scenarios(codes: _OpCodes, ops: pl.DataFrame) -> tuple[Scenarios, lis
     for j, o in enumerate(codes.og_names):
         add(codes.code_og == j, False, ("og", o))
     # work of a stage: its compute, without communication and stalls (a partition imbalance is compute)
-    og_work = ops.group_by("og").agg((~pl.col("comm").any()).alias("w")).filter(
-        pl.col("w") & ~pl.col("og").is_in(list(STALL_TYPES)))["og"].to_list()
-    is_work = np.isin(np.array(codes.og_names, dtype=object), og_work)[codes.code_og]
+    n_og = len(codes.og_names)
+    og_work = (np.bincount(codes.og_i[comm], minlength=n_og) == 0) & ~np.isin(codes.og_names, STALL_TYPES)
+    is_work = og_work[codes.code_og]
     for s in codes.stages:
         add((code_st == s) & is_work, True, ("stage_rem", int(s)))
     last = code_st == codes.stages.max()
@@ -213,14 +217,13 @@ def compute_metrics(graph: WhatIfGraph, config: MetricsConfig | None = None,
                     ideal: np.ndarray | None = None) -> WhatIfMetrics:
     """All OSDI'25 metrics of one graph (two batched replays). ``ideal`` overrides ideal_durations."""
     config = config or MetricsConfig()
-    ops = graph.ops.with_columns(
-        pl.col("optype").replace(_PP_COMM).alias("og"),
-        pl.col("dp_rank").fill_null(0), pl.col("stage").fill_null(0))
+    ops = graph.ops.select("rank", "optype", pl.col("dp_rank").fill_null(0), pl.col("stage").fill_null(0))
+    comm = graph.ops["comm"].to_numpy()
     actual = graph.actual
     ideal = ideal_durations(graph) if ideal is None else ideal
     codes = _op_codes(ops)
     ranks, r_dp, r_st, stages = codes.ranks, codes.r_dp, codes.r_st, codes.stages
-    scenarios, names = _first_scenarios(codes, ops)
+    scenarios, names = _first_scenarios(codes, comm)
     st = step_times(graph, actual, ideal, scenarios)
     col = {n: st[:, i] for i, n in enumerate(names)}
     step_T, step_Ti = col["actual"], col["ideal"]
@@ -233,7 +236,7 @@ def compute_metrics(graph: WhatIfGraph, config: MetricsConfig | None = None,
     by_stage = {int(s): ratio(("stage", int(s))) for s in stages}
     by_og = {o: ratio(("og", o)) for o in codes.og_names}
     worker_S = {int(r): min(by_dp[int(r_dp[i])], by_stage[int(r_st[i])]) for i, r in enumerate(ranks)}
-    order = _worker_order(worker_S, codes, ops["comm"].to_numpy(), actual, ideal)
+    order = _worker_order(worker_S, codes, comm, actual, ideal)
     n_top = max(1, math.ceil(len(ranks) * config.top_worker_percent / 100))
     top = order[:n_top]
     top_sel = np.isin(ranks[codes.code_rank], top)

@@ -40,7 +40,10 @@ def osdi_ops(comp: pl.DataFrame, comm: pl.DataFrame) -> pl.DataFrame:
     ops = pl.concat([c, m.cast(c.schema)]).with_columns(
         pl.col("start_ns").cast(pl.Float64), pl.col("end_ns").cast(pl.Float64),
         pl.col("dp_rank").fill_null(0), pl.col("stage").fill_null(0))
-    # an op without step or sequence number has no place in the model (the importer never writes one)
+    # an op without step or sequence number has no place in the model (the importer never writes one);
+    # without one, no filter (it would copy every column to keep every row)
+    if ops["step"].null_count() == 0 and ops["seq"].null_count() == 0:
+        return ops
     return ops.filter(pl.col("step").is_not_null() & pl.col("seq").is_not_null())
 
 
@@ -256,7 +259,8 @@ def osdi_graph(ops: pl.DataFrame) -> WhatIfGraph:
     steps = np.sort(ops["step"].unique().to_numpy())
     dp = int(ops["dp_rank"].max()) + 1
     pp = int(ops["stage"].max()) + 1
-    ops = ops.with_columns(pl.col("step").rank("dense").cast(pl.Int64).sub(1).alias("step_index"))
+    # the index of each op's step among the sorted steps: a search in ~50 values, not a rank over all ops
+    ops = ops.with_columns(pl.Series("step_index", np.searchsorted(steps, ops["step"].to_numpy()), dtype=pl.Int64))
     # The template: one model-parallel group (dp rank 0) in the first step; every (step, dp rank) shares it.
     t = ops.filter((pl.col("dp_rank") == 0) & (pl.col("step") == steps[0])).unique(
         ["optype", "seq", "stage"], keep="first", maintain_order=True).with_row_index("tid")
@@ -265,7 +269,8 @@ def osdi_graph(ops: pl.DataFrame) -> WhatIfGraph:
     edges, groups, notes = _osdi_template(t, pp, use_dp)
     ops = ops.join(t.select("optype", "seq", "stage", "tid"), on=["optype", "seq", "stage"], how="left")
     notes["ops_outside_model"] = int(ops["tid"].null_count())
-    ops = ops.filter(pl.col("tid").is_not_null())
+    if notes["ops_outside_model"]:
+        ops = ops.filter(pl.col("tid").is_not_null())
     n_inst = len(steps) * dp
     inst = (ops["step_index"] * dp + ops["dp_rank"].cast(pl.Int64)).to_numpy()
     tid = ops["tid"].to_numpy()
@@ -283,8 +288,9 @@ def osdi_graph(ops: pl.DataFrame) -> WhatIfGraph:
         ops = ops.filter(pl.Series(keep))
         return osdi_graph(ops.drop("tid", "step_index"))
     e = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
-    src = rows[:, e[:, 0]].ravel()
-    dst = rows[:, e[:, 1]].ravel()
+    # np.take lays the (instances x edges) result out row-major: ravel is then no second copy
+    src = np.take(rows, e[:, 0], axis=1).ravel()
+    dst = np.take(rows, e[:, 1], axis=1).ravel()
     group = np.full(ops.height, -1, dtype=np.int64)
     step_idx = ops["step_index"].to_numpy()
     dp_rank = ops["dp_rank"].to_numpy().astype(np.int64)

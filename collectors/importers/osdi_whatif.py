@@ -283,11 +283,14 @@ class _WhatifParquet:
         # p2p peer: the same dp rank on the neighbouring stage
         delta = (pl.when(pl.col("optype").is_in(["forward-send", "backward-recv"])).then(1)
                  .when(pl.col("optype").is_in(["backward-send", "forward-recv"])).then(-1))
-        c = c.with_columns((pl.col("stage") + delta).cast(pl.Int32).alias("peer_stage"))
-        c = c.join(where.rename({"stage": "peer_stage"}), on=["dp_rank", "peer_stage"], how="left")
+        # looked up by one packed key (dp rank and stage are non-negative Int32 here): a join gathered every
+        # column of the 1.1 M collectives of AR tiled 16x for the one it adds (read: 0.80 -> 0.67 s CPU)
+        peer = {(d << 32) + s: r for d, s, r in where.select("dp_rank", "stage", "peer").iter_rows()}
+        key = pl.col("dp_rank").cast(pl.Int64) * (1 << 32) + (pl.col("stage") + delta).cast(pl.Int32)
         return c.select(
             "rank", pl.col("optype").replace_strict(ops, return_dtype=pl.String).alias("op"),
-            pl.col("peer").cast(pl.Int32), "start_ns", "end_ns", "seq", "step", "microbatch", "stage",
+            key.replace_strict(peer, default=None, return_dtype=pl.Int32).alias("peer"),
+            "start_ns", "end_ns", "seq", "step", "microbatch", "stage",
             pl.col("optype").replace_strict(streams, return_dtype=pl.String).alias("stream"),
             "dp_rank", "optype", pl.lit("completed").alias("state"))
 
