@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.whatif.graph import WhatIfGraph, engine_nodes
+from rankscope.analysis.critical_path import template
+from rankscope.analysis.whatif.graph import WhatIfGraph, engine_nodes, tail_of
 
 
 @dataclass(frozen=True)
@@ -67,10 +68,16 @@ def _last_by(key: np.ndarray, value: np.ndarray, size: int, payload: np.ndarray)
 
 def binding_links(graph: WhatIfGraph, duration: np.ndarray, delay: np.ndarray):
     """One replay of the engine graph and, per node, its binding predecessor and per sync group its last
-    member to launch. Returns (ready, end per node, node -> binding predecessor (-1: none), group -> last
-    launcher, tail_of, number of ops). The replay runs the plan the edits' what-ifs share
-    (:meth:`WhatIfGraph.replay_detail`); the engine graph's edges are built here and not cached on the
-    graph (~0.4 GB at 4,096 GPUs, as :meth:`WhatIfGraph.replay` would keep them)."""
+    member to launch. Returns (:class:`~rankscope.analysis.critical_path.template.Links`, tail_of).
+
+    A graph with a template replays that (:func:`rankscope.analysis.critical_path.template.binding_links`);
+    another runs the wave plan (:meth:`WhatIfGraph.replay_detail`), and the engine graph's edges are built
+    here and not cached on the graph (~0.4 GB at 4,096 GPUs, as :meth:`WhatIfGraph.replay` would keep
+    them)."""
+    order = template.order_of(graph)
+    if order is not None:  # one pass over the template: no plan, no engine edge arrays
+        tail = tail_of(graph.group)
+        return template.binding_links(graph.template, order, graph.group, tail, duration, delay), tail
     n = graph.ops.height
     ready, end = graph.replay_detail(duration, delay)
     # int32 node ids where they fit (ops plus tails): the edge arrays are the section's largest
@@ -92,7 +99,8 @@ def binding_links(graph: WhatIfGraph, duration: np.ndarray, delay: np.ndarray):
     last = members[ready[members] == start[group[members]]]
     launcher = np.full(n_groups, -1, dtype=np.int64)
     launcher[group[last]] = last
-    return ready, end, binding, launcher, tail, n
+    op_end = np.where(tail >= 0, end[np.maximum(tail, 0)], end[:n])
+    return template.Links(ready, end, binding, launcher, op_end), tail
 
 
 def path_delays(graph: WhatIfGraph) -> np.ndarray:
@@ -119,15 +127,14 @@ def step_paths(graph: WhatIfGraph, duration: np.ndarray, delay: np.ndarray | Non
     synced ops) and launch ``delay`` (default none). Needs graph.ops column rank."""
     n = graph.ops.height
     delay = np.zeros(n) if delay is None else np.asarray(delay, dtype=np.float64)
-    ready, end, binding, launcher, tail, n = binding_links(graph, np.asarray(duration, dtype=np.float64), delay)
+    links, tail = binding_links(graph, np.asarray(duration, dtype=np.float64), delay)
+    ready, end, binding, launcher, op_end = links.ready, links.end, links.binding, links.launcher, links.op_end
     group = graph.group
     rank = graph.ops["rank"].to_numpy()
-    op_end = np.where(tail >= 0, end[np.maximum(tail, 0)], end[:n])
     # the node that ends each step: an op's own node, or its transfer's tail
     end_node = np.where(tail >= 0, tail, np.arange(n))
     last = _last_by(graph.step_index, op_end, len(graph.steps), end_node)
     out: dict[str, list] = {k: [] for k in ("step_index", "op", "kind", "start", "dur", "waited")}
-    full_delay = np.concatenate([delay, np.zeros(end.size - n)])
     tail_op = np.flatnonzero(tail >= 0)
 
     def add(si: int, op: int, kind: int, start: float, dur: float, waited: int) -> None:
@@ -142,18 +149,18 @@ def step_paths(graph: WhatIfGraph, duration: np.ndarray, delay: np.ndarray | Non
                 add(si, op, 0, float(ready[v]), float(end[v] - ready[v]), -1)
                 j = int(launcher[group[op]])
                 out["waited"][-1] = int(rank[j])
-                if full_delay[j] > 0:
-                    add(si, j, 1, float(ready[j] - full_delay[j]), float(full_delay[j]), -1)
+                if delay[j] > 0:  # j is an op: a tail has no delay of its own
+                    add(si, j, 1, float(ready[j] - delay[j]), float(delay[j]), -1)
                 v = int(binding[j])
                 continue
             if end[v] > ready[v]:
                 add(si, op, 0, float(ready[v]), float(end[v] - ready[v]), -1)
-            if full_delay[v] > 0:
-                add(si, op, 1, float(ready[v] - full_delay[v]), float(full_delay[v]), -1)
+            if delay[v] > 0:
+                add(si, op, 1, float(ready[v] - delay[v]), float(delay[v]), -1)
             v = int(binding[v])
     step_time = np.full(len(graph.steps), np.nan)
     ok = last >= 0
-    step_time[ok] = end[last[ok]]
+    step_time[ok] = [end[v] for v in last[ok].tolist()]
     return StepPaths(step_index=np.asarray(out["step_index"], np.int64), op=np.asarray(out["op"], np.int64),
                      kind=np.asarray(out["kind"], np.int8), start=np.asarray(out["start"], np.float64),
                      dur=np.asarray(out["dur"], np.float64), waited=np.asarray(out["waited"], np.int64),
