@@ -10,7 +10,7 @@ section into one list, the verdict's culprit first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
 import polars as pl
 
@@ -31,11 +31,12 @@ from rankscope.analysis.stragglers.findings import findings_of
 from rankscope.analysis.stragglers.section import straggler_section
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
+from rankscope.collectors.record_class import record
 
 PHASES = ("compute_ns", "comm_ns", "exposed_comm_ns", "idle_ns", "exposed_wait_ns")
 
 
-@dataclass(frozen=True)
+@record
 class DiagnoseConfig:
     """Options of a whole diagnosis (each analyzer's own config hangs off here)."""
 

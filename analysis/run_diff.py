@@ -8,7 +8,7 @@ unit. Regressions come first, worst first, each with its evidence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 import polars as pl
@@ -20,13 +20,14 @@ from rankscope.analysis.model.job_model import JobModel
 from rankscope.analysis.report.codec import plain, to_json
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
+from rankscope.collectors.record_class import record
 
 SIZE_BUCKETS = (64 << 10, 1 << 20, 16 << 20, 256 << 20)
 """Upper edges of the message size buckets (bytes): <64 KiB, <1 MiB, <16 MiB, <256 MiB, larger."""
 _BUCKET_NAMES = ("<64KiB", "64KiB-1MiB", "1-16MiB", "16-256MiB", ">=256MiB")
 
 
-@dataclass(frozen=True)
+@record
 class DiffConfig:
     """Options of a run diff."""
 
@@ -40,7 +41,7 @@ class DiffConfig:
             raise ConfigError(f"threshold must be in (0, 1], got {self.threshold}")
 
 
-@dataclass
+@record(frozen=False)
 class RunDiff:
     """The diff of two runs: ``rows`` (aspect, item, baseline, current, unit, ratio, change, evidence),
     regressions first, and the current run's kernel findings against the baseline."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING
 
 import polars as pl
 
+from rankscope.collectors.record_class import record
 from rankscope.collectors.store import Store
 
 if TYPE_CHECKING:
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 KINDS_FOR_ANALYSIS = ("comm_op", "compute_op", "flow", "step_mark", "batch_meta", "endpoint_map")
 
 
-@dataclass
+@record(frozen=False)
 class JobFrames:
     """The record kinds of one job as polars DataFrames (empty frames where absent)."""
 

@@ -14,16 +14,17 @@ New columns may be appended to a kind; the binding ones never change meaning.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
 
 from rankscope.collectors.errors import SchemaError
+from rankscope.collectors.record_class import record
 
 
-@dataclass(frozen=True)
+@record
 class Col:
     """One column of a record kind."""
 
@@ -225,7 +226,7 @@ def polars_schema(kind: str) -> dict[str, pl.DataType]:
     return dict(pl.from_arrow(empty(kind)).schema)
 
 
-@dataclass
+@record(frozen=False)
 class Validated:
     """What :func:`validate` returns: the good rows and why the others were rejected."""
 

@@ -35,7 +35,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,6 +53,7 @@ from rankscope.collectors.integrity import (
 )
 from rankscope.collectors.orphans import clean_orphans, find_orphans, note_removed
 from rankscope.collectors.part_files import atomic_write_bytes, ingest_key, write_part
+from rankscope.collectors.record_class import record
 from rankscope.collectors.schema import SCHEMAS, cast_to, empty, polars_schema, schema, unique_values
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def check_job_name(job: object) -> str:
     return job
 
 
-@dataclass
+@record(frozen=False)
 class ManifestEntry:
     """One ingested source."""
 

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from rankscope.collectors.integrity import manifest_problem, part_damage, sidecar_record
 from rankscope.collectors.orphans import REMOVED_LOG
 from rankscope.collectors.part_files import ingest_key
+from rankscope.collectors.record_class import record
 from rankscope.collectors.store import MANIFEST_DIR, Store
 
 
-@dataclass
+@record(frozen=False)
 class CheckResult:
     """What ``check`` found: problems and the repair each calls for (both one line each)."""
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rankscope.collectors.errors import RankscopeError
 from rankscope.collectors.job_frames import KINDS_FOR_ANALYSIS, JobFrames
+from rankscope.collectors.record_class import record
 from rankscope.collectors.store import MANIFEST_DIR, Store
 from rankscope.dashboard.security import public_error
 
@@ -30,7 +30,7 @@ CACHE_SIZE = 8
 """analyses kept in memory (one per store version, job and baseline): a 2,048-rank job is a few tens of MB."""
 
 
-@dataclass(frozen=True)
+@record
 class JobAnalysis:
     """One job's Diagnosis and the tables its figures draw from, for one store version."""
 

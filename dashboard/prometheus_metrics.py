@@ -22,12 +22,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 import polars as pl
 
 from rankscope.analysis.report import Diagnosis
+from rankscope.collectors.record_class import record
 
 SIZE_BUCKETS_BYTES = (1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28)
 """upper bounds of the comm size buckets (label ``size_bucket``: ``le_1KiB`` ... ``gt_256MiB``)."""
@@ -35,7 +36,7 @@ RECENT_STEPS = 3
 """steps that make a rank's *current* time for the individual score."""
 
 
-@dataclass(frozen=True)
+@record
 class Family:
     name: str
     kind: str
@@ -94,14 +95,14 @@ FAMILIES = {f.name: f for f in (
 )}
 
 
-@dataclass
+@record(frozen=False)
 class Sample:
     family: str
     labels: dict[str, str]
     value: float
 
 
-@dataclass
+@record(frozen=False)
 class Samples:
     items: list[Sample] = field(default_factory=list)
 

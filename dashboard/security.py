@@ -19,10 +19,10 @@ import hmac
 import ipaddress
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from rankscope.collectors.errors import UsageError
+from rankscope.collectors.record_class import record
 
 log = logging.getLogger("rankscope.dashboard")
 MAX_BODY_BYTES = 1 << 20
@@ -38,7 +38,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-@dataclass(frozen=True)
+@record
 class Access:
     """The stores the page may show (as given on the command line, resolved once)."""
 

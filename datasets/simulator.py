@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from rankscope.analysis.replay.engine import replay
 from rankscope.collectors.errors import ConfigError, UsageError
+from rankscope.collectors.record_class import record
 from rankscope.collectors.schema import empty
 from rankscope.collectors.store import ManifestEntry, Store
 from rankscope.datasets.sim.job_config import Fault, SimConfig, parse_fault
@@ -56,7 +57,7 @@ __all__ = ["Fault", "Realism", "SimConfig", "SimResult", "FabricResult", "fabric
            "write_store"]
 
 
-@dataclass
+@record(frozen=False)
 class SimResult:
     """One simulated job."""
 
@@ -72,7 +73,7 @@ class SimResult:
         return {"capture": self.config.capture, "jobs": {self.config.job: self.truth}, "background": []}
 
 
-@dataclass
+@record(frozen=False)
 class FabricResult:
     """Several jobs on one fabric, flows of all of them (plus background traffic) under one capture."""
 

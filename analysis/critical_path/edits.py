@@ -17,14 +17,13 @@ the shortest predicted mean step time are kept.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import polars as pl
 
 from rankscope.analysis.critical_path import template
 from rankscope.analysis.whatif.graph import WhatIfGraph
 from rankscope.analysis.whatif.metrics import STALL_TYPES
+from rankscope.collectors.record_class import record
 
 CANDIDATES_PER_KIND = 3
 """how many of the path's heaviest ranks, stages and links are replayed as edits (per kind)."""
@@ -33,7 +32,7 @@ NEARLY = 0.9
 """a narrower edit that buys this share of a wider one's saving ranks before it."""
 
 
-@dataclass(frozen=True)
+@record
 class Edit:
     kind: str
     what: str
@@ -45,7 +44,7 @@ class Edit:
     saving: float
 
 
-@dataclass(frozen=True)
+@record
 class _Cols:
     """The op columns every candidate reads, taken out of the op table once (string columns are slow to
     convert, and a 4,096-GPU job has ~5 M ops)."""

@@ -14,16 +14,15 @@ segments of a step add up to the step's replayed time exactly:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import polars as pl
 
 from rankscope.analysis.critical_path import template
 from rankscope.analysis.whatif.graph import WhatIfGraph, engine_nodes, tail_of
+from rankscope.collectors.record_class import record
 
 
-@dataclass(frozen=True)
+@record
 class StepPaths:
     """The critical path of every step, as flat arrays of segments (step by step, each from its end back).
 

@@ -17,15 +17,16 @@ binding links are read from, is bit-identical to the plan's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from graphlib import TopologicalSorter
 
 import numpy as np
 
 from rankscope.analysis.whatif.graph import Template, WhatIfGraph
+from rankscope.collectors.record_class import record
 
 
-@dataclass(frozen=True)
+@record
 class TemplateOrder:
     """The template's nodes (op ``m`` is node m, the tail of the k-th synced op is node n_t + k) in
     topological order, and each op's predecessor nodes in template edge order (the graph's edge order within
@@ -193,7 +194,7 @@ def _step_times(t: Template, order: TemplateOrder, d: np.ndarray, dl: np.ndarray
     return inst_end.reshape(t.n_steps, t.dp).max(axis=1)
 
 
-@dataclass(frozen=True)
+@record
 class Links:
     """What the path's walk reads of one replay: per engine node (the ops, then one tail per synced op) its
     ready and end time and binding predecessor (-1: none), indexed by an int node id (arrays from the wave

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.record_class import record
 
 # Ports set apart before anything else: only the torch rendezvous store, whose clients tie a job's
 # endpoints together. Storage, checkpoint and other background traffic is told by its shape on any
@@ -12,7 +11,7 @@ from rankscope.collectors.errors import ConfigError
 DEFAULT_CONTROL_PORTS = (29500,)
 
 
-@dataclass(frozen=True)
+@record
 class FlowConfig:
     control_ports: tuple[int, ...] = DEFAULT_CONTROL_PORTS
     """flows to or from these ports are set apart as control/storage traffic (counted, not analysed)."""

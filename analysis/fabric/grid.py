@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 import polars as pl
@@ -43,9 +43,10 @@ from rankscope.analysis.fabric.link_models import (
 )
 from rankscope.analysis.fabric.pair_graph import address_key, components
 from rankscope.analysis.fabric.tie_evidence import break_tie
+from rankscope.collectors.record_class import record
 
 
-@dataclass
+@record(frozen=False)
 class GridFit:
     dp_groups: list[list[str]]
     pipelines: list[list[str]]

@@ -13,11 +13,12 @@ discovery).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import polars as pl
 
 from rankscope.analysis.fabric.config import FlowConfig
+from rankscope.collectors.record_class import record
 
 MAJOR_CONNECTION_SHARE = 0.01
 """a connection (5-tuple) carrying less than this share of its address pair's bytes does not time the pair."""
@@ -30,7 +31,7 @@ MIN_BURST_GAP_NS = 5_000_000
 burst: micro-batches of one step and records cut by the exporter's active timeout follow that closely."""
 
 
-@dataclass
+@record(frozen=False)
 class PairTraffic:
     """Directed pair table plus what was set apart, for data_quality."""
 

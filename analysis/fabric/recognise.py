@@ -14,7 +14,7 @@ job's lowest endpoint address (numeric for IPv4).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 import polars as pl
@@ -26,9 +26,10 @@ from rankscope.analysis.fabric.job_evidence import job_evidence
 from rankscope.analysis.fabric.pair_graph import address_key, components
 from rankscope.analysis.fabric.pair_traffic import pair_traffic, undirected_edges
 from rankscope.analysis.fabric.rails import merge_components
+from rankscope.collectors.record_class import record
 
 
-@dataclass
+@record(frozen=False)
 class RecognisedJob:
     name: str
     endpoints: list[str]
@@ -37,7 +38,7 @@ class RecognisedJob:
     bytes: float
 
 
-@dataclass
+@record(frozen=False)
 class FabricJobs:
     jobs: list[RecognisedJob]
     quality: dict = field(default_factory=dict)

@@ -32,10 +32,10 @@ such misfit cycles; otherwise the tie stands.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import polars as pl
+
+from rankscope.collectors.record_class import record
 
 NOISE_MULTIPLE = 3.0
 """the short link must fall below the median of the cycle's other links by this many times their own
@@ -51,7 +51,7 @@ sampling noise and per-message headers move it either way): a link short by far 
 lost or cut record, not a missing chunk."""
 
 
-@dataclass(frozen=True)
+@record
 class TieBreak:
     winner: int | None
     """index into the tied labellings of the one the evidence prefers (None: the tie stands)."""

@@ -13,12 +13,11 @@ across ranks (an FFN of 18,432 split 32 ways is 576, not a multiple of 128).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import polars as pl
 
 from rankscope.analysis.kernels.classes import GEMM_CLASSES, kernel_traits
 from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.record_class import record
 from rankscope.collectors.vocab import dtype_name, dtype_size
 
 TENSOR_CORE_DTYPES: dict[str, str] = {
@@ -37,7 +36,7 @@ matmul by default and a trace does not say it was on, so 4-element alignment buy
 (DMMA exists, but fp64 training GEMMs are rare and its tiles differ), and integer types other than int8.
 """
 
-@dataclass(frozen=True)
+@record
 class AlignmentConfig:
     """Alignment rule thresholds (bytes) for the tensor-core dtypes; elements follow from the element size."""
 

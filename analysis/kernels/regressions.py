@@ -18,7 +18,7 @@ nothing and is left out; one with nothing to measure against is kept on the rule
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 import polars as pl
@@ -41,12 +41,13 @@ from rankscope.analysis.model.job_model import JobModel
 from rankscope.analysis.report.kernels import AlignmentCheck, Regression, ThroughputCheck
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
+from rankscope.collectors.record_class import record
 
 SIMILAR_FLOPS = 4
 """An aligned GEMM is a like-for-like reference for a misaligned one within this factor of FLOPs per call."""
 
 
-@dataclass(frozen=True)
+@record
 class RegressionConfig:
     """Options of the regression section."""
 

@@ -27,19 +27,18 @@ one shape spread over several times their median, and a 0.6 ratio between two ra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import polars as pl
 
 from rankscope.analysis.kernels.alignment import AlignmentConfig, alignment_findings, gemm_rows
 from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.record_class import record
 
 KEY = ["kernel_class", "m", "n", "k", "batch", "dtype"]
 """Columns that identify a GEMM for throughput comparison."""
 
 
-@dataclass(frozen=True)
+@record
 class ThroughputConfig:
     """Thresholds of the throughput comparisons."""
 

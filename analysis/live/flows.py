@@ -16,7 +16,7 @@ its ring held one collective against its peer's two, and was named in every othe
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 import polars as pl
@@ -27,9 +27,10 @@ from rankscope.analysis.live.windows import straggler_named
 from rankscope.analysis.report.diagnosis import WindowEvent
 from rankscope.collectors.errors import ConfigError, RankscopeError
 from rankscope.collectors.job_frames import JobFrames
+from rankscope.collectors.record_class import record
 
 
-@dataclass(frozen=True)
+@record
 class LiveFlowConfig:
     """Options of the live diagnosis of a flow capture."""
 

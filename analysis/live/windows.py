@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import polars as pl
 
@@ -33,6 +33,7 @@ from rankscope.collectors.errors import ConfigError, RankscopeError
 from rankscope.collectors.hooks.hook_config import HookConfig
 from rankscope.collectors.hooks.hook_watchdog import watchdog_period_s
 from rankscope.collectors.job_frames import JobFrames
+from rankscope.collectors.record_class import record
 
 LIVE_KINDS = ("comm_op", "compute_op", "step_mark", "batch_meta")
 """the per-rank record kinds a window reads (flows are followed by their own capture)."""
@@ -42,7 +43,7 @@ HANG_SLACK_S = 2.0
 """for one flush of the hook's writer (0.5 s under ``attach --live``) and one poll of the watcher (0.5 s)."""
 
 
-@dataclass(frozen=True)
+@record
 class LiveConfig:
     """Options of the live diagnosis."""
 

@@ -16,16 +16,15 @@ exporter against the reference (the one that saw the most records).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import polars as pl
 
 from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.record_class import record
 from rankscope.collectors.schema import P2P_OPS
 
 
-@dataclass(frozen=True)
+@record
 class ClockConfig:
     iterations: int = 8
     """alternating least-squares rounds (each is a few vectorised passes)."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass
 
 import polars as pl
 
@@ -23,9 +22,10 @@ from rankscope.analysis.report.data_quality import (
 )
 from rankscope.analysis.strategy.whitebox import member_ranks
 from rankscope.collectors.job_frames import JobFrames
+from rankscope.collectors.record_class import record
 
 
-@dataclass(frozen=True)
+@record
 class Coverage:
     """Which ranks the sources declare and which of them no record covers."""
 

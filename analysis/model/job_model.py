@@ -44,7 +44,7 @@ records (their step labels come from the same marks), else comm_op's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import polars as pl
 
@@ -78,11 +78,12 @@ from rankscope.analysis.strategy.group_names import with_group_names
 from rankscope.analysis.strategy.groups_from_streams import label_groups, memberships_from
 from rankscope.analysis.strategy.whitebox import infer_whitebox
 from rankscope.collectors.job_frames import JobFrames
+from rankscope.collectors.record_class import record
 
 NO_RECORDS = "no comm_op or flow records"
 
 
-@dataclass(frozen=True)
+@record
 class FlowView:
     """A job's flow records on one clock, and what the flows alone tell of the job."""
 
@@ -96,7 +97,7 @@ class FlowView:
     """the black-box strategy, steps and pair-traffic quality, and the job's own training flows."""
 
 
-@dataclass(frozen=True)
+@record
 class JobModel:
     """One job as every analysis sees it (see module docstring)."""
 

@@ -23,13 +23,12 @@ over its steps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import polars as pl
 
 from rankscope.analysis.replay import replay
 from rankscope.collectors.errors import RankscopeError
+from rankscope.collectors.record_class import record
 
 MIN_GAIN = 1e-9
 """a swap must cut at least this share of the job's cross-pod bytes (float noise below)."""
@@ -46,7 +45,7 @@ KL_HOSTS = 512
 (a plain descent, which a whole stage spread over several hosts can stall)."""
 
 
-@dataclass(frozen=True)
+@record
 class Search:
     """The local search's result: where each endpoint goes, and the cross-pod bytes before and after."""
 

@@ -8,18 +8,18 @@ is metered by one exporter hangs off that exporter's leaf. Host and pod are then
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
 from rankscope.collectors.errors import UsageError
+from rankscope.collectors.record_class import record
 
 COLUMNS = ("endpoint", "host", "leaf", "pod")
 OPTIONAL = ("spine",)
 
 
-@dataclass(frozen=True)
+@record
 class Topology:
     """endpoint -> host, leaf, pod, spine (null where unknown), and how it was obtained."""
 

@@ -18,18 +18,17 @@ loop runs once per wave (the critical-path depth), never once per op.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from rankscope.collectors.errors import RankscopeError
+from rankscope.collectors.record_class import record
 
 
 class CycleError(RankscopeError):
     """The dependency graph has a cycle (or a sync group depends on itself)."""
 
 
-@dataclass(frozen=True)
+@record
 class ReplayResult:
     """Times of every op, in the units the inputs used (ns in rankscope)."""
 
@@ -75,7 +74,7 @@ def csr_gather(offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return np.repeat(lo - np.cumsum(np.r_[0, counts[:-1]]), counts) + np.arange(total)
 
 
-@dataclass(frozen=True)
+@record
 class _SuperGraph:
     """A graph's super-nodes (one per sync group, one per lone op) and the edges between them.
 

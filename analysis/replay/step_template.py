@@ -19,13 +19,13 @@ same max/add sequence either way, so the step times are bit-identical.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import polars as pl
 
+from rankscope.collectors.record_class import record
 
-@dataclass(frozen=True)
+
+@record
 class StepTemplate:
     """Every step's ops in one canonical order: ``op_of[s, j]`` is the op at position ``j`` of step ``s``."""
 

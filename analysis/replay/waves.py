@@ -12,14 +12,13 @@ results are bit-identical.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from rankscope.analysis.replay.engine import CycleError, csr_gather
+from rankscope.collectors.record_class import record
 
 
-@dataclass(frozen=True)
+@record
 class Wave:
     """One wave, in the plan's wave-ordered numbering: its super-nodes and member ops are contiguous.
 
@@ -46,7 +45,7 @@ class Wave:
     ``fresh``: no earlier wave reaches these targets (their predecessor end is still -inf)."""
 
 
-@dataclass(frozen=True)
+@record
 class ReplayPlan:
     """The structure of a dependency graph, independent of durations.
 

@@ -9,10 +9,11 @@ tie the worker is the finding.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from rankscope.collectors.record_class import record
 
 
-@dataclass(frozen=True)
+@record
 class Cause:
     name: str
     """the verdict name (report contract)."""

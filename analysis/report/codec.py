@@ -22,8 +22,10 @@ import functools
 import math
 import types
 import typing
-from dataclasses import MISSING, dataclass, fields, is_dataclass
+from dataclasses import MISSING, fields, is_dataclass
 from typing import Any
+
+from rankscope.collectors.record_class import record
 
 TYPE_KEY = "__type__"
 """the key that names a union member's type in :func:`encode`'s nested form."""
@@ -155,7 +157,7 @@ def _value(tp: Any, v: Any) -> Any:
     return v
 
 
-@dataclass(frozen=True)
+@record
 class FieldInfo:
     """One declared field, as the schema and the docs read it."""
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from rankscope.analysis.report.codec import doc
+from rankscope.collectors.record_class import record
 
 
-@dataclass(frozen=True)
+@record
 class RankCoverage:
     """Which ranks the sources declare and which have records."""
 
@@ -26,7 +26,7 @@ class RankCoverage:
                                factory=list, omit="empty")
 
 
-@dataclass(frozen=True)
+@record
 class ClockQuality:
     """The per-rank clock corrections applied."""
 
@@ -36,7 +36,7 @@ class ClockQuality:
     note: str | None = doc("why no clock was fitted.", None, omit="none")
 
 
-@dataclass(frozen=True)
+@record
 class ExporterClock:
     """The per-exporter offsets applied to flow records."""
 
@@ -44,7 +44,7 @@ class ExporterClock:
     max_abs_offset_ns: float = doc("the largest offset corrected.")
 
 
-@dataclass(frozen=True)
+@record
 class LayoutQuality:
     """Where each rank's stage, dp rank, tp rank and pipeline came from."""
 
@@ -53,7 +53,7 @@ class LayoutQuality:
     notes: list[str] = doc("what the job model could not fill, and why.")
 
 
-@dataclass(frozen=True)
+@record
 class DataQuality:
     """What the report rests on."""
 

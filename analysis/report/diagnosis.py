@@ -8,7 +8,6 @@ that could not be computed says so with ``evaluated: false`` and ``why``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from rankscope.analysis.report.codec import decode, doc, encode, to_json
 from rankscope.analysis.report.data_quality import DataQuality, LayoutQuality, RankCoverage
@@ -18,6 +17,7 @@ from rankscope.analysis.report.kernels import Regression
 from rankscope.analysis.report.steps import CriticalPath, Steps
 from rankscope.analysis.report.stragglers import Stragglers
 from rankscope.analysis.report.strategy import Placement, Strategy, Traffic
+from rankscope.collectors.record_class import record
 
 
 def _no_data_quality() -> DataQuality:
@@ -25,7 +25,7 @@ def _no_data_quality() -> DataQuality:
                        ranks=RankCoverage(0, None, [], 0, 0), layout=LayoutQuality("unknown", {}, []))
 
 
-@dataclass(frozen=True)
+@record
 class Diagnosis:
     """One job's report."""
 
@@ -64,7 +64,7 @@ class Diagnosis:
         return decode(Diagnosis, data)
 
 
-@dataclass(frozen=True)
+@record
 class WindowEvent:
     """One window of steps of a live job, as ``rankscope watch`` writes it (one JSON object per line): the
     same sections as the report, over the window's steps only."""

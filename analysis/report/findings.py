@@ -11,18 +11,19 @@ design), then by factor.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from rankscope.analysis.report.codec import doc
 from rankscope.analysis.report.kernels import KernelCheck, Regression
+from rankscope.collectors.record_class import record
 
 KERNEL_KINDS = ("kernel_regression", "misaligned_gemm")
 KIND_ORDER = {"slow_worker": 0, "slow_stage": 1, "sequence_imbalance": 2, "kernel_regression": 3,
               "misaligned_gemm": 4, "slow_link": 5}
 
 
-@dataclass(frozen=True)
+@record
 class Worker:
     """A rank (or, from flows, an address) with its place in the layout."""
 
@@ -31,28 +32,28 @@ class Worker:
     dp_rank: int | None = doc("its data-parallel rank.")
 
 
-@dataclass(frozen=True)
+@record
 class Rank:
     """A rank (or an address from flows) whose transfers are slow."""
 
     rank: Any = doc("the rank or address.")
 
 
-@dataclass(frozen=True)
+@record
 class Stage:
     """A pipeline stage."""
 
     stage: int | None = doc("the stage.")
 
 
-@dataclass(frozen=True)
+@record
 class Endpoint:
     """A network address."""
 
     endpoint: str = doc("the address.")
 
 
-@dataclass(frozen=True)
+@record
 class OneOf:
     """One of several endpoints that the evidence cannot tell apart (a TP group's pipelines)."""
 
@@ -60,7 +61,7 @@ class OneOf:
     stage: int | None = doc("their stage.")
 
 
-@dataclass(frozen=True)
+@record
 class Group:
     """A process group (or a DP ring) as a whole."""
 
@@ -68,7 +69,7 @@ class Group:
     ranks: list | None = doc("its members.")
 
 
-@dataclass(frozen=True)
+@record
 class Batches:
     """The microbatches themselves (unequal sequence lengths)."""
 
@@ -78,7 +79,7 @@ class Batches:
 Culprit = Worker | Rank | Stage | Endpoint | OneOf | Group | Batches | int | list | str
 
 
-@dataclass(frozen=True)
+@record
 class Finding:
     """One anomaly, named with its culprit."""
 

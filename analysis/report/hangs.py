@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from rankscope.analysis.report.codec import doc
+from rankscope.collectors.record_class import record
 
 
-@dataclass(frozen=True)
+@record
 class Hang:
     """One stuck collective (or send/recv pair) of one source."""
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from rankscope.analysis.report.codec import doc
+from rankscope.collectors.record_class import record
 
 
-@dataclass(frozen=True)
+@record
 class ThroughputCheck:
     """A GEMM shape whose measured throughput is below the threshold against other ranks or a baseline."""
 
@@ -29,7 +29,7 @@ class ThroughputCheck:
     comparison: str = doc("ranks or baseline.")
 
 
-@dataclass(frozen=True)
+@record
 class AlignmentCheck:
     """A GEMM shape whose dims break the dtype's tensor-core alignment rule."""
 
@@ -51,7 +51,7 @@ class AlignmentCheck:
 KernelCheck = ThroughputCheck | AlignmentCheck
 
 
-@dataclass(frozen=True)
+@record
 class Regression:
     """One kernel regression: the check that found it and the finding it makes."""
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from rankscope.analysis.report.codec import doc
+from rankscope.collectors.record_class import record
 
 
-@dataclass(frozen=True)
+@record
 class Warmup:
     """A step left out of the median."""
 
@@ -15,7 +14,7 @@ class Warmup:
     why: str = doc("why it is warm-up.")
 
 
-@dataclass(frozen=True)
+@record
 class RankPhases:
     """One rank's time over all steps, by phase (nanoseconds)."""
 
@@ -27,7 +26,7 @@ class RankPhases:
     exposed_wait_ns: int = doc("exposed communication plus idle: the time it waited.")
 
 
-@dataclass(frozen=True)
+@record
 class StepTable:
     """Steps from per-rank records (step marks or step labels), by the one step definition."""
 
@@ -39,7 +38,7 @@ class StepTable:
     num_in_median: int = doc("how many steps the median is taken over.")
 
 
-@dataclass(frozen=True)
+@record
 class FlowPeriod:
     """Steps from the period of the flows' data-parallel bursts."""
 
@@ -62,7 +61,7 @@ class FlowPeriod:
                                                                omit="none")
 
 
-@dataclass(frozen=True)
+@record
 class FlowPeriodMiss:
     """Why the flows gave no step time: what their records show."""
 
@@ -75,7 +74,7 @@ class FlowPeriodMiss:
     timestamp_resolution_ns: int | None = doc("the records' time resolution.", None, omit="none")
 
 
-@dataclass(frozen=True)
+@record
 class Steps:
     """The job's steps by the one step definition that analyze, diff, export and the dashboard share."""
 
@@ -103,7 +102,7 @@ class Steps:
 
 
 
-@dataclass(frozen=True)
+@record
 class PathOp:
     """One piece of a step's critical path: an op's work (compute, or a synced op's transfer) or the launch
     gap before it (untraced CPU work, or on hook-only records the compute between two collectives)."""
@@ -120,7 +119,7 @@ class PathOp:
                                  "path goes on there).", None, omit="none")
 
 
-@dataclass(frozen=True)
+@record
 class StepPath:
     """The chain of ops that set one step's end, from the step's start to its end."""
 
@@ -129,7 +128,7 @@ class StepPath:
     ops: list[PathOp] = doc("the path, first op first.")
 
 
-@dataclass(frozen=True)
+@record
 class PathEdit:
     """An edit to the path and the step time the replay predicts with it."""
 
@@ -145,7 +144,7 @@ class PathEdit:
     saving: float = doc("1 - predicted / current mean step time.", 0.0)
 
 
-@dataclass(frozen=True)
+@record
 class CriticalPath:
     """The step's critical path across all ranks (from the what-if dependency graph, replayed with the
     recorded durations and launch delays, so it reproduces the recorded steps)."""

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from rankscope.analysis.report.codec import doc
 from rankscope.analysis.report.steps import Warmup
+from rankscope.collectors.record_class import record
 
 Verdict = Literal["none", "worker", "stage_imbalance", "sequence_imbalance", "communication", "mixed"]
 
 
-@dataclass(frozen=True)
+@record
 class ReplayWorker:
     """A worker by S_w, from the compute replay."""
 
@@ -26,7 +26,7 @@ class ReplayWorker:
     stall_ns_mean: float = doc("the mean length of one stall op.")
 
 
-@dataclass(frozen=True)
+@record
 class ArrivalWorker:
     """A worker by how late it arrives at blocking collectives (hook records, no compute)."""
 
@@ -39,7 +39,7 @@ class ArrivalWorker:
     last_arrival_share: float = doc("share of collectives it arrived at last.")
 
 
-@dataclass(frozen=True)
+@record
 class FlowWorker:
     """An endpoint the flows name: a slow NIC or link, or a late sender."""
 
@@ -54,7 +54,7 @@ class FlowWorker:
 TopWorker = ReplayWorker | ArrivalWorker | FlowWorker
 
 
-@dataclass(frozen=True)
+@record
 class WorkerOrStage:
     """A rank without stage peers: a slow GPU and a stage with more work look alike."""
 
@@ -64,7 +64,7 @@ class WorkerOrStage:
     why: str = doc("why the records cannot tell.")
 
 
-@dataclass(frozen=True)
+@record
 class RingOrWorker:
     """A slow DP ring that crosses a late pipeline: a slow NIC and a slow worker look alike in flows."""
 
@@ -77,7 +77,7 @@ class RingOrWorker:
                                  omit="none")
 
 
-@dataclass(frozen=True)
+@record
 class Heatmap:
     """Worker x step slowdown S_w."""
 
@@ -86,7 +86,7 @@ class Heatmap:
     slowdown: list[list[float]] = doc("S_w of each worker in each step.")
 
 
-@dataclass(frozen=True)
+@record
 class WhatIf:
     """The what-if numbers of a section that replayed or timed the job."""
 
@@ -98,7 +98,7 @@ class WhatIf:
     step_slowdown: list[float] = doc("S of each step, in ``steps`` order.")
 
 
-@dataclass(frozen=True)
+@record
 class ReplayDetail:
     """What the compute replay measured besides S."""
 
@@ -112,7 +112,7 @@ class ReplayDetail:
     graph: dict[str, Any] = doc("the dependency graph's counts (ops outside the model, unpaired p2p, ...).")
 
 
-@dataclass(frozen=True)
+@record
 class FlowsChecks:
     """What the flows-only straggler checks read."""
 
@@ -121,7 +121,7 @@ class FlowsChecks:
                              "not run.")
 
 
-@dataclass(frozen=True)
+@record
 class Stragglers:
     """What-if attribution: S = T / T_ideal, the share of it each cause explains, and the verdict."""
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from rankscope.analysis.report.codec import doc
+from rankscope.collectors.record_class import record
 
 
 def degree_text(v: int | None) -> str:
@@ -13,7 +14,7 @@ def degree_text(v: int | None) -> str:
     return "?" if v is None else str(v)
 
 
-@dataclass(frozen=True)
+@record
 class Undecided:
     """A strategy field the input leaves open."""
 
@@ -23,7 +24,7 @@ class Undecided:
                            omit="empty")
 
 
-@dataclass(frozen=True)
+@record
 class Labelling:
     """Another DP x PP labelling of the flows that fits the traffic (almost) as well as the one reported."""
 
@@ -33,7 +34,7 @@ class Labelling:
     dp_groups: list[list] = doc("its first DP groups (at most four).")
 
 
-@dataclass(frozen=True)
+@record
 class WhiteboxDetail:
     """What the collective records alone tell (``method`` ``comm_op``)."""
 
@@ -43,7 +44,7 @@ class WhiteboxDetail:
     cp_groups: list[list] | None = doc("each context-parallel ring's members; null without CP.")
 
 
-@dataclass(frozen=True)
+@record
 class FlowsDetail:
     """What the flow records tell about their own reading (``method`` ``flows``)."""
 
@@ -70,7 +71,7 @@ class FlowsDetail:
                                             "of the heavy pairs, and why.", factory=dict)
 
 
-@dataclass(frozen=True)
+@record
 class Comparison:
     """The strategy from the collectives against the one from the flows, through the endpoint_map."""
 
@@ -88,7 +89,7 @@ class Comparison:
     agree: bool | None = doc("degrees (but tp) and groups agree.", None, omit="none")
 
 
-@dataclass(frozen=True)
+@record
 class NameConflict:
     """A dimension whose process-group names and collectives read differently (the names are reported)."""
 
@@ -100,7 +101,7 @@ class NameConflict:
     collectives_groups: list[list] | None = doc("the groups the collectives gave; null where unknown.")
 
 
-@dataclass(frozen=True)
+@record
 class Strategy:
     """Which endpoints form data-parallel groups and pipelines (in stage order), and the other degrees."""
 
@@ -164,7 +165,7 @@ class Strategy:
         return list(self.flows.alternatives) if self.flows is not None and self.flows.ambiguous else []
 
 
-@dataclass(frozen=True)
+@record
 class TrafficPair:
     """One directed endpoint pair: what the strategy implies against what the flows show."""
 
@@ -192,7 +193,7 @@ class TrafficPair:
     exporters: list[str] = doc("the exporters that metered its payload.", factory=list)
 
 
-@dataclass(frozen=True)
+@record
 class TrafficClass:
     """One traffic class over all its pairs."""
 
@@ -204,7 +205,7 @@ class TrafficClass:
     max_deviation: float | None = doc("largest |ratio - 1|.")
 
 
-@dataclass(frozen=True)
+@record
 class Traffic:
     """Expected traffic from the strategy against the flows, pair by pair, ranked by extra transfer time."""
 
@@ -228,7 +229,7 @@ class Traffic:
                                         "pairs are not_judged.", factory=list, omit="empty")
 
 
-@dataclass(frozen=True)
+@record
 class PlacementClass:
     """Where one traffic class's bytes go in the fabric."""
 
@@ -239,7 +240,7 @@ class PlacementClass:
     across_pods: float | None = doc("share between pods; null when the topology has no pods.")
 
 
-@dataclass(frozen=True)
+@record
 class GroupSpan:
     """A group or pipeline whose members sit in more than one pod."""
 
@@ -248,7 +249,7 @@ class GroupSpan:
     pods: list[str] = doc("the pods its members sit in.")
 
 
-@dataclass(frozen=True)
+@record
 class PipelineCrossing:
     """A pipeline link between stages in different pods, in stage order."""
 
@@ -260,7 +261,7 @@ class PipelineCrossing:
     dst_pod: str = doc("the next stage's pod.")
 
 
-@dataclass(frozen=True)
+@record
 class EndpointMove:
     """One endpoint the proposed mapping moves: it takes another endpoint's place (host, leaf, pod)."""
 
@@ -270,7 +271,7 @@ class EndpointMove:
     takes_place_of: str = doc("the endpoint whose place (the same rail of that host) it takes.")
 
 
-@dataclass(frozen=True)
+@record
 class PlacementProposal:
     """A better rank-to-host mapping from a local search over the job's own hosts (whole hosts swap: a host
     keeps its GPU count and TP stays inside it), with its crossing shares and the step time the replay of the
@@ -295,7 +296,7 @@ class PlacementProposal:
     transfers_changed: int = doc("transfers of the capture whose pod crossing the proposal changes.", 0)
 
 
-@dataclass(frozen=True)
+@record
 class Placement:
     """How the job's traffic sits in the fabric: per class in a leaf, across leaves, across pods."""
 

@@ -28,7 +28,7 @@ Pure: frames in, frames out; the runner (capture_split) reads the partitions and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 import polars as pl
@@ -43,6 +43,7 @@ from rankscope.analysis.fabric.pair_traffic import (
     busiest_exporter,
     pair_traffic,
 )
+from rankscope.collectors.record_class import record
 
 BURST_HULL_GAP_NS = 1_000_000
 """bursts are kept as hulls of records apart by at most this gap: job evidence's burst gap is
@@ -56,7 +57,7 @@ PAIR_EXP = ["src_addr", "dst_addr", "exporter"]
 COUNTS = ("records", "control_records", "control_bytes", "self_loop_records", "sampled_records")
 
 
-@dataclass
+@record(frozen=False)
 class ExporterClock:
     """One exporter's times in store order, as far as fabric.clock reads them."""
 
@@ -73,7 +74,7 @@ class ExporterClock:
     """records at each of ``times``."""
 
 
-@dataclass
+@record(frozen=False)
 class FlowPartial:
     """What one partition (or several, merged) of a capture contributes to job recognition."""
 

@@ -16,7 +16,6 @@ a correlation within ~1e-12 of ``rail_min_correlation``. The two instant views a
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -34,9 +33,10 @@ from rankscope.analysis.fabric.rails import (
     union_rendezvous,
 )
 from rankscope.analysis.runner.capture_partials import FlowPartial
+from rankscope.collectors.record_class import record
 
 
-@dataclass
+@record(frozen=False)
 class RailPlan:
     """What the second pass bins, and what the merge needs besides the series."""
 

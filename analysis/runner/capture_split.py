@@ -24,7 +24,6 @@ so that a Ray worker can import it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 
 import polars as pl
 import pyarrow.parquet as pq
@@ -49,6 +48,7 @@ from rankscope.analysis.runner.capture_rails import RailPlan, rail_labels, rail_
 from rankscope.analysis.runner.plan import PlannedJob, plan_jobs, recognised_jobs, with_capture
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.job_frames import JobFrames
+from rankscope.collectors.record_class import record
 from rankscope.collectors.schema import polars_schema
 from rankscope.collectors.store import Store
 
@@ -79,7 +79,7 @@ def local_map(fn: Callable, args: list[tuple]) -> Iterator:
     return (fn(*a) for a in args)
 
 
-@dataclass(frozen=True)
+@record
 class Partition:
     """Rows ``offset .. offset + num_rows`` of one part file of a capture."""
 

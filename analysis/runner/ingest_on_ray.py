@@ -13,16 +13,16 @@ it are committed. Tasks run on the cluster of runner.on_ray (:func:`ray_session`
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from rankscope.analysis.runner.on_ray import RayMapper, ray_session
 from rankscope.collectors.importers import contract
 from rankscope.collectors.ingest import files, staged
+from rankscope.collectors.record_class import record
 from rankscope.collectors.store import Store
 
 
-@dataclass(frozen=True)
+@record
 class FileTask:
     """One file of the ingest, as a task's first argument (``name`` labels its peak in RayMapper.peaks)."""
 
@@ -41,7 +41,7 @@ def _ingest_serially(task: FileTask, store_root: str, fmt: str, opts: contract.I
     return files.ingest_file(Store(store_root), Path(task.file), fmt, opts, lim)
 
 
-@dataclass
+@record(frozen=False)
 class RayIngest:
     """What :func:`ingest_with_ray` did: the serial ingest's summary, and which files went which way."""
 

@@ -14,7 +14,7 @@ planning needs job recognition, which lives here and not in collectors.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, field, replace
 
 from rankscope.analysis.diagnose import analyze_job
 from rankscope.analysis.fabric.config import FlowConfig
@@ -22,12 +22,13 @@ from rankscope.analysis.fabric.recognise import FabricJobs, RecognisedJob, job_f
 from rankscope.analysis.report.diagnosis import Diagnosis
 from rankscope.analysis.runner.cache import ResultCache, result_key, store_version
 from rankscope.collectors.job_frames import JobFrames, load_job
+from rankscope.collectors.record_class import record
 from rankscope.collectors.store import Store
 
 TRAINING_KINDS = ("comm_op", "compute_op", "step_mark")
 
 
-@dataclass(frozen=True)
+@record
 class PlannedJob:
     """One job to analyse: a training job of the store, or a job recognised in a flow capture."""
 

@@ -7,15 +7,16 @@ stage slower in every step), else it is set aside with why (:func:`evidenced_ver
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from rankscope.analysis.report.causes import CAUSES
 from rankscope.analysis.whatif.metrics import MetricsConfig
 from rankscope.analysis.whatif.sequence import SequenceConfig
 from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.record_class import record
 
 
-@dataclass(frozen=True)
+@record
 class StragglerConfig:
     none_below: float = 1.05
     """verdict ``none`` when S is below this."""

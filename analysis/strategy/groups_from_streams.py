@@ -25,15 +25,14 @@ end times alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import polars as pl
 
+from rankscope.collectors.record_class import record
 from rankscope.collectors.schema import P2P_OPS
 
 
-@dataclass(frozen=True)
+@record
 class StreamConfig:
     margin: float = 0.5
     """the best group's median end gap must be at most this fraction of the runner-up's."""

@@ -26,8 +26,6 @@ and the simulator (:mod:`rankscope.analysis.whatif.generic`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import polars as pl
 
@@ -35,6 +33,7 @@ from rankscope.analysis.replay.engine import replay
 from rankscope.analysis.replay.step_template import step_template
 from rankscope.analysis.replay.waves import plan_replay, replay_waves
 from rankscope.collectors.errors import RankscopeError
+from rankscope.collectors.record_class import record
 
 FWD, BWD = "forward-compute", "backward-compute"
 CLOCK_ERROR_NS = 1e-2 * 1e9
@@ -45,7 +44,7 @@ class WhatIfInputError(RankscopeError):
     """The records do not form a dependency model the what-if can replay."""
 
 
-@dataclass(frozen=True)
+@record
 class Template:
     """One model-parallel group's ops in one step; every (step, dp rank) instance repeats it.
 
@@ -61,7 +60,7 @@ class Template:
     dp: int
 
 
-@dataclass(frozen=True)
+@record
 class _PlanMaps:
     """A graph's replay plan and the maps between op ids and the plan's nodes (flat arrays)."""
 
@@ -92,7 +91,7 @@ class _PlanMaps:
         return self.shaped(np.append(np.asarray(launch_delay, dtype=np.float64), 0.0)[self.delay_idx])
 
 
-@dataclass(frozen=True)
+@record
 class WhatIfGraph:
     """A job's ops, their dependency DAG and sync groups, ready to replay.
 

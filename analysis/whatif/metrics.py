@@ -20,7 +20,7 @@ Definitions (as the authors' analyzer computes them):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 import polars as pl
@@ -28,12 +28,13 @@ import polars as pl
 from rankscope.analysis.whatif.graph import WhatIfGraph
 from rankscope.analysis.whatif.scenarios import Scenarios, step_times
 from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.record_class import record
 
 _PP_COMM = {"forward-send": "forward-pp-comm", "forward-recv": "forward-pp-comm",
             "backward-send": "backward-pp-comm", "backward-recv": "backward-pp-comm"}
 
 
-@dataclass(frozen=True)
+@record
 class MetricsConfig:
     top_worker_percent: float = 3.0
     """M_W fixes the top this-percent workers by S_w (at least one)."""
@@ -43,7 +44,7 @@ class MetricsConfig:
             raise ConfigError(f"top_worker_percent={self.top_worker_percent!r}; expected a value in (0, 100]")
 
 
-@dataclass
+@record(frozen=False)
 class WhatIfMetrics:
     T: float
     T_ideal: float
@@ -106,7 +107,7 @@ def _remove_metric(t_ori: float, t_ideal: float, t_rem: float, t_add: float, wha
     return {"rem": rem, "add": add, "t_rem": t_rem, "t_add": t_add, "fixed": what}
 
 
-@dataclass(frozen=True)
+@record
 class _OpCodes:
     """Where each op and rank sits: the (rank, op group) code of every op, numbered rank-major
     (``rank index * len(og_names) + op group index``), and each rank's dp rank and stage."""

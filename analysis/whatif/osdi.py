@@ -7,7 +7,7 @@ groups (:func:`_osdi_template`); every (step, dp rank) instance shares it. See
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 import polars as pl
@@ -20,6 +20,7 @@ from rankscope.analysis.whatif.graph import (
     WhatIfGraph,
     WhatIfInputError,
 )
+from rankscope.collectors.record_class import record
 
 P2P_TYPES = ("forward-send", "forward-recv", "backward-send", "backward-recv")
 DP_COMM_TYPES = ("params-all-gather", "grads-reduce-scatter", "separate-grads-all-reduce")
@@ -88,7 +89,7 @@ def _p2p_in_window(ops: list[tuple], computes: list[tuple], sr: str) -> list[boo
     return [r[4] is not None and first_end is not None and r[4] >= first_end - _EPS_MATCH_NS for r in ops]
 
 
-@dataclass
+@record(frozen=False)
 class _TemplateBuild:
     """The edges and sync groups of one template, gathered stage by stage, in template ids.
 

@@ -18,18 +18,18 @@ graphs fall back to one call of the shared engine per scenario.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from graphlib import TopologicalSorter
 
 import numpy as np
 
 from rankscope.analysis.whatif.graph import WhatIfGraph
+from rankscope.collectors.record_class import record
 
 MEMORY_BUDGET_BYTES = 256 * 1024 * 1024
 """Upper bound on the live (instances x scenarios) matrices; more scenarios run in chunks."""
 
 
-@dataclass(frozen=True)
+@record
 class Scenarios:
     """K what-if scenarios over one label column.
 

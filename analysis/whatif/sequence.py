@@ -28,7 +28,6 @@ Share = (T - T_balanced) / (T - T_ideal), like M_W and M_S.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -37,9 +36,10 @@ from rankscope.analysis.model.sort_key import sort_by_columns
 from rankscope.analysis.whatif.graph import BWD, FWD, WhatIfGraph
 from rankscope.analysis.whatif.scenarios import Scenarios, step_times
 from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.record_class import record
 
 
-@dataclass(frozen=True)
+@record
 class SequenceConfig:
     min_pearson: float = 0.9
     """forward/backward per-microbatch correlation that counts as sequence imbalance (paper: 0.9)."""

@@ -15,18 +15,18 @@ import ipaddress
 import socket
 import struct
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from rankscope.collectors.flows import ipfix_elements as ie
+from rankscope.collectors.record_class import record
 
 VARIABLE = 65535
 _INT_FORMATS = {1: ">u1", 2: ">u2", 4: ">u4", 8: ">u8"}
 
 
-@dataclass(frozen=True)
+@record
 class Field:
     """One template field; ``element`` is -1 for fields rankscope skips (enterprise, scope)."""
 

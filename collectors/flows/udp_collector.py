@@ -25,13 +25,14 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import pyarrow as pa
 
 from rankscope.collectors.errors import ConfigError
 from rankscope.collectors.flows import template_state
 from rankscope.collectors.flows.flow_decoder import FlowDecoder
+from rankscope.collectors.record_class import record
 from rankscope.collectors.schema import validate
 from rankscope.collectors.store import ManifestEntry, Store, check_job_name
 
@@ -40,7 +41,7 @@ MAX_DATAGRAM = 65535
 READS_PER_WAKEUP = 512
 
 
-@dataclass(frozen=True)
+@record
 class CollectorConfig:
     """How the collector listens and when it writes."""
 
@@ -84,7 +85,7 @@ class CollectorConfig:
             raise ConfigError(f"collector: max_waiting_bytes {self.max_waiting_bytes!r} must be an integer >= 0")
 
 
-@dataclass
+@record(frozen=False)
 class CollectorStats:
     datagrams: int = 0
     bytes: int = 0

@@ -23,15 +23,16 @@ import inspect
 import os
 import textwrap
 import time
-from dataclasses import dataclass
 from threading import get_ident
+
+from rankscope.collectors.record_class import record
 
 _busy: set[int] = set()
 """Threads inside a hooked call that itself calls hooked functions (their inner calls are not recorded)."""
 _now = time.time_ns
 
 
-@dataclass(frozen=True)
+@record
 class OpSpec:
     """Where one torch.distributed function keeps the things a comm_op row needs."""
 

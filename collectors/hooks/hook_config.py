@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.record_class import record
 
 ENV_PREFIX = "RANKSCOPE_HOOK_"
 ENV_SWITCH = "RANKSCOPE_HOOK"
@@ -26,7 +27,7 @@ ROW_COST_BYTES = 256
 the byte cap into a row count without measuring every row on the hot path."""
 
 
-@dataclass(frozen=True)
+@record
 class HookConfig:
     """How the hook records and writes. Environment: ``RANKSCOPE_HOOK_<FIELD>`` (upper case)."""
 

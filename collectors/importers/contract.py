@@ -24,7 +24,7 @@ import re
 import zlib
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from rankscope.collectors.errors import InputFormatError, UsageError
 from rankscope.collectors.importers import compression
+from rankscope.collectors.record_class import record
 
 HEAD_BYTES = 64 * 1024
 
@@ -42,7 +43,7 @@ MIN_EXPANDED_BYTES = 64 << 20
 """...but a small file may always expand to this much, so small but very repetitive traces still load."""
 
 
-@dataclass(frozen=True)
+@record
 class Limits:
     """Bounds on what one input file may cost in memory."""
 
@@ -126,7 +127,7 @@ def read_limited(path: Path) -> tuple[bytes, bool]:
         data += rest.getvalue()
     return data, cut
 
-@dataclass(frozen=True)
+@record
 class ImportOptions:
     """Options every importer receives."""
 
@@ -141,7 +142,7 @@ class ImportOptions:
     large file in batches to bound its memory may read it whole, which is cheaper (one pass)."""
 
 
-@dataclass
+@record(frozen=False)
 class ImportBatch:
     """What an importer produced from one file (or one chunk of it)."""
 

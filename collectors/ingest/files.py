@@ -15,7 +15,7 @@ import hashlib
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 
 import polars as pl
@@ -26,6 +26,7 @@ from rankscope.collectors.flows import template_state
 from rankscope.collectors.importers import compression, contract
 from rankscope.collectors.ingest import parallel_decode, registry
 from rankscope.collectors.integrity import file_sha256
+from rankscope.collectors.record_class import record
 from rankscope.collectors.schema import unique_values, validate
 from rankscope.collectors.store import ManifestEntry, Store, check_job_name
 
@@ -37,7 +38,7 @@ def default_job(kind: str) -> str:
     return "fabric" if kind in FLOW_KINDS else "default"
 
 
-@dataclass
+@record(frozen=False)
 class FileResult:
     path: str
     status: str
@@ -55,7 +56,7 @@ class FileResult:
     them (``keep_rows``): ``analyze --ingest`` analyses these instead of reading the Parquet back."""
 
 
-@dataclass
+@record(frozen=False)
 class IngestSummary:
     files: list[FileResult] = field(default_factory=list)
 

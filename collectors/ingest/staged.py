@@ -30,7 +30,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,6 +39,7 @@ from rankscope.collectors.flows import flow_files, template_state
 from rankscope.collectors.importers import contract
 from rankscope.collectors.ingest import files
 from rankscope.collectors.orphans import note_removed
+from rankscope.collectors.record_class import record
 from rankscope.collectors.schema import unique_values
 from rankscope.collectors.store import ManifestEntry, Store, Transaction
 
@@ -82,7 +83,7 @@ class _StagedTransaction(Transaction):
         self._held = {}
 
 
-@dataclass
+@record(frozen=False)
 class Staged:
     """One file decoded and written to the staging area, waiting for its commit (picklable: a task's result)."""
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 import polars as pl
 
+from rankscope.collectors.record_class import record
 from rankscope.dashboard.table_figures import LAYOUT, as_frame
 
 MAX_SIDE = 256
@@ -34,7 +35,7 @@ UNITS = ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "B"))
 RATIO_TICKS = (0.1, 0.2, 0.5, 0.8, 0.9, 1.0, 1.1, 1.25, 2.0, 5.0, 10.0)
 
 
-@dataclass(frozen=True)
+@record
 class PairMatrix:
     """The pair matrix at one level: ``labels`` name the rows (senders) and columns (receivers)."""
 

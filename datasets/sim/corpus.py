@@ -18,10 +18,10 @@ seeds share no stream and a fabric does not depend on its position.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import numpy as np
 
+from rankscope.collectors.record_class import record
 from rankscope.datasets.sim.job_config import Fault, SimConfig
 from rankscope.datasets.sim.realism import Realism
 
@@ -51,7 +51,7 @@ CHECKPOINT_SAVE_S = (30.0, 120.0)
 CHECKPOINT_STREAM = 71
 
 
-@dataclass(frozen=True)
+@record
 class CorpusFabric:
     index: int
     configs: tuple[SimConfig, ...]

@@ -7,9 +7,10 @@ the same config always yields the same trace. Values are checked in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.record_class import record
 from rankscope.datasets.sim.realism import Realism
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
@@ -46,7 +47,7 @@ PREFERRED_SHARE = 0.25
 slowdown (partial cache lines, not a fallback kernel)."""
 
 
-@dataclass(frozen=True)
+@record
 class Fault:
     """One injected fault: a cli kind (``slow-worker``, ...) and its parameters."""
 
@@ -97,7 +98,7 @@ def _positive(name: str, value, kind=(int,)) -> None:
         raise ConfigError(f"{name}={value!r}: expected a positive {'integer' if kind == (int,) else 'number'}")
 
 
-@dataclass(frozen=True)
+@record
 class SimConfig:
     """One simulated training job.
 

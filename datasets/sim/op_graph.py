@@ -13,10 +13,9 @@ left to the replay.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from rankscope.collectors.record_class import record
 from rankscope.datasets.sim.job_config import SimConfig
 from rankscope.datasets.sim.stage_ops import OP, OPS, STREAMS, stage_template
 from rankscope.datasets.sim.topology import Topology, pod_of
@@ -26,7 +25,7 @@ GEMM_SHARE = {"qkv": 6 / 24, "proj": 2 / 24, "fc1": 8 / 24, "fc2": 8 / 24}
 AXIS_CODE = {a: i for i, a in enumerate(STREAMS)}
 
 
-@dataclass
+@record(frozen=False)
 class Templates:
     """The concatenated step templates of all stages (one row per template op)."""
 
@@ -82,7 +81,7 @@ def build_templates(cfg: SimConfig) -> Templates:
         tail=np.array([t for _, t in per], dtype=np.int64), edges=edges)
 
 
-@dataclass
+@record(frozen=False)
 class Graph:
     """Flat per-op arrays of a whole job (op id = position)."""
 

@@ -38,19 +38,20 @@ options model what production fabrics and exporters do instead:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import numpy as np
 import pyarrow as pa
 
 from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.record_class import record
 
 TRANSPORTS = ("roce", "tcp")
 HOST_ORDERS = ("rank", "scattered")
 PODLESS = 0
 
 
-@dataclass(frozen=True)
+@record
 class Realism:
     """De-idealisation options of one simulated job (all off by default)."""
 

@@ -23,10 +23,9 @@ at ``SimConfig.pod_uplink_gbps`` plus ``pod_latency_ns`` (:func:`pod_of`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from rankscope.collectors.record_class import record
 from rankscope.datasets.sim.job_config import AXES, SimConfig
 
 STORAGE_EXPORTER = "10.255.100.1/0"
@@ -40,7 +39,7 @@ def nic_address(host: int, gpu: int) -> str:
     return f"10.{gpu}.{host // 250}.{host % 250 + 1}"
 
 
-@dataclass(frozen=True)
+@record
 class Topology:
     """Per-rank coordinates and groups of one job (arrays indexed by rank)."""
 

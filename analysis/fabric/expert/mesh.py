@@ -43,13 +43,14 @@ data parallelism; the caller says so as undecided.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 import polars as pl
 
 from rankscope.analysis.fabric.link_models import TWO_WAY
 from rankscope.analysis.fabric.pair_graph import address_key, components
+from rankscope.collectors.record_class import record
 
 SHARED_REMAINDER = 0.2
 """a mesh link whose larger direction exceeds the smaller by more than this share of the smaller carries a
@@ -63,7 +64,7 @@ MIN_MESH = 3
 """a full mesh of fewer members is one link: nothing to tell it from a pair's collective."""
 
 
-@dataclass
+@record(frozen=False)
 class ExpertSplit:
     """The meshes found in one job's heavy links, and the links left for the DP x PP grid."""
 

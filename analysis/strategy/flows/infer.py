@@ -8,7 +8,7 @@ the period of DP bursts. Endpoints are address strings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import numpy as np
 import polars as pl
@@ -38,9 +38,10 @@ from rankscope.analysis.strategy.flows.ranks_per_address import (
 from rankscope.analysis.strategy.flows.sample_counts import all_links_seen_chance, sampled_packets
 from rankscope.analysis.strategy.flows.stage_order import dp_end_votes, order_pipelines
 from rankscope.analysis.strategy.flows.steps import flow_steps
+from rankscope.collectors.record_class import record
 
 
-@dataclass
+@record(frozen=False)
 class FlowInference:
     strategy: Strategy
     steps: Steps

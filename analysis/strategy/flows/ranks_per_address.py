@@ -36,17 +36,18 @@ answer is ``None`` with the reason: never a guessed 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 import polars as pl
 
 from rankscope.analysis.fabric.pair_traffic import connection_columns, on_pairs
 from rankscope.collectors.errors import ConfigError
+from rankscope.collectors.record_class import record
 
 ROCE_PORT = 4791
 
 
-@dataclass(frozen=True)
+@record
 class RanksPerAddressConfig:
     equal_share_ratio: float = 3.0
     """data connections of one address pair carry bytes within this factor of the largest one
@@ -68,7 +69,7 @@ class RanksPerAddressConfig:
             raise ConfigError(f"RanksPerAddressConfig.min_sampled_packets must be >= 1, got {self.min_sampled_packets}")
 
 
-@dataclass(frozen=True)
+@record
 class RanksPerAddress:
     ranks: int | None
     """rank endpoints per address; None when the flows cannot tell."""

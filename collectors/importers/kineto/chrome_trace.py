@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ import polars as pl
 from rankscope.collectors.errors import InputFormatError
 from rankscope.collectors.importers.contract import MAX_RANK, rank_in_name, read_limited
 from rankscope.collectors.importers.kineto.event_chunks import Irregular, stream_events
+from rankscope.collectors.record_class import record
 
 _MAX_REPAIR_TRIES = 64
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -80,7 +81,7 @@ class ArgStore:
         return out
 
 
-@dataclass
+@record(frozen=False)
 class KinetoTrace:
     """One rank's trace: metadata and its complete events as columns."""
 
