@@ -378,12 +378,8 @@ class WhatIfGraph:
         """Per op: recorded start minus the latest recorded end of its dependencies (untraced CPU work).
 
         Ops without dependencies count from their step's first start. Below -10 ms it is a clock
-        error and becomes 0 (as the authors); small negative values stay. Computed once per graph (the
-        straggler what-if and the critical path both read them) and read-only.
+        error and becomes 0 (as the authors); small negative values stay.
         """
-        cached = self.notes.get("_launch_delays")
-        if cached is not None:
-            return cached
         start = self.ops["start_ns"].to_numpy()
         end = self.ops["end_ns"].to_numpy()
         n_steps = len(self.steps)
@@ -393,10 +389,7 @@ class WhatIfGraph:
         np.maximum.at(pred, self.dst, end[self.src])
         pred = np.where(np.isfinite(pred), pred, step_lo[self.step_index])
         d = start - pred
-        out = np.where(d <= -CLOCK_ERROR_NS, 0.0, d)
-        out.setflags(write=False)
-        self.notes["_launch_delays"] = out
-        return out
+        return np.where(d <= -CLOCK_ERROR_NS, 0.0, d)
 
     def step_times(self, duration: np.ndarray, launch_delay: np.ndarray | None = None) -> np.ndarray:
         """Replayed time of each step (latest end of the step's ops; steps start at 0)."""
