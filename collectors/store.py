@@ -473,21 +473,6 @@ class Transaction:
             if self.kept is not None:
                 self.kept.append((kind, job, path, rows))
 
-    def adopt(self, staged_root: Path, records: dict[str, dict]) -> None:
-        """Move in parts another process wrote for this source at the same relative paths under ``staged_root``
-        (outside every ``<kind>/job=*``: collectors.ingest.staged), as if written here (commit, rollback)."""
-        for rel, rec in records.items():
-            src, dst = Path(staged_root) / rel, self.store.root / rel
-            try:
-                if src.stat().st_size != rec.get("bytes"):
-                    raise StoreError(f"staged part {src} holds {src.stat().st_size:,} bytes, expected {rec.get('bytes')}")
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(src, dst)
-            except OSError as e:
-                raise StoreError(f"could not move staged part {src} into {dst.parent}: {e.strerror or e}") from e
-            self.written.append(dst)
-            self.records[rel] = rec
-
     def commit(self, entry: ManifestEntry) -> None:
         entry.parts = {**entry.parts, **self.records}
         self.store.add_manifest(entry)

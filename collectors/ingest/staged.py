@@ -6,7 +6,7 @@ write each batch's parts. The parts go to the store's staging area (``<store>/_s
 the relative paths they will have), not under the writer lock: nothing outside ``<kind>/job=*`` is seen
 by readers or removed by another writer's orphan clean-up. :func:`commit_staged` (in the driver, file by
 file in the serial ingest's order) moves the parts into the store and writes the manifest entry in one
-store transaction under the writer lock (``Transaction.adopt``), so concurrent writers stay as safe as
+store transaction under the writer lock (:func:`adopt`), so concurrent writers stay as safe as
 with serial ingests: each source's rows become visible at once, with its entry, or never.
 
 Flow template state (collectors.flows.template_state) is what makes a flow file's decode depend on the
@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from rankscope.collectors.errors import StoreError
 from rankscope.collectors.flows import flow_files, template_state
 from rankscope.collectors.importers import contract
 from rankscope.collectors.ingest import files
@@ -231,12 +232,29 @@ def _skipped(store: Store, st: Staged) -> bool:
     return True
 
 
+def adopt(tx: Transaction, staged_root: Path, records: dict[str, dict]) -> None:
+    """Move into ``tx``'s store the parts a task staged at the same relative paths under ``staged_root``, as if
+    ``tx`` had written them (its commit lists them, its rollback removes them)."""
+    for rel, rec in records.items():
+        src, dst = Path(staged_root) / rel, tx.store.root / rel
+        try:
+            size = src.stat().st_size
+            if size != rec.get("bytes"):
+                raise StoreError(f"staged part {src} holds {size:,} bytes, expected {rec.get('bytes')}")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dst)
+        except OSError as e:
+            raise StoreError(f"could not move staged part {src} into {dst.parent}: {e.strerror or e}") from e
+        tx.written.append(dst)
+        tx.records[rel] = rec
+
+
 def _commit(store: Store, st: Staged, opts: contract.ImportOptions) -> None:
     res = st.result
     with store.transaction(st.key) as tx:
         if _skipped(store, st):  # checked again under the writer lock
             return
-        tx.adopt(st.root, st.parts)
+        adopt(tx, st.root, st.parts)
         if not res.records:
             files._none_valid(Path(res.path), res, st.entry)
         files._commit(store, tx, st.key, st.entry, res, st.jobs, opts, st.rows_key)
