@@ -13,6 +13,7 @@ it are committed. Tasks run on the cluster of runner.on_ray (:func:`ray_session`
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from rankscope.analysis.runner.on_ray import RayMapper, ray_session
@@ -52,11 +53,13 @@ class RayIngest:
 
 def ingest_with_ray(store_root: str, paths, fmt: str = "auto", opts: contract.ImportOptions | None = None,
                     lim: contract.Limits | None = None, address: str | None = None, num_cpus: int | None = None,
-                    mapper: RayMapper | None = None) -> RayIngest:
+                    mapper: RayMapper | None = None,
+                    progress: Callable[[Iterable], Iterable] | None = None) -> RayIngest:
     """``collectors.ingest.files.ingest`` with one Ray task per file (see the module).
 
     ``address`` names an existing cluster; without it (and without an open :func:`ray_session`) a local one
-    on 127.0.0.1 is started for the call. ``mapper``: its ``max_calls`` and ``peaks`` serve these tasks."""
+    on 127.0.0.1 is started for the call. ``mapper``: its ``max_calls`` and ``peaks`` serve these tasks.
+    ``progress`` wraps the files' commits (one item per file, in order), as the serial ingest's wraps its files."""
     opts = opts or contract.ImportOptions()
     lim = lim or contract.Limits()
     summary, todo = files.files_to_ingest(paths, fmt, opts)
@@ -66,7 +69,8 @@ def ingest_with_ray(store_root: str, paths, fmt: str = "auto", opts: contract.Im
     with ray_session(address, num_cpus), staged.staging_area(store) as area:
         tasks = [FileTask(p.name, str(p), i) for i, p in enumerate(todo)]
         args = [(t, str(store.root), fmt, opts, lim, str(area)) for t in tasks]
-        for task, st in zip(tasks, m(_stage, args), strict=True):
+        done = zip(tasks, m(_stage, args), strict=True)
+        for task, st in (progress(done, total=len(tasks)) if progress else done):
             res = staged.commit_staged(store, st, opts)
             if res is None:
                 # every file before it is committed now: the serial ingest sees the state it would have

@@ -76,6 +76,7 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet, engine, add
     from rankscope.collectors.importers import contract
     from rankscope.collectors.ingest import registry
     from rankscope.collectors.ingest.files import ingest as run_ingest
+    from rankscope.collectors.orphans import REMOVED_LOG
     from rankscope.collectors.store import Store, check_job_name
 
     if fmt != "auto" and fmt not in registry.names():
@@ -85,28 +86,29 @@ def ingest(paths, store_dir, job, fmt, kind, opts, max_bytes, quiet, engine, add
     store = Store(output_dir(store_dir, "--store"))
     opt = contract.ImportOptions(job=job, kind=kind, extra=parse_opts(opts))
 
-    def progress(files):
-        return bar(files, hidden=quiet, desc="ingest", unit="file")
+    def progress(files, total=None):
+        return bar(files, hidden=quiet, desc="ingest", unit="file", total=total)
 
     if address is not None and engine != "ray":
         raise UsageError("--address names a Ray cluster: use it with --engine ray")
     lim = contract.Limits(max_bytes=max_bytes)
     if engine == "ray":
-        summary = ingest_on_ray(store, paths, fmt, opt, lim, address)
+        summary = ingest_on_ray(store, paths, fmt, opt, lim, address, progress)
     else:
         summary = run_ingest(store, paths, fmt, opt, progress=progress, lim=lim)
     if store.removed["parts"]:
         click.echo(f"  note: removed {store.removed['parts']:,} orphan part(s) no manifest entry commits "
-                   f"(listed in {store.root}/_removed.log)", err=True)
+                   f"(listed in {store.root / REMOVED_LOG})", err=True)
     if not echo_summary(summary):
         raise click.exceptions.Exit(1)
 
 
-def ingest_on_ray(store, paths, fmt: str, opt, lim, address: str | None):
-    """The ingest as Ray tasks (analysis.runner.ingest_on_ray); says which files had to go one by one."""
+def ingest_on_ray(store, paths, fmt: str, opt, lim, address: str | None, progress=None):
+    """The ingest as Ray tasks (analysis.runner.ingest_on_ray); says which files had to go one by one.
+    ``progress``: a bar over the files' commits."""
     from rankscope.analysis.runner import ingest_with_ray
 
-    done = ingest_with_ray(str(store.root), paths, fmt, opt, lim, address)
+    done = ingest_with_ray(str(store.root), paths, fmt, opt, lim, address, progress=progress)
     if done.in_order:
         click.echo(f"  note: {len(done.in_order):,} flow file(s) ingested one after another: their exporters' "
                    "templates came from earlier files", err=True)

@@ -28,6 +28,7 @@ import fcntl
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import field
@@ -49,7 +50,9 @@ LOCK_NAME = ".lock"
 SPECULATIVE_KEY = "speculative"
 MAX_TEMPLATES = 16_384
 """FlowDecoder's default template table size (a merged state above it is left to the serial path)."""
-
+NEW_AREA_GRACE_S = 600
+"""Age past which a ``.new-*`` area with its lock free is abandoned: its run died between ``mkdir`` and
+``flock`` (a younger one may be a live run about to lock it)."""
 
 PART_ROWS = 1 << 20
 """Rows a task gathers per kind before it writes them as one part. The serial ingest writes each decoded batch
@@ -282,8 +285,9 @@ def staging_area(store: Store) -> Iterator[Path]:
 
 
 def _remove_abandoned(base: Path, store_root: Path) -> None:
+    now = time.time()
     for d in sorted(base.iterdir()):
-        if d.name.startswith(".") or not d.is_dir():
+        if not d.is_dir() or (d.name.startswith(".") and not _stale_new_area(d, now)):
             continue
         try:
             fd = os.open(d / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
@@ -297,3 +301,10 @@ def _remove_abandoned(base: Path, store_root: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
         os.close(fd)
         note_removed(store_root, [f"{d.relative_to(store_root)}\tstaged parts of an ingest that did not finish"])
+
+
+def _stale_new_area(d: Path, now: float) -> bool:
+    try:
+        return d.name.startswith(".new-") and now - d.stat().st_mtime > NEW_AREA_GRACE_S
+    except OSError:
+        return False

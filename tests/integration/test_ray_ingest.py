@@ -134,7 +134,16 @@ def test_ray_ingest_stores_what_the_serial_ingest_stores(inputs, tmp_path, clust
 
     serial = ingest(Store(tmp_path / "serial"), inputs)
     mapper = RayMapper()
-    on_ray = ingest_with_ray(str(tmp_path / "ray"), inputs, mapper=mapper)
+    shown = []
+
+    def progress(items, total):  # the CLI's bar: one item per file's commit, its total known up front
+        shown.append(total)
+        for item in items:
+            shown.append(item[0].file)
+            yield item
+
+    on_ray = ingest_with_ray(str(tmp_path / "ray"), inputs, mapper=mapper, progress=progress)
+    assert shown == [len(inputs), *[f.path for f in on_ray.summary.files]]
     again = ingest_with_ray(str(tmp_path / "ray"), inputs, mapper=mapper)
     a, b = Store(tmp_path / "serial"), Store(tmp_path / "ray")
     assert _results(on_ray.summary) == _results(serial)

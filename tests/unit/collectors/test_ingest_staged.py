@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from rankscope.collectors.flows import flow_importers
@@ -94,3 +95,18 @@ def test_abandoned_staging_areas_are_removed_running_ones_kept(tmp_path):
     finally:
         os.close(fd)
     assert "dead\tstaged parts" in (store.root / "_removed.log").read_text()
+
+
+def test_a_run_that_died_before_naming_its_area_leaves_nothing_once_it_is_old(tmp_path):
+    """A run killed between creating ``.new-<run>`` and locking it: removed once older than the grace
+    period; a young one may be a live run about to lock it, and stays."""
+    store = Store(tmp_path / "st")
+    base = store.root / staged.STAGED_DIR
+    old, young = base / ".new-old", base / ".new-young"
+    for d in (old, young):
+        d.mkdir(parents=True)
+    long_ago = time.time() - staged.NEW_AREA_GRACE_S - 60
+    os.utime(old, (long_ago, long_ago))
+    with staged.staging_area(store):
+        assert not old.exists() and young.is_dir()
+    assert ".new-old\tstaged parts" in (store.root / "_removed.log").read_text()
