@@ -128,6 +128,12 @@ def period_seen_once() -> str:
             "be a whole multiple or fraction of the step")
 
 
+def period_multiple_unconfirmed(multiple: int) -> str:
+    """Doubt: the traffic repeats better at ``multiple`` periods, over too few repeats to tell."""
+    return (f"the job's traffic repeats better every {multiple} periods, but the capture holds that "
+            "too few times to tell it from noise: the step time may be this period or that multiple")
+
+
 def period_fraction(fraction: int) -> str:
     """Doubt: the traffic repeats as well at 1/``fraction`` of the period."""
     return (f"the job's traffic repeats as well at 1/{fraction} of this period: the step time "

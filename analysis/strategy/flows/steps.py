@@ -147,6 +147,8 @@ def _period_doubt(whole: dict | None, hidden: dict, cover: float, long_frac: flo
     why = None
     if whole and whole["weak"]:
         why = notes.period_weak()
+        if whole.get("unconfirmed_multiple"):
+            why = notes.period_multiple_unconfirmed(whole["unconfirmed_multiple"])
         if whole.get("short"):
             why = notes.period_seen_once()
     if whole and whole.get("fraction"):

@@ -140,6 +140,23 @@ def test_whole_step_from_a_sub_period():
     assert w["multiple"] == 4 and abs(w["step_ns"] - 1e9) < 1e6
 
 
+def test_a_multiple_held_too_few_times_leaves_the_period_uncertain():
+    # the same steps, in captures of 2.6 and 3.4 steps: the step repeats at 4 periods in both, but held
+    # under three times its autocorrelation is a repeat or two, which noise alone can lift past the margin
+    def capture(steps):
+        rows = []
+        for i in range(int(steps * 4)):
+            t = i * 250_000_000
+            rows.append((t, t + 50_000_000, 5e9 if i % 4 == 3 else 1e9))
+        return pl.DataFrame(rows, schema=["start_ns", "end_ns", "est_bytes"], orient="row")
+
+    short = whole_step(capture(2.6), 250_000_000, 1)
+    assert short["multiple"] == 1 and short["step_ns"] == 250_000_000
+    assert short["weak"] and short["unconfirmed_multiple"] == 4 and short["corr"][4] > short["corr"][1]
+    held = whole_step(capture(3.4), 250_000_000, 1)
+    assert held["multiple"] == 4 and not held["weak"] and "unconfirmed_multiple" not in held
+
+
 def _ring_records(n=6, steps=6, step=1_000_000_000, late=None, slow=None, res=1_000_000, roce=False):
     rows = []
     rng = np.random.default_rng(1)
@@ -469,3 +486,12 @@ def test_a_rail_whose_host_reads_more_from_a_server_than_from_its_peer_stays():
     # with no server the same light link off a host's heavy one is still a pendant (a control host)
     pend = heavy_edges(directed_edges(ring + [("w0", "ctl", 1e8, 1e8, 10, 10)]))
     assert "ctl" not in endpoints(pend)
+
+
+def test_an_unconfirmed_multiple_is_said_in_the_steps_doubt():
+    from rankscope.analysis.strategy.flows.steps import _period_doubt
+
+    no_timer = {"timer_cut": False, "coverage": 0.0}
+    why = _period_doubt({"weak": True, "unconfirmed_multiple": 3}, no_timer, 0.1, 0.1)
+    assert "every 3 periods" in why and "too few times" in why
+    assert _period_doubt({"weak": False}, no_timer, 0.1, 0.1) is None
