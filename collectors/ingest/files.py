@@ -232,7 +232,7 @@ def ingest_file(store: Store, path: Path, fmt: str = "auto",
     def run() -> None:
         with contract.limits(lim or contract.Limits()), template_state.session(store, opts.job):
             try:
-                _ingest_file(store, path, fmt, opts, res, decoded, keep_rows, sha)
+                decode_and_write(store, path, fmt, opts, res, decoded, keep_rows, sha)
             finally:
                 res.warnings.extend(template_state.warnings())
 
@@ -272,10 +272,12 @@ ASSUMPTION_NOTES = ("rank_assumed",)
 """Manifest notes that say an importer had to assume something the file did not tell."""
 
 
-def _ingest_file(store: Store, path: Path, fmt: str, opts: contract.ImportOptions, res: FileResult,
-                 decoded: Callable[[Path], contract.ImportBatch | None] | None = None,
-                 keep_rows: bool = False, sha: str | None = None, staged=None) -> None:
-    """``staged`` (collectors.ingest.staged.Staged): write the parts there and leave the commit to its caller."""
+def decode_and_write(store: Store, path: Path, fmt: str, opts: contract.ImportOptions, res: FileResult,
+                     decoded: Callable[[Path], contract.ImportBatch | None] | None = None,
+                     keep_rows: bool = False, sha: str | None = None, staged=None) -> None:
+    """One file's ingest inside its boundary (:func:`at_file_boundary`): hash, skip a stored source, detect,
+    decode, validate, write and commit; raises for bad input. ``staged``
+    (collectors.ingest.staged.Staged): write the parts there and leave the commit to its caller."""
     if not path.is_file():
         raise InputFormatError(path, None, "an existing regular file", got=not_regular(path) or "missing")
     _refuse_compression(path)
@@ -340,14 +342,18 @@ def _validated(batch: contract.ImportBatch, imp, name: str, opts: contract.Impor
     return valid
 
 
-def _none_valid(path: Path, res: FileResult, entry: ManifestEntry) -> None:
+def refuse_all_rejected(path: Path, res: FileResult, entry: ManifestEntry) -> None:
+    """Raise, naming the commonest reason, when every record of the file was rejected (a file whose data sets
+    wait for a template is not refused: its records may come with a later file)."""
     if res.rejects and not entry.notes.get("flow_sets_held_for_template"):
         top, n = res.rejects.most_common(1)[0]
         raise InputFormatError(path, None, "at least one record that decodes and fits its record kind",
                                got=f"all {sum(res.rejects.values()):,} rejected, most for {top!r} ({n:,})")
 
 
-def _commit(store: Store, tx, key: str, entry: ManifestEntry, res: FileResult, jobs: set, opts, rows_key=None):
+def commit_file(store: Store, tx, key: str, entry: ManifestEntry, res: FileResult, jobs: set, opts, rows_key=None):
+    """Write the file's manifest entry in ``tx`` (its rows become visible) and adopt the flow template state it
+    left; the serial ingest's last step, and the Ray driver's for a staged file."""
     entry.records = dict(res.records)
     entry.rejects = dict(res.rejects)
     # a source without records (a rank's empty flight-recorder dump) still belongs to the job it was
@@ -379,7 +385,7 @@ def _write_whole(store: Store, path: Path, name: str, imp, result, key: str, kno
     valid = _validated(total, imp, name, opts, entry, res)
     del total.tables
     if not valid and staged is None:  # staged: the commit decides (template state held elsewhere counts)
-        _none_valid(path, res, entry)
+        refuse_all_rejected(path, res, entry)
     rows_key = _fingerprint(imp, valid, opts.job or default_job_for_format(name), total.notes.get("rank"))
     with _transaction(store, key, keep_rows, staged) as tx:
         # Re-check under the lock: a concurrent ingest of the same source may have committed.
@@ -395,7 +401,7 @@ def _write_whole(store: Store, path: Path, name: str, imp, result, key: str, kno
         if staged is not None:
             staged.written(key, known, entry, jobs, rows_key, tx)
             return
-        _commit(store, tx, key, entry, res, jobs, opts, rows_key)
+        commit_file(store, tx, key, entry, res, jobs, opts, rows_key)
 
 
 def _write_streamed(store: Store, path: Path, name: str, imp, batches, key: str, known: list[str], sha: str,
@@ -423,8 +429,8 @@ def _write_streamed(store: Store, path: Path, name: str, imp, batches, key: str,
             staged.written(key, known, entry, jobs, None, tx)
             return
         if not res.records:
-            _none_valid(path, res, entry)
-        _commit(store, tx, key, entry, res, jobs, opts)
+            refuse_all_rejected(path, res, entry)
+        commit_file(store, tx, key, entry, res, jobs, opts)
 
 
 def _transaction(store: Store, key: str, keep_rows: bool, staged):

@@ -137,7 +137,7 @@ def stage_file(store_root: str, path: str, fmt: str, opts: contract.ImportOption
         # a template state of the task's own, starting empty (the store's is read at the commit)
         scratch = Store(st.root / "_templates")
         with contract.limits(lim), template_state.session(scratch, opts.job):
-            files._ingest_file(store, path_, fmt, opts, st.result, staged=st)
+            files.decode_and_write(store, path_, fmt, opts, st.result, staged=st)
             if st.result.status == "staged":
                 template_state.stage(SPECULATIVE_KEY)
         left = scratch.root / template_state.STATE_DIR / f"job={opts.job or 'fabric'}" / \
@@ -259,8 +259,8 @@ def _commit(store: Store, st: Staged, opts: contract.ImportOptions) -> None:
             return
         adopt(tx, st.root, st.parts)
         if not res.records:
-            files._none_valid(Path(res.path), res, st.entry)
-        files._commit(store, tx, st.key, st.entry, res, st.jobs, opts, st.rows_key)
+            files.refuse_all_rejected(Path(res.path), res, st.entry)
+        files.commit_file(store, tx, st.key, st.entry, res, st.jobs, opts, st.rows_key)
 
 
 @contextlib.contextmanager
