@@ -15,7 +15,6 @@ segments of a step add up to the step's replayed time exactly:
 from __future__ import annotations
 
 import numpy as np
-import polars as pl
 
 from rankscope.analysis.critical_path import template
 from rankscope.analysis.whatif.graph import WhatIfGraph, engine_nodes, tail_of
@@ -43,9 +42,9 @@ class StepPaths:
     """every op's replayed end (its transfer's end for a synced op)."""
 
 
-def _last_by(key: np.ndarray, value: np.ndarray, size: int, payload: np.ndarray) -> np.ndarray:
-    """Per key 0..size-1: the payload of the entry with the largest value, the last such entry on a tie
-    (-1 where the key has none). Two scatters, no sort (a lexsort of 1.9 M ops took 0.65 s)."""
+def _last_by(key: np.ndarray, value: np.ndarray, size: int) -> np.ndarray:
+    """Per key 0..size-1: the entry with the largest value, the last such entry on a tie (-1 where the key
+    has none). Two scatters, no sort (a lexsort of 1.9 M ops took 0.65 s)."""
     out = np.full(size, -1, dtype=np.int64)
     if key.size == 0:
         return out
@@ -53,16 +52,14 @@ def _last_by(key: np.ndarray, value: np.ndarray, size: int, payload: np.ndarray)
         order = np.lexsort((value, key))
         k = key[order]
         last = np.r_[k[1:] != k[:-1], True]
-        out[k[last]] = payload[order][last]
+        out[k[last]] = order[last]
         return out
     top = np.full(size, -np.inf)
     np.maximum.at(top, key, value)
     at_top = np.flatnonzero(value == top[key])
     last = np.full(size, -1, dtype=np.int64)
     np.maximum.at(last, key[at_top], at_top)
-    has = last >= 0
-    out[has] = payload[last[has]]
-    return out
+    return last
 
 
 def binding_links(graph: WhatIfGraph, duration: np.ndarray, delay: np.ndarray):
@@ -114,11 +111,28 @@ def path_delays(graph: WhatIfGraph) -> np.ndarray:
     has_pred[graph.dst] = True
     if has_pred.all():
         return delay
-    rank = graph.ops["rank"].to_numpy()
     start = graph.ops["start_ns"].to_numpy()
-    key = pl.DataFrame({"r": rank, "s": graph.step_index, "t": start})
-    first = key.with_columns(pl.col("t").min().over("r", "s").alias("lo"))["lo"].to_numpy()
-    return np.where(has_pred, delay, np.maximum(start - first, 0.0))
+    first = _rank_step_first(graph.ops["rank"].to_numpy(), graph.step_index, len(graph.steps), start)
+    np.subtract(start, first, out=first)
+    np.maximum(first, 0.0, out=first)
+    np.copyto(delay, first, where=~has_pred)  # launch_delays' array is this call's own
+    return delay
+
+
+def _rank_step_first(rank: np.ndarray, step_index: np.ndarray, n_steps: int, start: np.ndarray) -> np.ndarray:
+    """Per op the earliest ``start`` of its rank's ops in its step: a scatter-min over (rank, step) ids, not a
+    polars window over a three-column frame (its pages stay with polars' allocator)."""
+    key, n_keys = rank_step_key(rank, step_index, n_steps)
+    lo = np.full(n_keys, np.inf)
+    np.minimum.at(lo, key, start)
+    return lo[key]
+
+
+def rank_step_key(rank: np.ndarray, step_index: np.ndarray, n_steps: int) -> tuple[np.ndarray, int]:
+    """Per op one id of its (rank, step index): rank's place among the ranks x ``n_steps`` + step index (so
+    ``id % n_steps`` is the step index), and the number of ids."""
+    ranks, r_idx = np.unique(rank, return_inverse=True)
+    return r_idx.astype(np.int64) * n_steps + step_index, ranks.size * n_steps
 
 
 def step_paths(graph: WhatIfGraph, duration: np.ndarray, delay: np.ndarray | None = None) -> StepPaths:
@@ -130,9 +144,11 @@ def step_paths(graph: WhatIfGraph, duration: np.ndarray, delay: np.ndarray | Non
     ready, end, binding, launcher, op_end = links.ready, links.end, links.binding, links.launcher, links.op_end
     group = graph.group
     rank = graph.ops["rank"].to_numpy()
-    # the node that ends each step: an op's own node, or its transfer's tail
-    end_node = np.where(tail >= 0, tail, np.arange(n))
-    last = _last_by(graph.step_index, op_end, len(graph.steps), end_node)
+    # the node that ends each step: its last op's own node, or that op's transfer's tail (mapped for the
+    # ~50 steps only: a per-op node array is 15 MB at 1.9 M ops)
+    last = _last_by(graph.step_index, op_end, len(graph.steps))
+    has = last >= 0
+    last[has] = np.where(tail[last[has]] >= 0, tail[last[has]], last[has])
     out: dict[str, list] = {k: [] for k in ("step_index", "op", "kind", "start", "dur", "waited")}
     tail_op = np.flatnonzero(tail >= 0)
 

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.critical_path.edits import top_edits
-from rankscope.analysis.critical_path.path import StepPaths, path_delays, step_paths
+from rankscope.analysis.critical_path.path import StepPaths, path_delays, rank_step_key, step_paths
 from rankscope.analysis.critical_path.shares import GAP_CLASS, rank_slack, segment_frame, shares
 from rankscope.analysis.model.job_model import JobModel
 from rankscope.analysis.report.steps import CriticalPath, PathEdit, PathOp, StepPath
@@ -29,12 +29,17 @@ COMPUTE_LIMITS = ("compute and communication records: the path names ops; launch
 def _recorded_step_times(graph: WhatIfGraph) -> np.ndarray:
     """Each step's recorded time as the replay measures it: the longest of the ranks' own spans (every rank
     starts the step at 0 in the replay; see :func:`path_delays`)."""
-    df = pl.DataFrame({"r": graph.ops["rank"], "si": graph.step_index, "s": graph.ops["start_ns"],
-                       "e": graph.ops["end_ns"]}).group_by("si", "r").agg((pl.col("e").max() - pl.col("s").min())
-                                                                          .alias("span"))
-    out = np.full(len(graph.steps), np.nan)
-    per = df.group_by("si").agg(pl.col("span").max())
-    out[per["si"].to_numpy()] = per["span"].to_numpy()
+    # scatters over (rank, step) ids, not a group-by of a four-column copy of every op
+    n_steps = len(graph.steps)
+    key, n_keys = rank_step_key(graph.ops["rank"].to_numpy(), graph.step_index, n_steps)
+    lo, hi = np.full(n_keys, np.inf), np.full(n_keys, -np.inf)
+    np.minimum.at(lo, key, graph.ops["start_ns"].to_numpy())
+    np.maximum.at(hi, key, graph.ops["end_ns"].to_numpy())
+    has = np.zeros(n_keys, dtype=bool)
+    has[key] = True
+    out = np.full(n_steps, -np.inf)
+    np.maximum.at(out, np.flatnonzero(has) % n_steps, (hi - lo)[has])
+    out[np.isneginf(out)] = np.nan  # a step without ops
     return out
 
 

@@ -92,8 +92,9 @@ def template_order(t: Template) -> TemplateOrder:
     for m in group_of:
         ts.add(("n", tail[m]), item(m))
     op = np.ascontiguousarray(t.rows.T)
-    flat = np.empty(op.size, dtype=np.int64)
-    flat[op] = np.arange(op.size).reshape(op.shape)
+    # int32 places where they fit: the array lives as long as the graph (one entry per op)
+    flat = np.empty(op.size, dtype=np.int32 if op.size < 2**31 - 1 else np.int64)
+    flat[op] = np.arange(op.size, dtype=flat.dtype).reshape(op.shape)
     reads = [0] * (n_t + len(synced))
     for p in (p for ps in preds for p in ps):
         reads[p] += 1
@@ -279,10 +280,13 @@ def binding_links(t: Template, order: TemplateOrder, group: np.ndarray, tail: np
     dl = laid_out(order, delay)
     starts = _replay(t, order, laid_out(order, dur), dl, visit)
     at = _ByNode(order, tail)
-    # per op its end: a synced op's is its tail's
-    op_end = np.stack([end[x] if k < 0 else end[order.n_t + int(k)] for x, k in enumerate(at.k.tolist())])
+    # per op its end: a synced op's is its tail's; written row by row into op order (no (template op,
+    # instance) copy of every op's end beside it)
+    op_end = np.empty(order.flat.size)
+    for x, k in enumerate(at.k.tolist()):
+        op_end[order.op[x]] = end[x] if k < 0 else end[order.n_t + int(k)]
     return Links(_Times(ready, at), _Times(end, at), _Binding(ready, end, dl, at),
-                 _launchers(t, group, order, ready, starts), op_end.ravel()[order.flat])
+                 _launchers(t, group, order, ready, starts), op_end)
 
 
 def _launchers(t: Template, group: np.ndarray, order: TemplateOrder, ready: list, starts: dict) -> np.ndarray:

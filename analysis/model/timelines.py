@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analysis.model.sort_key import sort_by_columns
+from rankscope.analysis.model.timeline_arrays import window_unions
 
 TIMELINE_COLUMNS = ("rank", "step", "start_ns", "end_ns", "duration_ns", "compute_ns", "comm_ns",
                     "exposed_comm_ns", "idle_ns", "exposed_wait_ns")
@@ -80,6 +81,21 @@ def _clip_to_steps(spans: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
                     end_ns=pl.min_horizontal(pl.col("end_ns"), pl.col("w1")))
 
 
+def _polars_unions(steps: pl.DataFrame, comp_src: pl.DataFrame, comm_src: pl.DataFrame) -> pl.DataFrame:
+    """``steps`` with duration_ns and the union lengths compute_ns, comm_ns and busy_ns of each window, in
+    polars: for spans without a step label (placed by their start) or with nulls."""
+    comp = _clip_to_steps(comp_src, steps)
+    comm = _clip_to_steps(comm_src, steps)
+    k = ["rank", "step"]
+    u_comp = union_ns(comp, k).rename({"union_ns": "compute_ns"})
+    u_comm = union_ns(comm, k).rename({"union_ns": "comm_ns"})
+    u_all = union_ns(pl.concat([comp, comm]) if not (comp.is_empty() and comm.is_empty()) else comp, k
+                      ).rename({"union_ns": "busy_ns"})
+    return (steps.with_columns(duration_ns=pl.col("end_ns") - pl.col("start_ns"))
+            .join(u_comp, on=k, how="left").join(u_comm, on=k, how="left").join(u_all, on=k, how="left")
+            .with_columns(pl.col("compute_ns", "comm_ns", "busy_ns").fill_null(0)))
+
+
 def _spans(df: pl.DataFrame) -> pl.DataFrame:
     return df.select("rank", "start_ns", "end_ns", *(["step"] if "step" in df.columns else []))
 
@@ -93,18 +109,18 @@ def rank_timelines(steps: pl.DataFrame, comm_op: pl.DataFrame, compute_op: pl.Da
     """
     if steps.is_empty():
         return pl.DataFrame(schema={c: pl.Int64 for c in TIMELINE_COLUMNS})
-    comp = _clip_to_steps(_spans(compute_op) if not compute_op.is_empty() else pl.DataFrame(), steps)
+    comp_src = _spans(compute_op) if not compute_op.is_empty() else pl.DataFrame()
     comm_src = (_spans(comm_op).with_columns(pl.col("end_ns").fill_null(np.iinfo(np.int64).max // 2))
                 if not comm_op.is_empty() else pl.DataFrame())
-    comm = _clip_to_steps(comm_src, steps)
     k = ["rank", "step"]
-    u_comp = union_ns(comp, k).rename({"union_ns": "compute_ns"})
-    u_comm = union_ns(comm, k).rename({"union_ns": "comm_ns"})
-    u_all = union_ns(pl.concat([comp, comm]) if not (comp.is_empty() and comm.is_empty()) else comp, k
-                      ).rename({"union_ns": "busy_ns"})
-    out = (steps.with_columns(duration_ns=pl.col("end_ns") - pl.col("start_ns"))
-           .join(u_comp, on=k, how="left").join(u_comm, on=k, how="left").join(u_all, on=k, how="left")
-           .with_columns(pl.col("compute_ns", "comm_ns", "busy_ns").fill_null(0)))
+    unions = (window_unions(steps, comp_src, comm_src)
+              if all(df.is_empty() or "step" in df.columns for df in (comp_src, comm_src)) else None)
+    if unions is not None:
+        out = steps.with_columns(duration_ns=pl.col("end_ns") - pl.col("start_ns"),
+                                 **{c: pl.Series(u) for c, u in zip(("compute_ns", "comm_ns", "busy_ns"), unions,
+                                                                    strict=True)})
+    else:
+        out = _polars_unions(steps, comp_src, comm_src)
     out = out.with_columns(exposed_comm_ns=pl.col("busy_ns") - pl.col("compute_ns"),
                            idle_ns=pl.max_horizontal(pl.col("duration_ns") - pl.col("busy_ns"), 0))
     out = out.with_columns(exposed_wait_ns=pl.col("exposed_comm_ns") + pl.col("idle_ns"))

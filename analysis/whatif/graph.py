@@ -387,9 +387,12 @@ class WhatIfGraph:
         np.minimum.at(step_lo, self.step_index, start)
         pred = np.full(len(start), -np.inf)
         np.maximum.at(pred, self.dst, end[self.src])
-        pred = np.where(np.isfinite(pred), pred, step_lo[self.step_index])
-        d = start - pred
-        return np.where(d <= -CLOCK_ERROR_NS, 0.0, d)
+        # in place: each step's temporary would be one more array of every op
+        no_pred = ~np.isfinite(pred)
+        pred[no_pred] = step_lo[self.step_index[no_pred]]
+        d = np.subtract(start, pred, out=pred)
+        d[d <= -CLOCK_ERROR_NS] = 0.0
+        return d
 
     def step_times(self, duration: np.ndarray, launch_delay: np.ndarray | None = None) -> np.ndarray:
         """Replayed time of each step (latest end of the step's ops; steps start at 0)."""
@@ -403,7 +406,8 @@ def tail_of(group: np.ndarray) -> np.ndarray:
     """Per op of sync groups ``group`` (-1: alone), its tail node in the engine graph (:func:`engine_nodes`):
     n + its index among the synced ops; -1 for a lone op."""
     synced = np.flatnonzero(group >= 0)
-    tail = np.full(len(group), -1, dtype=np.int64)
+    # int32 node ids where the ops and their tails fit: the critical path keeps it beside the graph
+    tail = np.full(len(group), -1, dtype=np.int32 if len(group) + synced.size < 2**31 - 1 else np.int64)
     tail[synced] = len(group) + np.arange(synced.size)
     return tail
 

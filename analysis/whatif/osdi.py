@@ -36,9 +36,11 @@ _EPS_MATCH_NS = 5e-5 * 1e9
 
 def osdi_ops(comp: pl.DataFrame, comm: pl.DataFrame) -> pl.DataFrame:
     cols = ["rank", "dp_rank", "stage", "step", "optype", "seq", "microbatch", "start_ns", "end_ns"]
-    c = comp.filter(pl.col("optype").is_not_null()).select(cols)
-    m = comm.filter(pl.col("optype").is_not_null()).select(cols) if comm.height else c.clear()
-    ops = pl.concat([c, m.cast(c.schema)]).with_columns(
+    c = _typed_rows(comp, cols)
+    m = _typed_rows(comm, cols) if comm.height else c.clear()
+    # one chunk per column: the two-chunk columns of a plain concat are gathered into one again by each
+    # filter and each to_numpy of the graph's build and of every section that reads the graph
+    ops = pl.concat([c, m.cast(c.schema)], rechunk=True).with_columns(
         pl.col("start_ns").cast(pl.Float64), pl.col("end_ns").cast(pl.Float64),
         pl.col("dp_rank").fill_null(0), pl.col("stage").fill_null(0))
     # an op without step or sequence number has no place in the model (the importer never writes one);
@@ -46,6 +48,14 @@ def osdi_ops(comp: pl.DataFrame, comm: pl.DataFrame) -> pl.DataFrame:
     if ops["step"].null_count() == 0 and ops["seq"].null_count() == 0:
         return ops
     return ops.filter(pl.col("step").is_not_null() & pl.col("seq").is_not_null())
+
+
+def _typed_rows(df: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
+    """``cols`` of the rows with an OSDI op type. Selected before filtered, and not filtered when every row has
+    one: a filter copies every column it carries (comm_op's ~25 of the 1.1 M collectives of the OSDI'25 AR
+    trace tiled 16x: ~120 MB of pages polars' allocator keeps for a while)."""
+    df = df.select(cols)
+    return df if df["optype"].null_count() == 0 else df.filter(pl.col("optype").is_not_null())
 
 
 def _chain(edges: list, ids: list) -> None:
@@ -256,28 +266,90 @@ def _osdi_template(t: pl.DataFrame, pp: int, use_dp: bool) -> tuple[list, list, 
     return build.edges, build.groups, build.notes
 
 
+def _index_type(n: int) -> type:
+    """int32 for ids below ``n`` where they fit: the graph's per-op and per-edge id arrays (~1.9 M ops and 3.5 M
+    edges on the OSDI'25 AR trace tiled 16x) live through the whole what-if and critical path."""
+    return np.int32 if n < 2**31 - 1 else np.int64
+
+
+def _type_codes(optype: pl.Series, types: list[str]) -> np.ndarray:
+    """Per op its op type's place in ``types`` (int64), -1 for a null or another type: an Enum cast (a byte a
+    row), not a join or a string column per branch."""
+    return optype.cast(pl.Enum(types), strict=False).to_physical().cast(pl.Int64).fill_null(-1).to_numpy()
+
+
+def _template_ids(ops: pl.DataFrame, t: pl.DataFrame) -> np.ndarray:
+    """Per op (in ``ops``' order) its template id by (optype, seq, stage), -1 for an op the template does not
+    have (the template's keys are unique). A search of each op's packed key among the template's few hundred,
+    not a join: polars' join of 1.9 M rows on three keys (a string among them) allocated ~150 MB, pages its
+    allocator then keeps for a while."""
+    if t.is_empty():
+        return np.full(ops.height, -1, dtype=np.int64)
+    types = t["optype"].unique(maintain_order=True).to_list()
+    t_seq, t_stage = t["seq"].to_numpy(), t["stage"].to_numpy()
+    s_lo, g_lo = int(t_seq.min()), int(t_stage.min())
+    s_w, g_w = int(t_seq.max()) - s_lo + 1, int(t_stage.max()) - g_lo + 1
+    if len(types) * s_w * g_w >= 2**62:  # keys too wide to pack (never seen): the join
+        keys = ["optype", "seq", "stage"]
+        return ops.select(keys).join(t.select(*keys, "tid"), on=keys, how="left",
+                                     maintain_order="left")["tid"].fill_null(-1).to_numpy()
+
+    def packed(code: np.ndarray, seq: np.ndarray, stage: np.ndarray) -> np.ndarray:
+        """(code, seq, stage) as one int64 in the template's ranges (-1 outside them or for a null)."""
+        seq, stage = seq.astype(np.int64) - s_lo, stage.astype(np.int64) - g_lo
+        ok = (code >= 0) & (seq >= 0) & (seq < s_w) & (stage >= 0) & (stage < g_w)
+        return np.where(ok, (code * s_w + seq) * g_w + stage, -1)
+
+    t_key = packed(_type_codes(t["optype"], types), t_seq, t_stage)
+    order = np.argsort(t_key)
+    sorted_key = t_key[order]
+    # the key columns have no nulls here (osdi_ops drops ops without seq and fills stage); a null would
+    # match nothing, as in a join
+    seq, stage = (ops[c].fill_null(s_lo - 1 if c == "seq" else g_lo - 1).to_numpy() for c in ("seq", "stage"))
+    key = packed(_type_codes(ops["optype"], types), seq, stage)
+    del seq, stage
+    pos = np.minimum(np.searchsorted(sorted_key, key), sorted_key.size - 1)
+    found = (key >= 0) & (sorted_key[pos] == key)
+    return np.where(found, t["tid"].to_numpy()[order[pos]], -1)
+
+
+def _stream(optype: pl.Series) -> pl.Series:
+    """Per op its stream: a p2p op type is its own, then dp-comm, collective, compute (by :data:`P2P_TYPES`,
+    :data:`DP_COMM_TYPES`, :data:`COMM_TYPES`). Gathered from one string per op type, not a when/then chain
+    that builds a full string column per branch (~70 MB of pages at 1.9 M ops)."""
+    types = [x for x in optype.unique(maintain_order=True).to_list() if x is not None]
+    names = pl.Series("stream", [x if x in P2P_TYPES else "dp-comm" if x in DP_COMM_TYPES
+                                 else "collective" if x in COMM_TYPES else "compute" for x in types] + ["compute"])
+    code = _type_codes(optype, types)
+    # a null op type is compute, as the chain's otherwise
+    return names.gather(np.where(code < 0, len(types), code))
+
+
 def osdi_graph(ops: pl.DataFrame) -> WhatIfGraph:
     steps = np.sort(ops["step"].unique().to_numpy())
     dp = int(ops["dp_rank"].max()) + 1
     pp = int(ops["stage"].max()) + 1
     # the index of each op's step among the sorted steps: a search in ~50 values, not a rank over all ops
-    ops = ops.with_columns(pl.Series("step_index", np.searchsorted(steps, ops["step"].to_numpy()), dtype=pl.Int64))
+    ops = ops.with_columns(pl.Series("step_index", np.searchsorted(steps, ops["step"].to_numpy()), dtype=pl.Int32))
     # The template: one model-parallel group (dp rank 0) in the first step; every (step, dp rank) shares it.
     t = ops.filter((pl.col("dp_rank") == 0) & (pl.col("step") == steps[0])).unique(
         ["optype", "seq", "stage"], keep="first", maintain_order=True).with_row_index("tid")
     t = t.with_columns(pl.col("tid").cast(pl.Int64))
     use_dp = dp > 1
     edges, groups, notes = _osdi_template(t, pp, use_dp)
-    ops = ops.join(t.select("optype", "seq", "stage", "tid"), on=["optype", "seq", "stage"], how="left")
-    notes["ops_outside_model"] = int(ops["tid"].null_count())
+    tid = _template_ids(ops, t)
+    outside = tid < 0
+    notes["ops_outside_model"] = int(outside.sum())
     if notes["ops_outside_model"]:
-        ops = ops.filter(pl.col("tid").is_not_null())
+        ops, tid = ops.filter(pl.Series(~outside)), tid[~outside]
+    del outside
     n_inst = len(steps) * dp
-    inst = (ops["step_index"] * dp + ops["dp_rank"].cast(pl.Int64)).to_numpy()
-    tid = ops["tid"].to_numpy()
+    inst = (ops["step_index"].cast(pl.Int64) * dp + ops["dp_rank"].cast(pl.Int64)).to_numpy()
     n_t = t.height
-    rows = np.full((n_inst, n_t), -1, dtype=np.int64)
-    rows[inst, tid] = np.arange(ops.height)
+    idx = _index_type(ops.height)
+    rows = np.full((n_inst, n_t), -1, dtype=idx)
+    rows[inst, tid] = np.arange(ops.height, dtype=idx)
+    del inst, tid
     complete = (rows >= 0).all(axis=1)
     if not complete.all():
         # an incomplete (step, dp rank) would leave dangling dependencies: drop its whole step
@@ -287,12 +359,12 @@ def osdi_graph(ops: pl.DataFrame) -> WhatIfGraph:
         if not keep.any():
             raise WhatIfInputError("no step has every op of the dependency model on every dp rank")
         ops = ops.filter(pl.Series(keep))
-        return osdi_graph(ops.drop("tid", "step_index"))
+        return osdi_graph(ops.drop("step_index"))
     e = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
     # np.take lays the (instances x edges) result out row-major: ravel is then no second copy
     src = np.take(rows, e[:, 0], axis=1).ravel()
     dst = np.take(rows, e[:, 1], axis=1).ravel()
-    group = np.full(ops.height, -1, dtype=np.int64)
+    group = np.full(ops.height, -1, dtype=_index_type(len(groups) * n_inst))
     step_idx = ops["step_index"].to_numpy()
     dp_rank = ops["dp_rank"].to_numpy().astype(np.int64)
     for gid, (members, dp_sync) in enumerate(groups):
@@ -309,15 +381,12 @@ def osdi_graph(ops: pl.DataFrame) -> WhatIfGraph:
     transfer = end - np.where(synced, latest[np.where(synced, group, 0)], start)
     transfer = np.where(synced & (transfer <= -CLOCK_ERROR_NS), 0.0, transfer)
     actual = np.where(synced, transfer, end - start)
-    stream = (pl.when(pl.col("optype").is_in(list(P2P_TYPES))).then(pl.col("optype"))
-              .when(pl.col("optype").is_in(list(DP_COMM_TYPES))).then(pl.lit("dp-comm"))
-              .when(pl.col("optype").is_in(list(COMM_TYPES))).then(pl.lit("collective"))
-              .otherwise(pl.lit("compute")))
     ops = ops.with_columns(
         pl.Series("synced", synced), pl.col("optype").is_in(list(COMM_TYPES)).alias("comm"),
-        stream.alias("stream"), pl.Series("actual", actual))
+        _stream(ops["optype"]), pl.Series("actual", actual))
     notes.update(dp=dp, pp=pp, template_ops=n_t)
     tmpl = Template(rows=rows, src=e[:, 0].copy(), dst=e[:, 1].copy(),
                     groups=tuple((tuple(m), d) for m, d in groups), n_steps=len(steps), dp=dp)
-    return WhatIfGraph(ops=ops.drop("tid"), src=src, dst=dst, group=group, step_index=step_idx,
+    # step_index lives on as the graph's array (a view of the column's buffer), not as a column
+    return WhatIfGraph(ops=ops.drop("step_index"), src=src, dst=dst, group=group, step_index=step_idx,
                        steps=steps, model="osdi25", notes=notes, template=tmpl)
