@@ -10,6 +10,7 @@ section into one list, the verdict's culprit first.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import field, replace
 
 import polars as pl
@@ -96,25 +97,61 @@ def analyze_model(model: JobModel, config: DiagnoseConfig | None = None,
     """
     config = config or DiagnoseConfig()
     tables: dict[str, pl.DataFrame] = {"layout": model.layout, "steps": steps_frame(model.steps)}
+    beside = _sections_beside(model)
+    with ThreadPoolExecutor(1, thread_name_prefix="rankscope-sections") as pool:
+        # the polars-bound sections run beside the what-if replays, which are numpy loops holding the GIL
+        # between calls: the two overlap on a second core (sections are pure functions of the model)
+        timeline = pool.submit(_timeline, model) if beside else _timeline(model)
+        others = pool.submit(_other_sections, model, baseline, config) if beside else None
+        inter: dict = {}
+        stragglers = straggler_section(model, config.stragglers, inter)
+        # right after the what-if whose graph it reuses, and that graph (with its replay plans: ~0.3 GB at
+        # 1,024 workers) is let go before the other sections run
+        critical_path = critical_path_section(model, inter)
+        inter.clear()
+        timeline = timeline.result() if beside else timeline
+        regressions, hangs, quality, (traffic, placement, topology) = (
+            others.result() if beside else _other_sections(model, baseline, config))
     steps = model.steps_section
-    if model.per_rank:
-        tables["timeline"] = model_timelines(model)
-        steps = _with_phases(steps, tables["timeline"])
-    inter: dict = {}
-    stragglers = straggler_section(model, config.stragglers, inter)
-    # right after the what-if whose graph it reuses, and that graph (with its replay plans: ~0.3 GB at
-    # 1,024 workers) is let go before the other sections run
-    critical_path = critical_path_section(model, inter)
-    inter.clear()
-    regressions = regression_section(model, baseline, config.regressions)
-    traffic, placement, topology = _network(model, config.topology)
+    if timeline is not None:
+        tables["timeline"] = timeline
+        steps = _with_phases(steps, timeline)
     d = Diagnosis(job=model.frames.job, sources=list(model.frames.sources), strategy=model.strategy, steps=steps,
-                  stragglers=stragglers, regressions=regressions, hangs=hang_section(model),
-                  data_quality=_with_topology(data_quality(model), topology),
+                  stragglers=stragglers, regressions=regressions, hangs=hangs,
+                  data_quality=_with_topology(quality, topology),
                   critical_path=critical_path,
                   findings=findings_of(stragglers, regressions) + traffic_findings(traffic), traffic=traffic,
                   placement=placement)
     return d, tables
+
+
+BESIDE_BUDGET_BYTES = 256 << 20
+"""Most memory the sections run beside the replays may add to the peak (:func:`_sections_beside`)."""
+BESIDE_BYTES_PER_RECORD = 48
+"""What running the sections beside the replays added to the peak, per comm_op, compute_op and flow record:
+45 bytes on the OSDI'25 AR trace tiled 16x (1.9 M records, +84 MiB, median of 4) and 31 on 16,384 simulated
+GPUs (12.7 M records, +400 MiB: 7.81 -> 8.21 GiB)."""
+
+
+def _sections_beside(model: JobModel) -> bool:
+    """Whether the timeline, regressions, hangs, data quality and network sections run on a second thread
+    beside the straggler and critical-path replays: they then overlap on a second core (AR tiled 16x: 5.56
+    -> 4.96 s wall, 4 interleaved runs), but their working sets add to the replays' peak, so only while that
+    stays within :data:`BESIDE_BUDGET_BYTES`; a bigger job runs them in order."""
+    f = model.frames
+    records = sum(x.height for x in (f.comm_op, f.compute_op, f.flow) if x is not None)
+    return records * BESIDE_BYTES_PER_RECORD <= BESIDE_BUDGET_BYTES
+
+
+def _timeline(model: JobModel) -> pl.DataFrame | None:
+    """Per-rank, per-step phases of a job with per-rank records; None without."""
+    return model_timelines(model) if model.per_rank else None
+
+
+def _other_sections(model: JobModel, baseline: JobFrames | None, config: DiagnoseConfig) -> tuple:
+    """(regressions, hangs, data quality, network view) of one job model."""
+    return (regression_section(model, baseline, config.regressions), hang_section(model), data_quality(model),
+            _network(model, config.topology))
 
 
 def _network(model: JobModel, topology: Topology | None):

@@ -51,3 +51,28 @@ def test_no_records_is_reported_not_raised():
 def test_config_validation():
     with pytest.raises(ConfigError):
         DiagnoseConfig(stragglers=0.5)
+
+
+def test_sections_beside_the_replays_give_the_report_of_sections_in_order(monkeypatch):
+    """Small jobs run the table sections on a second thread beside the replays, big ones in order: the
+    report and tables are the same either way (the sections are pure functions of the job model)."""
+    import rankscope.analysis.diagnose as diag
+
+    comm, comp, _ = build_job(dp=4, pp=2, steps=3, offsets_ns={1: 2_000_000})
+    frames = JobFrames.from_frames("j", comm_op=comm, compute_op=comp)
+    model = diag.model_of(frames)
+    assert diag._sections_beside(model)
+    beside, tables_beside = diag.analyze_model(model)
+    monkeypatch.setattr(diag, "BESIDE_BUDGET_BYTES", 0)
+    assert not diag._sections_beside(model)
+    in_order, tables_in_order = diag.analyze_model(model)
+    assert _untimed(beside.to_dict()) == _untimed(in_order.to_dict())
+    assert tables_beside.keys() == tables_in_order.keys()
+    assert all(tables_beside[k].equals(tables_in_order[k]) for k in tables_beside)
+
+
+def _untimed(o):
+    """A report without its run-time fields (``seconds``: how long a section took)."""
+    if isinstance(o, dict):
+        return {k: _untimed(v) for k, v in o.items() if k != "seconds"}
+    return [_untimed(v) for v in o] if isinstance(o, list) else o
