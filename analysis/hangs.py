@@ -140,10 +140,20 @@ def _prepare(comm: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     # has no such duplicate (the check costs a third of the ordered de-duplication), and its rows stay
     # unsorted: most jobs have no stuck point, and the sort is the section's largest copy.
     # hashes first (a u64 per row; the rows' own keys took 2 GiB at 16,384 GPUs), a hash tie then checked exactly
-    if (df.select(pl.struct(key).hash().is_duplicated().any()).item()
-            and df.select(pl.struct(key).is_duplicated().any()).item()):
-        df = _state_order(df).unique(key, keep="first", maintain_order=True)
+    if df.select(pl.struct(key).hash().is_duplicated().any()).item():
+        df = _most_advanced(df, key)
     return df, members
+
+
+def _most_advanced(df: pl.DataFrame, key: list[str]) -> pl.DataFrame:
+    """``_state_order(df).unique(key, keep="first", maintain_order=True)``, or ``df`` itself (unsorted) when
+    no two rows share the key exactly.
+
+    Ordered and de-duplicated on the key and order columns alone, the rows then gathered once: the exact
+    check is the de-duplication itself (OSDI'25 SE, 58k ops of which 1.2k distinct: 14 -> 10.5 ms CPU)."""
+    narrow = df.select(*key, "_state_rank", "start_ns").with_row_index("_row")
+    rows = _state_order(narrow).unique(key, keep="first", maintain_order=True)["_row"]
+    return df if rows.len() == df.height else df[rows]
 
 
 def _state_order(df: pl.DataFrame) -> pl.DataFrame:

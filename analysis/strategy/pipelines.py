@@ -34,8 +34,8 @@ def order_pipelines(comm_op: pl.DataFrame, ranks: list) -> Pipelines:
 
     Needs comm_op columns rank, op, peer, start_ns. A rank with no p2p peer is a pipeline of one stage.
     """
-    votes = p2p_votes(comm_op)
-    first_send = first_p2p_is_send(comm_op)
+    p2p = _p2p_by_start(comm_op)  # read once for both
+    votes, first_send = _votes(p2p), _first_is_send(p2p)
     edges = sorted({tuple(sorted(k)) for k in votes})
     comps = components(ranks, edges)
     comp_votes, comp_edges = _split_by_component(comps, votes, edges)
@@ -142,13 +142,21 @@ def p2p_votes(comm_op: pl.DataFrame) -> dict[tuple, float]:
 
     Needs comm_op columns rank, op, peer, start_ns. Each side is read on its own clock only.
     """
+    return _votes(_p2p_by_start(comm_op))
+
+
+def _p2p_by_start(comm_op: pl.DataFrame) -> pl.DataFrame:
+    """The p2p ops with a peer (rank, peer, op, start_ns), by start."""
     # only the columns read: a filter and sort gather every column they carry (member lists included)
-    p2p = comm_op.select("rank", "peer", "op", "start_ns").filter(
-        pl.col("op").is_in(P2P_OPS) & pl.col("peer").is_not_null())
+    return comm_op.select("rank", "peer", "op", "start_ns").filter(
+        pl.col("op").is_in(P2P_OPS) & pl.col("peer").is_not_null()).sort("start_ns")
+
+
+def _votes(p2p: pl.DataFrame) -> dict[tuple, float]:
+    """:func:`p2p_votes` of :func:`_p2p_by_start`'s frame."""
     if p2p.is_empty():
         return {}
-    first = (p2p.sort("start_ns").group_by(["rank", "peer"], maintain_order=True)
-             .agg(pl.col("op").first()))
+    first = p2p.group_by(["rank", "peer"], maintain_order=True).agg(pl.col("op").first())
     votes: dict[tuple, float] = defaultdict(float)
     for r, p, op in first.iter_rows():
         s = 1.0 if op == "send" else -1.0
@@ -159,11 +167,14 @@ def p2p_votes(comm_op: pl.DataFrame) -> dict[tuple, float]:
 
 def first_p2p_is_send(comm_op: pl.DataFrame) -> dict[int, bool]:
     """Per rank, whether its first p2p op of the job is a send (only the first stage starts that way)."""
-    p2p = comm_op.select("rank", "peer", "op", "start_ns").filter(
-        pl.col("op").is_in(P2P_OPS) & pl.col("peer").is_not_null())
+    return _first_is_send(_p2p_by_start(comm_op))
+
+
+def _first_is_send(p2p: pl.DataFrame) -> dict[int, bool]:
+    """:func:`first_p2p_is_send` of :func:`_p2p_by_start`'s frame."""
     if p2p.is_empty():
         return {}
-    first = p2p.sort("start_ns").group_by("rank", maintain_order=True).agg(pl.col("op").first())
+    first = p2p.group_by("rank", maintain_order=True).agg(pl.col("op").first())
     return {int(r): op == "send" for r, op in first.iter_rows()}
 
 

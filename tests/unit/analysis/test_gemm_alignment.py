@@ -101,3 +101,18 @@ def test_kernel_traits_parse_layout_alignment_and_tile():
     assert df["name_layout"].to_list() == ["tn", "nn", None]
     assert df["name_align"].to_list() == [1, None, None]
     assert df["name_tile"].to_list() == ["128x256", "64x64", None]
+
+
+def test_gemm_rows_without_shapes_are_the_full_paths_empty_frame():
+    """Records without GEMM shapes (OSDI'25 traces) skip the name patterns: same columns and types as the full
+    path gives on no rows, and a fresh frame per call."""
+    from rankscope.analysis.kernels.alignment import _gemms_of, gemm_rows
+
+    shaped = gemm_frame()
+    for unshaped in (shaped.with_columns(pl.lit(None, dtype=pl.Int64).alias("m")),
+                     shaped.with_columns(pl.when(pl.col("rank") >= 0).then(None).otherwise(pl.col("k")).alias("k"))):
+        full = _gemms_of(unshaped.head(0))
+        first, second = gemm_rows(unshaped), gemm_rows(unshaped)
+        assert first.height == 0 and first.schema == full.schema and first.equals(full)
+        assert first is not second
+    assert gemm_rows(shaped).height == shaped.height

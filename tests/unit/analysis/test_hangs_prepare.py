@@ -48,3 +48,16 @@ def test_no_duplicates_keeps_every_row_and_state_order_sorts_them():
     # every row kept, in input order (no copy); the stuck-point report reads them in state order
     assert df["start_ns"].to_list() == [7, 6, 2]
     assert _state_order(df)["start_ns"].to_list() == [2, 6, 7]
+
+
+def test_most_advanced_is_the_ordered_de_duplication_or_the_frame_itself():
+    from rankscope.analysis.hangs import _most_advanced
+
+    key = ["source", "rank", "_gkey", "seq", "op"]
+    df = pl.DataFrame({"source": ["h"] * 5, "rank": [0, 0, 1, 0, 1], "_gkey": ["g"] * 5, "seq": [1, 1, 1, 2, 1],
+                       "op": ["ar"] * 5, "_state_rank": [1, 3, 2, 1, 3], "start_ns": [5, 7, 6, 2, 6],
+                       "x": ["a", "b", "c", "d", "e"]})
+    expected = _state_order(df).unique(key, keep="first", maintain_order=True)
+    assert _most_advanced(df, key).equals(expected)
+    distinct = df.filter(pl.col("x").is_in(["a", "c", "d"]))
+    assert _most_advanced(distinct, key) is distinct  # no exact duplicate: kept as is, unsorted

@@ -78,3 +78,15 @@ def test_empty_input_is_not_evaluated():
     comm, _, _ = build_job(dp=2, pp=1, steps=1)
     s = infer_whitebox(comm.head(0))
     assert s.evaluated is False and s.confidence == 0.0
+
+
+def test_without_member_lists_the_calls_places_are_not_read():
+    """Collectives that name no members (OSDI'25 traces): the pass spans change nothing, so they are skipped."""
+    from rankscope.analysis.strategy.call_positions import pass_spans
+
+    comm, comp, _ = build_job(dp=2, pp=2)
+    bare = comm.with_columns(pl.lit(None, dtype=comm.schema["group_ranks"]).alias("group_ranks"))
+    assert group_families(bare).height == 0
+    spans = pass_spans(comp)
+    assert infer_whitebox(bare, passes=spans) == infer_whitebox(bare, passes=None)
+    assert infer_whitebox(comm, passes=spans).dp == 2

@@ -110,3 +110,14 @@ def test_validate_never_loses_rows(rows):
     assert v.table.num_rows + v.num_rejected == len(rows)
     good = v.table.to_pylist()
     assert all(r["end_ns"] >= r["start_ns"] >= 0 and r["op"] in schema.COMM_OPS for r in good)
+
+
+def test_missing_columns_are_nulls_of_the_frames_height():
+    """A frame without any of the kind's columns still has one (rejected) row per input row."""
+    from rankscope.collectors.schema import _wrong_type_masks, polars_schema
+
+    df = pl.DataFrame({"unrelated": [1, 2, 3]})
+    cast, bad = _wrong_type_masks(df, "comm_op")
+    assert cast.shape == (3, len(polars_schema("comm_op"))) and dict(cast.schema) == polars_schema("comm_op")
+    assert bad == {}
+    assert schema.validate(df, "comm_op").num_rejected == 3

@@ -132,3 +132,52 @@ def test_a_trace_read_in_batches_stores_what_a_whole_read_stores(tmp_path, monke
     assert parts["comm_op"]["peer"].null_count() == whole["comm_op"]["peer"].null_count()
     assert whole["compute_op"]["start_ns"].min() == 0  # shifted by the last batch's negative start
     assert [r.rejects for r in parts_res.files] == [r.rejects for r in whole_res.files]
+
+
+@pytest.mark.parametrize("text", [
+    "trial_name: ST\nrun_id: 0\ndp_size: 2\ndsp_size: 1\npp_size: 4\ntp_size: 1\nvpp_size: 1\nworld_size: 8\n",
+    "trial_name: AR-x16.v2\nworld_size: 128  \ndp_size:   16", "a: 1\na: 2\n",
+    # left to yaml: what YAML reads otherwise than as an integer or a plain word, and anything not flat
+    "dp_size: 010\n", "dp_size: 1_0\n", "dp_size: -2\n", "dp_size: 0x10\n", "dp_size: 1e3\n", "dp_size: 2.0\n",
+    "trial_name: yes\n", "trial_name: Off\n", "trial_name: NULL\n", "on: 1\n", "trial_name: ~\n", "pp_size:\n",
+    "trial_name: 'ST'\n", "# meta\ndp_size: 2\n", "dp_size: 2 # two\n", "\n", "", "---\ndp_size: 2\n",
+    "dp_size: 2\n\npp_size: 4\n", "dp_size: 2\r\n", "layout:\n  dp_size: 2\n", "- 1\n", "dp_size:\t2\n",
+])
+def test_flat_meta_files_read_as_yaml_reads_them(text):
+    import yaml
+
+    from rankscope.collectors.importers.osdi_whatif import flat_mapping
+
+    fast = flat_mapping(text)
+    assert fast is None or fast == yaml.safe_load(text)
+    if fast is not None:
+        assert [type(v) for v in fast.values()] == [type(v) for v in yaml.safe_load(text).values()]
+
+
+def test_reference_meta_files_take_the_flat_path(reference_dir):
+    import yaml
+
+    from rankscope.collectors.importers.osdi_whatif import flat_mapping
+
+    metas = sorted((reference_dir / "stragglers-osdi25").glob("meta-*.yaml"))
+    assert metas
+    for meta in metas:
+        assert flat_mapping(meta.read_text()) == yaml.safe_load(meta.read_text())
+
+
+def test_widening_casts_lose_nothing_and_others_are_checked():
+    import itertools
+
+    from rankscope.collectors.importers.osdi_whatif import _BITS, _widens
+
+    extremes = {pl.Int8: (-128, 127), pl.Int16: (-(2**15), 2**15 - 1), pl.Int32: (-(2**31), 2**31 - 1),
+                pl.Int64: (-(2**63), 2**63 - 1), pl.UInt8: (0, 255), pl.UInt16: (0, 2**16 - 1),
+                pl.UInt32: (0, 2**32 - 1), pl.UInt64: (0, 2**64 - 1), pl.Float32: (-3.4e38, float("inf")),
+                pl.Float64: (-1.7e308, float("nan"))}
+    for src, dst in itertools.product(_BITS, _BITS):
+        s = pl.Series(list(extremes[src]), dtype=src)
+        lost = bool(s.cast(dst, strict=False).is_null().any())
+        assert not (_widens(src, dst) and lost), (src, dst)
+    assert _widens(pl.Categorical, pl.String) and _widens(pl.Int8, pl.Int32) and _widens(pl.Float32, pl.Float64)
+    assert not _widens(pl.Int32, pl.Int8) and not _widens(pl.Int8, pl.UInt64) and not _widens(pl.Int64, pl.Float64)
+    assert not _widens(pl.String, pl.Int64)
