@@ -18,6 +18,7 @@ import numpy as np
 
 from rankscope.analysis.critical_path import template
 from rankscope.analysis.whatif.graph import WhatIfGraph, engine_nodes, tail_of
+from rankscope.analysis.whatif.metrics import rank_index
 from rankscope.collectors.record_class import record
 
 
@@ -131,7 +132,8 @@ def _rank_step_first(rank: np.ndarray, step_index: np.ndarray, n_steps: int, sta
 def rank_step_key(rank: np.ndarray, step_index: np.ndarray, n_steps: int) -> tuple[np.ndarray, int]:
     """Per op one id of its (rank, step index): rank's place among the ranks x ``n_steps`` + step index (so
     ``id % n_steps`` is the step index), and the number of ids."""
-    ranks, r_idx = np.unique(rank, return_inverse=True)
+    # a table over the ranks, not np.unique's sort of every op's rank (0.15 s a call at 1.9 M ops)
+    ranks, r_idx = rank_index(rank)
     return r_idx.astype(np.int64) * n_steps + step_index, ranks.size * n_steps
 
 

@@ -133,7 +133,7 @@ class _OpCodes:
     """per code: its rank index and op group index."""
 
 
-def _rank_index(rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def rank_index(rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the distinct ranks, sorted; each op's index among them). Ranks are small non-negative integers: a
     table over 0..max rank instead of a sort of every op's rank (or a search per op)."""
     if rank.dtype.kind not in "iu" or rank.size == 0 or rank.min() < 0 or rank.max() > 4 * rank.size + 1_000_000:
@@ -145,7 +145,7 @@ def _rank_index(rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _op_codes(ops: pl.DataFrame) -> _OpCodes:
     """The codes of ``ops`` (columns rank, optype, dp_rank, stage; dp_rank and stage without nulls)."""
-    ranks, rank_i = _rank_index(ops["rank"].to_numpy())
+    ranks, rank_i = rank_index(ops["rank"].to_numpy())
     # codes by hashing, not sorting: a sort of 2 M op type strings is the slow part of a big job; each op's
     # group index straight from its op type (a dozen distinct) through the op types as an enum's codes, not
     # through a column of group names (a cast to the enum is half the cost of a replace by a dict)

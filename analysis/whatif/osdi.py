@@ -278,14 +278,19 @@ def _type_codes(optype: pl.Series, types: list[str]) -> np.ndarray:
     return optype.cast(pl.Enum(types), strict=False).to_physical().cast(pl.Int64).fill_null(-1).to_numpy()
 
 
-def _template_ids(ops: pl.DataFrame, t: pl.DataFrame) -> np.ndarray:
+def _op_type_codes(optype: pl.Series) -> tuple[list[str], np.ndarray]:
+    """(the op types present, first seen first; each op's place among them, -1 for a null)."""
+    types = [x for x in optype.unique(maintain_order=True).to_list() if x is not None]
+    return types, _type_codes(optype, types)
+
+
+def _template_ids(ops: pl.DataFrame, t: pl.DataFrame, types: list[str], code: np.ndarray) -> np.ndarray:
     """Per op (in ``ops``' order) its template id by (optype, seq, stage), -1 for an op the template does not
-    have (the template's keys are unique). A search of each op's packed key among the template's few hundred,
+    have (the template's keys are unique). ``code``: each op's op type's place in ``types`` (:func:`_type_codes`). A search of each op's packed key among the template's few hundred,
     not a join: polars' join of 1.9 M rows on three keys (a string among them) allocated ~150 MB, pages its
     allocator then keeps for a while."""
     if t.is_empty():
         return np.full(ops.height, -1, dtype=np.int64)
-    types = t["optype"].unique(maintain_order=True).to_list()
     t_seq, t_stage = t["seq"].to_numpy(), t["stage"].to_numpy()
     s_lo, g_lo = int(t_seq.min()), int(t_stage.min())
     s_w, g_w = int(t_seq.max()) - s_lo + 1, int(t_stage.max()) - g_lo + 1
@@ -306,21 +311,20 @@ def _template_ids(ops: pl.DataFrame, t: pl.DataFrame) -> np.ndarray:
     # the key columns have no nulls here (osdi_ops drops ops without seq and fills stage); a null would
     # match nothing, as in a join
     seq, stage = (ops[c].fill_null(s_lo - 1 if c == "seq" else g_lo - 1).to_numpy() for c in ("seq", "stage"))
-    key = packed(_type_codes(ops["optype"], types), seq, stage)
+    key = packed(code, seq, stage)
     del seq, stage
     pos = np.minimum(np.searchsorted(sorted_key, key), sorted_key.size - 1)
     found = (key >= 0) & (sorted_key[pos] == key)
     return np.where(found, t["tid"].to_numpy()[order[pos]], -1)
 
 
-def _stream(optype: pl.Series) -> pl.Series:
-    """Per op its stream: a p2p op type is its own, then dp-comm, collective, compute (by :data:`P2P_TYPES`,
-    :data:`DP_COMM_TYPES`, :data:`COMM_TYPES`). Gathered from one string per op type, not a when/then chain
-    that builds a full string column per branch (~70 MB of pages at 1.9 M ops)."""
-    types = [x for x in optype.unique(maintain_order=True).to_list() if x is not None]
+def _stream(types: list[str], code: np.ndarray) -> pl.Series:
+    """Per op its stream (``code``: its op type's place in ``types``, -1 for a null): a p2p op type is its own,
+    then dp-comm, collective, compute (by :data:`P2P_TYPES`, :data:`DP_COMM_TYPES`, :data:`COMM_TYPES`).
+    Gathered from one string per op type, not a when/then chain that builds a full string column per branch
+    (~70 MB of pages at 1.9 M ops)."""
     names = pl.Series("stream", [x if x in P2P_TYPES else "dp-comm" if x in DP_COMM_TYPES
                                  else "collective" if x in COMM_TYPES else "compute" for x in types] + ["compute"])
-    code = _type_codes(optype, types)
     # a null op type is compute, as the chain's otherwise
     return names.gather(np.where(code < 0, len(types), code))
 
@@ -337,11 +341,14 @@ def osdi_graph(ops: pl.DataFrame) -> WhatIfGraph:
     t = t.with_columns(pl.col("tid").cast(pl.Int64))
     use_dp = dp > 1
     edges, groups, notes = _osdi_template(t, pp, use_dp)
-    tid = _template_ids(ops, t)
+    # each op's type as a code, once: the template ids and the stream both read it (an Enum cast of 1.9 M
+    # strings is ~0.1 s)
+    types, code = _op_type_codes(ops["optype"])
+    tid = _template_ids(ops, t, types, code)
     outside = tid < 0
     notes["ops_outside_model"] = int(outside.sum())
     if notes["ops_outside_model"]:
-        ops, tid = ops.filter(pl.Series(~outside)), tid[~outside]
+        ops, tid, code = ops.filter(pl.Series(~outside)), tid[~outside], code[~outside]
     del outside
     n_inst = len(steps) * dp
     inst = (ops["step_index"].cast(pl.Int64) * dp + ops["dp_rank"].cast(pl.Int64)).to_numpy()
@@ -383,7 +390,7 @@ def osdi_graph(ops: pl.DataFrame) -> WhatIfGraph:
     actual = np.where(synced, transfer, end - start)
     ops = ops.with_columns(
         pl.Series("synced", synced), pl.col("optype").is_in(list(COMM_TYPES)).alias("comm"),
-        _stream(ops["optype"]), pl.Series("actual", actual))
+        _stream(types, code), pl.Series("actual", actual))
     notes.update(dp=dp, pp=pp, template_ops=n_t)
     tmpl = Template(rows=rows, src=e[:, 0].copy(), dst=e[:, 1].copy(),
                     groups=tuple((tuple(m), d) for m, d in groups), n_steps=len(steps), dp=dp)

@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from rankscope.analysis.whatif.osdi import COMM_TYPES, DP_COMM_TYPES, P2P_TYPES, _stream, _template_ids
+from rankscope.analysis.whatif.osdi import (
+    COMM_TYPES,
+    DP_COMM_TYPES,
+    P2P_TYPES,
+    _op_type_codes,
+    _stream,
+    _template_ids,
+)
 
 TYPES = ["forward-compute", "backward-compute", "forward-send", "backward-recv", "params-all-gather",
          "optimizer-clip-main-grad", "optimizer", "gc"]
@@ -25,7 +32,7 @@ def test_template_ids_are_the_left_joins():
          .with_columns(pl.col("tid").cast(pl.Int64)))
     keys = ["optype", "seq", "stage"]
     want = ops.join(t.select(*keys, "tid"), on=keys, how="left", maintain_order="left")["tid"].fill_null(-1)
-    got = _template_ids(ops, t)
+    got = _template_ids(ops, t, *_op_type_codes(ops["optype"]))
     assert (got >= 0).any() and (got < 0).any()
     assert got.tolist() == want.to_list()
 
@@ -36,7 +43,7 @@ def test_stream_is_the_when_then_chain():
              .when(pl.col("optype").is_in(list(DP_COMM_TYPES))).then(pl.lit("dp-comm"))
              .when(pl.col("optype").is_in(list(COMM_TYPES))).then(pl.lit("collective"))
              .otherwise(pl.lit("compute")))
-    got = _stream(ops["optype"])
+    got = _stream(*_op_type_codes(ops["optype"]))
     assert got.dtype == pl.String and got.name == "stream"
     assert got.to_list() == ops.select(chain)[:, 0].to_list()
 
@@ -47,4 +54,4 @@ def test_template_ids_of_keys_too_wide_to_pack_are_the_joins_too():
         .with_columns(pl.col("tid").cast(pl.Int64))
     keys = ["optype", "seq", "stage"]
     want = ops.join(t.select(*keys, "tid"), on=keys, how="left", maintain_order="left")["tid"].fill_null(-1)
-    assert _template_ids(ops, t).tolist() == want.to_list()
+    assert _template_ids(ops, t, *_op_type_codes(ops["optype"])).tolist() == want.to_list()

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from rankscope.analysis.whatif.metrics import _op_codes, _rank_index
+from rankscope.analysis.whatif.metrics import _op_codes, rank_index
 
 
 @pytest.mark.parametrize("rank", [
@@ -16,7 +16,7 @@ from rankscope.analysis.whatif.metrics import _op_codes, _rank_index
     np.array([2, 10**12, 2], dtype=np.int64),  # far apart: no table that big
 ])
 def test_rank_index_is_unique_and_searchsorted(rank):
-    ranks, idx = _rank_index(rank)
+    ranks, idx = rank_index(rank)
     want = np.unique(rank)
     np.testing.assert_array_equal(ranks, want)
     assert ranks.dtype == rank.dtype
