@@ -262,11 +262,7 @@ def _lane_replay(t, plan: dict, tab: np.ndarray, choice: np.ndarray, delay: np.n
         for members, dp_sync, ps_list, is_group in order:
             if is_group:
                 if dp_sync and not any(ps_list):
-                    # starts at the same time in every scenario: the latest launch over the dp ranks
-                    start = np.zeros((dp, ns)) if delay is None else np.zeros((dp, ns)) + delay[members[0]]
-                    for m in members[1:]:
-                        start = np.maximum(start, np.zeros((dp, ns)) + (0 if delay is None else delay[m]))
-                    start = np.repeat(start.max(axis=0)[None], len(lane_j), axis=0)
+                    start = _unled_synced_start(members, delay, dp, ns, len(lane_j))
                 else:
                     start = launched(ps_list[0], members[0])
                     for i, (m, ps) in enumerate(zip(members[1:], ps_list[1:], strict=True)):
@@ -294,16 +290,30 @@ def _lane_replay(t, plan: dict, tab: np.ndarray, choice: np.ndarray, delay: np.n
     lane_c, lane_j, lane_of = _lanes(choice, plan["before_ops"])
     inst_end = np.full((len(lane_c), ns), -np.inf)
     run(plan["before"], lane_c, lane_j, inst_end)
-    # every (scenario, dp rank) pair, scenario-major, gets its lane's row
+    inst_end = _to_pairs(end, inst_end, lane_of)
+    run(plan["after"], np.repeat(np.arange(k), dp), np.tile(np.arange(dp), k), inst_end)
+    return inst_end.reshape(k, dp, ns).max(axis=1).T
+
+
+def _unled_synced_start(members: list[int], delay: np.ndarray | None, dp: int, ns: int, n_lanes: int) -> np.ndarray:
+    """The start of a dp-synced group with no predecessor, per lane: the same in every scenario, the latest
+    launch over the dp ranks."""
+    start = np.zeros((dp, ns)) if delay is None else np.zeros((dp, ns)) + delay[members[0]]
+    for m in members[1:]:
+        start = np.maximum(start, np.zeros((dp, ns)) + (0 if delay is None else delay[m]))
+    return np.repeat(start.max(axis=0)[None], n_lanes, axis=0)
+
+
+def _to_pairs(end: dict[int, np.ndarray], inst_end: np.ndarray, lane_of: np.ndarray) -> np.ndarray:
+    """Every (scenario, dp rank) pair, scenario-major, given its lane's row: the live ends in ``end`` in place
+    (ends shared by several nodes stay shared), and the instances' last ends, returned."""
     pairs = lane_of.reshape(-1)
     expanded = {}
     for p, e in end.items():
         if id(e) not in expanded:
             expanded[id(e)] = e[pairs]
         end[p] = expanded[id(e)]
-    inst_end = inst_end[pairs]
-    run(plan["after"], np.repeat(np.arange(k), dp), np.tile(np.arange(dp), k), inst_end)
-    return inst_end.reshape(k, dp, ns).max(axis=1).T
+    return inst_end[pairs]
 
 
 def _template_replay(graph: WhatIfGraph, plan: dict, actual: np.ndarray, ideal: np.ndarray,
