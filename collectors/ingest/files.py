@@ -275,8 +275,7 @@ ASSUMPTION_NOTES = ("rank_assumed",)
 def decode_and_write(store: Store, path: Path, fmt: str, opts: contract.ImportOptions, res: FileResult,
                      decoded: Callable[[Path], contract.ImportBatch | None] | None = None,
                      keep_rows: bool = False, sha: str | None = None, staged=None) -> None:
-    """One file's ingest inside its boundary (:func:`at_file_boundary`): hash, skip a stored source, detect,
-    decode, validate, write and commit; raises for bad input. ``staged``
+    """One file's ingest inside :func:`at_file_boundary` (raises for bad input); ``staged``
     (collectors.ingest.staged.Staged): write the parts there and leave the commit to its caller."""
     if not path.is_file():
         raise InputFormatError(path, None, "an existing regular file", got=not_regular(path) or "missing")
@@ -343,8 +342,7 @@ def _validated(batch: contract.ImportBatch, imp, name: str, opts: contract.Impor
 
 
 def refuse_all_rejected(path: Path, res: FileResult, entry: ManifestEntry) -> None:
-    """Raise, naming the commonest reason, when every record of the file was rejected (a file whose data sets
-    wait for a template is not refused: its records may come with a later file)."""
+    """Raise, naming the commonest reason, when every record was rejected (not while data sets wait for a template)."""
     if res.rejects and not entry.notes.get("flow_sets_held_for_template"):
         top, n = res.rejects.most_common(1)[0]
         raise InputFormatError(path, None, "at least one record that decodes and fits its record kind",
@@ -352,8 +350,7 @@ def refuse_all_rejected(path: Path, res: FileResult, entry: ManifestEntry) -> No
 
 
 def commit_file(store: Store, tx, key: str, entry: ManifestEntry, res: FileResult, jobs: set, opts, rows_key=None):
-    """Write the file's manifest entry in ``tx`` (its rows become visible) and adopt the flow template state it
-    left; the serial ingest's last step, and the Ray driver's for a staged file."""
+    """Write the file's manifest entry in ``tx`` (its rows become visible) and adopt its flow template state."""
     entry.records = dict(res.records)
     entry.rejects = dict(res.rejects)
     # a source without records (a rank's empty flight-recorder dump) still belongs to the job it was
@@ -437,7 +434,6 @@ def _transaction(store: Store, key: str, keep_rows: bool, staged):
     """The store's transaction (its writer lock held until the commit), or, for a Ray task's staged ingest,
     one that writes the parts into the staging area without the lock (the driver commits them)."""
     return store.transaction(key, keep_rows) if staged is None else staged.transaction(key)
-
 
 
 def files_to_ingest(paths: Iterable[str | os.PathLike], fmt: str,
