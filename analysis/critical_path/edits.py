@@ -223,33 +223,36 @@ def top_edits(graph: WhatIfGraph, seg: pl.DataFrame, actual: np.ndarray, ideal: 
 
     ``seg``: the path's segments over the steps (:func:`rankscope.analysis.critical_path.shares.segment_frame`);
     ``base_ns``: the mean replayed step time the savings are against."""
-    run = _replayer(graph, actual, delay)
     total = float(seg["dur_ns"].sum())
     on_path = np.zeros(graph.ops.height)
     np.add.at(on_path, seg["op"].to_numpy(), seg["dur_ns"].to_numpy())
+    # nothing on an edit slower than its peers: it changes nothing, and is not replayed
+    cands = [c for c in _candidates(graph, seg, actual, ideal) if np.any(c[-1][1] < actual[c[-1][0]])]
+    times = _replayer(graph, actual, delay)([c[-1] for c in cands])
     out = []
-    for kind, what, ranks, stage, link, edited, (ops, dur) in _candidates(graph, seg, actual, ideal):
-        if not np.any(dur < actual[ops]):
-            continue  # nothing on it is slower than its peers: the edit changes nothing
-        pred = float(np.mean(run(ops, dur)))
+    for (kind, what, ranks, stage, link, edited, _), t in zip(cands, times, strict=True):
+        pred = float(np.mean(t))
         share = float(on_path[edited].sum() / total) if total > 0 else 0.0
         out.append(Edit(kind, what, ranks, stage, link, share, pred, 1.0 - pred / base_ns if base_ns > 0 else 0.0))
     return _narrowest_first(out)[:TOP_EDITS]
 
 
 def _replayer(graph: WhatIfGraph, actual: np.ndarray, delay: np.ndarray):
-    """A function ``run(ops, durations)``: the replayed time of each step with ``actual`` durations except
-    ``durations`` on ``ops``. A graph with a template replays it directly (no wave plan to build for a
-    dozen replays)."""
+    """A function ``run(edits)``: per edit (ops, durations), the replayed time of each step with ``actual``
+    durations except ``durations`` on ``ops``. A graph with a template replays it directly (no wave plan to
+    build for a dozen replays), its edits batched (:func:`template.edit_replayer`)."""
     order = template.order_of(graph)
     if order is not None:
         return template.edit_replayer(graph.template, order, actual, delay)
     step_times = graph.step_replayer(delay)
 
-    def run(ops: np.ndarray, durations: np.ndarray) -> np.ndarray:
-        dur = actual.copy()
-        dur[ops] = durations
-        return step_times(dur)
+    def run(edits: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+        out = []
+        for ops, durations in edits:
+            dur = actual.copy()
+            dur[ops] = durations
+            out.append(step_times(dur))
+        return out
 
     return run
 

@@ -23,8 +23,11 @@ PASSES = (FWD, BWD)
 
 
 def _compute(graph: WhatIfGraph, actual: np.ndarray) -> pl.DataFrame:
-    return graph.ops.with_columns(pl.Series("a", actual)).filter(~pl.col("comm")).with_columns(
-        pl.col("stage").fill_null(0), pl.col("dp_rank").fill_null(0))
+    """The compute ops' rank, stage, dp_rank, step, optype and duration ``a``: only what the evidence reads.
+    Selected before filtered: a filter copies every column it carries (the graph's 14 over 743 k compute ops
+    of the OSDI'25 AR trace tiled 16x: ~140 MB at the what-if's peak)."""
+    return graph.ops.select("rank", pl.col("stage").fill_null(0), pl.col("dp_rank").fill_null(0), "step",
+                            "optype", pl.Series("a", actual), "comm").filter(~pl.col("comm")).drop("comm")
 
 
 def _peer_ratio(df: pl.DataFrame, by: list[str], peers: list[str]) -> pl.DataFrame:

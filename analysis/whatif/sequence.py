@@ -60,10 +60,11 @@ class SequenceConfig:
 def _compute_ops(graph: WhatIfGraph, actual: np.ndarray) -> pl.DataFrame:
     # optype as a two-value enum: every grouping here keys on it, and hashing a byte per op instead of
     # its string took a third off the section at 1,024 workers
-    return graph.ops.with_row_index("row").with_columns(pl.Series("a", actual)).filter(
-        pl.col("optype").is_in([FWD, BWD]) & pl.col("microbatch").is_not_null()).select(
-        "row", "rank", pl.col("dp_rank").fill_null(0), pl.col("stage").fill_null(0), "step", "microbatch",
-        pl.col("optype").cast(pl.Enum([FWD, BWD])), "a", "start_ns")
+    # selected before filtered: a filter copies every column it carries (the graph's 14 at 1.9 M ops)
+    return graph.ops.select(
+        pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"), "rank", pl.col("dp_rank").fill_null(0),
+        pl.col("stage").fill_null(0), "step", "microbatch", pl.col("optype").cast(pl.Enum([FWD, BWD]), strict=False),
+        pl.Series("a", actual), "start_ns").filter(pl.col("optype").is_not_null() & pl.col("microbatch").is_not_null())
 
 
 def per_microbatch(cops: pl.DataFrame) -> pl.DataFrame:

@@ -56,18 +56,27 @@ def test_paths_and_edits_equal_the_wave_plans(graphs, name):
 
 
 @pytest.mark.parametrize("name", ["AR", "SE"])
-def test_edited_step_times_equal_the_wave_plans(graphs, name):
+def test_edited_step_times_equal_the_wave_plans(graphs, name, monkeypatch):
     g, plain = graphs[name]
     delay = path_delays(g)
     rng = np.random.default_rng(40)
-    ops = np.sort(rng.choice(g.ops.height, size=g.ops.height // 7, replace=False))
-    faster = g.actual[ops] * rng.uniform(0.2, 1.0, ops.size)
-    dur = g.actual.copy()
-    dur[ops] = faster
-    want = plain.step_replayer(delay)(dur)
+    edits, wants = [], []
+    for size in (g.ops.height // 7, 1, g.ops.height // 50):
+        ops = np.sort(rng.choice(g.ops.height, size=size, replace=False))
+        faster = g.actual[ops] * rng.uniform(0.2, 1.0, ops.size)
+        dur = g.actual.copy()
+        dur[ops] = faster
+        edits.append((ops, faster))
+        wants.append(plain.step_replayer(delay)(dur))
     order = tpl.order_of(g)
-    np.testing.assert_array_equal(_bits(tpl.edit_replayer(g.template, order, g.actual, delay)(ops, faster)), _bits(want))
-    np.testing.assert_array_equal(_bits(tpl.step_times(g.template, order, dur, delay)), _bits(want))
+    np.testing.assert_array_equal(_bits(tpl.step_times(g.template, order, dur, delay)), _bits(wants[-1]))
+    # the edits as columns of one replay, and (a batch too small for two) one replay each
+    for batch_bytes in (tpl.EDIT_BATCH_BYTES, 1):
+        monkeypatch.setattr(tpl, "EDIT_BATCH_BYTES", batch_bytes)
+        got = tpl.edit_replayer(g.template, order, g.actual, delay)(edits)
+        assert len(got) == len(wants)
+        for a, b in zip(got, wants, strict=True):
+            np.testing.assert_array_equal(_bits(a), _bits(b))
 
 
 def test_op_type_columns_read_by_template_position_equal_every_ops(graphs):

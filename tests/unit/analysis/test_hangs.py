@@ -158,3 +158,17 @@ def test_p2p_ends_numbered_apart_name_nobody_missing():
              "state": "pending", "source": "flight_recorder"}]
     hangs = stuck_collectives(JobFrames.from_frames("j", comm_op=_comm(rows)))
     assert hangs and all(h.missing == [] and not h.root_cause for h in hangs)
+
+
+def test_rank_dumped_twice_with_every_op_done_reports_the_lagging_hang_once():
+    # The gloo flight recorder marks every op done; rank 0 was dumped by two writers (each of its rows twice,
+    # the copies with a different size so a count over them would tip the majority). The duplicates are
+    # left for a stuck point to remove: the hang must be the one the rows without them give.
+    rows = [_ar(r, s, 0, source="flight_recorder", group_ranks=None) for r, n in ((0, 3), (1, 2))
+            for s in range(1, n + 1)]
+    twice = rows + [{**_ar(0, s, 0, source="flight_recorder", group_ranks=None), "size_bytes": 8}
+                    for s in range(1, 4)]
+    once = stuck_collectives(JobFrames.from_frames("j", comm_op=_comm(rows)))
+    dumped_twice = stuck_collectives(JobFrames.from_frames("j", comm_op=_comm(twice)))
+    assert [(h.seq, h.missing, h.evidence) for h in once] == [(3, [1], "lagging")]
+    assert dumped_twice == once
