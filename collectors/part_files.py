@@ -1,4 +1,5 @@
-"""A store's part files: their names, and writing one so that a crash never leaves half a part visible.
+"""A store's part files: their names, writing one so that a crash never leaves half a part visible, and the
+transaction that writes one source's parts before its manifest entry makes them visible (the commit).
 
 Every file is written to a temporary name in its directory and renamed into place. Ingest parts are
 named ``part-<key16>-<time>-<uuid>.parquet`` after their transaction's key (visible only once the
@@ -7,11 +8,13 @@ key's manifest entry exists); live writers' parts carry a sidecar hash instead (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -83,3 +86,64 @@ def write_part(d: Path, rows: pa.Table, prefix: str) -> Path:
         if tmp.exists():
             tmp.unlink()
     return path
+
+
+class Transaction:
+    """Parts written for one source under the writer lock; :meth:`commit` writes the manifest entry.
+
+    ``store``: the :class:`~rankscope.collectors.store.Store` written to (not imported here: the store imports
+    this module)."""
+
+    def __init__(self, store, key: str, keep_rows: bool = False):
+        self.store, self.key = store, key
+        self.written: list[Path] = []
+        self.records: dict[str, dict] = {}
+        """relative path -> ``{sha256, bytes}`` of each part written (the manifest entry's ``parts``)."""
+        self.committed = False
+        self.kept: list[tuple[str, str, Path, pa.Table]] | None = [] if keep_rows else None
+        """``(kind, job, part path, rows)`` of every part written, when asked for: the caller that
+        analyses what it just ingested reuses them instead of reading the Parquet back."""
+
+    def write(self, kind: str, table: pa.Table) -> None:
+        self._note(kind, self._parts(kind, table))
+
+    def write_kinds(self, tables: list[tuple[str, pa.Table]]) -> None:
+        """:meth:`write` of each (kind, table), noted in order; two at once (Arrow's Parquet writer runs without
+        the GIL: AR tiled 16x's comm_op and compute_op parts, 0.41 -> 0.26 s)."""
+        if len(tables) < 2:
+            for kind, table in tables:
+                self.write(kind, table)
+            return
+        with ThreadPoolExecutor(2, thread_name_prefix="rankscope-parts") as pool:
+            done = [pool.submit(self._parts, kind, table) for kind, table in tables]
+        failed = [f.exception() for f in done if f.exception() is not None]
+        for (kind, _), f in zip(tables, done, strict=True):
+            if f.exception() is None:
+                self._note(kind, f.result())  # noted even when another failed: the rollback removes it
+        if failed:
+            raise failed[0]
+
+    def _parts(self, kind: str, table: pa.Table) -> list[tuple[str, Path, pa.Table, dict]]:
+        return [(job, path, rows, part_record(path))
+                for job, path, rows in self.store.write_parts(kind, table, prefix=f"part-{self.key[:16]}")]
+
+    def _note(self, kind: str, parts: list[tuple[str, Path, pa.Table, dict]]) -> None:
+        for job, path, rows, rec in parts:
+            self.written.append(path)
+            self.records[path.relative_to(self.store.root).as_posix()] = rec
+            if self.kept is not None:
+                self.kept.append((kind, job, path, rows))
+
+    def commit(self, entry) -> None:
+        """Write ``entry`` (a :class:`~rankscope.collectors.store.ManifestEntry`) with this transaction's parts."""
+        entry.parts = {**entry.parts, **self.records}
+        self.store.add_manifest(entry)
+        self.committed = True
+
+    def rollback(self) -> None:
+        if self.committed:
+            return
+        self.kept = None if self.kept is None else []
+        for p in set(self.written):
+            with contextlib.suppress(OSError):
+                p.unlink()

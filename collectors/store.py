@@ -47,12 +47,11 @@ from rankscope.collectors.errors import StoreError, UsageError
 from rankscope.collectors.integrity import (
     manifest_problem,
     part_damage,
-    part_record,
     sidecar_record,
     verify_mode,
 )
 from rankscope.collectors.orphans import clean_orphans, find_orphans, note_removed
-from rankscope.collectors.part_files import atomic_write_bytes, ingest_key, write_part
+from rankscope.collectors.part_files import Transaction, atomic_write_bytes, ingest_key, write_part
 from rankscope.collectors.record_class import record
 from rankscope.collectors.schema import SCHEMAS, cast_to, empty, polars_schema, schema, unique_values
 
@@ -451,37 +450,3 @@ class Store:
                 con.register(f"_ds_{kind}", ds)
                 con.execute(f'CREATE VIEW "{kind}" AS SELECT * FROM "_ds_{kind}"')
         return con
-
-
-class Transaction:
-    """Parts written for one source under the writer lock; :meth:`commit` writes the manifest entry."""
-
-    def __init__(self, store: Store, key: str, keep_rows: bool = False):
-        self.store, self.key = store, key
-        self.written: list[Path] = []
-        self.records: dict[str, dict] = {}
-        """relative path -> ``{sha256, bytes}`` of each part written (the manifest entry's ``parts``)."""
-        self.committed = False
-        self.kept: list[tuple[str, str, Path, pa.Table]] | None = [] if keep_rows else None
-        """``(kind, job, part path, rows)`` of every part written, when asked for: the caller that
-        analyses what it just ingested reuses them instead of reading the Parquet back."""
-
-    def write(self, kind: str, table: pa.Table) -> None:
-        for job, path, rows in self.store.write_parts(kind, table, prefix=f"part-{self.key[:16]}"):
-            self.written.append(path)
-            self.records[path.relative_to(self.store.root).as_posix()] = part_record(path)
-            if self.kept is not None:
-                self.kept.append((kind, job, path, rows))
-
-    def commit(self, entry: ManifestEntry) -> None:
-        entry.parts = {**entry.parts, **self.records}
-        self.store.add_manifest(entry)
-        self.committed = True
-
-    def rollback(self) -> None:
-        if self.committed:
-            return
-        self.kept = None if self.kept is None else []
-        for p in set(self.written):
-            with contextlib.suppress(OSError):
-                p.unlink()

@@ -391,8 +391,8 @@ def _write_whole(store: Store, path: Path, name: str, imp, result, key: str, kno
             res.rejects.clear()
             return
         jobs = set()
+        tx.write_kinds(valid)
         for kind, table in valid:
-            tx.write(kind, table)
             res.records[kind] = res.records.get(kind, 0) + table.num_rows
             jobs.update(unique_values(table.column("job")))
         if staged is not None:

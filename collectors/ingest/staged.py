@@ -41,9 +41,10 @@ from rankscope.collectors.flows import flow_files, template_state
 from rankscope.collectors.importers import contract
 from rankscope.collectors.ingest import files
 from rankscope.collectors.orphans import note_removed
+from rankscope.collectors.part_files import Transaction
 from rankscope.collectors.record_class import record
 from rankscope.collectors.schema import unique_values
-from rankscope.collectors.store import ManifestEntry, Store, Transaction
+from rankscope.collectors.store import ManifestEntry, Store
 
 STAGED_DIR = "_staged"
 LOCK_NAME = ".lock"
@@ -78,6 +79,10 @@ class _StagedTransaction(Transaction):
         held.append(table)
         if sum(t.num_rows for t in held) >= PART_ROWS:
             self.flush()
+
+    def write_kinds(self, tables: list[tuple[str, pa.Table]]) -> None:
+        for kind, table in tables:
+            self.write(kind, table)  # gathered, not written: parts come at flush
 
     def flush(self) -> None:
         """Write what is gathered, one part per kind (and job)."""

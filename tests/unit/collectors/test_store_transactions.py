@@ -95,3 +95,46 @@ def test_job_names_checked_on_read(tmp_path):
         with pytest.raises(UsageError):
             st.read("comm_op", job)
     assert check_job_name("A.b_c-1" + "x" * 120) and check_job_name("0")
+
+
+def _rows(kind: str, n: int):
+    import polars as pl
+
+    from rankscope.collectors.schema import conform
+
+    cols = {"job": "j", "rank": list(range(n)), "start_ns": 0, "end_ns": 5, "source": "t"}
+    cols.update({"op": "all_reduce"} if kind == "comm_op" else {"name": "gemm", "category": "gemm"})
+    return conform(pl.DataFrame(cols), kind)
+
+
+def test_kinds_written_at_once_are_noted_in_order_and_kept(tmp_path):
+    from rankscope.collectors.store import ManifestEntry
+
+    st = Store(tmp_path / "st")
+    key = Store.manifest_key("0" * 64, "j")
+    tables = [("comm_op", _rows("comm_op", 3)), ("compute_op", _rows("compute_op", 5))]
+    with st.transaction(key, keep_rows=True) as tx:
+        tx.write_kinds(tables)
+        assert [k for k, *_ in tx.kept] == ["comm_op", "compute_op"]
+        assert [p.parent.parent.name for p in tx.written] == ["comm_op", "compute_op"]
+        tx.commit(ManifestEntry(key=key, source="s", format="t", job="j"))
+    assert st.count("comm_op") == 3 and st.count("compute_op") == 5
+    assert len(st.manifest()[0].parts) == 2
+
+
+def test_a_kind_that_fails_beside_another_leaves_no_part(tmp_path, monkeypatch):
+    from rankscope.collectors.errors import StoreError
+
+    st = Store(tmp_path / "st")
+    real = Store.write_parts
+
+    def failing(self, kind, table, job=None, *, prefix="part"):
+        if kind == "compute_op":
+            raise StoreError("disk full")
+        return real(self, kind, table, job, prefix=prefix)
+
+    monkeypatch.setattr(Store, "write_parts", failing)
+    with pytest.raises(StoreError), st.transaction(Store.manifest_key("1" * 64, "j")) as tx:
+        tx.write_kinds([("comm_op", _rows("comm_op", 3)), ("compute_op", _rows("compute_op", 5))])
+    # the comm_op part written beside the failure was noted, so the rollback removed it
+    assert not list((tmp_path / "st").rglob("*.parquet"))
