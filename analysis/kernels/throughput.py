@@ -123,7 +123,7 @@ def _timed_on_device(compute_op: pl.DataFrame) -> pl.DataFrame:
     g = gemm_rows(compute_op)
     if g.height == 0 or "grid" not in compute_op.columns:
         return g
-    gpu_ranks = compute_op.filter(pl.col("grid").is_not_null())["rank"].unique().to_list()
+    gpu_ranks = compute_op.select("rank", "grid").filter(pl.col("grid").is_not_null())["rank"].unique().to_list()
     return g.filter(~pl.col("rank").is_in(gpu_ranks) | pl.col("grid").is_not_null())
 
 

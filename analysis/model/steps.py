@@ -49,10 +49,11 @@ def rank_step_windows(step_mark: pl.DataFrame, comm_op: pl.DataFrame, compute_op
         t = step_mark.select(pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64),
                              pl.col("start_ns").cast(pl.Int64), pl.col("end_ns").cast(pl.Int64))
     else:
-        parts = [f.filter(pl.col("step").is_not_null())
-                  .select(pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64),
+        # selected before filtered: an eager filter copies every column it carries (comm_op's ~20)
+        parts = [f.select(pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64),
                           pl.col("start_ns").cast(pl.Int64),
                           pl.col("end_ns").fill_null(pl.col("start_ns")).cast(pl.Int64))
+                  .filter(pl.col("step").is_not_null())
                  for f in (comm_op, compute_op) if not f.is_empty() and "step" in f.columns]
         parts = [p for p in parts if not p.is_empty()]
         if not parts:

@@ -28,10 +28,11 @@ def pass_spans(compute_op: pl.DataFrame) -> pl.DataFrame:
     cols = ("rank", "category", "start_ns", "end_ns")
     if compute_op.is_empty() or not all(c in compute_op.columns for c in cols):
         return pl.DataFrame(schema={"rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "category": pl.String})
-    return (compute_op.filter(pl.col("category").is_in(PASSES) & pl.col("start_ns").is_not_null()
-                              & pl.col("end_ns").is_not_null())
-            .select(pl.col("rank").cast(pl.Int64), pl.col("start_ns").cast(pl.Int64),
-                    pl.col("end_ns").cast(pl.Int64), pl.col("category").cast(pl.String)))
+    # selected before filtered: an eager filter copies every column it carries (compute_op's ~20)
+    return (compute_op.select(pl.col("rank").cast(pl.Int64), pl.col("start_ns").cast(pl.Int64),
+                              pl.col("end_ns").cast(pl.Int64), pl.col("category").cast(pl.String))
+            .filter(pl.col("category").is_in(PASSES) & pl.col("start_ns").is_not_null()
+                    & pl.col("end_ns").is_not_null()))
 
 
 def with_pass(comm_op: pl.DataFrame, spans: pl.DataFrame | None) -> pl.DataFrame:

@@ -224,7 +224,7 @@ def link_evidence(graph: WhatIfGraph, actual: np.ndarray, ideal: np.ndarray, at_
         return []
     # With fewer than 3 ranks every transfer crosses the same link(s) both ends share: a slow
     # one cannot be pinned on either end (HTA's 2-rank sample flagged both ranks).
-    if graph.ops.filter(pl.Series(comm))["rank"].n_unique() < MIN_LINK_RANKS:
+    if graph.ops["rank"].filter(pl.Series(comm)).n_unique() < MIN_LINK_RANKS:  # the one column, not the ops
         return []
     df = pl.DataFrame({"rank": graph.ops["rank"], "step": graph.ops["step"], "a": actual, "i": ideal,
                        "comm": comm}).filter(pl.col("comm") & (pl.col("i") > 0)).with_columns(
