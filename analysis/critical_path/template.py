@@ -18,11 +18,10 @@ binding links are read from, is bit-identical to the plan's.
 from __future__ import annotations
 
 from dataclasses import field
-from graphlib import TopologicalSorter
 
 import numpy as np
 
-from rankscope.analysis.whatif.graph import Template, WhatIfGraph
+from rankscope.analysis.whatif.graph import Template, WhatIfGraph, supernode_order
 from rankscope.collectors.record_class import record
 
 
@@ -76,21 +75,12 @@ def order_of(graph: WhatIfGraph) -> TemplateOrder | None:
 def template_order(t: Template) -> TemplateOrder:
     """The replay order of template ``t`` (see :class:`TemplateOrder`)."""
     n_t = t.rows.shape[1]
-    group_of = {m: gid for gid, (members, _) in enumerate(t.groups) for m in members}
+    supers, op_preds, group_of = supernode_order(t)
     synced = sorted(group_of)
-    tail = {m: n_t + k for k, m in enumerate(synced)}
-    preds: list[list[int]] = [[] for _ in range(n_t)]
-    for u, v in zip(t.src.tolist(), t.dst.tolist(), strict=True):
-        preds[v].append(tail.get(u, u))
-
-    def item(node: int) -> tuple:
-        return ("g", group_of[node]) if node < n_t and node in group_of else ("n", node)
-
-    ts: TopologicalSorter = TopologicalSorter()
-    for m in range(n_t):
-        ts.add(item(m), *[item(p) for p in preds[m]])
-    for m in group_of:
-        ts.add(("n", tail[m]), item(m))
+    # here the tail of the k-th synced op is node n_t + k (the order's tails are n_t + op)
+    tail = {n_t + m: n_t + k for k, m in enumerate(synced)}
+    preds = [[tail.get(p, p) for p in ps] for ps in op_preds]
+    items = [(kind, tail.get(x, x) if kind == "n" else x) for kind, x in supers]
     op = np.ascontiguousarray(t.rows.T)
     # int32 places where they fit: the array lives as long as the graph (one entry per op)
     flat = np.empty(op.size, dtype=np.int32 if op.size < 2**31 - 1 else np.int64)
@@ -100,7 +90,7 @@ def template_order(t: Template) -> TemplateOrder:
         reads[p] += 1
     for m in synced:
         reads[m] += 1  # by its tail
-    return TemplateOrder(tuple(ts.static_order()), tuple(tuple(p) for p in preds), n_t,
+    return TemplateOrder(tuple(items), tuple(tuple(p) for p in preds), n_t,
                          np.array(synced, dtype=np.int64), op, flat, tuple(reads))
 
 

@@ -26,6 +26,8 @@ and the simulator (:mod:`rankscope.analysis.whatif.generic`).
 
 from __future__ import annotations
 
+from graphlib import TopologicalSorter
+
 import numpy as np
 import polars as pl
 
@@ -58,6 +60,30 @@ class Template:
     """((members, dp_sync), ...) in template op ids."""
     n_steps: int
     dp: int
+
+
+def supernode_order(t: Template) -> tuple[list[tuple[str, int]], list[list[int]], dict[int, int]]:
+    """One topological order of the template's nodes, as the replays over a template walk them: op ``m`` is
+    node m and the transfer tail of a synced op m is node ``n_t + m``; a sync group's members go at once.
+
+    Returns (the order: ("g", group id) for a group, ("n", node) for a lone op or a tail; per op, its
+    predecessor nodes in template edge order, an edge from a synced op counting from that op's tail; each
+    synced op's group id). The straggler what-if's replay and the critical path's replays share it."""
+    n_t = t.rows.shape[1]
+    member_of = {m: gid for gid, (members, _) in enumerate(t.groups) for m in members}
+    preds: list[list[int]] = [[] for _ in range(n_t)]
+    for u, v in zip(t.src.tolist(), t.dst.tolist(), strict=True):
+        preds[v].append(n_t + u if u in member_of else u)
+
+    def item(node: int) -> tuple[str, int]:
+        return ("g", member_of[node]) if node < n_t and node in member_of else ("n", node)
+
+    ts: TopologicalSorter = TopologicalSorter()
+    for m in range(n_t):
+        ts.add(item(m), *[item(p) for p in preds[m]])
+    for m in member_of:
+        ts.add(("n", n_t + m), item(m))
+    return list(ts.static_order()), preds, member_of
 
 
 @record

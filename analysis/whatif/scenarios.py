@@ -23,11 +23,9 @@ scenario.
 
 from __future__ import annotations
 
-from graphlib import TopologicalSorter
-
 import numpy as np
 
-from rankscope.analysis.whatif.graph import WhatIfGraph
+from rankscope.analysis.whatif.graph import WhatIfGraph, supernode_order
 from rankscope.collectors.record_class import record
 
 MEMORY_BUDGET_BYTES = 256 * 1024 * 1024
@@ -136,26 +134,14 @@ def _plan(graph: WhatIfGraph) -> dict:
         return cached
     t = graph.template
     n_t = t.rows.shape[1]
-    member_of = {}
-    for gid, (members, _) in enumerate(t.groups):
-        for m in members:
-            member_of[m] = gid
-    # node ids: template op m, and tail n_t + m for synced m
-    preds: dict[int, list[int]] = {m: [] for m in range(n_t)}
-    for u, v in zip(t.src.tolist(), t.dst.tolist(), strict=True):
-        preds[v].append(n_t + u if u in member_of else u)
+    supers, op_preds, member_of = supernode_order(t)
+    # node ids: template op m, and tail n_t + m for synced m (whose one predecessor is m)
+    preds: dict[int, list[int]] = dict(enumerate(op_preds))
     for m in member_of:
         preds[n_t + m] = [m]
-
-    def sup(node: int):
-        return ("g", member_of[node]) if node < n_t and node in member_of else ("n", node)
-
-    ts = TopologicalSorter()
-    for node, ps in preds.items():
-        ts.add(sup(node), *[sup(p) for p in ps])
     order = []
     consumers: dict[int, int] = {}
-    for s in ts.static_order():
+    for s in supers:
         if s[0] == "g":
             members, dp_sync = t.groups[s[1]]
             order.append((list(members), bool(dp_sync), [preds[m] for m in members], True))
