@@ -161,7 +161,7 @@ EDIT_BATCH_BYTES = 16 << 20
 
 A replay walks the template's ~1,000 nodes with a few numpy calls each, whatever their width: on the OSDI'25
 traces (64 instances and less) that fixed cost is most of an edit's replay, so nine edits as columns of one
-replay cost about one (AR: the edits 59 -> 20 ms). At 1.9 M ops one edit's layout is 15 MB and an edit's
+replay cost about one (AR: the section's edits 59 -> 27-42 ms, their replays ~11 ms of that). At 1.9 M ops one edit's layout is 15 MB and an edit's
 replay costs the same alone or batched: there each replays alone, and no batch adds to the peak."""
 
 
