@@ -138,3 +138,33 @@ def test_a_kind_that_fails_beside_another_leaves_no_part(tmp_path, monkeypatch):
         tx.write_kinds([("comm_op", _rows("comm_op", 3)), ("compute_op", _rows("compute_op", 5))])
     # the comm_op part written beside the failure was noted, so the rollback removed it
     assert not list((tmp_path / "st").rglob("*.parquet"))
+
+
+def test_tables_of_one_kind_keep_their_order_and_a_late_failure_leaves_no_part(tmp_path, monkeypatch):
+    from rankscope.collectors.errors import StoreError
+    from rankscope.collectors.store import ManifestEntry
+
+    st = Store(tmp_path / "st")
+    key = Store.manifest_key("2" * 64, "j")
+    tables = [("comm_op", _rows("comm_op", 1)), ("compute_op", _rows("compute_op", 2)),
+              ("comm_op", _rows("comm_op", 3)), ("comm_op", _rows("comm_op", 4))]
+    with st.transaction(key, keep_rows=True) as tx:
+        tx.write_kinds(tables)
+        tx.commit(ManifestEntry(key=key, source="s", format="t", job="j"))
+    # a store is read in part-name order: the comm_op tables come back in the order they were given
+    assert st.read("comm_op", "j")["rank"].to_list() == [0, 0, 1, 2, 0, 1, 2, 3]
+    real = Store.write_parts
+    calls = []
+
+    def third_fails(self, kind, table, job=None, *, prefix="part"):
+        calls.append(kind)
+        if kind == "comm_op" and calls.count("comm_op") == 3:
+            raise StoreError("disk full")
+        return real(self, kind, table, job, prefix=prefix)
+
+    monkeypatch.setattr(Store, "write_parts", third_fails)
+    before = set((tmp_path / "st").rglob("*.parquet"))
+    with pytest.raises(StoreError), st.transaction(Store.manifest_key("3" * 64, "j")) as tx:
+        tx.write_kinds(tables)
+    # the two comm_op parts written before the failure, and compute_op's, were noted and rolled back
+    assert set((tmp_path / "st").rglob("*.parquet")) == before
