@@ -226,13 +226,15 @@ def top_edits(graph: WhatIfGraph, seg: pl.DataFrame, actual: np.ndarray, ideal: 
     total = float(seg["dur_ns"].sum())
     on_path = np.zeros(graph.ops.height)
     np.add.at(on_path, seg["op"].to_numpy(), seg["dur_ns"].to_numpy())
-    # nothing on an edit slower than its peers: it changes nothing, and is not replayed
-    cands = [c for c in _candidates(graph, seg, actual, ideal) if np.any(c[-1][1] < actual[c[-1][0]])]
+    # nothing on an edit slower than its peers: it changes nothing, and is not replayed. Each edit's share is
+    # taken as it comes, so its op mask (a byte per op) is not kept until the replays
+    cands = [(kind, what, ranks, stage, link, float(on_path[edited].sum() / total) if total > 0 else 0.0, change)
+             for kind, what, ranks, stage, link, edited, change in _candidates(graph, seg, actual, ideal)
+             if np.any(change[1] < actual[change[0]])]
     times = _replayer(graph, actual, delay)([c[-1] for c in cands])
     out = []
-    for (kind, what, ranks, stage, link, edited, _), t in zip(cands, times, strict=True):
+    for (kind, what, ranks, stage, link, share, _), t in zip(cands, times, strict=True):
         pred = float(np.mean(t))
-        share = float(on_path[edited].sum() / total) if total > 0 else 0.0
         out.append(Edit(kind, what, ranks, stage, link, share, pred, 1.0 - pred / base_ns if base_ns > 0 else 0.0))
     return _narrowest_first(out)[:TOP_EDITS]
 
