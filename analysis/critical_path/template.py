@@ -21,7 +21,7 @@ from dataclasses import field
 
 import numpy as np
 
-from rankscope.analysis.whatif.graph import Template, WhatIfGraph, supernode_order
+from rankscope.analysis.whatif.graph import Template, WhatIfGraph, latest_end, supernode_order
 from rankscope.collectors.record_class import record
 
 
@@ -94,23 +94,6 @@ def template_order(t: Template) -> TemplateOrder:
                          np.array(synced, dtype=np.int64), op, flat, tuple(reads))
 
 
-def _read(end: dict, left: list, p: int) -> np.ndarray:
-    """Node ``p``'s end, let go after its last read."""
-    left[p] -= 1
-    return end[p] if left[p] else end.pop(p)
-
-
-def _ready(end: dict, left: list, preds: tuple, delay: np.ndarray, zero: np.ndarray) -> np.ndarray:
-    """The latest end of ``preds`` (0.0 without any) plus ``delay``: a node's ready time."""
-    if not preds:
-        return zero + delay
-    out = _read(end, left, preds[0])
-    for i, p in enumerate(preds[1:]):
-        # the first maximum makes the array the others go into
-        out = np.maximum(out, _read(end, left, p), out=None if i == 0 else out)
-    return out + delay
-
-
 def _group_start(t: Template, ready: list[np.ndarray], dp_sync: bool) -> np.ndarray:
     """A sync group's start per instance: its members' latest ready, over the step's dp ranks if dp-synced."""
     start = ready[0]
@@ -134,7 +117,7 @@ def _replay(t: Template, order: TemplateOrder, d: np.ndarray, dl: np.ndarray, vi
     for kind, x in order.items:
         if kind == "g":
             members, dp_sync = t.groups[x]
-            ready = [_ready(end, left, order.preds[m], dl[m], zero) for m in members]
+            ready = [latest_end(order.preds[m], end, left, zero) + dl[m] for m in members]
             starts[x] = _group_start(t, ready, dp_sync)
             e = starts[x] + 0.0
             for m, r in zip(members, ready, strict=True):
@@ -142,7 +125,10 @@ def _replay(t: Template, order: TemplateOrder, d: np.ndarray, dl: np.ndarray, vi
                 visit(m, r, e)
             continue
         m = int(order.synced[x - n_t]) if x >= n_t else x
-        r = _read(end, left, m) + 0.0 if x >= n_t else _ready(end, left, order.preds[m], dl[m], zero)
+        if x >= n_t:  # a tail: ready at its op's end + 0.0
+            r = latest_end((m,), end, left, zero) + 0.0
+        else:  # an op: at its predecessors' latest end + its launch delay
+            r = latest_end(order.preds[m], end, left, zero) + dl[m]
         e = end[x] = r + d[m]
         visit(x, r, e)
         if not left[x]:

@@ -86,6 +86,22 @@ def supernode_order(t: Template) -> tuple[list[tuple[str, int]], list[list[int]]
     return list(ts.static_order()), preds, member_of
 
 
+def latest_end(preds, end: dict, left, zeros: np.ndarray) -> np.ndarray:
+    """The latest end of the nodes ``preds`` (``zeros`` without any), as the replays over a template read their
+    predecessors: each one's count of reads still to come (``left``) goes down, and its end leaves ``end`` after
+    its last read. The array returned may be one of ``end``'s, so it is read, never written into."""
+    if not preds:
+        return zeros
+    out = end[preds[0]] if len(preds) == 1 else np.maximum(end[preds[0]], end[preds[1]])
+    for p in preds[2:]:
+        np.maximum(out, end[p], out=out)
+    for p in preds:
+        left[p] -= 1
+        if left[p] == 0:
+            del end[p]
+    return out
+
+
 @record
 class _PlanMaps:
     """A graph's replay plan and the maps between op ids and the plan's nodes (flat arrays)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rankscope.analysis.whatif.graph import WhatIfGraph, supernode_order
+from rankscope.analysis.whatif.graph import WhatIfGraph, latest_end, supernode_order
 from rankscope.collectors.record_class import record
 
 MEMORY_BUDGET_BYTES = 256 * 1024 * 1024
@@ -199,21 +199,6 @@ def _lanes(choice: np.ndarray, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     return first % k, first // k, lane.reshape(dp, k).T.copy()
 
 
-def _ready(ps: list[int], end: dict[int, np.ndarray], left: dict[int, int], zeros: np.ndarray) -> np.ndarray:
-    """The latest end of the predecessors ``ps`` (``zeros`` without any); each predecessor's count of consumers
-    still to read it (``left``) goes down, and its end leaves ``end`` when none is left."""
-    if not ps:
-        return zeros
-    out = end[ps[0]] if len(ps) == 1 else np.maximum(end[ps[0]], end[ps[1]])
-    for p in ps[2:]:
-        np.maximum(out, end[p], out=out)
-    for p in ps:
-        left[p] -= 1
-        if left[p] == 0:
-            del end[p]
-    return out
-
-
 def _lane_replay(t, plan: dict, tab: np.ndarray, choice: np.ndarray, delay: np.ndarray | None) -> np.ndarray:
     """The template replay of scenarios whose choice is the same in every step (``choice``: (template ops,
     K, dp) bool, True for actual), in lanes: a lane is a (scenario, dp rank) pair, a row of its ends over
@@ -237,7 +222,7 @@ def _lane_replay(t, plan: dict, tab: np.ndarray, choice: np.ndarray, delay: np.n
     left = dict(plan["consumers"])
 
     def ready(ps: list[int], zeros: np.ndarray) -> np.ndarray:
-        return _ready(ps, end, left, zeros)
+        return latest_end(ps, end, left, zeros)
 
     def run(order: list, lane_c: np.ndarray, lane_j: np.ndarray, inst_end: np.ndarray) -> None:
         zeros = np.zeros_like(inst_end)
@@ -327,7 +312,7 @@ def _template_replay(graph: WhatIfGraph, plan: dict, actual: np.ndarray, ideal: 
     # the loop is bound by memory traffic on (instances x K) matrices: maxima and sums go into arrays this
     # replay made itself (never into ``end``'s, which later nodes read) instead of a new array each
     def ready(ps: list[int]) -> np.ndarray:
-        return _ready(ps, end, left, zeros)
+        return latest_end(ps, end, left, zeros)
 
     delay_t = None if launch_delay is None else launch_delay[t.rows]
     # without a negative duration or launch delay an op ends no later than every op that waits for it, in its
