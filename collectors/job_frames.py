@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import polars as pl
 
 from rankscope.collectors.record_class import record
@@ -53,8 +54,9 @@ class JobFrames:
         from rankscope.collectors.schema import empty
 
         full = {k: frames.get(k, pl.from_arrow(empty(k))) for k in KINDS_FOR_ANALYSIS}
+        # a select, not df["source"]: that would write a broadcast column's rows into the frame
         srcs = sorted({s for df in full.values() if "source" in df.columns
-                       for s in df["source"].drop_nulls().unique().to_list()})
+                       for s in df.select(pl.col("source").drop_nulls().unique()).to_series().to_list()})
         return cls(job=job, sources=srcs, **full)
 
 
@@ -64,9 +66,9 @@ def load_job(store: Store, job: str, flow_job: str | None = None, fresh: FreshRo
     ``fresh``: rows this process just ingested; kinds it holds whole are taken from memory, not re-read."""
     store = store.snapshot()  # one set of commits for every kind and the manifest
     held = fresh.frames(store, job, KINDS_FOR_ANALYSIS) if fresh is not None else {}
-    frames = {k: nulls_unstored(held[k] if k in held else store.read(k, job)) for k in KINDS_FOR_ANALYSIS}
+    frames = {k: constants_unstored(held[k] if k in held else store.read(k, job)) for k in KINDS_FOR_ANALYSIS}
     if flow_job is not None and flow_job != job:
-        frames["flow"] = nulls_unstored(store.read("flow", flow_job))
+        frames["flow"] = constants_unstored(store.read("flow", flow_job))
     jf = JobFrames.from_frames(job, **frames)
     man = [m for m in store.manifest() if job in m.job.split(",") or m.job == job]
     jf.relative_time = any(m.relative_time for m in man)
@@ -86,17 +88,57 @@ def load_job(store: Store, job: str, flow_job: str | None = None, fresh: FreshRo
     return jf
 
 
+def constants_unstored(df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` with each column that holds one value in every row (null included) as a broadcast of that
+    value, which holds no per-row buffer, and is kept one through selects, filters, joins and sorts.
+
+    A file's records repeat what its format or its source fixes: the job, the source path, a state, and the
+    schema's columns the format does not fill (stored as typed nulls). On the OSDI'25 AR trace tiled 16x that
+    is 30 of comm_op's and compute_op's 52 columns; the five filled ones (job, source, state) took 45 of their
+    179 MB, and every filter and copy of the frames carried them (peak of ``analyze --ingest`` 1,202-1,205 ->
+    1,051-1,149 MiB, 4 runs)."""
+    if df.height < 2:
+        return df
+    same = [c for c in df.columns if _one_value(df.get_column(c))]
+    if not same:
+        return df
+    return df.with_columns(pl.col(c).first() for c in same)
+
+
 def nulls_unstored(df: pl.DataFrame) -> pl.DataFrame:
-    """``df`` with each column that is null in every row as a broadcast null of its type, which holds no
-    per-row buffer. The schema's columns a format does not fill are stored as typed nulls: half the columns
-    of an OSDI'25 trace, 8 bytes a row each (~190 MB of AR tiled 16x's 350 MB of rows)."""
-    if df.height == 0:
-        return df
-    counts = df.null_count().row(0)
-    empty = [c for c, n in zip(df.columns, counts, strict=True) if n == df.height]
-    if not empty:
-        return df
-    return df.with_columns(pl.lit(None, dtype=df.schema[c]).alias(c) for c in empty)
+    """The former name of :func:`constants_unstored` (a null in every row is one value too)."""
+    return constants_unstored(df)
+
+
+def _one_value(s: pl.Series) -> bool:
+    """Whether every row of ``s`` holds the same value, bit for bit (a float 0.0 beside a -0.0, or a NaN, is
+    not one value; a list column is one when every list has the same values, no null among them)."""
+    nulls = s.null_count()
+    if nulls:
+        return nulls == s.len()
+    if isinstance(s.dtype, pl.List):
+        sizes = s.list.len()
+        if sizes.min() != sizes.max():
+            return False
+        inner = s.explode()
+        if inner.null_count() or not inner.dtype.is_numeric():
+            return False
+        # each list's values as one row of a matrix: one comparison with the first row, not a list per row
+        return _same_rows(inner.to_numpy().reshape(s.len(), -1))
+    if s.dtype.is_numeric():
+        return _same_rows(s.to_numpy())
+    if s.dtype in (pl.String, pl.Boolean) or s.dtype.is_temporal():
+        return s[0] == s[-1] and bool((s == s[0]).all())
+    return False  # other nested or object types: left as they are
+
+
+def _same_rows(a: np.ndarray) -> bool:
+    """Whether every row (element, for 1-d) of ``a`` equals the first, bit for bit."""
+    if a.dtype.kind == "f":
+        a = a.view(f"u{a.dtype.itemsize}")
+    elif a.dtype.kind not in "iub":
+        return False
+    return bool((a[-1] == a[0]).all()) and bool((a == a[0]).all())
 
 
 def _add_named(jf: JobFrames, groups: object, seen: set[tuple]) -> None:

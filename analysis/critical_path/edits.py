@@ -87,7 +87,7 @@ def _string_columns(graph: WhatIfGraph) -> tuple[np.ndarray, np.ndarray, np.ndar
     if order is not None:
         cols = cols[order.op[:, 0]]
     optype = cols["optype"]
-    types = optype.unique().sort()
+    types = optype.unique().sort().cast(pl.String)  # the same lexical order from a String or Categorical column
     # an enum of the few op types: 4x faster than a categorical cast of ~2 M strings
     kind = optype.cast(pl.Enum(types)).to_physical().to_numpy()
     kind = kind.astype(np.min_scalar_type(max(types.len() - 1, 0)))

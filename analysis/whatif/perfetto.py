@@ -72,7 +72,8 @@ def perfetto_events(graph: WhatIfGraph, ideal: np.ndarray) -> pl.DataFrame:
     start, end, i_start, i_end = _timelines(graph, ideal)
     tid_of = _tids(graph)
     base = ops.select(
-        pl.col("optype").fill_null("op").alias("name"), pl.col("stream").alias("cat"),
+        # strings, as the metadata events these go beside (the osdi graph holds both as categories)
+        pl.col("optype").cast(pl.String).fill_null("op").alias("name"), pl.col("stream").cast(pl.String).alias("cat"),
         pl.col("rank").cast(pl.Int64),
         pl.col("stream").replace_strict(tid_of, return_dtype=pl.Int64).alias("tid"),
         pl.struct(pl.col("step"), pl.col("microbatch"), pl.col("stage")).alias("args"))

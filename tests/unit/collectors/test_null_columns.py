@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from rankscope.collectors.fresh_rows import FreshRows
-from rankscope.collectors.job_frames import load_job, nulls_unstored
+from rankscope.collectors.job_frames import constants_unstored, load_job, nulls_unstored
 from rankscope.collectors.schema import validate
 from rankscope.collectors.store import ManifestEntry, Store
 
@@ -33,3 +33,22 @@ def test_rows_handed_over_equal_the_rows_read_back(tmp_path):
     assert fresh.schema == stored.schema
     assert fresh.equals(stored)
     assert stored["m"].null_count() == stored.height  # a schema column this format does not fill
+
+
+def test_one_value_columns_are_broadcast_with_their_values_and_types():
+    """A column with one value in every row is held as a broadcast (no per-row buffer) and reads back the same;
+    a column that differs anywhere, bit for bit, is left as it is."""
+    n = 1000
+    df = pl.DataFrame({
+        "job": ["j"] * n, "rank": list(range(n)), "pid": [7] * n,
+        "ranks": pl.Series([[0, 1, 2]] * n, dtype=pl.List(pl.Int32)),
+        "mixed_lists": pl.Series([[0, 1]] * (n - 1) + [[0, 2]], dtype=pl.List(pl.Int32)),
+        "zeros": pl.Series([0.0] * (n - 1) + [-0.0]), "half": pl.Series([None] * (n - 1) + [1], dtype=pl.Int64),
+        "last_differs": ["a"] * (n - 1) + ["b"],
+    })
+    out = constants_unstored(df)
+    per_row = {c: df.select(c).estimated_size() for c in df.columns}
+    held = {c: out.select(c).estimated_size() for c in df.columns}  # before a comparison materialises them
+    assert {c for c in df.columns if held[c] < per_row[c] // 10} == {"job", "pid", "ranks"}
+    assert out.schema == df.schema and out.equals(df)
+    assert str(out["zeros"].to_list()[-1]) == "-0.0"
