@@ -8,8 +8,8 @@ of every later collection) took 0.10-0.18 s CPU off ``analyze --ingest`` on the 
 0.49 s, AR 1.13 -> 0.95 s, median of 5; peak memory unchanged). The collector runs as usual afterwards for
 everything the command allocates.
 
-The rest fits the process to its work before the libraries load: numpy's BLAS without idle threads, and
-one allocator arena for small inputs.
+The rest fits the process to its work before the libraries load: numpy's BLAS without idle threads, one
+allocator arena for small inputs, and big blocks handed back to the system when freed.
 """
 
 from __future__ import annotations
@@ -49,6 +49,40 @@ def blas_without_threads() -> None:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+MMAP_THRESHOLD_BYTES = 8 << 20
+"""Blocks from this size up are mapped on their own by glibc's malloc and handed back when freed
+(:func:`big_blocks_returned`): a per-op float64 array from ~1 M ops up."""
+
+
+def big_blocks_returned() -> None:
+    """Fix glibc malloc's mmap threshold at :data:`MMAP_THRESHOLD_BYTES`, unless the user tuned malloc.
+
+    glibc raises the threshold to the size of each mapped block that is freed (up to 32 MiB), so after the
+    first big numpy temporary every later one up to that size comes from the heap, and freed heap blocks
+    stay in the process: beneath a live block they cannot be trimmed, and polars, which allocates from its
+    own jemalloc, cannot reuse them. A what-if builds and drops many such arrays (15 MB per float64 at
+    1.9 M ops): ~215 MiB of freed heap stayed resident through the straggler and critical-path sections of
+    AR tiled 16x (a ``malloc_trim`` afterwards gave it back). A fixed threshold also stops the dynamic one.
+
+    The threshold trades memory for page faults: a block mapped afresh is zeroed by the kernel on first
+    touch, where a reused heap block is not. ``analyze --ingest`` on AR tiled 16x (4 interleaved runs each,
+    with polars' pages returned without their lazy stage, :func:`lean_allocators`): dynamic 986 MiB mean
+    peak, 4.61 s; 16 MiB 904 MiB, 4.54 s; 8 MiB 889 MiB, 4.63 s; 4 MiB 859 MiB, 4.86 s. On the OSDI'25 AR
+    trace, whose arrays are mostly below any of these, 0.95 s either way. Not glibc (no ``mallopt``):
+    nothing to do."""
+    if any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
+                                     "MALLOC_MMAP_MAX_")):
+        return
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    m_mmap_threshold = -3  # malloc.h
+    mallopt(ctypes.c_int(m_mmap_threshold), ctypes.c_int(MMAP_THRESHOLD_BYTES))
+
+
 SMALL_INPUT_BYTES = 16 << 20
 """Inputs (files on disk) under this size get :func:`lean_allocators`: their whole analysis works on a few tens
 of MiB of rows, so what the allocators keep in reserve, not the rows, decides the peak."""
@@ -72,8 +106,8 @@ def input_bytes(paths, stop_above: int = SMALL_INPUT_BYTES) -> int:
 
 def lean_allocators(inputs) -> None:
     """One jemalloc arena for polars instead of one per thread (4 per core) when the files ``inputs`` (the
-    command's store and trace paths) are small; only before polars loads, and never over the user's own
-    ``_RJEM_MALLOC_CONF``.
+    command's store and trace paths) are small, and freed pages handed back without a lazy stage; only
+    before polars loads, and never over the user's own ``_RJEM_MALLOC_CONF``.
 
     The pages one thread of polars' pool frees stay in that thread's arena while the next operation
     allocates in another's, so each arena grows to the largest working set it ever saw: one arena lets
@@ -82,6 +116,15 @@ def lean_allocators(inputs) -> None:
     also on AR tiled 8x along DP (940k ops, 2 cores: 3.80 -> 3.74 s CPU, 910 -> 873 MiB). For small
     inputs only (:data:`SMALL_INPUT_BYTES`): with many cores, one arena would serialise polars' threads
     whenever they allocate large buffers (not measured here: 2 cores). A fixed glibc mmap threshold
-    (``mallopt``) took another 8 MiB off AR and SE but cost ~0.05 s CPU there and 19% at 8x: not used."""
-    if "polars" not in sys.modules and input_bytes(inputs) <= SMALL_INPUT_BYTES:
-        os.environ.setdefault("_RJEM_MALLOC_CONF", "narenas:1")
+    (``mallopt``) took another 8 MiB off AR and SE but cost ~0.05 s CPU there and 19% at 8x: not used then;
+    see :func:`big_blocks_returned` for the one used now.
+
+    Pages polars frees go back to the system at once after their decay (``muzzy_decay_ms:0``), at every
+    input size: polars' own setting (500 ms dirty, then 1 s "muzzy") first marks them ``MADV_FREE``, which
+    leaves them counted in the process' resident memory until the kernel needs them, so a 5 s analysis
+    carries most of what polars freed in its last 1.5 s. Peak of ``analyze --ingest`` on AR tiled 16x
+    926-975 -> 889-933 MiB (3 runs each), wall time within the runs' noise."""
+    if "polars" in sys.modules:
+        return
+    small = input_bytes(inputs) <= SMALL_INPUT_BYTES
+    os.environ.setdefault("_RJEM_MALLOC_CONF", "narenas:1,muzzy_decay_ms:0" if small else "muzzy_decay_ms:0")

@@ -58,10 +58,16 @@ def _load(with_ingest: bool, inputs=()) -> None:
     """The command's libraries, loaded once and kept out of the garbage collector's way (cli/startup.py).
 
     ``inputs``: the files and directories the command reads (store, --ingest paths), to size its allocators."""
-    from rankscope.cli.startup import blas_without_threads, import_frozen, lean_allocators
+    from rankscope.cli.startup import (
+        big_blocks_returned,
+        blas_without_threads,
+        import_frozen,
+        lean_allocators,
+    )
 
     blas_without_threads()
     lean_allocators(inputs)
+    big_blocks_returned()
     modules = ["polars", "numpy", "pyarrow.parquet", "rankscope.analysis.diagnose", "rankscope.analysis.runner.plan",
                "rankscope.analysis.report.summary", "rankscope.dashboard.report_text"]
     if with_ingest:

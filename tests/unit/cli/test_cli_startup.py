@@ -1,11 +1,14 @@
-"""cli/startup.py: sizing the inputs, the allocator choice for small ones, releasing code pages."""
+"""cli/startup.py: sizing the inputs, the allocator choice for small ones, big blocks handed back."""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
+
+import pytest
 
 from rankscope.cli.startup import SMALL_INPUT_BYTES, input_bytes
 
@@ -43,8 +46,8 @@ def test_one_arena_for_small_inputs_only(tmp_path):
     small.write_bytes(b"x" * 100)
     with big.open("wb") as f:  # sparse: its size, not its blocks, is what counts
         f.truncate(SMALL_INPUT_BYTES + 1)
-    assert _arena_conf([str(small)]) == {"conf": "narenas:1"}
-    assert _arena_conf([str(small), str(big)]) == {"conf": None}
+    assert _arena_conf([str(small)]) == {"conf": "narenas:1,muzzy_decay_ms:0"}
+    assert _arena_conf([str(small), str(big)]) == {"conf": "muzzy_decay_ms:0"}
 
 
 def test_the_users_allocator_setting_wins(tmp_path):
@@ -57,3 +60,36 @@ def test_no_arena_setting_once_polars_is_loaded(tmp_path):
     code = ("import json, os, polars\nfrom rankscope.cli.startup import lean_allocators\n"
             f"lean_allocators([{str(tmp_path)!r}])\nprint(json.dumps({{'conf': os.environ.get('_RJEM_MALLOC_CONF')}}))")
     assert "narenas" not in (_run(code)["conf"] or "")
+
+
+_FREED_HEAP = """
+import json
+import numpy as np
+from rankscope.cli.startup import MMAP_THRESHOLD_BYTES as THRESHOLD, big_blocks_returned
+assert THRESHOLD + (4 << 20) < 24 << 20  # below the freed block that raises the dynamic threshold
+if {fixed}:
+    big_blocks_returned()
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+a = np.ones(24 << 20, np.uint8)
+del a  # a mapped block freed: glibc's dynamic threshold rises to its size
+before = rss()
+blocks = [np.ones(THRESHOLD + (4 << 20), np.uint8) for _ in range(10)]
+guard = np.ones(1 << 20, np.uint8)  # above them on the heap (no free chunk below fits it): no trim beneath
+del blocks
+print(json.dumps({{"kept": rss() - before}}))
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc malloc's mmap threshold")
+def test_freed_big_blocks_leave_the_process():
+    """Ten arrays just above the threshold, freed: with the fixed threshold they were mapped apart and are
+    gone; with glibc's dynamic one (the control) they came from the heap and stay resident."""
+    assert _run(_FREED_HEAP.format(fixed=True))["kept"] < 20 << 20
+    assert _run(_FREED_HEAP.format(fixed=False))["kept"] > 80 << 20
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc malloc's mmap threshold")
+def test_the_users_malloc_tuning_wins():
+    code = _FREED_HEAP.format(fixed=True)
+    assert _run(code, MALLOC_MMAP_THRESHOLD_=str(64 << 20))["kept"] > 80 << 20

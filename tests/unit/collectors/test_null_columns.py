@@ -52,3 +52,30 @@ def test_one_value_columns_are_broadcast_with_their_values_and_types():
     assert {c for c in df.columns if held[c] < per_row[c] // 10} == {"job", "pid", "ranks"}
     assert out.schema == df.schema and out.equals(df)
     assert str(out["zeros"].to_list()[-1]) == "-0.0"
+
+
+def test_validated_null_columns_share_one_zeroed_buffer(tmp_path):
+    """The kind's columns a format leaves out come out of validate as Arrow nulls of their declared types, over
+    one shared buffer (not a zeroed buffer of 8 bytes a row each), and read back from the store as nulls."""
+    import pyarrow as pa
+
+    n = 5000
+    rows = pl.DataFrame({"job": ["j"] * n, "rank": [0] * n, "name": ["gemm"] * n, "category": ["gemm"] * n,
+                         "start_ns": list(range(n)),
+                         "end_ns": list(range(1, n + 1)), "source": ["t"] * n})
+    table = validate(rows, "compute_op").table
+    empty = [f for f in table.schema if table.column(f.name).null_count == n]
+    assert {f.name for f in empty} >= {"m", "n", "k", "flops", "host", "grid"}
+    for f in empty:
+        col = table.column(f.name).combine_chunks()
+        col.validate(full=True)
+        assert col.equals(pa.nulls(n, type=f.type))
+    values = {table.column(f.name).chunk(0).buffers()[1].address for f in empty
+              if pa.types.is_int64(f.type) or pa.types.is_float64(f.type)}
+    assert len(values) == 1  # int64 and float64 columns alike: one buffer
+    store = Store(tmp_path / "st")
+    with store.transaction("ef" * 16) as tx:
+        tx.write("compute_op", table)
+        tx.commit(ManifestEntry(key="ef" * 16, source="x", format="t", job="j", sha256="0"))
+    back = store.read("compute_op", "j")
+    assert all(back[f.name].null_count() == n for f in empty) and back["end_ns"].to_list() == list(range(1, n + 1))
