@@ -413,13 +413,14 @@ def validate(table: pa.Table | pl.DataFrame, kind: str) -> Validated:
 
 def _arrow_of(df: pl.DataFrame, sch: pa.Schema) -> pa.Table:
     """``df`` (the kind's columns, in order) as an Arrow table of schema ``sch``; its columns that are null in
-    every row share one zeroed buffer for their values and validity, not a buffer each.
+    every row share one zeroed buffer for their validity, values and offsets.
 
-    A format fills only some of a kind's columns: the rest are null in every row, and an Arrow null array
-    of a fixed-width type holds a zeroed buffer of 8 bytes a row. On the OSDI'25 AR trace tiled 16x that was
-    25 columns, ~120 MB of pages written while ingest validated and wrote its parts, the peak of
-    ``analyze --ingest``. The shared buffer comes from calloc: its pages are the kernel's zero page until
-    written, and nothing writes them."""
+    A format fills only some of a kind's columns: the rest are null in every row. polars exports a null
+    column of a number type over one shared buffer already, but its strings and lists come out as string
+    views and large lists, and the cast to the kind's types gave each its own offsets and validity (4-5 bytes
+    a row). On the OSDI'25 AR trace tiled 16x: the Arrow memory ingest holds for the validated rows, comm_op
+    51 -> 25 MiB, compute_op 28 -> 14 MiB, through the parts' writes. The shared buffer comes from calloc:
+    its pages are the kernel's zero page until written, and nothing writes them."""
     n = df.height
     nulls = {c for c, k in zip(df.columns, df.null_count().row(0), strict=True) if k == n}
     if not nulls:

@@ -70,9 +70,10 @@ def test_validated_null_columns_share_one_zeroed_buffer(tmp_path):
         col = table.column(f.name).combine_chunks()
         col.validate(full=True)
         assert col.equals(pa.nulls(n, type=f.type))
-    values = {table.column(f.name).chunk(0).buffers()[1].address for f in empty
-              if pa.types.is_int64(f.type) or pa.types.is_float64(f.type)}
-    assert len(values) == 1  # int64 and float64 columns alike: one buffer
+    # values of numbers, offsets of strings and lists alike: one buffer (a cast of a string null column from
+    # polars' export would allocate its own offsets)
+    held = {table.column(f.name).chunk(0).buffers()[1].address for f in empty}
+    assert {pa.types.is_string(f.type) for f in empty} == {True, False} and len(held) == 1
     store = Store(tmp_path / "st")
     with store.transaction("ef" * 16) as tx:
         tx.write("compute_op", table)
