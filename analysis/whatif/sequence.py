@@ -318,6 +318,9 @@ def balanced_sequences(graph: WhatIfGraph, actual: np.ndarray, T: float, T_ideal
         detected = bool(np.isfinite(r) and r >= config.min_pearson) or by_agreement
     new = actual.copy()
     new[bal["row"].to_numpy()] = bal["new"].to_numpy()
+    # the section's frames go before the balanced job's replay, which is its peak (AR tiled 16x: ~120 MB
+    # of compute ops per microbatch and their balanced durations)
+    del cops, per_mb, bal
     sc = Scenarios(np.zeros(len(actual), dtype=np.int64), np.array([[True]]), np.array([False]))
     t_bal = float(step_times(graph, new, new, sc)[:, 0].mean())
     gap = T - T_ideal

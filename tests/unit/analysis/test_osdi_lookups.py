@@ -55,3 +55,12 @@ def test_template_ids_of_keys_too_wide_to_pack_are_the_joins_too():
     keys = ["optype", "seq", "stage"]
     want = ops.join(t.select(*keys, "tid"), on=keys, how="left", maintain_order="left")["tid"].fill_null(-1)
     assert _template_ids(ops, t, *_op_type_codes(ops["optype"])).tolist() == want.to_list()
+
+
+def test_step_and_seq_narrowed_only_where_they_fit():
+    from rankscope.analysis.whatif.osdi import _narrowed
+
+    ops = pl.DataFrame({"step": [0, 5, None], "seq": [1, 2**31, 3]})
+    out = ops.with_columns(_narrowed(ops, "step", "seq"))
+    assert out.schema == {"step": pl.Int32, "seq": pl.Int64}
+    assert out.to_dict(as_series=False) == ops.to_dict(as_series=False)
