@@ -50,26 +50,31 @@ def blas_without_threads() -> None:
 
 
 MMAP_THRESHOLD_BYTES = 8 << 20
-"""Blocks from this size up are mapped on their own by glibc's malloc and handed back when freed
-(:func:`big_blocks_returned`): a per-op float64 array from ~1 M ops up."""
+"""Blocks from this size up are mapped on their own by glibc's malloc and handed back when freed, for small
+inputs (:func:`big_blocks_returned`): a per-op float64 array from ~1 M ops up."""
+MMAP_THRESHOLD_BIG_INPUT_BYTES = 32 << 20
+"""The same for inputs over :data:`SMALL_INPUT_BYTES`: glibc's own ceiling for its dynamic threshold."""
 
 
-def big_blocks_returned() -> None:
-    """Fix glibc malloc's mmap threshold at :data:`MMAP_THRESHOLD_BYTES`, unless the user tuned malloc.
+def big_blocks_returned(inputs) -> None:
+    """Fix glibc malloc's mmap threshold, unless the user tuned malloc: :data:`MMAP_THRESHOLD_BYTES` when the
+    files ``inputs`` are small, else :data:`MMAP_THRESHOLD_BIG_INPUT_BYTES`.
 
-    glibc raises the threshold to the size of each mapped block that is freed (up to 32 MiB), so after the
-    first big numpy temporary every later one up to that size comes from the heap, and freed heap blocks
-    stay in the process: beneath a live block they cannot be trimmed, and polars, which allocates from its
-    own jemalloc, cannot reuse them. A what-if builds and drops many such arrays (15 MB per float64 at
-    1.9 M ops): ~215 MiB of freed heap stayed resident through the straggler and critical-path sections of
-    AR tiled 16x (a ``malloc_trim`` afterwards gave it back). A fixed threshold also stops the dynamic one.
+    glibc raises the threshold to the size of each mapped block that is freed (up to 32 MiB), and its trim
+    threshold to twice that, so after the first big numpy temporary every later one up to that size comes
+    from the heap, and freed heap blocks stay in the process: beneath a live block they cannot be trimmed,
+    and polars, which allocates from its own jemalloc, cannot reuse them. A what-if builds and drops many
+    such arrays (15 MB per float64 at 1.9 M ops): ~215 MiB of freed heap stayed resident through the
+    straggler and critical-path sections of AR tiled 16x (a ``malloc_trim`` afterwards gave it back).
 
     The threshold trades memory for page faults: a block mapped afresh is zeroed by the kernel on first
-    touch, where a reused heap block is not. ``analyze --ingest`` on AR tiled 16x (4 interleaved runs each,
-    with polars' pages returned without their lazy stage, :func:`lean_allocators`): dynamic 986 MiB mean
-    peak, 4.61 s; 16 MiB 904 MiB, 4.54 s; 8 MiB 889 MiB, 4.63 s; 4 MiB 859 MiB, 4.86 s. On the OSDI'25 AR
-    trace, whose arrays are mostly below any of these, 0.95 s either way. Not glibc (no ``mallopt``):
-    nothing to do."""
+    touch (numpy asks for huge pages from 4 MiB up), where a reused heap block is not. ``analyze --ingest``
+    on AR tiled 16x (4 interleaved runs each, with :func:`lean_allocators`): dynamic 986 MiB mean peak,
+    4.61 s; 32 MiB 891 MiB, 4.34 s; 16 MiB 904 MiB, 4.54 s; 8 MiB 856-889 MiB, 4.49-4.63 s; 4 MiB 859 MiB,
+    4.86 s. On the OSDI'25 AR trace, whose arrays are mostly below any of these, 0.90 s either way. But
+    16,384 simulated GPUs allocate many blocks of 8-32 MiB: at 8 MiB their analysis took 229-243 s against
+    157 s; at 32 MiB it took 147 s and peaked at 7.04 GiB against 7.81 (the fixed trim threshold gives the
+    heap's top back sooner). Not glibc (no ``mallopt``): nothing to do."""
     if any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
                                      "MALLOC_MMAP_MAX_")):
         return
@@ -79,8 +84,10 @@ def big_blocks_returned() -> None:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return
+    small = input_bytes(inputs) <= SMALL_INPUT_BYTES
     m_mmap_threshold = -3  # malloc.h
-    mallopt(ctypes.c_int(m_mmap_threshold), ctypes.c_int(MMAP_THRESHOLD_BYTES))
+    threshold = MMAP_THRESHOLD_BYTES if small else MMAP_THRESHOLD_BIG_INPUT_BYTES
+    mallopt(ctypes.c_int(m_mmap_threshold), ctypes.c_int(threshold))
 
 
 SMALL_INPUT_BYTES = 16 << 20
@@ -105,8 +112,8 @@ def input_bytes(paths, stop_above: int = SMALL_INPUT_BYTES) -> int:
 
 
 def lean_allocators(inputs) -> None:
-    """One jemalloc arena for polars instead of one per thread (4 per core) when the files ``inputs`` (the
-    command's store and trace paths) are small, and freed pages handed back without a lazy stage; only
+    """One jemalloc arena for polars instead of one per thread (4 per core), and freed pages handed back
+    without a lazy stage, when the files ``inputs`` (the command's store and trace paths) are small; only
     before polars loads, and never over the user's own ``_RJEM_MALLOC_CONF``.
 
     The pages one thread of polars' pool frees stay in that thread's arena while the next operation
@@ -119,12 +126,11 @@ def lean_allocators(inputs) -> None:
     (``mallopt``) took another 8 MiB off AR and SE but cost ~0.05 s CPU there and 19% at 8x: not used then;
     see :func:`big_blocks_returned` for the one used now.
 
-    Pages polars frees go back to the system at once after their decay (``muzzy_decay_ms:0``), at every
-    input size: polars' own setting (500 ms dirty, then 1 s "muzzy") first marks them ``MADV_FREE``, which
+    Pages polars frees go back to the system at once after their decay (``muzzy_decay_ms:0``), for small
+    inputs too: polars' own setting (500 ms dirty, then 1 s "muzzy") first marks them ``MADV_FREE``, which
     leaves them counted in the process' resident memory until the kernel needs them, so a 5 s analysis
     carries most of what polars freed in its last 1.5 s. Peak of ``analyze --ingest`` on AR tiled 16x
-    926-975 -> 889-933 MiB (3 runs each), wall time within the runs' noise."""
-    if "polars" in sys.modules:
-        return
-    small = input_bytes(inputs) <= SMALL_INPUT_BYTES
-    os.environ.setdefault("_RJEM_MALLOC_CONF", "narenas:1,muzzy_decay_ms:0" if small else "muzzy_decay_ms:0")
+    926-975 -> 889-933 MiB (3 runs each), wall time within the runs' noise. 16,384 simulated GPUs (a big
+    input, left to polars' setting): the same peak, and 229 against 243 s without it."""
+    if "polars" not in sys.modules and input_bytes(inputs) <= SMALL_INPUT_BYTES:
+        os.environ.setdefault("_RJEM_MALLOC_CONF", "narenas:1,muzzy_decay_ms:0")

@@ -67,7 +67,7 @@ def _load(with_ingest: bool, inputs=()) -> None:
 
     blas_without_threads()
     lean_allocators(inputs)
-    big_blocks_returned()
+    big_blocks_returned(inputs)
     modules = ["polars", "numpy", "pyarrow.parquet", "rankscope.analysis.diagnose", "rankscope.analysis.runner.plan",
                "rankscope.analysis.report.summary", "rankscope.dashboard.report_text"]
     if with_ingest:
