@@ -99,20 +99,19 @@ def constants_unstored(df: pl.DataFrame) -> pl.DataFrame:
     1,051-1,149 MiB, 4 runs)."""
     if df.height < 2:
         return df
-    same = [c for c in df.columns if _one_value(df.get_column(c))]
+    # null counts first: a broadcast null reads its count without its rows, where df.get_column would write them
+    # into the frame (and an all-null column is one value already)
+    counts = df.null_count().row(0)
+    same = [c for c, n in zip(df.columns, counts, strict=True)
+            if n == df.height or (n == 0 and _one_value(df.get_column(c)))]
     if not same:
         return df
     return df.with_columns(pl.col(c).first() for c in same)
 
 
-def nulls_unstored(df: pl.DataFrame) -> pl.DataFrame:
-    """The former name of :func:`constants_unstored` (a null in every row is one value too)."""
-    return constants_unstored(df)
-
-
 def _one_value(s: pl.Series) -> bool:
     """Whether every row of ``s`` holds the same value, bit for bit (a float 0.0 beside a -0.0, or a NaN, is
-    not one value; a list column is one when every list has the same values, no null among them)."""
+    not one value; a list column is one when every list equals the first, element by element)."""
     nulls = s.null_count()
     if nulls:
         return nulls == s.len()
@@ -131,7 +130,7 @@ def _one_value(s: pl.Series) -> bool:
 
 
 def _same_rows(a: np.ndarray) -> bool:
-    """Whether every row (element, for 1-d) of ``a`` equals the first, bit for bit."""
+    """Whether every element of ``a`` equals the first, bit for bit (integers, booleans and floats only)."""
     if a.dtype.kind == "f":
         a = a.view(f"u{a.dtype.itemsize}")
     elif a.dtype.kind not in "iub":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from rankscope.collectors.fresh_rows import FreshRows
-from rankscope.collectors.job_frames import constants_unstored, load_job, nulls_unstored
+from rankscope.collectors.job_frames import constants_unstored, load_job
 from rankscope.collectors.schema import validate
 from rankscope.collectors.store import ManifestEntry, Store
 
@@ -13,9 +13,9 @@ from rankscope.collectors.store import ManifestEntry, Store
 def test_all_null_columns_keep_their_type_and_values():
     df = pl.DataFrame({"a": [1, 2, 3], "b": pl.Series([None, None, None], dtype=pl.Int64),
                        "c": pl.Series([None, None, None], dtype=pl.List(pl.Int32)), "d": ["x", None, "z"]})
-    out = nulls_unstored(df)
+    out = constants_unstored(df)
     assert out.schema == df.schema and out.equals(df)
-    assert nulls_unstored(df.head(0)).schema == df.schema
+    assert constants_unstored(df.head(0)).schema == df.schema
 
 
 def test_rows_handed_over_equal_the_rows_read_back(tmp_path):
