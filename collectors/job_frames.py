@@ -110,11 +110,9 @@ def constants_unstored(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def _one_value(s: pl.Series) -> bool:
-    """Whether every row of ``s`` holds the same value, bit for bit (a float 0.0 beside a -0.0, or a NaN, is
-    not one value; a list column is one when every list equals the first, element by element)."""
-    nulls = s.null_count()
-    if nulls:
-        return nulls == s.len()
+    """Whether every row of ``s`` (a column without nulls) holds the same value, bit for bit (a float 0.0 beside
+    a -0.0, or a NaN, is not one value; a list column is one when every list equals the first, element by
+    element)."""
     if isinstance(s.dtype, pl.List):
         # a hash a row first: lists that differ are told apart without a copy of their values (an explode of
         # a big job's member lists would be hundreds of MB); equal hashes are then checked value by value
@@ -123,19 +121,19 @@ def _one_value(s: pl.Series) -> bool:
             return False
         return bool(s.to_frame().select((pl.col(s.name) == pl.col(s.name).first()).all()).item())
     if s.dtype.is_numeric():
-        return _same_rows(s.to_numpy())
+        return _same_elements(s.to_numpy())
     if s.dtype in (pl.String, pl.Boolean) or s.dtype.is_temporal():
         return s[0] == s[-1] and bool((s == s[0]).all())
     return False  # other nested or object types: left as they are
 
 
-def _same_rows(a: np.ndarray) -> bool:
+def _same_elements(a: np.ndarray) -> bool:
     """Whether every element of ``a`` equals the first, bit for bit (integers, booleans and floats only)."""
     if a.dtype.kind == "f":
         a = a.view(f"u{a.dtype.itemsize}")
     elif a.dtype.kind not in "iub":
         return False
-    return bool((a[-1] == a[0]).all()) and bool((a == a[0]).all())
+    return bool(a[-1] == a[0]) and bool((a == a[0]).all())
 
 
 def _add_named(jf: JobFrames, groups: object, seen: set[tuple]) -> None:
