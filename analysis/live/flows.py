@@ -23,7 +23,7 @@ import polars as pl
 
 from rankscope.analysis.diagnose import DiagnoseConfig, analyze_model, model_of
 from rankscope.analysis.fabric.recognise import job_flows, recognise_jobs
-from rankscope.analysis.live.windows import straggler_named
+from rankscope.analysis.live.windows import LiveConfig, straggler_named
 from rankscope.analysis.report.diagnosis import WindowEvent
 from rankscope.collectors.errors import ConfigError, RankscopeError
 from rankscope.collectors.job_frames import JobFrames
@@ -37,11 +37,17 @@ class LiveFlowConfig:
     window_s: float = 10.0
     """seconds of flows per window at most (by the flows' end times); a window closes once a later flow has
     ended, at the quietest moment of its second half (the pause between steps)."""
+    warmup_steps: int = LiveConfig.warmup_steps
+    """a job's first steps in the capture, not judged (as :attr:`LiveConfig.warmup_steps`): a window is judged
+    once its last step is past them. Flows carry no step numbers, so these are the first steps the capture
+    shows of each recognised job: a capture that starts mid-job leaves its first windows unjudged too."""
     diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
 
     def __post_init__(self):
         if not self.window_s > 0:
             raise ConfigError(f"LiveFlowConfig: window_s={self.window_s!r}; expected seconds > 0")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"LiveFlowConfig: warmup_steps={self.warmup_steps!r}; expected >= 0")
 
 
 class LiveCapture:
@@ -89,7 +95,22 @@ class LiveCapture:
         found = recognise_jobs(flows, self.capture, self.config.diagnose.flow)
         self.recognitions += 1
         if found.jobs:
-            self.jobs = {j.name: tuple(j.endpoints) for j in found.jobs}
+            jobs = {j.name: tuple(j.endpoints) for j in found.jobs}
+            self.steps, self.streak = self._carried(jobs)
+            self.jobs = jobs
+
+    def _carried(self, jobs: dict[str, tuple[str, ...]]) -> tuple[dict, dict]:
+        """Step counts and straggler streaks of newly recognised jobs, each from the known job it shares the
+        most endpoints with: recognition names jobs afresh each time (a running job recognised again beside
+        a new one may be ``fabric-1``), and a job that has run for steps is no new job in warm-up."""
+        steps, streak = {}, {}
+        for name, eps in jobs.items():
+            shared = {old: len(set(eps) & set(o)) for old, o in self.jobs.items()}
+            old = max(shared, key=lambda k: (shared[k], self.steps.get(k, 0)), default=None)
+            if old is not None and shared[old]:
+                steps[name] = self.steps.get(old, 0)
+                streak[name] = self.streak.get(old, (None, 0))
+        return steps, streak
 
     def _window(self, flows: pl.DataFrame, bounds: tuple[int, int]) -> list[WindowEvent]:
         t0 = time.perf_counter()
@@ -116,6 +137,10 @@ class LiveCapture:
         if d is None or not d.stragglers.evaluated:
             self.streak[name] = (None, 0)
             return WindowEvent(slowdown=None, verdict=None, culprit=None, why=why or d.stragglers.why, **common)
+        if common["window_end_step"] < self.config.warmup_steps:
+            self.streak[name] = (None, 0)
+            return WindowEvent(slowdown=None, verdict=None, culprit=None, why=f"warm-up: the job's first "
+                               f"{self.config.warmup_steps} steps in the capture are not judged", **common)
         st = d.stragglers
         culprit = d.findings[0].culprit if st.verdict not in (None, "none") and d.findings else None
         named, why = straggler_named(d, culprit)

@@ -18,8 +18,18 @@ When the evidence cannot single out one address the finding is ambiguous
 (the group and its factor) and names nobody.
 
 Link rates are judged only where they are measured: a record that spans
-more than a step holds idle time, and with packet sampling a rate counted
-from k sampled packets is uncertain by about 1/sqrt(k).
+more than a step holds idle time, and so may a record that holds its TCP
+connection's set-up (SYN in its flags): it is open from the handshake to the
+first data, and gloo connects every pair when the process group starts, well
+before the first step. A real gloo DP2 x PP2 job's first pipeline record was
+open 2.26 s from its SYN for 0.14 MB that later steps moved in 0.03-0.05 s
+(softflowd, 1 s idle timeout, which cut the other pipeline's SYN into a record
+of its own), and that link read as a ring 10.6x slower than its peer. A FIN is
+no such sign: jobs that exit right after their last step close their
+connections inside the last payload record, whose rate is the data's (the
+nfpcapd DP2 x PP2 x TP2 capture's ring records, 5.5 MB in 0.58 s with FIN).
+With packet sampling a rate counted from k sampled packets is uncertain by
+about 1/sqrt(k).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import polars as pl
 
 from rankscope.analysis.model.timelines import union_ns
 from rankscope.analysis.report.strategy import Strategy
+from rankscope.analysis.strategy.flows.link_dating import SETUP_FLAGS
 
 OUTLIER_MADS = 6.0
 """a rate (or a lateness) is an outlier when it lies this many robust standard deviations from the median."""
@@ -51,8 +62,9 @@ links: healthy links of one ring differ by a fraction of a per cent (clock ticks
 MIN_PACKETS = 30
 """a link's rate counts only with at least this many exported (sampled) packets: ~18 % error."""
 
-RATE_COLUMNS = ("src_addr", "dst_addr", "est_bytes", "start_ns", "end_ns", "is_data", "num_packets", "sampling_rate")
-"""the record columns link_rates reads (the last three where known)."""
+RATE_COLUMNS = ("src_addr", "dst_addr", "est_bytes", "start_ns", "end_ns", "is_data", "num_packets", "sampling_rate",
+                "tcp_flags")
+"""the record columns link_rates reads (the last four where known)."""
 
 
 def _pairs(links: pl.DataFrame) -> list[list[str]]:
@@ -78,8 +90,10 @@ def link_rates(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     vol (all its payload bytes, records of any length), pk (exported packets), rate, noise (relative sd of
     the rate), trusted. Records shorter than ten clock ticks have no measurable rate; records longer than
     a step hold idle time (the exporter's timeouts let them run over several steps) and measure the job's
-    duty cycle, not the link.
-    Needs flow src_addr, dst_addr, est_bytes, start_ns, end_ns; is_data, num_packets, sampling_rate if known.
+    duty cycle, not the link; a record that holds its connection's set-up may measure the wait for the
+    first data (see the module's note).
+    Needs flow src_addr, dst_addr, est_bytes, start_ns, end_ns; is_data, num_packets, sampling_rate, tcp_flags
+    if known.
     """
     # only the columns read: the filters below copy what they are given
     f = flow.select([c for c in RATE_COLUMNS if c in flow.columns])
@@ -88,6 +102,8 @@ def link_rates(flow: pl.DataFrame, strategy: Strategy, step_ns: float, resolutio
     f = f.with_columns(d=(pl.col("end_ns") - pl.col("start_ns"))).filter(pl.col("d") >= 10 * resolution_ns)
     if step_ns:
         f = f.filter(pl.col("d") <= step_ns)
+    if "tcp_flags" in f.columns:
+        f = f.filter(((pl.col("tcp_flags") & SETUP_FLAGS) == 0).fill_null(True))
     sampled = "sampling_rate" in f.columns and "num_packets" in f.columns
     pk = pl.col("num_packets").fill_null(0) if sampled else pl.lit(0)
     rate = pl.col("sampling_rate").fill_null(1).clip(lower_bound=1) if sampled else pl.lit(1)

@@ -124,7 +124,8 @@ def follow(store: Store, job: str, config: LiveConfig | LiveFlowConfig, sink: Ev
               help="steps between window starts (default: --window-steps); 2 with 4-step windows names a "
                    "slowdown within 3 steps wherever it starts")
 @click.option("--warmup-steps", type=click.IntRange(0), default=4, show_default=True,
-              help="the job's first steps (start-up) are not judged")
+              help="the job's first steps (start-up) are not judged; in a flow capture, each job's first "
+                   "steps the capture shows")
 @click.option("--events", default=None, metavar="FILE|-",
               help="append one JSON object per window to FILE (- for stdout)")
 @click.option("--poll-s", type=click.FloatRange(0.01), default=0.5, show_default=True,
@@ -173,7 +174,7 @@ def watch(store_dir, job, window_steps, hop_steps, warmup_steps, events, poll_s,
                         max_pending=ONCE_MAX_PENDING if once else max_pending, hang_timeout_s=hang_timeout_s,
                         diagnose=diagnose)
     if flows or is_capture(Store(root), job):
-        config = LiveFlowConfig(window_s=window_s, diagnose=diagnose)
+        config = LiveFlowConfig(window_s=window_s, warmup_steps=warmup_steps, diagnose=diagnose)
     stop = threading.Event()
     if once:
         stop.set()

@@ -76,6 +76,8 @@ def connection_dated(flows: pl.DataFrame, links: list[tuple[str, str]], resoluti
 
 TEARDOWN_FLAGS = 0x01 | 0x04
 """FIN, RST: a record carrying either holds the connection's close."""
+SETUP_FLAGS = 0x02
+"""SYN: a record carrying it holds the connection's set-up."""
 
 
 def ends_dated(flows: pl.DataFrame, undated: set[frozenset]) -> set[frozenset]:
