@@ -7,8 +7,11 @@ error (click's own usage errors are 2 already; our UsageError maps to 2 too).
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import os
 import sys
+import threading
 
 import click
 
@@ -98,7 +101,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    sys.exit(main())
+    """The console script: :func:`main`, then out of the process without tearing the interpreter down.
+
+    Tearing down an interpreter that loaded polars, numpy and pyarrow (every module and object deallocated one
+    by one) took 24-37 ms of a 0.6 s ``analyze --ingest`` of the OSDI'25 ST trace and 83-92 ms of the AR trace
+    tiled 16x, memory the kernel takes back at once when the process ends. What an exit must still do is done
+    first: the exit handlers run (Ray's shutdown, temporary directories, logging) and the standard streams are
+    flushed. A command that left a thread working (not a daemon) exits as usual, which waits for it."""
+    code = main()
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away, or a stream the command closed
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":
