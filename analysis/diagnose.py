@@ -15,7 +15,7 @@ from dataclasses import field, replace
 
 import polars as pl
 
-from rankscope.analysis.critical_path import critical_path_section
+from rankscope.analysis.critical_path import critical_path_section, section_of_graph
 from rankscope.analysis.fabric.config import FlowConfig
 from rankscope.analysis.hangs import hang_section
 from rankscope.analysis.kernels.regressions import RegressionConfig, regression_section
@@ -104,10 +104,16 @@ def analyze_model(model: JobModel, config: DiagnoseConfig | None = None,
         timeline = pool.submit(_timeline, model) if beside else _timeline(model)
         others = pool.submit(_other_sections, model, baseline, config) if beside else None
         inter: dict = {}
-        stragglers = straggler_section(model, config.stragglers, inter)
-        # right after the what-if whose graph it reuses, and that graph (with its replay plans: ~0.3 GB at
-        # 1,024 workers) is let go before the other sections run
-        critical_path = critical_path_section(model, inter)
+        path: list = []
+
+        def path_beside(graph, ideal):
+            # queued behind the sections above on the second thread: it starts once they are done
+            path.append(pool.submit(section_of_graph, model, graph, ideal))
+
+        stragglers = straggler_section(model, config.stragglers, inter,
+                                       on_graph=path_beside if beside and _path_beside(model) else None)
+        # reuses the what-if's graph, which (with its replay plans: ~0.3 GB at 1,024 workers) is let go after
+        critical_path = path[0].result() if path else critical_path_section(model, inter)
         inter.clear()
         timeline = timeline.result() if beside else timeline
         regressions, hangs, quality, (traffic, placement, topology) = (
@@ -141,6 +147,19 @@ def _sections_beside(model: JobModel) -> bool:
     f = model.frames
     records = sum(x.height for x in (f.comm_op, f.compute_op, f.flow) if x is not None)
     return records * BESIDE_BYTES_PER_RECORD <= BESIDE_BUDGET_BYTES
+
+
+PATH_BESIDE_MAX_RECORDS = 500_000
+"""Most comm_op and compute_op records of a job whose critical path runs on the second thread as soon as the
+what-if's graph exists, beside the rest of the straggler section (:func:`_path_beside`)."""
+
+
+def _path_beside(model: JobModel) -> bool:
+    """Whether the critical path runs beside the straggler section's evidence (its replays of sequences, links
+    and ranks) rather than after it: on a small job the second core is idle by then. Its working set would add
+    to the straggler section's peak, which decides a big job's memory, so a big job keeps the order."""
+    f = model.frames
+    return f.comm_op.height + f.compute_op.height <= PATH_BESIDE_MAX_RECORDS
 
 
 def _timeline(model: JobModel) -> pl.DataFrame | None:

@@ -7,6 +7,6 @@ stage, op class and link and every rank's slack (:mod:`.shares`); the edits that
 """
 
 from rankscope.analysis.critical_path.path import StepPaths, path_delays, step_paths
-from rankscope.analysis.critical_path.section import critical_path_section, path_of_graph
+from rankscope.analysis.critical_path.section import critical_path_section, path_of_graph, section_of_graph
 
-__all__ = ["StepPaths", "critical_path_section", "path_delays", "path_of_graph", "step_paths"]
+__all__ = ["StepPaths", "critical_path_section", "path_delays", "path_of_graph", "section_of_graph", "step_paths"]

@@ -101,8 +101,16 @@ def critical_path_section(model: JobModel, inter: dict | None = None) -> Critica
             graph = build_graph(steady_frames(model)[0], model.layout_columns())
         ideal = inter.get("ideal")
         ideal = ideal_durations(graph) if ideal is None else ideal
-        hooks_only = model.frames.compute_op.height == 0
-        return path_of_graph(graph, ideal, hooks_only)
+    except (RankscopeError, ValueError, IndexError) as e:
+        return CriticalPath(evaluated=False, why=f"{type(e).__name__}: {e}")
+    return section_of_graph(model, graph, ideal)
+
+
+def section_of_graph(model: JobModel, graph: WhatIfGraph, ideal: np.ndarray) -> CriticalPath:
+    """The section from a job's what-if graph and its ideal durations (the straggler section's, or built for
+    the path): :func:`path_of_graph`, or not evaluated, with why, when the graph cannot be replayed."""
+    try:
+        return path_of_graph(graph, ideal, hooks_only=model.frames.compute_op.height == 0)
     except (RankscopeError, ValueError, IndexError) as e:
         # a graph that cannot be replayed costs this section only
         return CriticalPath(evaluated=False, why=f"{type(e).__name__}: {e}")

@@ -9,6 +9,7 @@ the most (M_S fixes the last stage only), and a cause needs its own evidence (:m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -39,6 +40,9 @@ from rankscope.analysis.whatif.metrics import STALL_TYPES, WhatIfMetrics, comput
 from rankscope.analysis.whatif.scenarios import Scenarios, step_times
 from rankscope.analysis.whatif.sequence import balanced_sequences
 from rankscope.collectors.job_frames import JobFrames
+
+OnGraph = Callable[[WhatIfGraph, np.ndarray], None]
+"""Called with a replayed job's what-if graph and its ideal durations (:func:`replay_section`)."""
 
 
 def _residual_stage_share(graph: WhatIfGraph, balanced: np.ndarray, ideal: np.ndarray, t_bal: float,
@@ -98,12 +102,18 @@ def _lacking(links: list, worst: int | None, stage_ev: dict, config: StragglerCo
     return lacking
 
 
-def replay_section(frames: JobFrames, config: StragglerConfig, layout) -> tuple[Stragglers, dict]:
+def replay_section(frames: JobFrames, config: StragglerConfig, layout,
+                   on_graph: OnGraph | None = None) -> tuple[Stragglers, dict]:
     """The section from a replay of the job's dependency graph, and the intermediate results (graph,
-    metrics, ideal) for exports. Needs compute_op and comm_op (the what-if graph's columns)."""
+    metrics, ideal) for exports. Needs compute_op and comm_op (the what-if graph's columns).
+
+    ``on_graph``: called with the graph and its ideal durations as soon as both exist, for a caller that
+    starts other work on them (the critical path) while this section goes on; neither is changed after."""
     graph = build_graph(frames, layout)
     actual = graph.actual
     ideal = ideal_durations(graph)
+    if on_graph is not None:
+        on_graph(graph, ideal)
     m = compute_metrics(graph, config.metrics, ideal=ideal)
     comm = comm_whatif(graph, actual, ideal, m.T, m.T_ideal)
     bm = frames.batch_meta if frames.batch_meta.height else None
@@ -128,7 +138,9 @@ def replay_section(frames: JobFrames, config: StragglerConfig, layout) -> tuple[
             stage_fix_share={str(k): v for k, v in m.stage_fix.items()},
             per_step={k: {str(a): b for a, b in v.items()} for k, v in m.per_step.items()},
             heatmap=Heatmap(**m.heatmap), launch_delay=_launch_delay_effect(graph, actual, m),
-            graph={k: v for k, v in graph.notes.items() if not k.startswith("_")}),
+            # a copy first (one C call, under the GIL): the critical path may be caching its order in
+            # these notes on the other thread (on_graph)
+            graph={k: v for k, v in dict(graph.notes).items() if not k.startswith("_")}),
         steps=m.steps, culprits=culprits,
         evidence={"worker": m.M_W, "stage_imbalance": {**m.M_S, **stage_ev}, "sequence_imbalance": seq,
                   "communication": comm, "slow_ranks": slow_ranks(graph, actual, config.slow_worker_at),

@@ -24,7 +24,7 @@ from rankscope.analysis.report.stragglers import Stragglers
 from rankscope.analysis.stragglers.arrival import arrival_section, arrival_with_compute_evidence
 from rankscope.analysis.stragglers.config import StragglerConfig
 from rankscope.analysis.stragglers.from_flows import flow_straggler_section
-from rankscope.analysis.stragglers.replay_section import replay_section
+from rankscope.analysis.stragglers.replay_section import OnGraph, replay_section
 from rankscope.analysis.whatif.graph import WhatIfInputError
 from rankscope.collectors.errors import RankscopeError
 from rankscope.collectors.job_frames import JobFrames
@@ -80,18 +80,21 @@ def _comm_only(frames: JobFrames) -> bool:
     return not has_compute and frames.comm_op.height > 0
 
 
-def _per_rank(frames: JobFrames, config: StragglerConfig, layout: pl.DataFrame) -> tuple[Stragglers, dict]:
+def _per_rank(frames: JobFrames, config: StragglerConfig, layout: pl.DataFrame,
+              on_graph: OnGraph | None = None) -> tuple[Stragglers, dict]:
     """The section from per-rank records, and the intermediate results (graph, metrics, ideal) for exports.
 
     ``frames``: the job model's completed frames (some steps may be left out); ``layout``: its layout
     (rank, stage, dp_rank, tp_rank, pipeline). Hook records alone (comm_op, no compute_op) are judged by
     collective arrival skew (basis ``arrival_skew``); the intermediate results are then empty.
+    ``on_graph``: as :func:`~rankscope.analysis.stragglers.replay_section.replay_section` (not called
+    without a replay).
     """
     t0 = time.perf_counter()
     if _comm_only(frames):
         s, inter = arrival_section(frames, config, layout), {}
     else:
-        s, inter = replay_section(frames, config, layout)
+        s, inter = replay_section(frames, config, layout, on_graph)
         why = no_stage_peers(layout) or replay_contradiction(s)
         if why is not None:
             s = arrival_with_compute_evidence(frames, config, layout, s, inter, why)
@@ -146,15 +149,17 @@ def steady_frames(model: JobModel) -> tuple[JobFrames, dict]:
     return frames, left_out
 
 
-def rank_section(model: JobModel, config: StragglerConfig, keep: dict | None = None) -> Stragglers:
+def rank_section(model: JobModel, config: StragglerConfig, keep: dict | None = None,
+                 on_graph: OnGraph | None = None) -> Stragglers:
     """The section from the job's per-rank records, start-up steps left out. ``keep`` (a dict) receives the
-    intermediate results (graph, metrics, ideal) when the section replayed the job's graph."""
+    intermediate results (graph, metrics, ideal) when the section replayed the job's graph; ``on_graph``
+    gets that graph and its ideal durations as soon as they exist (see :func:`_per_rank`)."""
     why = one_sample(model.frames)
     if why is not None:
         return Stragglers(evaluated=False, why=why)
     frames, left_out = steady_frames(model)
     try:
-        s, inter = _per_rank(frames, config, model.layout_columns())
+        s, inter = _per_rank(frames, config, model.layout_columns(), on_graph)
     except WhatIfInputError as e:
         return Stragglers(evaluated=False, why=str(e))
     except (RankscopeError, ValueError, IndexError) as e:
@@ -177,10 +182,11 @@ def flows_section(model: JobModel, config: StragglerConfig) -> Stragglers:
                                   config.none_below, inf.dp_pairs, model.flows.clocks)
 
 
-def straggler_section(model: JobModel, config: StragglerConfig | None = None, keep: dict | None = None) -> Stragglers:
-    """What-if attribution of one job (see module docstring). ``keep``: as :func:`rank_section`."""
+def straggler_section(model: JobModel, config: StragglerConfig | None = None, keep: dict | None = None,
+                      on_graph: OnGraph | None = None) -> Stragglers:
+    """What-if attribution of one job (see module docstring). ``keep``, ``on_graph``: as :func:`rank_section`."""
     config = config or StragglerConfig()
-    s = rank_section(model, config, keep)
+    s = rank_section(model, config, keep, on_graph)
     if not s.evaluated and model.flows is not None and not model.per_rank:
         return flows_section(model, config)  # no per-rank records: the flows' own straggler evidence
     return s

@@ -76,3 +76,30 @@ def _untimed(o):
     if isinstance(o, dict):
         return {k: _untimed(v) for k, v in o.items() if k != "seconds"}
     return [_untimed(v) for v in o] if isinstance(o, list) else o
+
+
+def test_critical_path_beside_the_straggler_evidence_is_the_path_after_it(monkeypatch):
+    """A small job's critical path starts on the second thread as soon as the what-if graph exists and runs
+    beside the rest of the straggler section; a big job's runs after it. The report is the same either way."""
+    import threading
+
+    import rankscope.analysis.critical_path.section as cps
+    import rankscope.analysis.diagnose as diag
+
+    comm, comp, _ = build_job(dp=4, pp=2, steps=3, offsets_ns={1: 2_000_000})
+    model = diag.model_of(JobFrames.from_frames("j", comm_op=comm, compute_op=comp))
+    threads = []
+    path_of_graph = cps.path_of_graph
+
+    def recorded(*args, **kwargs):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return path_of_graph(*args, **kwargs)
+
+    monkeypatch.setattr(cps, "path_of_graph", recorded)
+    assert diag._path_beside(model)
+    beside, _ = diag.analyze_model(model)
+    monkeypatch.setattr(diag, "PATH_BESIDE_MAX_RECORDS", 0)
+    after, _ = diag.analyze_model(model)
+    assert threads == [False, True]  # the second thread, then the main one
+    assert beside.critical_path.evaluated
+    assert _untimed(beside.to_dict()) == _untimed(after.to_dict())
