@@ -82,7 +82,7 @@ def test_stragglers_get_the_completed_frames_and_the_layout(monkeypatch):
     t = _sim_tables(dp=2, pp=2, microbatches=2, layers=4, gemm_records=False)
     seen = {}
 
-    def fake(model, config=None, keep=None):
+    def fake(model, config=None, keep=None, on_graph=None):
         seen["stage_nulls"] = model.frames.compute_op["stage"].null_count()
         seen["layout"] = model.layout_columns()
         return Stragglers()
