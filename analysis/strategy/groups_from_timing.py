@@ -97,14 +97,17 @@ def _one_clock_agrees(mat: np.ndarray, ranks: list, groups: list, host_of: dict,
 
 
 def _decide(streams: dict, dur_of: dict, floor: float, config: StreamConfig,
-            host_of: dict | None = None, overlap_of: dict | None = None) -> tuple[list, dict]:
+            host_of: dict | None = None, overlap_of: dict | None = None,
+            named: list[set] | None = None) -> tuple[list, dict]:
     """(rank, op, size, members) per decided stream, and {key: why} for the undecided ones.
 
     Keys with the same ranks and call count (a stage's gradient buckets) are clustered together: more
     calls, the same groups. A one-group answer that holds two members of a group another key split
-    off clearly is a contradiction (a grid's groups of two dimensions share one rank), so undecided.
+    off clearly is a contradiction (a grid's groups of two dimensions share one rank), so undecided;
+    so is an answer that holds part of a group the records already name (``named``), see
+    :func:`_clashes_named`.
     """
-    host_of, overlap_of = host_of or {}, overlap_of or {}
+    host_of, overlap_of, named = host_of or {}, overlap_of or {}, named or []
     by_key: dict[tuple, list[int]] = {}
     for (rank, op, size), ends in streams.items():
         by_key.setdefault((op, size, len(ends)), []).append(rank)
@@ -138,13 +141,17 @@ def _decide(streams: dict, dur_of: dict, floor: float, config: StreamConfig,
         lone = [st for st in sets if st["how"] == "one" and _rate_twin_unsplit(st, sets)]
         coarse = [st for st in sets if st["how"] == "split" and _swallows_unsplit(st, sets)]
         echo = [st for st in sets if st["how"] == "split" and _echoes_busier(st, sets)]
+        clash = [st for st in sets if st["how"] in ("split", "one")
+                 and _clashes_named([[st["ranks"][i] for i in g] for g in st["groups"]], named)]
+        for st in clash:
+            st["groups"], st["how"] = None, _WHY_CLASH
         for st in lone:
             st["groups"], st["how"] = None, "a stream at another rate over these ranks does not split either"
         for st in coarse:
             st["groups"], st["how"] = None, "a group holds every rank of a stream at another rate with no split"
         for st in echo:
             st["groups"], st["how"] = None, "its groups are those of a busier stream (concurrent, not shared)"
-        changed = bool(lone or coarse or echo)
+        changed = bool(lone or coarse or echo or clash)
     split = [set(s["ranks"][i] for i in g) for s in sets if s["how"] == "split" for g in s["groups"]]
     rows = []
     for st in sets:
@@ -158,12 +165,46 @@ def _decide(streams: dict, dur_of: dict, floor: float, config: StreamConfig,
             groups, why = _across(st, split, floor, config.split_ratio)
             if groups is not None and not _one_clock_agrees(st["mat"], ranks, groups, host_of, st["duration"]):
                 groups, why = None, "members on one host's clock end more than a call apart"
+            if groups is not None and _clashes_named([[ranks[i] for i in g] for g in groups], named):
+                groups, why = None, _WHY_CLASH
             if groups is None:
                 undecided.update({f"{op}:{size}:{st['calls']}": f"{how}; {why}" for op, size in st["keys"]})
                 continue
         rows.extend((ranks[i], op, size, [ranks[k] for k in g]) for op, size in st["keys"]
                     for g in groups for i in g)
     return rows, undecided
+
+
+_WHY_CLASH = "a group would hold two or more members of a group the records name, and ranks outside it"
+
+
+def _named_groups(comm_op: pl.DataFrame) -> list[set]:
+    """The distinct member sets (two or more ranks) of the collectives whose records already name them:
+    declared by the source, or matched to a rank's declared memberships before the end times are read."""
+    named = comm_op.lazy().filter(~pl.col("op").is_in(P2P_OPS) & pl.col("group_ranks").is_not_null())
+    if "group_id" in comm_op.columns:
+        # a row per group and rank before the lists are compared: on a large job they repeat on every call
+        has_id = pl.col("group_id").is_not_null()
+        named = pl.concat([named.filter(has_id).unique(subset=["group_id", "rank"], keep="any"),
+                           named.filter(~has_id)])
+    lists = named.select(pl.col("group_ranks").list.sort()).unique().collect()["group_ranks"].to_list()
+    return [set(g) for g in lists if len(g) >= 2]
+
+
+def _clashes_named(groups: list[list], named: list[set]) -> bool:
+    """Whether a group found from end times holds two or more members of a group the records name
+    without lying inside it.
+
+    Two dimensions' groups meet at most once, and groups of one dimension are equal or apart; a coarser
+    group the records name (the world, a stage) may hold a found group whole. A found group that holds
+    more than one member of a named group and ranks outside it is the end times merging groups that run
+    in lockstep (a stage's DP groups, whose TP partners finish together), not a dimension, however clear
+    the split.
+    """
+    for g in map(set, groups):
+        if any(len(g & h) >= 2 and not g <= h for h in named):
+            return True
+    return False
 
 
 RATE_GAP = 2.0
@@ -291,7 +332,7 @@ def label_groups_by_timing(comm_op: pl.DataFrame, config: StreamConfig | None = 
     floor = _resolution_ns(coll["end_ns"].to_numpy())
     host_of = ({int(r): h for r, h in coll.select("rank", "host").unique("rank").iter_rows()}
                if "host" in coll.columns else {})
-    rows, undecided = _decide(streams, dur_of, floor, config, host_of, overlap_of)
+    rows, undecided = _decide(streams, dur_of, floor, config, host_of, overlap_of, _named_groups(comm_op))
     notes = {"streams": len(streams), "labelled": len({(r, o, s) for r, o, s, _ in rows}),
              "undecided": len(streams) - len({(r, o, s) for r, o, s, _ in rows}), "undecided_keys": undecided,
              "undecided_calls": sorted({int(k.rsplit(":", 1)[1]) for k in undecided})}

@@ -237,3 +237,31 @@ def test_a_lone_family_of_undecided_role_leaves_dp_and_tp_null():
     out = _undecided([], {"size": 4, "groups": [[0, 1, 2, 3]]})
     assert [(u.field, u.candidates) for u in out] == [("dp", [1, 4]), ("tp", [1, 4])]
     assert "data-parallel or the tensor-parallel" in out[0].why
+
+
+def test_groups_matched_from_declared_memberships_bound_what_end_times_may_claim():
+    # CI, 2026-12-07, a real DP2 x PP2 x TP2 gloo job: rank 0 declares groups {0,2} (DP) and {0,1} (TP).
+    # Its first gradient bucket is the same size on both stages, and a stage's two DP groups end it
+    # together (their TP partners run in lockstep): the declared match cannot choose between {0,2} and
+    # {0,1}, and the end times alone split that stream by stage into groups of four, which hold whole TP
+    # pairs and DP pairs matched from the same declarations. Read as the DP groups, dp came out 4.
+    from rankscope.analysis.strategy.groups_from_streams import label_groups
+
+    df = _jittered().with_columns(
+        pl.when(pl.col("size_bytes").is_in([4224, 4288])).then(4224).otherwise(pl.col("size_bytes"))
+        .alias("size_bytes"))
+    bucket = (pl.col("op") == "all_reduce") & (pl.col("size_bytes") == 4224)
+    call = pl.int_range(pl.len()).over("rank", "size_bytes")
+    df = df.with_columns(pl.when(bucket).then(pl.col("end_ns").min().over(pl.col("rank") // 4, "size_bytes", call)
+                                              + pl.col("rank") % 4 * 5_000)
+                         .otherwise(pl.col("end_ns")).alias("end_ns"))
+    declared = {r: [g for g in TP + DP if r in g] for r in range(8)}
+    comm, res = label_groups(df, declared)
+    assert 0 < res["labelled"] < res["streams"]  # the first bucket's streams are left to the end times
+    timed, notes = label_groups_by_timing(comm)
+    fours = [g for g in timed.filter(bucket)["group_ranks"].to_list() if g is not None and len(g) > 2]
+    assert not fours and notes["undecided"] == 8
+    assert all("the records name" in v for v in notes["undecided_keys"].values())
+    s = infer_whitebox(comm)
+    assert (s.dp, s.pp, s.tp) == (2, 2, 2), s.notes
+    assert sorted(s.tp_groups) == TP and sorted(s.dp_groups) == DP and s.confidence <= 0.6
