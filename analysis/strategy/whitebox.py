@@ -51,10 +51,10 @@ def group_families(comm_op: pl.DataFrame, where: pl.Expr | None = None) -> pl.Da
     """Distinct collective groups with their calls and ops (of the calls ``where`` keeps, default all).
 
     Needs comm_op columns rank, op, group_ranks, size_bytes. Returns one row per
-    distinct member set: members (sorted list), size, calls (records per member),
-    stream_calls (records per member of its busiest (op, size_bytes): a gradient bucket
-    runs once per step, a layer's activation once per microbatch), bytes (per member),
-    ops (sorted list of op names).
+    distinct member set: members (sorted list), size, calls (records per member that
+    recorded calls of it), stream_calls (the same, of its busiest (op, size_bytes): a
+    gradient bucket runs once per step, a layer's activation once per microbatch), bytes
+    (per such member), ops (sorted list of op names).
     """
     if not _has_member_lists(comm_op):
         return _no_families()
@@ -62,7 +62,7 @@ def group_families(comm_op: pl.DataFrame, where: pl.Expr | None = None) -> pl.Da
     # Calls are keyed by their member list's hash, and only each key's first list is gathered: grouping by the
     # lists themselves row-encodes every call's members (75 M values on 16,384 GPUs, several GiB). Two lists
     # whose 64-bit hashes collide would be merged (odds ~k^2/2^65 for k distinct lists: 3e-12 at 10,000).
-    coll = comm_op.select("op", "size_bytes", "microbatch", pass_col, _list=pl.col("group_ranks").hash(),
+    coll = comm_op.select("rank", "op", "size_bytes", "microbatch", pass_col, _list=pl.col("group_ranks").hash(),
                           _row=pl.int_range(pl.len(), dtype=pl.UInt32)).filter(
         ~pl.col("op").is_in(P2P_OPS) & comm_op["group_ranks"].is_not_null() & (True if where is None else where))
     if coll.is_empty():
@@ -70,22 +70,26 @@ def group_families(comm_op: pl.DataFrame, where: pl.Expr | None = None) -> pl.Da
     # aggregate per list as recorded, then sort the (few) distinct lists and merge equal member sets
     per_key = (coll.group_by("_list", "op", "size_bytes")
                .agg(pl.len().alias("n"), pl.col("microbatch").is_not_null().sum().alias("n_mb"), *position_counts(),
-                    _first=pl.col("_row").min()))
+                    _first=pl.col("_row").min(), _ranks=pl.col("rank").unique()))
     per_key = per_key.with_columns(group_ranks=comm_op["group_ranks"].gather(per_key["_first"])).drop("_list", "_first")
     per_list = (per_key.group_by("group_ranks")
                 .agg(pl.col("n").sum(), *[pl.col(c).sum() for c in POSITION_COUNTS], key_n=pl.col("n").max(),
                      bytes=(pl.col("size_bytes").fill_null(0) * pl.col("n")).sum().cast(pl.Float64),
-                     n_mb=pl.col("n_mb").sum(), ops=pl.col("op").unique())
+                     n_mb=pl.col("n_mb").sum(), ops=pl.col("op").unique(),
+                     _ranks=pl.col("_ranks").list.explode(keep_nulls=False, empty_as_null=False).unique())
                 .with_columns(members=pl.col("group_ranks").list.eval(pl.element().cast(pl.Int64)).list.sort()))
     return (per_list.group_by("members")
             .agg(*[pl.col(c).sum().cast(pl.Int64) for c in POSITION_COUNTS],
                  n=pl.col("n").sum(), bytes=pl.col("bytes").sum(), key_n=pl.col("key_n").max(),
                  mb_frac=pl.col("n_mb").sum() / pl.col("n").sum(),
-                 ops=pl.col("ops").list.explode(keep_nulls=False, empty_as_null=False).unique().sort())
+                 ops=pl.col("ops").list.explode(keep_nulls=False, empty_as_null=False).unique().sort(),
+                 _seen=pl.col("_ranks").list.explode(keep_nulls=False, empty_as_null=False).n_unique())
             .with_columns(size=pl.col("members").list.len().cast(pl.Int64))
-            .with_columns(calls=pl.col("n") / pl.col("size"), bytes=pl.col("bytes") / pl.col("size"),
-                          stream_calls=pl.col("key_n") / pl.col("size"))
-            .drop("n", "key_n").sort("members"))
+            # per member that recorded the calls: a group whose other members' streams stayed without a group
+            # (or whose dumps are missing) still runs at its own rate, not a fraction of it
+            .with_columns(calls=pl.col("n") / pl.col("_seen"), bytes=pl.col("bytes") / pl.col("_seen"),
+                          stream_calls=pl.col("key_n") / pl.col("_seen"))
+            .drop("n", "key_n", "_seen").sort("members"))
 
 
 def _has_member_lists(comm_op: pl.DataFrame) -> bool:

@@ -265,3 +265,22 @@ def test_groups_matched_from_declared_memberships_bound_what_end_times_may_claim
     s = infer_whitebox(comm)
     assert (s.dp, s.pp, s.tp) == (2, 2, 2), s.notes
     assert sorted(s.tp_groups) == TP and sorted(s.dp_groups) == DP and s.confidence <= 0.6
+
+
+def test_a_group_seen_from_one_member_keeps_its_rate_and_its_family():
+    # a real run (2026-12-07): most of one DP pair's bucket streams matched no declared group, so that
+    # pair was seen from one member's records only. Counted per member of the group it ran a quarter of
+    # the other pairs' calls, fell out of their family (rates within 3x) and left dp open; per member
+    # that recorded it, it runs at the family's rate.
+    from rankscope.analysis.strategy.groups_from_streams import label_groups
+
+    declared = {r: [g for g in TP + DP if r in g] for r in range(8)}
+    comm, res = label_groups(_jittered(), declared)
+    assert res["labelled"] == res["streams"]
+    unseen = (pl.col("op") == "all_reduce") & (pl.col("size_bytes") > 1024) & (
+        (pl.col("rank") == 7) | ((pl.col("rank") == 5) & (pl.col("size_bytes") > 5000)))
+    comm = comm.with_columns(pl.when(unseen).then(None).otherwise(pl.col("group_ranks")).alias("group_ranks"))
+    # without the end-time step, which here would give the other streams their group (in that run it could not)
+    s = infer_whitebox(comm, timing=False)
+    assert (s.dp, s.pp, s.tp) == (2, 2, 2), s.notes
+    assert sorted(s.dp_groups) == DP and sorted(s.tp_groups) == TP
