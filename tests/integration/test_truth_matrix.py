@@ -169,7 +169,7 @@ def test_strategy(lab, name, path):
     got = {"dp": s["dp"], "pp": s["pp"], "tp": s["tp"], "dp_groups": sorted(map(sorted, s["dp_groups"] or [])),
            "pp_groups": sorted(s["pp_groups"]), "tp_groups": sorted(map(sorted, s["tp_groups"] or []))}
     # Kineto of gloo names no group for a collective: where the end times cannot tell a rank's DP pair
-    # from its TP pair (8 ranks on 2 cores end their calls up to ~1 ms apart), the degree must be left
+    # from its TP pair (8 ranks on 2 cores end a call up to 2.4 ms apart), the degree must be left
     # open, null and undecided with why, and every degree and group that is claimed must be the job's
     open_ = {u["field"] for u in s.get("undecided") or [] if u.get("why")}
     for d in ("dp", "tp"):
