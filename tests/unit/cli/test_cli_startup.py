@@ -103,3 +103,25 @@ def test_big_inputs_keep_blocks_below_glibcs_ceiling_on_the_heap(tmp_path):
     with big.open("wb") as f:
         f.truncate(SMALL_INPUT_BYTES + 1)
     assert _run(_FREED_HEAP.format(fixed=True, inputs=[str(big)]))["kept"] > 80 << 20
+
+
+def test_polars_loads_without_importlib_metadata_which_loads_whole_on_first_use():
+    code = (
+        "import json, sys\nfrom rankscope.cli.startup import import_frozen\nimport_frozen('polars')\n"
+        "before = sorted(m for m in ('email', 'email.message', 'zipfile', 'csv') if m in sys.modules)\n"
+        "import importlib.metadata as md\nfrom importlib.metadata import version\n"  # binds, then reads
+        "v = version('polars')\nimport polars\n"
+        "print(json.dumps({'before': before, 'same': v == polars.__version__, 'reads': md.version('polars') == v,"
+        " 'real': type(sys.modules['importlib.metadata']).__name__, 'email': 'email.message' in sys.modules}))")
+    got = _run(code)
+    # polars imports importlib.metadata as it loads, which pulls in email, zipfile and csv: none is loaded
+    assert got["before"] == []
+    # the first read loads the real module, and a name bound to the placeholder before works as the module
+    assert got == {"before": [], "same": True, "reads": True, "real": "module", "email": True}
+
+
+def test_metadata_already_loaded_is_left_as_it_is():
+    code = ("import json, sys, importlib.metadata\nfirst = sys.modules['importlib.metadata']\n"
+            "from rankscope.cli.startup import metadata_on_first_use\nmetadata_on_first_use()\n"
+            "print(json.dumps({'same': sys.modules['importlib.metadata'] is first}))")
+    assert _run(code) == {"same": True}
