@@ -7,7 +7,7 @@ that could not be computed says so with ``evaluated: false`` and ``why``.
 
 from __future__ import annotations
 
-import json
+import orjson
 
 from rankscope.analysis.report.codec import decode, doc, encode, to_json
 from rankscope.analysis.report.data_quality import DataQuality, LayoutQuality, RankCoverage
@@ -52,8 +52,13 @@ class Diagnosis:
         """The report JSON object."""
         return to_json(self)
 
-    def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+    def to_json(self, indent: bool = True) -> str:
+        """The report JSON text: two spaces per level, or one line without ``indent``.
+
+        orjson, not ``json.dumps``: with an indent the standard library encodes in Python, 10 ms of the OSDI'25
+        ST trace's 0.6 s run and ~60 ms of the 1 MB report of AR tiled 16x; orjson takes a tenth. The values
+        are the same (``to_dict`` already holds NaN and infinities as null, as the contract wants)."""
+        return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2 if indent else 0).decode()
 
     def encoded(self) -> dict:
         """This Diagnosis as JSON that :meth:`decoded` reads back exactly (the result cache)."""
