@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import pickle
 from dataclasses import field
 
@@ -22,6 +23,8 @@ class StdPoint:
 
 @record
 class Point:
+    """A documented record: its __init__ is made on the first call (the path most of rankscope's records take)."""
+
     x: int
     y: float = 0.0
     tags: list = field(default_factory=list)
@@ -30,17 +33,23 @@ class Point:
 
 @record
 class Point3(Point):
+    """Adds a field."""
+
     z: int = 0
 
 
 @record(frozen=False)
 class Mutable:
+    """Not frozen."""
+
     a: int
     b: list = field(default_factory=list)
 
 
 @record
 class Derived:
+    """Sets a field in __post_init__."""
+
     a: int
     twice: int = field(init=False)
 
@@ -113,3 +122,81 @@ def test_frozen_class_may_not_define_setattr():
 
             def __setattr__(self, name, value):
                 pass
+
+
+def _exec_counter(monkeypatch) -> list:
+    """Calls of ``exec`` by dataclasses (one per method it makes)."""
+    calls = []
+
+    def counted(*a, **k):
+        calls.append(a[0].split("(")[0])
+        return exec(*a, **k)
+
+    monkeypatch.setattr(dataclasses, "exec", counted, raising=False)
+    return calls
+
+
+def test_a_documented_records_init_is_made_on_its_first_call_only(monkeypatch):
+    calls = _exec_counter(monkeypatch)
+
+    @record
+    class Lazy:
+        """Documented."""
+
+        a: int
+        b: list = field(default_factory=list)
+
+    assert calls == []  # nothing compiled while the class is made: most classes of a run are never instantiated
+    first = Lazy(1)
+    assert len(calls) == 1 and Lazy(2, [3]) == Lazy(2, [3]) and len(calls) == 1
+    assert (first.a, first.b) == (1, []) and list(inspect.signature(Lazy).parameters) == ["a", "b"]
+    with pytest.raises(TypeError):
+        Lazy()  # a required field stays required
+    with pytest.raises(TypeError):
+        Lazy(1, c=2)
+
+
+def test_an_undocumented_record_keeps_dataclass_docstring():
+    @record
+    class Plain:
+        a: int
+        b: str = "x"
+
+    assert Plain.__doc__ == "Plain(a: 'int', b: 'str' = 'x')" and Plain(1).b == "x"
+
+
+def test_subclasses_instantiated_before_their_base():
+    @record
+    class Base:
+        """Base."""
+
+        a: int
+        b: int = 2
+
+    class Plain(Base):  # not a record: it takes its base's fields and __init__
+        def total(self):
+            return self.a + self.b
+
+    @record
+    class More(Base):
+        """More."""
+
+        c: int = 3
+
+    assert Plain(1).total() == 3
+    assert (More(1, c=5).a, More(1, c=5).b, More(1, c=5).c) == (1, 2, 5)
+    assert Base(4) == Base(4, 2) and repr(Base(4)).endswith("Base(a=4, b=2)")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        More(1).c = 0
+
+
+def test_replace_on_a_first_instance():
+    @record
+    class Fresh:
+        """Never called before replace."""
+
+        a: int
+        b: int = 0
+
+    assert dataclasses.replace(Fresh(1), b=3) == Fresh(1, 3)
+    assert pickle.loads(pickle.dumps(Derived(2))).twice == 4
