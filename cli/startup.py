@@ -45,9 +45,9 @@ def metadata_on_first_use() -> None:
 
     polars imports ``importlib.metadata`` when it loads (its Iceberg reader asks a package's version, only when
     one scans an Iceberg table), and that pulls in ``email``, ``zipfile`` and ``csv``: 26-31 ms CPU in a fresh
-    interpreter, ~15 ms of ``analyze --ingest`` on the OSDI'25 ST trace, whose run is mostly start-up. No
-    command of rankscope reads it, so it is mostly never loaded; whatever reads an attribute of it loads it
-    then, whole. Nothing when it is loaded already.
+    interpreter, 15-30 ms of ``analyze --ingest`` on the OSDI'25 ST trace (paired medians of 15 and 21 runs),
+    whose 0.5 s are mostly start-up. No command of rankscope reads it, so it is mostly never loaded; whatever
+    reads an attribute of it loads it then, whole. Nothing when it is loaded already.
 
     Not ``importlib.util.LazyLoader``: on Python 3.11 every ``import`` statement of a module found in
     ``sys.modules`` reads its ``__spec__`` (is it still initialising?), which loads a lazy module at once."""
