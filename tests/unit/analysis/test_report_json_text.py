@@ -10,9 +10,9 @@ from rankscope.analysis.report.stragglers import Stragglers
 
 
 def _diagnosis() -> Diagnosis:
-    # a non-finite float, a name beyond ASCII, small and large floats that the two encoders spell differently
+    # a non-finite float, a name beyond ASCII, and a small float the two encoders spell differently (1e-05 / 0.00001)
     return Diagnosis(job="llama-é", sources=["kineto"],
-                     stragglers=Stragglers(slowdown=math.inf, evaluated=False, why="1e-05 of 1e+16"))
+                     stragglers=Stragglers(slowdown=math.inf, waste_fraction=1e-05, evaluated=False, why="no steps"))
 
 
 def test_the_text_reads_back_as_to_dict():
@@ -32,5 +32,7 @@ def test_indented_for_people_or_one_line():
 
 
 def test_numbers_keep_their_values():
-    d = Diagnosis(job="j", stragglers=Stragglers(slowdown=1.0000000000000002, evaluated=True))
-    assert json.loads(d.to_json())["stragglers"]["slowdown"] == 1.0000000000000002
+    d = Diagnosis(job="j", stragglers=Stragglers(slowdown=1.0000000000000002, waste_fraction=1e16, evaluated=True))
+    got = json.loads(d.to_json())["stragglers"]
+    assert (got["slowdown"], got["waste_fraction"]) == (1.0000000000000002, 1e16)
+    assert json.loads(_diagnosis().to_json())["stragglers"]["waste_fraction"] == 1e-05
