@@ -64,7 +64,7 @@ def _init_on_first_call(owner: type) -> Callable:
     116 on the OSDI'25 traces), and compiling theirs took 8-10 ms of ST's 0.5 s (paired medians of 21 runs).
 
     The real one is dataclass' own, made on a subclass that adds nothing (so its fields, defaults,
-    factories and ``__post_init__`` are ``owner``'s); two threads that both make it put the same one."""
+    factories and ``__post_init__`` are ``owner``'s); two threads that both make it put equivalent ones."""
 
     def __init__(self, *args, **kwargs):
         shadow = dataclasses.dataclass(
