@@ -32,6 +32,8 @@ BATCH_ROWS = 262_144
 """rows per batch of a trace read in batches (larger traces): the ingest's memory follows the batch."""
 MAX_SECONDS = 1e9
 """Relative times beyond this (31 years) cannot be real and would overflow int64 nanoseconds."""
+_SOURCE_COLUMNS = ("rank", "dp_rank", "stage", "step", "optype", "start_ts", "duration", "mb_id", "seq_id")
+"""The trace's columns a record is made of (``mc`` is only checked)."""
 _TYPES = {"dp_rank": pl.Int32, "stage": pl.Int32, "rank": pl.Int32, "step": pl.Int64, "seq_id": pl.Int64,
           "mc": pl.Int64, "mb_id": pl.Int32, "start_ts": pl.Float64, "duration": pl.Float64, "optype": pl.String}
 
@@ -62,6 +64,12 @@ def _typed(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
     cols = []
     for c, t in _TYPES.items():
         src = df[c]
+        if c == "optype" and isinstance(src.dtype, (pl.Categorical, pl.Enum)):
+            # kept as categories until the rows are split: as text, the whole trace's op types were the
+            # largest column the read held, and each split copied them again (AR tiled 16x: the ingest's
+            # peak in ``analyze --ingest`` 867 -> 772 MiB)
+            cols.append(src)
+            continue
         if _widens(src.dtype, t):
             cols.append(src.cast(t, strict=False))  # nothing a cast can lose: not checked (a tenth of the read of these traces)
             continue
@@ -77,7 +85,9 @@ def _typed(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
 def _read_whole(path: Path, pf) -> pl.DataFrame:
     """The required columns of a whole trace; a clear error when its body cannot be decoded."""
     try:
-        return pl.from_arrow(pf.read(columns=list(REQUIRED)))
+        # in one chunk (the file's row groups are one each): a filter keeps its input's chunks, and every later
+        # step that needs a column whole (a sort, to_numpy) would copy it again
+        return pl.from_arrow(pf.read(columns=list(REQUIRED))).rechunk()
     except Exception as e:  # noqa: BLE001 - pyarrow/polars raise several types for corrupt files
         raise InputFormatError(path, "footer", "a readable Parquet file", got=str(e)[:200]) from e
 
@@ -295,16 +305,24 @@ class _WhatifParquet:
         if df.height == 0:
             return batch
         # float seconds -> int ns; the trace is relative already, shifted so it starts at 0 at the latest.
-        df = df.with_columns(
-            ((pl.col("start_ts") - t0) * 1e9).round().cast(pl.Int64).alias("start_ns"),
-            ((pl.col("start_ts") + pl.col("duration") - t0) * 1e9).round().cast(pl.Int64).alias("end_ns"),
-            pl.when(pl.col("mb_id") >= 0).then(pl.col("mb_id")).cast(pl.Int32).alias("microbatch"),
-            pl.col("dp_rank").cast(pl.Int32), pl.col("stage").cast(pl.Int32),
-            pl.col("rank").cast(pl.Int32), pl.col("seq_id").cast(pl.Int64).alias("seq"))
+        times = (((pl.col("start_ts") - t0) * 1e9).round().cast(pl.Int64).alias("start_ns"),
+                 ((pl.col("start_ts") + pl.col("duration") - t0) * 1e9).round().cast(pl.Int64).alias("end_ns"),
+                 pl.when(pl.col("mb_id") >= 0).then(pl.col("mb_id")).cast(pl.Int32).alias("microbatch"),
+                 pl.col("dp_rank").cast(pl.Int32), pl.col("stage").cast(pl.Int32),
+                 pl.col("rank").cast(pl.Int32), pl.col("seq_id").cast(pl.Int64).alias("seq"))
         job_col = [pl.lit(job, dtype=pl.String).alias("job")] if job else []
-        batch.add("compute_op", self._compute(df).with_columns(job_col))
-        batch.add("comm_op", self._comm(df, where).with_columns(job_col))
+        batch.add("compute_op", self._compute(self._rows(df, COMPUTE_OPTYPES, times)).with_columns(job_col))
+        batch.add("comm_op", self._comm(self._rows(df, COMM_OPTYPES, times), where).with_columns(job_col))
         return batch
+
+    @staticmethod
+    def _rows(df: pl.DataFrame, optypes, times) -> pl.DataFrame:
+        """The rows of ``df`` whose op type is one of ``optypes``, with the columns ``times`` computes, the op
+        type as text. Only the columns read are filtered, and the times computed for those rows alone: a
+        filter copies every column it carries, and the times of the whole trace were a third frame beside
+        its two halves (AR tiled 16x: the ingest's peak in ``analyze --ingest`` 772 -> 695 MiB)."""
+        return df.select(*_SOURCE_COLUMNS).filter(pl.col("optype").is_in(list(optypes))).with_columns(
+            *times, pl.col("optype").cast(pl.String))
 
     @staticmethod
     def _bad_rows(df: pl.DataFrame) -> dict[str, np.ndarray]:
@@ -322,17 +340,17 @@ class _WhatifParquet:
         return {k: res[k].to_numpy() for k in res.columns}
 
     @staticmethod
-    def _compute(df: pl.DataFrame) -> pl.DataFrame:
-        c = df.filter(pl.col("optype").is_in(list(COMPUTE_OPTYPES)))
+    def _compute(c: pl.DataFrame) -> pl.DataFrame:
+        """compute_op columns of the compute rows ``c`` (:meth:`_rows`)."""
         return c.select(
             "rank", pl.col("optype").alias("name"),
             pl.col("optype").replace_strict(COMPUTE_OPTYPES, return_dtype=pl.String).alias("category"),
             "start_ns", "end_ns", "step", "microbatch", "stage", "dp_rank", "optype", "seq")
 
     @staticmethod
-    def _comm(df: pl.DataFrame, where: pl.DataFrame) -> pl.DataFrame:
-        """``where``: the trace's (dp_rank, stage) -> rank layout (:func:`_origin_and_peers`)."""
-        c = df.filter(pl.col("optype").is_in(list(COMM_OPTYPES)))
+    def _comm(c: pl.DataFrame, where: pl.DataFrame) -> pl.DataFrame:
+        """comm_op columns of the communication rows ``c`` (:meth:`_rows`). ``where``: the trace's
+        (dp_rank, stage) -> rank layout (:func:`_origin_and_peers`)."""
         ops = {k: v[0] for k, v in COMM_OPTYPES.items()}
         streams = {k: v[1] for k, v in COMM_OPTYPES.items()}
         # p2p peer: the same dp rank on the neighbouring stage

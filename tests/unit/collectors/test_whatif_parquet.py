@@ -181,3 +181,23 @@ def test_widening_casts_lose_nothing_and_others_are_checked():
     assert _widens(pl.Categorical, pl.String) and _widens(pl.Int8, pl.Int32) and _widens(pl.Float32, pl.Float64)
     assert not _widens(pl.Int32, pl.Int8) and not _widens(pl.Int8, pl.UInt64) and not _widens(pl.Int64, pl.Float64)
     assert not _widens(pl.String, pl.Int64)
+
+
+@pytest.mark.parametrize("optype", [pl.Categorical, pl.String])
+def test_op_types_as_categories_or_text_give_the_same_frames_in_one_chunk(tmp_path, optype):
+    """The authors' traces store the op type as categories, which stay categories until the rows are split;
+    text gives the same frames. A file of several row groups still gives each column in one chunk."""
+    df = tiny_trace(tmp_path / "one.parquet")
+    (tmp_path / "a").mkdir()
+    df.with_columns(pl.col("optype").cast(optype)).write_parquet(tmp_path / "a" / "trace-TINY.parquet",
+                                                                 row_group_size=5)
+    expected = WHATIF_PARQUET.read(tmp_path / "one.parquet", contract.ImportOptions(job="j", rows_kept=True))
+    got = WHATIF_PARQUET.read(tmp_path / "a" / "trace-TINY.parquet", contract.ImportOptions(job="j", rows_kept=True))
+    assert set(got.tables) == {"compute_op", "comm_op"}
+    for kind, (frame,) in got.tables.items():
+        assert frame.schema["optype"] == pl.String
+        assert all(n == 1 for n in frame.n_chunks("all")), kind
+        assert frame.equals(expected.tables[kind][0]), kind
+    assert got.tables["compute_op"][0]["optype"].to_list() == (
+        df.filter(pl.col("optype").cast(pl.String).is_in(["forward-compute", "backward-compute", "gc", "optimizer"]))
+        ["optype"].cast(pl.String).to_list())
