@@ -160,7 +160,8 @@ def input_bytes(paths, stop_above: int = SMALL_INPUT_BYTES) -> int:
 def lean_allocators(inputs) -> None:
     """One jemalloc arena for polars instead of one per thread (4 per core), and freed pages handed back
     without a lazy stage, when the files ``inputs`` (the command's store and trace paths) are small; only
-    before polars loads, and never over the user's own ``_RJEM_MALLOC_CONF``.
+    before polars loads, and never over the user's own ``_RJEM_MALLOC_CONF`` (what a parent process' polars
+    wrote there is not the user's: :func:`_users_jemalloc_conf`).
 
     The pages one thread of polars' pool frees stay in that thread's arena while the next operation
     allocates in another's, so each arena grows to the largest working set it ever saw: one arena lets
@@ -178,5 +179,27 @@ def lean_allocators(inputs) -> None:
     carries most of what polars freed in its last 1.5 s. Peak of ``analyze --ingest`` on AR tiled 16x
     926-975 -> 889-933 MiB (3 runs each), wall time within the runs' noise. 16,384 simulated GPUs (a big
     input, left to polars' setting): the same peak, and 229 against 243 s without it."""
-    if "polars" not in sys.modules and input_bytes(inputs) <= SMALL_INPUT_BYTES:
-        os.environ.setdefault("_RJEM_MALLOC_CONF", "narenas:1,muzzy_decay_ms:0")
+    if "polars" not in sys.modules and _users_jemalloc_conf() is None and input_bytes(inputs) <= SMALL_INPUT_BYTES:
+        os.environ["_RJEM_MALLOC_CONF"] = "narenas:1,muzzy_decay_ms:0"
+
+
+POLARS_JEMALLOC_CONF = "dirty_decay_ms:500,muzzy_decay_ms:1000"
+"""What polars writes into ``_RJEM_MALLOC_CONF`` as it loads, before whatever the variable held (and
+``thp:always,metadata_thp:always`` after it under ``POLARS_THP=1``)."""
+
+
+def _users_jemalloc_conf() -> str | None:
+    """The user's own ``_RJEM_MALLOC_CONF``, or None: unset, or only what a parent process' polars wrote.
+
+    A Python program that imported polars hands the variable polars set to every command it starts (the
+    benchmarks did: their runs of ``analyze --ingest`` on AR tiled 16x had polars' setting, 871-927 MiB,
+    against 804-865 with this one). That is polars' default, not a choice, and polars writes it again
+    in this process."""
+    conf = os.environ.get("_RJEM_MALLOC_CONF")
+    if not conf:
+        return None
+    rest = conf
+    while rest.startswith(POLARS_JEMALLOC_CONF):
+        rest = rest[len(POLARS_JEMALLOC_CONF):]
+        rest = rest.removeprefix(",thp:always,metadata_thp:always").removeprefix(",")
+    return rest or None

@@ -55,6 +55,19 @@ def test_the_users_allocator_setting_wins(tmp_path):
     assert _arena_conf([str(tmp_path)], _RJEM_MALLOC_CONF="narenas:3") == {"conf": "narenas:3"}
 
 
+def test_what_a_parents_polars_wrote_is_not_the_users_setting(tmp_path):
+    """A Python program that imported polars starts rankscope with polars' own setting in the variable (the
+    benchmarks did): the small input still gets one arena. What the user added after polars' part stays."""
+    (tmp_path / "t.parquet").write_bytes(b"x")
+    parents = _run("import json, os, polars\nprint(json.dumps({'conf': os.environ['_RJEM_MALLOC_CONF']}))")["conf"]
+    assert parents.startswith("dirty_decay_ms:")  # polars' own, as polars writes it
+    ours = {"conf": "narenas:1,muzzy_decay_ms:0"}
+    assert _arena_conf([str(tmp_path)], _RJEM_MALLOC_CONF=parents) == ours
+    assert _arena_conf([str(tmp_path)], _RJEM_MALLOC_CONF=parents + ",thp:always,metadata_thp:always") == ours
+    users = parents + ",narenas:3"
+    assert _arena_conf([str(tmp_path)], _RJEM_MALLOC_CONF=users) == {"conf": users}
+
+
 def test_no_arena_setting_once_polars_is_loaded(tmp_path):
     # polars writes its own setting (decay times) into the variable as it loads, with the user's appended
     code = ("import json, os, polars\nfrom rankscope.cli.startup import lean_allocators\n"
