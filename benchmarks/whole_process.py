@@ -214,13 +214,16 @@ def print_rows(rows: list[tuple], anchor_name: str) -> None:
         print(f"{label:38} {o} {a} {r}  {target}")
         if not ours.ok:
             print(f"    rankscope failed: {ours.error}")
-    print(f"whole processes, median of {RUNS} runs each (walls: rankscope/anchor listed below); peak RSS: "
-          f"ru_maxrss, the largest single process of the tree (worker processes are not summed); speed-up = anchor wall / rankscope wall; mem ratio = rankscope / anchor peak "
+    print(f"whole processes, {RUNS} runs each: wall the median, peak the largest of the runs (each run's listed "
+          f"below); peak RSS: ru_maxrss, the largest single process of the tree (worker processes are not summed); "
+          f"speed-up = anchor wall / rankscope wall; mem ratio = rankscope / anchor peak "
           f"(<= 1 is at or under the anchor); {load_note()}")
     for label, ours, theirs, _ in rows:
         ow = ", ".join(f"{w:.2f}" for w in ours.walls_s)
         tw = ", ".join(f"{w:.2f}" for w in theirs.walls_s) if isinstance(theirs, Measure) else "-"
-        print(f"    {label}: rankscope [{ow}]  anchor [{tw}]")
+        om = ", ".join(f"{m:.0f}" for m in ours.rss_mib)
+        tm = ", ".join(f"{m:.0f}" for m in theirs.rss_mib) if isinstance(theirs, Measure) else "-"
+        print(f"    {label}: rankscope [{ow}] s [{om}] MiB  anchor [{tw}] s [{tm}] MiB")
         if ours.ok and isinstance(theirs, Measure) and theirs.ok:
             print(f"      CPU (user+sys, median): rankscope {ours.cpu_s:.2f} s, anchor {theirs.cpu_s:.2f} s, "
                   f"ratio {theirs.cpu_s / ours.cpu_s:.2f}x (the figure to read when the machine is loaded)")
