@@ -85,7 +85,7 @@ def _typed(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
 def _read_whole(path: Path, pf) -> pl.DataFrame:
     """The required columns of a whole trace; a clear error when its body cannot be decoded."""
     try:
-        # in one chunk (the file's row groups are one each): a filter keeps its input's chunks, and every later
+        # in one chunk (the read gives one per row group): a filter keeps its input's chunks, and every later
         # step that needs a column whole (a sort, to_numpy) would copy it again
         return pl.from_arrow(pf.read(columns=list(REQUIRED))).rechunk()
     except Exception as e:  # noqa: BLE001 - pyarrow/polars raise several types for corrupt files
