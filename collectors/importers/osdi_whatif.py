@@ -32,7 +32,7 @@ BATCH_ROWS = 262_144
 """rows per batch of a trace read in batches (larger traces): the ingest's memory follows the batch."""
 MAX_SECONDS = 1e9
 """Relative times beyond this (31 years) cannot be real and would overflow int64 nanoseconds."""
-_SOURCE_COLUMNS = ("rank", "dp_rank", "stage", "step", "optype", "start_ts", "duration", "mb_id", "seq_id")
+_SOURCE_COLUMNS = tuple(c for c in REQUIRED if c != "mc")
 """The trace's columns a record is made of (``mc`` is only checked)."""
 _TYPES = {"dp_rank": pl.Int32, "stage": pl.Int32, "rank": pl.Int32, "step": pl.Int64, "seq_id": pl.Int64,
           "mc": pl.Int64, "mb_id": pl.Int32, "start_ts": pl.Float64, "duration": pl.Float64, "optype": pl.String}
